@@ -1,0 +1,33 @@
+"""Evaluate a saved checkpoint of a training workdir on unseen classes.
+
+python eval.py --workdir runs/glyphs                       # best checkpoint, test split
+python eval.py --workdir runs/glyphs --checkpoint latest --split test --split val
+python eval.py --workdir runs/glyphs --checkpoint 1200
+"""
+
+from absl import app, flags
+
+from jdml.cli import flags_parser, run_cli
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "best, latest, or a step number.")
+_SPLIT = flags.DEFINE_multi_string("split", ["test"], "Split(s) to evaluate: train, val, test.")
+flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv: list[str]) -> None:
+    del argv
+
+    def run() -> None:
+        from jdml.evaluate import evaluate_checkpoint
+        from jdml.evaluation.evaluator import format_table
+
+        out = evaluate_checkpoint(_WORKDIR.value, _CHECKPOINT.value, _SPLIT.value)
+        label = f"{out['checkpoint']} (step {out['step']})"
+        print(format_table({f"{label} {s}": v for s, v in out["results"].items()}))
+
+    run_cli(run)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=flags_parser())

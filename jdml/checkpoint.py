@@ -1,0 +1,114 @@
+"""Orbax checkpoints of the train state: the latest (for resuming) and the best (for evaluation).
+
+Layout inside a workdir:
+  checkpoints/<step>/   the most recent states (resume from the newest)
+  best/<step>/          the state with the best model-selection metric so far
+
+Checkpoints hold arrays (tensorstore/OCDBT) and JSON metadata only; restoring never unpickles or
+executes anything from the files. Orbax writes each checkpoint into a temporary directory and
+renames it when complete, so a run killed mid-save leaves the earlier checkpoints intact.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import orbax.checkpoint as ocp
+
+from jdml.state import TrainState
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing or cannot be restored; the message names it and the fix."""
+
+
+def _manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep,
+        create=True,
+        # Synchronous saves: the state buffers are donated to the next step, so a save must
+        # have copied them before training continues.
+        enable_async_checkpointing=False,
+    )
+    return ocp.CheckpointManager(
+        os.path.abspath(directory), item_names=("state", "meta"), options=options
+    )
+
+
+class Checkpoints:
+    """The latest and best checkpoints of one workdir."""
+
+    def __init__(self, workdir: str, keep_latest: int = 2) -> None:
+        self.workdir = workdir
+        self.latest = _manager(os.path.join(workdir, "checkpoints"), keep_latest)
+        self.best = _manager(os.path.join(workdir, "best"), 1)
+
+    def save(self, state: TrainState, meta: dict[str, Any], *, best: bool = False) -> None:
+        manager = self.best if best else self.latest
+        step = int(state.step)
+        if step in manager.all_steps():
+            return
+        manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+            ),
+        )
+        manager.wait_until_finished()
+
+    def steps(self, which: str) -> list[int]:
+        return list(self._manager(which).all_steps())
+
+    def _manager(self, which: str) -> ocp.CheckpointManager:
+        if which == "best":
+            return self.best
+        if which == "latest":
+            return self.latest
+        raise ValueError(f"unknown checkpoint set {which!r}")
+
+    def resolve(self, which: str | int) -> tuple[ocp.CheckpointManager, int]:
+        """Maps 'best', 'latest' or a step number onto a manager and step."""
+        if isinstance(which, int) or str(which).isdigit():
+            step = int(which)
+            for manager in (self.latest, self.best):
+                if step in manager.all_steps():
+                    return manager, step
+            raise CheckpointError(
+                f"no checkpoint at step {step} in {self.workdir}; available steps: "
+                f"latest {self.steps('latest')}, best {self.steps('best')}"
+            )
+        manager = self._manager(str(which))
+        step = manager.latest_step()
+        if step is None:
+            if which == "best" and self.latest.latest_step() is not None:
+                manager, step = self.latest, self.latest.latest_step()
+            else:
+                raise CheckpointError(
+                    f"no {which} checkpoint in {self.workdir}: train first with "
+                    f"`python train.py --config ... --workdir {self.workdir}`"
+                )
+        return manager, step
+
+    def restore(self, which: str | int, target: TrainState) -> tuple[TrainState, dict[str, Any]]:
+        """Restores a checkpoint into the structure (shapes, dtypes, shardings) of ``target``."""
+        manager, step = self.resolve(which)
+        try:
+            out = manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+                ),
+            )
+        except Exception as e:  # orbax raises many types for unreadable or mismatched files
+            raise CheckpointError(
+                f"cannot restore checkpoint step {step} from {manager.directory}: {e}. The files "
+                "may be corrupt or written by a different model config; use the config.json "
+                "stored in the workdir, or delete this checkpoint directory to fall back to an "
+                "earlier one"
+            ) from e
+        return out["state"], dict(out["meta"])
+
+    def close(self) -> None:
+        self.latest.close()
+        self.best.close()

@@ -1,0 +1,269 @@
+"""The configuration schema: every key the library reads, with its default.
+
+Configs are ``ml_collections.ConfigDict`` objects built by ``base_config()`` and specialised by the
+files in ``configs/`` (one per method, the dataset chosen by an argument). The dict is locked, so a
+misspelt override (``--config.optim.lrr=...``) is an error instead of a silently ignored key.
+
+Component hyperparameters are not repeated here: the defaults of every registered loss, miner and
+sampler are read from the component itself (its dataclass fields or keyword-only arguments), so a
+component's defaults are declared in exactly one place and every one of them can be overridden as
+``--config.loss.margin.beta=0.6``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import ml_collections
+
+# Keys of a component's signature that the library fills in itself.
+_RUNTIME_ARGS = frozenset(
+    {
+        "parent",
+        "name",
+        "num_classes",
+        "key",
+        "embeddings",
+        "labels",
+        "batch_size",
+        "samples_per_class",
+        "seed",
+    }
+)
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says which key and how to fix it."""
+
+
+def component_defaults(obj: Any) -> dict[str, Any]:
+    """Returns the overridable hyperparameters of a registered component with their defaults.
+
+    Args:
+      obj: a Flax module class (dataclass fields) or a function / class (keyword arguments).
+    """
+    out: dict[str, Any] = {}
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            if f.name in _RUNTIME_ARGS or not f.init:
+                continue
+            if f.default is not dataclasses.MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                out[f.name] = f.default_factory()
+        return out
+    target = obj.__init__ if inspect.isclass(obj) else obj
+    for p in inspect.signature(target).parameters.values():
+        if p.name in _RUNTIME_ARGS or p.name == "self" or p.default is inspect.Parameter.empty:
+            continue
+        out[p.name] = p.default
+    return out
+
+
+def _to_config_value(value: Any) -> Any:
+    # Sequences are tuples: ml_collections can override tuples from the command line, not lists.
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _component_section(registry: Any) -> ml_collections.ConfigDict:
+    section = ml_collections.ConfigDict()
+    for name in registry.names():
+        section[name] = ml_collections.ConfigDict(
+            {k: _to_config_value(v) for k, v in component_defaults(registry.get(name)).items()}
+        )
+    return section
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Returns the full default configuration (the Revisiting baseline on glyphs)."""
+    from jdml.data.sources import DATASETS
+    from jdml.losses import LOSSES
+    from jdml.miners import MINERS
+    from jdml.samplers import SAMPLERS
+
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+
+    c.data = ml_collections.ConfigDict()
+    c.data.name = "glyphs"  # one of DATASETS.names()
+    c.data.path = ""  # root folder / npz file for the generic sources
+    c.data.cache_dir = ""  # glyph cache (default: $JDML_CACHE/glyphs or ~/.cache/jdml/glyphs)
+    c.data.image_size = 32
+    c.data.channels = 1
+    c.data.val_fraction = 0.0  # fraction of training classes held out for model selection
+    c.data.split_seed = 0
+    c.data.augment = "affine"  # one of jdml.data.augment.AUGMENTATIONS
+    c.data.mean = 0.5
+    c.data.std = 0.5
+    c.data.num_threads = 2  # grain reader threads
+    c.data.prefetch = 4  # batches prepared ahead
+
+    c.model = ml_collections.ConfigDict()
+    c.model.backbone = "small_resnet"
+    c.model.stem_features = 32
+    c.model.stem_strides = 2
+    c.model.stage_features = (32, 64, 128)
+    c.model.stage_blocks = (1, 1, 1)
+    c.model.stage_strides = (1, 2, 2)
+    c.model.frozen_bn = False  # running statistics fixed, affine parameters trained
+    c.model.embed_dim = 128
+    c.model.head = "discriminative"
+    c.model.dtype = "float32"
+
+    c.loss = _component_section(LOSSES)
+    c.loss.name = "margin"
+    c.miner = _component_section(MINERS)
+    c.miner.name = "distance"
+    c.sampler = _component_section(SAMPLERS)
+    c.sampler.name = "class_random"
+    c.sampler.samples_per_class = 2
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.name = "adam"
+    c.optim.lr = 1e-3
+    c.optim.weight_decay = 4e-4  # coupled L2 (PyTorch Adam semantics), not AdamW
+    c.optim.schedule = "multistep"  # constant | multistep | cosine
+    c.optim.milestones = (1000,)  # epochs at which the lr is multiplied by gamma
+    c.optim.gamma = 0.3
+    c.optim.warmup_epochs = 0
+
+    c.train = ml_collections.ConfigDict()
+    c.train.batch_size = 112
+    c.train.epochs = 20
+    c.train.steps_per_epoch = 0  # 0: floor(N_train / batch_size), as the reference
+    c.train.log_every_steps = 50
+    c.train.checkpoint_every_steps = 200
+    c.train.progress_bar = True
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.every_epochs = 5
+    c.eval.at_start = True  # evaluate the untrained network too
+    c.eval.metrics = ("recall@1", "recall@2", "recall@4", "recall@8", "map@r", "map@c", "nmi")
+    c.eval.selection_metric = "recall@1"
+    c.eval.distance = "euclidean"
+    c.eval.batch_size = 500
+    c.eval.splits = ("test",)  # 'val' is added automatically when data.val_fraction > 0
+
+    _ = DATASETS  # the dataset name is validated in validate()
+    return c
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+    """Checks the combination of choices before anything runs; raises ``ConfigError``."""
+    from jdml.data.augment import AUGMENTATIONS
+    from jdml.data.sources import DATASETS
+    from jdml.evaluation.evaluator import check_metric_names
+    from jdml.losses import LOSSES, check_compatible
+    from jdml.miners import MINERS
+    from jdml.models import BACKBONES
+    from jdml.samplers import SAMPLERS
+
+    for registry, value, key in (
+        (DATASETS, c.data.name, "data.name"),
+        (AUGMENTATIONS, c.data.augment, "data.augment"),
+        (BACKBONES, c.model.backbone, "model.backbone"),
+        (LOSSES, c.loss.name, "loss.name"),
+        (SAMPLERS, c.sampler.name, "sampler.name"),
+    ):
+        if value not in registry:
+            raise ConfigError(
+                f"{key}={value!r} is not a known {registry.kind}; choose one of: "
+                + ", ".join(registry.names())
+            )
+    loss_cls = LOSSES.get(c.loss.name)
+    miner = c.miner.name or None
+    if miner is not None and miner not in MINERS:
+        raise ConfigError(
+            f"miner.name={miner!r} is not a known miner; choose one of: "
+            + ", ".join(MINERS.names())
+        )
+    try:
+        check_compatible(c.loss.name, miner if loss_cls.needs_miner else None)
+    except ValueError as e:
+        raise ConfigError(f"{e} (set --config.miner.name=...)") from None
+    bs, spc = c.train.batch_size, c.sampler.samples_per_class
+    if spc < 1 or bs % spc:
+        raise ConfigError(
+            f"train.batch_size={bs} is not divisible by sampler.samples_per_class={spc}; "
+            f"choose a batch size that is a multiple of {spc} (e.g. {max(spc, bs - bs % spc)})"
+        )
+    if not 0.0 <= c.data.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction={c.data.val_fraction} must be in [0, 1)")
+    if c.eval.selection_metric not in c.eval.metrics:
+        raise ConfigError(
+            f"eval.selection_metric={c.eval.selection_metric!r} is not among eval.metrics "
+            f"{list(c.eval.metrics)}; add it or pick one of them"
+        )
+    try:
+        check_metric_names(list(c.eval.metrics))
+    except ValueError as e:
+        raise ConfigError(f"eval.metrics: {e}") from None
+    if c.optim.schedule not in ("constant", "multistep", "cosine"):
+        raise ConfigError(
+            f"optim.schedule={c.optim.schedule!r}; choose constant, multistep or cosine"
+        )
+    if c.optim.name not in ("adam", "sgd"):
+        raise ConfigError(f"optim.name={c.optim.name!r}; choose adam or sgd")
+    for split in c.eval.splits:
+        if split not in ("train", "val", "test"):
+            raise ConfigError(f"eval.splits has {split!r}; choose from train, val, test")
+
+
+def to_json(c: ml_collections.ConfigDict) -> str:
+    return json.dumps(c.to_dict(), indent=2, sort_keys=True)
+
+
+def _tuples(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def from_json(text: str) -> ml_collections.ConfigDict:
+    """Rebuilds a config written by ``to_json`` (JSON lists become tuples again)."""
+    return ml_collections.ConfigDict(_tuples(json.loads(text)))
+
+
+# Keys that may change between runs in the same workdir (they do not change the trained model).
+RESUMABLE_CHANGES = (
+    "train.epochs",
+    "train.log_every_steps",
+    "train.checkpoint_every_steps",
+    "train.progress_bar",
+    "data.num_threads",
+    "data.prefetch",
+    "data.cache_dir",
+    "eval.",
+)
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def incompatible_keys(
+    old: dict[str, Any], new: dict[str, Any], allowed: Iterable[str] = RESUMABLE_CHANGES
+) -> list[str]:
+    """Returns the keys whose values differ between two configs and forbid resuming."""
+    fo, fn = _flatten(old), _flatten(new)
+    allowed = tuple(allowed)
+    diffs = []
+    for k in sorted(set(fo) | set(fn)):
+        if fo.get(k, "<missing>") != fn.get(k, "<missing>") and not k.startswith(allowed):
+            diffs.append(f"{k}: {fo.get(k, '<missing>')!r} -> {fn.get(k, '<missing>')!r}")
+    return diffs
+
+
+ConfigFactory = Callable[..., ml_collections.ConfigDict]

@@ -1,0 +1,86 @@
+"""Host-side batch augmentations (NumPy, vectorised over the batch, seeded per batch).
+
+Each augmentation maps a uint8 batch (B, H, W, C) and a ``np.random.Generator`` to float32 images
+in [0, 1]. The generator is created from (seed, step), so a batch's augmentation is a pure function
+of the run seed and the position in the sample stream (epoch, index), and a resumed run sees exactly
+the pixels an uninterrupted one sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from jdml.registry import Registry
+
+Augmentation = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+AUGMENTATIONS: Registry[Augmentation] = Registry("augmentation")
+
+
+@AUGMENTATIONS.register("none")
+def no_augment(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Converts to float32 in [0, 1] without changing the pixels."""
+    del rng
+    return images.astype(np.float32) / 255.0
+
+
+def random_affine_params(
+    rng: np.random.Generator,
+    n: int,
+    *,
+    scale: tuple[float, float] = (0.85, 1.15),
+    max_shift: float = 0.1,
+    max_rotate_deg: float = 8.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Draws per-image affine maps as (n, 2, 2) matrices and (n, 2) shifts (fractions of size)."""
+    s = rng.uniform(*scale, size=n)
+    a = np.deg2rad(rng.uniform(-max_rotate_deg, max_rotate_deg, size=n))
+    cos, sin = np.cos(a), np.sin(a)
+    mats = np.stack([np.stack([cos, -sin], -1), np.stack([sin, cos], -1)], -2) * s[:, None, None]
+    shifts = rng.uniform(-max_shift, max_shift, size=(n, 2))
+    return mats, shifts
+
+
+def warp_affine(images: np.ndarray, mats: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+    """Applies ``y = A (x - c) + c + t * size`` to each image with bilinear sampling.
+
+    Pixels sampled outside the image take the nearest border value (glyph backgrounds are flat, so
+    this extends the background).
+
+    Args:
+      images: (B, H, W, C) array.
+      mats: (B, 2, 2) forward maps in (row, col) coordinates about the image centre.
+      shifts: (B, 2) translations as fractions of (H, W).
+
+    Returns:
+      (B, H, W, C) float32 array in the input's value range.
+    """
+    b, h, w, _ = images.shape
+    centre = np.array([(h - 1) / 2.0, (w - 1) / 2.0])
+    rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    dst = np.stack([rows, cols], -1).reshape(-1, 2).astype(np.float64)  # (P, 2)
+    inv = np.linalg.inv(mats)  # (B, 2, 2)
+    rel = dst[None] - centre - shifts[:, None, :] * np.array([h, w])  # (B, P, 2)
+    src = np.einsum("bij,bpj->bpi", inv, rel) + centre
+    r, c = src[..., 0], src[..., 1]
+    r0 = np.clip(np.floor(r), 0, h - 1).astype(np.int64)
+    c0 = np.clip(np.floor(c), 0, w - 1).astype(np.int64)
+    r1, c1 = np.minimum(r0 + 1, h - 1), np.minimum(c0 + 1, w - 1)
+    fr = np.clip(r - r0, 0.0, 1.0)[..., None].astype(np.float32)
+    fc = np.clip(c - c0, 0.0, 1.0)[..., None].astype(np.float32)
+    bi = np.arange(b)[:, None]
+    img = images.astype(np.float32)
+    top = img[bi, r0, c0] * (1 - fc) + img[bi, r0, c1] * fc
+    bot = img[bi, r1, c0] * (1 - fc) + img[bi, r1, c1] * fc
+    return (top * (1 - fr) + bot * fr).reshape(images.shape)
+
+
+@AUGMENTATIONS.register("affine")
+def affine_augment(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Random scale (0.85-1.15), shift (up to 10% of the size) and rotation (up to 8 degrees).
+
+    No flips: mirrored glyphs are other characters (b/d, p/q).
+    """
+    mats, shifts = random_affine_params(rng, images.shape[0])
+    return warp_affine(images, mats, shifts) / 255.0

@@ -1,0 +1,82 @@
+"""The deep-metric-learning protocol splits: train and test on disjoint (unseen) classes.
+
+The classes, sorted by label index, are cut in two: the first ``floor(C / 2)`` are for
+training, the rest for testing. Optionally a random part of the training classes is held
+out as a validation split (also unseen during training). Every split is relabelled to
+contiguous labels ``0..K-1`` and keeps its class names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jdml.data.arrays import ImageArrays
+from jdml.data.sources import DataError
+
+MIN_SAMPLES_PER_TRAIN_CLASS = 2
+MIN_CLASSES_PER_SPLIT = 2
+
+
+def _check_train_samples(data: ImageArrays, classes: np.ndarray) -> None:
+    """Every training class needs at least two samples (a positive pair)."""
+    counts = np.bincount(data.labels, minlength=data.num_classes)
+    for c in classes:
+        if counts[c] < MIN_SAMPLES_PER_TRAIN_CLASS:
+            noun = "sample" if counts[c] == 1 else "samples"
+            raise DataError(
+                f"class {data.class_names[c]!r} (label {c}) has {counts[c]} {noun}; metric "
+                f"learning needs at least {MIN_SAMPLES_PER_TRAIN_CLASS} per class: remove it "
+                "or add images"
+            )
+
+
+def _held_out(train: np.ndarray, val_fraction: float, seed: int) -> np.ndarray:
+    """The training classes held out for validation: round(fraction * n), at least one."""
+    count = max(1, round(val_fraction * len(train)))
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(train, size=count, replace=False))
+
+
+def _take(data: ImageArrays, classes: np.ndarray, name: str) -> ImageArrays:
+    """The samples of ``classes``, relabelled to 0..K-1."""
+    if len(classes) < MIN_CLASSES_PER_SPLIT:
+        fix = {"train": " or a smaller val_fraction", "val": " or a larger val_fraction"}
+        raise DataError(
+            f"split {name!r} would have {len(classes)} class(es); retrieval needs at least "
+            f"{MIN_CLASSES_PER_SPLIT}: use a dataset with more classes{fix.get(name, '')}"
+        )
+    part = data.subset(np.isin(data.labels, classes)).relabel()
+    return dataclasses.replace(part, source=f"{data.source} [{name}]" if data.source else name)
+
+
+def split_by_class(
+    data: ImageArrays, *, val_fraction: float = 0.0, seed: int = 0
+) -> dict[str, ImageArrays]:
+    """Splits by class: ``{'train', ['val',] 'test'}`` with disjoint classes.
+
+    Args:
+      data: the whole dataset; its classes (label indices with samples) in sorted order.
+      val_fraction: fraction of the training classes held out as ``'val'`` (0 for none).
+      seed: seed of the random choice of the validation classes.
+
+    Raises:
+      DataError: a training class has fewer than 2 samples, or a split has fewer than 2
+        classes.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    classes = np.unique(data.labels)
+    n_train = len(classes) // 2
+    train, test = classes[:n_train], classes[n_train:]
+    _check_train_samples(data, train)
+    splits = {}
+    if val_fraction > 0:
+        val = _held_out(train, val_fraction, seed)
+        splits["train"] = _take(data, np.setdiff1d(train, val), "train")
+        splits["val"] = _take(data, val, "val")
+    else:
+        splits["train"] = _take(data, train, "train")
+    splits["test"] = _take(data, test, "test")
+    return splits

@@ -1,0 +1,68 @@
+"""Evaluation of a saved checkpoint: ``evaluate_checkpoint(workdir, checkpoint, splits)``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from jdml.checkpoint import CheckpointError, Checkpoints
+from jdml.config import ConfigError, from_json
+from jdml.trainer import Run, atomic_write
+
+
+def load_config(workdir: str):
+    """Reads ``workdir/config.json`` (written by training) as a locked ConfigDict."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        raise CheckpointError(
+            f"{path} does not exist: {workdir} is not a training workdir (train with "
+            f"`python train.py --config configs/revisiting.py --workdir {workdir}`)"
+        )
+    try:
+        with open(path) as f:
+            config = from_json(f.read())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} is unreadable: {e}") from None
+    config.lock()
+    return config
+
+
+def evaluate_checkpoint(
+    workdir: str, checkpoint: str | int = "best", splits: Sequence[str] = ("test",)
+) -> dict[str, Any]:
+    """Restores a checkpoint of a workdir and evaluates it on the given splits.
+
+    Args:
+      workdir: a training workdir.
+      checkpoint: 'best', 'latest' or a step number.
+      splits: any of 'train', 'val', 'test'.
+
+    Returns:
+      ``{"checkpoint": ..., "step": ..., "results": {split: {metric: value}}}``, also written to
+      ``workdir/eval_<checkpoint>_step<step>.json``.
+    """
+    workdir = os.path.abspath(workdir)
+    config = load_config(workdir)
+    run = Run(config)
+    missing = [s for s in splits if s not in run.splits]
+    if missing:
+        raise ConfigError(
+            f"split(s) {missing} do not exist for this run; available: {sorted(run.splits)}"
+            + (
+                " (set data.val_fraction > 0 when training to get 'val')"
+                if "val" in missing
+                else ""
+            )
+        )
+    ckpts = Checkpoints(workdir)
+    try:
+        state, meta = ckpts.restore(checkpoint, run.initial_state)
+    finally:
+        ckpts.close()
+    results = run.evaluate(state, {s: run.splits[s] for s in splits})
+    out = {"checkpoint": str(checkpoint), "step": int(state.step), "meta": meta, "results": results}
+    name = f"eval_{checkpoint}_step{int(state.step)}.json"
+    atomic_write(os.path.join(workdir, name), json.dumps(out, indent=2))
+    return out

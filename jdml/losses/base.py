@@ -1,0 +1,138 @@
+"""Shared loss interface: the ``Loss`` module base class, the ``LOSSES`` registry and helpers.
+
+A loss is a ``flax.linen.Module`` whose fields are its hyperparameters (keyword-only, with the
+reference defaults) and whose learnable parameters (e.g. margin betas) live in the params tree:
+
+    loss_fn = LOSSES.get("margin")(num_classes=100)
+    params = loss_fn.init(key, embeddings, labels, tuples)
+    loss, metrics = loss_fn.apply(params, embeddings, labels, tuples)
+
+Class attributes describe how the trainer must wire the loss: ``loss_name`` (its registry name;
+Linen reserves ``name`` for the module instance name), ``needs_miner``, ``allowed_miners`` and
+``param_lr`` (the field holding the learning rate of the loss's own parameters).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, TypeVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jdml.miners.base import MINERS, Tuples
+from jdml.registry import Registry
+
+LossOutput = tuple[jax.Array, dict[str, jax.Array]]
+"""(scalar float32 loss, {metric name: scalar}) with a fixed set of metric names per loss."""
+
+
+class Loss(nn.Module):
+    """Base class of every loss module.
+
+    Subclasses implement ``__call__(embeddings (B, D), labels (B,) int, tuples: Tuples | None)
+    -> (loss, metrics)`` and compute in float32 whatever the input dtype.
+    """
+
+    loss_name: ClassVar[str]
+    allowed_miners: ClassVar[tuple[str, ...] | None] = None
+    needs_miner: ClassVar[bool] = True
+    param_lr: ClassVar[str | None] = None
+
+    def __call__(
+        self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None
+    ) -> LossOutput:
+        raise NotImplementedError
+
+
+LOSSES: Registry[type[Loss]] = Registry("loss")
+
+LossT = TypeVar("LossT", bound=type[Loss])
+
+
+def register_loss(cls: LossT) -> LossT:
+    """Class decorator registering a loss under its ``loss_name``.
+
+    Raises:
+      ValueError: if ``param_lr`` does not name a field of the class.
+    """
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if cls.param_lr is not None and cls.param_lr not in fields:
+        raise ValueError(f"{cls.__name__}.param_lr={cls.param_lr!r} is not one of its fields")
+    LOSSES.register(cls.loss_name)(cls)
+    return cls
+
+
+def compatible_miners(loss_name: str) -> list[str]:
+    """Registered miners the loss accepts ([] for a loss that takes no miner)."""
+    cls = LOSSES.get(loss_name)
+    if not cls.needs_miner:
+        return []
+    if cls.allowed_miners is None:
+        return MINERS.names()
+    return sorted(cls.allowed_miners)
+
+
+def check_compatible(loss_name: str, miner_name: str | None) -> None:
+    """Checks that a loss can be trained with a miner (or with none).
+
+    Args:
+      loss_name: registered loss name.
+      miner_name: registered miner name, or None for no miner.
+
+    Raises:
+      UnknownNameError: for an unregistered loss or miner name.
+      ValueError: if the loss needs a miner and gets none or one it does not accept, or takes no
+        miner and gets one; the message lists the compatible miners.
+
+    References:
+      Roth et al., ICML 2020, reference ``criteria/__init__.py`` (``ALLOWED_MINING_OPS``).
+    """
+    allowed = compatible_miners(loss_name)
+    needs = LOSSES.get(loss_name).needs_miner
+    if miner_name is not None:
+        MINERS.get(miner_name)
+    if not needs:
+        if miner_name is not None:
+            raise ValueError(
+                f"loss {loss_name!r} mines its own pairs and takes no miner, got {miner_name!r}; "
+                "set the miner to None"
+            )
+        return
+    if miner_name is None or miner_name not in allowed:
+        got = "no miner" if miner_name is None else f"miner {miner_name!r}"
+        raise ValueError(
+            f"loss {loss_name!r} cannot be used with {got}; compatible miners: "
+            + ", ".join(allowed)
+        )
+
+
+def require_tuples(loss_name: str, tuples: Tuples | None) -> Tuples:
+    """Returns ``tuples`` or raises a clear error for a tuple-based loss called without them."""
+    if tuples is None:
+        raise ValueError(f"loss {loss_name!r} needs mined tuples, got None")
+    return tuples
+
+
+def gather_triplets(
+    embeddings: jax.Array, tuples: Tuples
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Float32 embeddings of the anchors, positives and negatives, each (B_t, D)."""
+    x = embeddings.astype(jnp.float32)
+    return x[tuples.anchors], x[tuples.positives], x[tuples.negatives]
+
+
+def squared_distance(a: jax.Array, b: jax.Array) -> jax.Array:
+    """Row-wise squared Euclidean distance, (N, D) x (N, D) -> (N,); smooth everywhere."""
+    return jnp.sum(jnp.square(a - b), axis=-1)
+
+
+def euclidean_distance(a: jax.Array, b: jax.Array, *, eps: float = 1e-8) -> jax.Array:
+    """Row-wise sqrt(|a - b|^2 + eps): finite gradients at a = b (duplicates, a = p)."""
+    return jnp.sqrt(squared_distance(a, b) + eps)
+
+
+def safe_divide(numerator: jax.Array, count: jax.Array) -> jax.Array:
+    """numerator / count, or numerator itself when count is 0 (then the sums are empty, so 0)."""
+    return numerator / jnp.maximum(count, 1).astype(jnp.float32)

@@ -1,0 +1,103 @@
+"""The standard method: one embedding head trained with one ranking/classification loss.
+
+This is the Revisiting-DML setting (Roth et al., ICML 2020): backbone -> linear embedding ->
+L2 normalisation, a batch miner choosing tuples on the detached embeddings, and a loss over them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from jdml.losses import LOSSES
+from jdml.miners import make_miner
+from jdml.models import build_model
+from jdml.optim import Group
+
+Metrics = dict[str, jax.Array]
+
+
+def _loss_kwargs(section: ml_collections.ConfigDict, num_classes: int, cls: type) -> dict:
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in section.to_dict().items()}
+    if "num_classes" in {f.name for f in dataclasses.fields(cls)}:
+        kwargs["num_classes"] = num_classes
+    return kwargs
+
+
+class StandardMethod:
+    """Wires model, miner and loss for the train step and the evaluator.
+
+    Args:
+      config: the full run config.
+      num_classes: number of training classes (sizes per-class loss parameters).
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict, num_classes: int) -> None:
+        self.config = config
+        self.head = config.model.head
+        self.train_model = build_model(config.model, train=True)
+        self.eval_model = build_model(config.model, train=False)
+        loss_cls = LOSSES.get(config.loss.name)
+        self.loss_cls = loss_cls
+        self.loss = loss_cls(**_loss_kwargs(config.loss[config.loss.name], num_classes, loss_cls))
+        miner_name = config.miner.name
+        self.miner = (
+            make_miner(miner_name, **config.miner[miner_name].to_dict())
+            if loss_cls.needs_miner
+            else None
+        )
+        self.mean, self.std = float(config.data.mean), float(config.data.std)
+
+    def preprocess(self, images: jax.Array) -> jax.Array:
+        """Maps [0, 1] images to the network's input range."""
+        return (images.astype(jnp.float32) - self.mean) / self.std
+
+    def init(self, key: jax.Array, images: jax.Array) -> tuple[Any, Any]:
+        """Returns ``(params, batch_stats)`` for a sample batch of images."""
+        k_model, k_loss = jax.random.split(key)
+        variables = self.train_model.init(k_model, self.preprocess(images))
+        emb = self.eval_model.apply(variables, self.preprocess(images))[self.head]
+        labels = jnp.zeros((images.shape[0],), jnp.int32)
+        tuples = self.miner(k_loss, emb, labels) if self.miner is not None else None
+        loss_vars = self.loss.init(k_loss, emb, labels, tuples)
+        params = {"model": variables["params"], "loss": loss_vars.get("params", {})}
+        return params, variables.get("batch_stats", {})
+
+    def param_groups(self) -> dict[str, Group]:
+        """Learning rate and weight decay of each params subtree (loss params: own lr, no decay)."""
+        optim = self.config.optim
+        loss_lr = optim.lr
+        if self.loss_cls.param_lr is not None:
+            loss_lr = self.config.loss[self.config.loss.name][self.loss_cls.param_lr]
+        return {"model": Group(optim.lr, optim.weight_decay), "loss": Group(loss_lr, 0.0)}
+
+    def loss_fn(
+        self, params: Any, batch_stats: Any, batch: dict[str, jax.Array], key: jax.Array
+    ) -> tuple[jax.Array, tuple[Any, Metrics]]:
+        """Total loss of one batch; returns ``(loss, (new_batch_stats, metrics))``."""
+        out, updates = self.train_model.apply(
+            {"params": params["model"], "batch_stats": batch_stats},
+            self.preprocess(batch["images"]),
+            mutable=["batch_stats"],
+        )
+        emb, labels = out[self.head], batch["labels"]
+        tuples = None
+        metrics: Metrics = {}
+        if self.miner is not None:
+            tuples = self.miner(key, jax.lax.stop_gradient(emb), labels)
+            metrics["valid_tuples"] = jnp.mean(tuples.valid.astype(jnp.float32))
+        loss, loss_metrics = self.loss.apply({"params": params["loss"]}, emb, labels, tuples)
+        metrics.update(loss_metrics)
+        metrics["loss"] = loss
+        new_stats = updates.get("batch_stats", batch_stats)
+        return loss, (new_stats, metrics)
+
+    def embed(self, params: Any, batch_stats: Any, images: jax.Array) -> dict[str, jax.Array]:
+        """Eval-mode embeddings of every head, ``{head: (B, dim)}``."""
+        return self.eval_model.apply(
+            {"params": params["model"], "batch_stats": batch_stats}, self.preprocess(images)
+        )

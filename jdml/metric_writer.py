@@ -1,0 +1,50 @@
+"""Metrics as JSON lines (one object per record) beside the run's config.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class MetricWriter:
+    """Appends records to ``workdir/metrics.jsonl``.
+
+    Args:
+      path: the JSON-lines file.
+      resume_step: when resuming from a checkpoint at this step, records of later steps (written
+        by the interrupted run after its last checkpoint, and about to be recomputed identically)
+        are dropped first, so the file reads as one uninterrupted run.
+    """
+
+    def __init__(self, path: str, resume_step: int | None = None) -> None:
+        self.path = path
+        if resume_step is not None and os.path.exists(path):
+            kept = [r for r in read_metrics(path) if r.get("step", 0) <= resume_step]
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+            os.replace(tmp, path)
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    """Reads every complete record (a line cut short by a kill is skipped)."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out

@@ -1,0 +1,135 @@
+"""Shared miner interface: the ``Tuples`` a miner returns, the ``MINERS`` registry, and helpers.
+
+A miner is a pure function ``fn(key, embeddings, labels, **hparams) -> Tuples``. It sees the
+embeddings only through ``jax.lax.stop_gradient``, draws its randomness from ``key`` alone and
+returns fixed-shape index arrays plus a validity mask, so it runs under ``jit`` (and ``vmap``
+over keys) without recompiling as the batch content changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jdml.registry import Registry
+
+
+class Tuples(NamedTuple):
+    """Mined triplets as indices into the batch, one per row.
+
+    Attributes:
+      anchors: int32 (B_t,) anchor indices.
+      positives: int32 (B_t,) positive indices (same label as the anchor).
+      negatives: int32 (B_t,) negative indices (different label from the anchor).
+      valid: bool (B_t,) False where no proper triplet exists; losses must drop these rows from
+        their sums and counts. Invalid rows still hold in-range indices.
+    """
+
+    anchors: jax.Array
+    positives: jax.Array
+    negatives: jax.Array
+    valid: jax.Array
+
+
+MinerFn = Callable[..., Tuples]
+"""``fn(key, embeddings (B, D), labels (B,), **hparams) -> Tuples``."""
+
+MINERS: Registry[MinerFn] = Registry("miner")
+
+
+def make_miner(name: str, **hparams: Any) -> Callable[[jax.Array, jax.Array, jax.Array], Tuples]:
+    """Binds a registered miner's hyperparameters, rejecting unknown ones immediately.
+
+    Args:
+      name: registered miner name, e.g. ``"distance"``.
+      **hparams: keyword-only hyperparameters of that miner.
+
+    Returns:
+      ``fn(key, embeddings, labels) -> Tuples``.
+
+    Raises:
+      UnknownNameError: for an unregistered name (the message lists the known miners).
+      TypeError: for a hyperparameter the miner does not take.
+    """
+    fn = MINERS.get(name)
+    try:
+        inspect.signature(fn).bind(None, None, None, **hparams)
+    except TypeError as e:
+        raise TypeError(f"miner {name!r}: {e}") from None
+    return functools.partial(fn, **hparams)
+
+
+def pairwise_distances(embeddings: jax.Array) -> jax.Array:
+    """Euclidean distances via the Gram expansion, clamped at 0 before the square root.
+
+    Meant for mining (no gradients flow): the square root is not guarded for differentiation.
+
+    Args:
+      embeddings: (B, D) float.
+
+    Returns:
+      (B, B) float32 distances sqrt(max(|a|^2 + |b|^2 - 2 a.b, 0)).
+
+    References:
+      Roth et al., "Revisiting Training Strategies and Generalization Performance in Deep Metric
+      Learning", ICML 2020 (the shared ``pdist`` of its batch miners).
+    """
+    x = embeddings.astype(jnp.float32)
+    sq_norms = jnp.sum(x * x, axis=-1)
+    sq = sq_norms[:, None] + sq_norms[None, :] - 2.0 * (x @ x.T)
+    return jnp.sqrt(jnp.maximum(sq, 0.0))
+
+
+def same_label(labels: jax.Array) -> jax.Array:
+    """(B, B) bool: True where two samples share a label (the diagonal included)."""
+    return labels[:, None] == labels[None, :]
+
+
+def positive_mask(labels: jax.Array) -> jax.Array:
+    """(B, B) bool: True for same-label pairs of two different samples (by index)."""
+    n = labels.shape[0]
+    return same_label(labels) & ~jnp.eye(n, dtype=bool)
+
+
+def sample_rows(key: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Draws one column per row uniformly among that row's True entries.
+
+    Args:
+      key: PRNG key.
+      mask: (R, B) bool candidates.
+
+    Returns:
+      ``(index, found)``: int32 (R,) sampled columns and bool (R,) whether the row had any
+      candidate. Rows without candidates return an arbitrary in-range index.
+    """
+    logits = jnp.where(mask, 0.0, -jnp.inf)
+    index = jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+    return index, jnp.any(mask, axis=-1)
+
+
+def sample_positives(
+    key: jax.Array, labels: jax.Array, *, allow_self_positive: bool = False
+) -> tuple[jax.Array, jax.Array]:
+    """One uniformly drawn positive (same label, other index) for every sample as anchor.
+
+    Args:
+      key: PRNG key.
+      labels: (B,) int.
+      allow_self_positive: where the anchor's class has no other sample in the batch the
+        positive is the anchor itself. If False (default) such rows are reported as not found;
+        True reproduces the reference miners, which keep the degenerate (a, a, n) triplet.
+
+    Returns:
+      ``(positives, found)``: int32 (B,) indices and bool (B,).
+    """
+    index, found = sample_rows(key, positive_mask(labels))
+    anchors = jnp.arange(labels.shape[0], dtype=jnp.int32)
+    positives = jnp.where(found, index, anchors)
+    if allow_self_positive:
+        found = jnp.ones_like(found)
+    return positives, found

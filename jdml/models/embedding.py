@@ -1,0 +1,65 @@
+"""Embedding models: a backbone followed by named linear, L2-normalised embedding heads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import flax.linen as nn
+import jax.numpy as jnp
+import ml_collections
+
+from jdml.models.resnet import SmallResNet
+from jdml.registry import Registry
+
+BACKBONES: Registry[Callable[..., nn.Module]] = Registry("backbone")
+
+
+@BACKBONES.register("small_resnet")
+def small_resnet(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
+    """The compact CPU-friendly ResNet (see ``jdml.models.resnet``)."""
+    return SmallResNet(
+        stage_features=tuple(cfg.stage_features),
+        stage_blocks=tuple(cfg.stage_blocks),
+        stage_strides=tuple(cfg.stage_strides),
+        stem_features=cfg.stem_features,
+        stem_strides=cfg.stem_strides,
+        train_bn=train and not cfg.frozen_bn,
+        dtype=jnp.dtype(cfg.dtype),
+    )
+
+
+def l2_normalize(x: jnp.ndarray, eps: float = 1e-12) -> jnp.ndarray:
+    """Row-wise L2 normalisation that is finite (and has finite gradients) at x = 0."""
+    sq = jnp.sum(jnp.square(x), axis=-1, keepdims=True)
+    return x / jnp.sqrt(jnp.maximum(sq, eps))
+
+
+class EmbeddingModel(nn.Module):
+    """Backbone + one linear, L2-normalised embedding per named head.
+
+    Attributes:
+      backbone: module mapping images (B, H, W, C) to pooled features (B, F).
+      heads: head name -> embedding dimension.
+      normalize: L2-normalise each head's output (the reference's ``*_normalize`` archs).
+
+    Returns from ``__call__``: dict head name -> (B, dim) float32 embeddings.
+    """
+
+    backbone: nn.Module
+    heads: Mapping[str, int]
+    normalize: bool = True
+
+    @nn.compact
+    def __call__(self, images: jnp.ndarray) -> dict[str, jnp.ndarray]:
+        feats = self.backbone(images)
+        out = {}
+        for name, dim in self.heads.items():
+            e = nn.Dense(dim, dtype=jnp.float32, name=f"head_{name}")(feats)
+            out[name] = l2_normalize(e) if self.normalize else e
+        return out
+
+
+def build_model(cfg: ml_collections.ConfigDict, *, train: bool) -> EmbeddingModel:
+    """Builds the embedding model described by the ``model`` config section."""
+    backbone = BACKBONES.get(cfg.backbone)(cfg, train=train)
+    return EmbeddingModel(backbone=backbone, heads={cfg.head: cfg.embed_dim}, name=None)

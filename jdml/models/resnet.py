@@ -1,0 +1,110 @@
+"""Small residual networks for small images (glyphs, thumbnails) on CPU or accelerator.
+
+The models are Flax Linen modules. Linen rather than NNX because the train state here is a plain
+pytree (params, batch statistics, EMA params, queues) carried through one jitted, donated step and
+stacked on a member axis for cohorts: Linen's pure ``init``/``apply`` on explicit variable trees
+fits that directly, and orbax checkpoints the same trees without conversion.
+
+Design note (XLA CPU): a stride-1 3x3 convolution on a feature map smaller than the kernel (2x2 or
+1x1) is rewritten by XLA's algebraic simplifier into a path that is ~90x slower on CPU. The stage
+layout below is chosen so that every 3x3 convolution sees a map of at least 3x3 for the supported
+input sizes; ``SmallResNet`` checks this at trace time and refuses layouts that would hit the trap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+_MIN_CONV_MAP = 3
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with a residual connection (He et al., 2016).
+
+    Attributes:
+      features: output channels.
+      strides: stride of the first convolution (and of the projection shortcut).
+      train_bn: whether BatchNorm uses and updates batch statistics (training mode).
+      dtype: computation dtype.
+    """
+
+    features: int
+    strides: int = 1
+    train_bn: bool = True
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        norm = lambda name: nn.BatchNorm(  # noqa: E731
+            use_running_average=not self.train_bn, momentum=0.9, dtype=self.dtype, name=name
+        )
+        conv = lambda f, k, s, name: nn.Conv(  # noqa: E731
+            f, (k, k), (s, s), padding="SAME", use_bias=False, dtype=self.dtype, name=name
+        )
+        y = nn.relu(norm("bn1")(conv(self.features, 3, self.strides, "conv1")(x)))
+        y = norm("bn2")(conv(self.features, 3, 1, "conv2")(y))
+        if x.shape[-1] != self.features or self.strides != 1:
+            x = norm("proj_bn")(conv(self.features, 1, self.strides, "proj")(x))
+        return nn.relu(x + y)
+
+
+class SmallResNet(nn.Module):
+    """A compact ResNet backbone returning globally pooled features.
+
+    Attributes:
+      stage_features: channels of each stage.
+      stage_blocks: residual blocks per stage.
+      stage_strides: stride of each stage's first block.
+      stem_features: channels of the 3x3 stem convolution.
+      stem_strides: stride of the stem.
+      train_bn: BatchNorm in training mode (batch statistics) rather than frozen running stats.
+      dtype: computation dtype (params stay float32).
+
+    Returns from ``__call__``: pooled features (B, stage_features[-1]).
+    """
+
+    stage_features: Sequence[int] = (32, 64, 128)
+    stage_blocks: Sequence[int] = (1, 1, 1)
+    stage_strides: Sequence[int] = (1, 2, 2)
+    stem_features: int = 32
+    stem_strides: int = 1
+    train_bn: bool = True
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        x = x.astype(self.dtype)
+        x = nn.Conv(
+            self.stem_features,
+            (3, 3),
+            (self.stem_strides,) * 2,
+            padding="SAME",
+            use_bias=False,
+            dtype=self.dtype,
+            name="stem",
+        )(x)
+        x = nn.relu(
+            nn.BatchNorm(
+                use_running_average=not self.train_bn,
+                momentum=0.9,
+                dtype=self.dtype,
+                name="stem_bn",
+            )(x)
+        )
+        for i, (feat, nblocks, stride) in enumerate(
+            zip(self.stage_features, self.stage_blocks, self.stage_strides, strict=True)
+        ):
+            for j in range(nblocks):
+                s = stride if j == 0 else 1
+                out_hw = -(-x.shape[1] // s)
+                if min(out_hw, -(-x.shape[2] // s)) < _MIN_CONV_MAP:
+                    raise ValueError(
+                        f"stage {i} would run 3x3 convolutions on a {out_hw}x{out_hw} map, which "
+                        "is very slow on XLA CPU and wasteful elsewhere: use larger images or "
+                        "fewer/smaller stage strides (model.stage_strides)"
+                    )
+                x = BasicBlock(feat, s, self.train_bn, self.dtype, name=f"stage{i}_block{j}")(x)
+        return jnp.mean(x, axis=(1, 2)).astype(jnp.float32)

@@ -1,0 +1,76 @@
+"""Shared sampler interface: host-side batch index samplers and the ``SAMPLERS`` registry.
+
+A sampler turns a step number into the dataset indices of that step's batch. ``batch(step)`` is a
+pure function of ``(seed, step)``: it draws from ``np.random.default_rng((seed, step))`` and
+never from global random state, so a resumed run draws exactly the batches of an uninterrupted
+one without saving any sampler state.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+
+from jdml.registry import Registry
+
+
+class Sampler(abc.ABC):
+    """Base class of the batch samplers.
+
+    Args:
+      labels: (N,) int training labels, one per dataset index.
+      batch_size: samples per batch.
+      samples_per_class: samples drawn per class (the "n" of SPC-n).
+      seed: non-negative base seed of the run.
+
+    Raises:
+      ValueError: for non-1-D labels, non-positive sizes, fewer samples than ``batch_size``,
+        ``batch_size`` not divisible by ``samples_per_class``, or a negative seed.
+    """
+
+    def __init__(
+        self, labels: np.ndarray, *, batch_size: int, samples_per_class: int, seed: int
+    ) -> None:
+        labels = np.asarray(labels)
+        if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+            raise ValueError(
+                f"labels must be a 1-D integer array, got {labels.dtype} {labels.shape}"
+            )
+        if batch_size < 1 or samples_per_class < 1:
+            raise ValueError(
+                f"batch_size ({batch_size}) and samples_per_class ({samples_per_class}) "
+                "must be at least 1"
+            )
+        if batch_size % samples_per_class:
+            raise ValueError(
+                f"batch size {batch_size} is not divisible by samples_per_class "
+                f"{samples_per_class}; choose a batch size that is a multiple of it "
+                f"(e.g. {batch_size - batch_size % samples_per_class}) or another samples_per_class"
+            )
+        if len(labels) < batch_size:
+            raise ValueError(f"batch size {batch_size} exceeds the {len(labels)} training samples")
+        if seed < 0:
+            raise ValueError(f"seed must be non-negative, got {seed}")
+        self.labels = labels
+        self.batch_size = batch_size
+        self.samples_per_class = samples_per_class
+        self.seed = seed
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches per epoch: floor(N / batch_size), as in the reference."""
+        return len(self.labels) // self.batch_size
+
+    def rng(self, step: int) -> np.random.Generator:
+        """The generator of one step, seeded by ``(seed, step)`` only."""
+        if step < 0:
+            raise ValueError(f"step must be non-negative, got {step}")
+        return np.random.default_rng((self.seed, step))
+
+    @abc.abstractmethod
+    def batch(self, step: int) -> np.ndarray:
+        """int64 (batch_size,) dataset indices of the batch at global step ``step``."""
+
+
+SAMPLERS: Registry[type[Sampler]] = Registry("sampler")

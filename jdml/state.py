@@ -1,0 +1,30 @@
+"""The train state: everything a step reads and writes, as one donated pytree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Carried through the jitted train step (donated) and saved whole in checkpoints.
+
+    Attributes:
+      step: int32 scalar, optimiser steps taken (also the data position: batches are a function
+        of the step, see ``jdml.data.pipeline``).
+      params: ``{"model": ..., "loss": ...}`` trainable parameters.
+      batch_stats: BatchNorm running statistics of the model.
+      opt_state: optimiser state.
+      rng: base PRNG key (uint32 key data); each step uses ``fold_in(rng, step)``.
+      nonfinite: int32 scalar, steps whose loss or gradient was not finite and were skipped.
+    """
+
+    step: jax.Array
+    params: Any
+    batch_stats: Any
+    opt_state: Any
+    rng: jax.Array
+    nonfinite: jax.Array

@@ -1,0 +1,367 @@
+"""The one training loop: ``train_and_evaluate(config, workdir) -> summaries``.
+
+It only does what every method needs: one jitted, state-donating step (value and grad of the
+method's loss, the optimiser update, a non-finite guard), periodic evaluation on unseen classes,
+JSON-lines metrics, latest/best checkpoints and automatic resumption from the workdir. Everything
+method-specific (heads, miners, losses and their weights) lives in the method object.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from tqdm.auto import tqdm
+
+from jdml.checkpoint import Checkpoints
+from jdml.config import ConfigError, incompatible_keys, to_json, validate
+from jdml.data.arrays import ImageArrays
+from jdml.data.augment import AUGMENTATIONS
+from jdml.data.loading import load_splits
+from jdml.data.pipeline import TrainBatch, train_batches
+from jdml.evaluation.evaluator import format_table
+from jdml.evaluation.runner import evaluate_splits
+from jdml.methods import StandardMethod
+from jdml.metric_writer import MetricWriter, read_metrics
+from jdml.optim import make_optimizer
+from jdml.samplers import SAMPLERS
+from jdml.state import TrainState
+
+log = logging.getLogger("jdml")
+
+StepFn = Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training produced a NaN/inf loss or gradient; the message says when and what to try."""
+
+
+def atomic_write(path: str, text: str) -> None:
+    """Writes ``text`` to ``path`` via a temporary file, so a kill never leaves half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def prepare_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """Creates the workdir, refusing one written by an incompatible config, and writes config.json.
+
+    Raises:
+      ConfigError: if ``workdir/config.json`` exists and differs in keys that change the model or
+        the training run (the message lists them).
+    """
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "config.json")
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                old = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(
+                f"{path} is unreadable ({e}); it does not describe this workdir's checkpoints. "
+                "Use a new --workdir, or restore the file"
+            ) from None
+        diffs = incompatible_keys(old, json.loads(to_json(config)))
+        if diffs:
+            raise ConfigError(
+                f"workdir {workdir} holds a run with a different config; resuming it with this "
+                "config would mix two experiments. Differences:\n  "
+                + "\n  ".join(diffs)
+                + "\nUse a new --workdir for the new config, or pass the stored config "
+                f"(python train.py --config {path} ...) to resume the old run"
+            )
+    atomic_write(path, to_json(config))
+
+
+def setup_logging(workdir: str) -> None:
+    """Logs to the console and to ``workdir/train.log`` (console lines do not break the bar)."""
+
+    class _TqdmHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            tqdm.write(self.format(record))
+
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    for h in list(log.handlers):
+        log.removeHandler(h)
+        h.close()
+    fmt = logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S")
+    for handler in (_TqdmHandler(), logging.FileHandler(os.path.join(workdir, "train.log"))):
+        handler.setFormatter(fmt)
+        log.addHandler(handler)
+
+
+def init_state(
+    method: StandardMethod, tx: optax.GradientTransformation, seed: int, sample: np.ndarray
+) -> TrainState:
+    """The state at step 0 for a method, an optimiser and a sample image batch."""
+    key = jax.random.PRNGKey(seed)
+    params, batch_stats = method.init(jax.random.fold_in(key, 0), jnp.asarray(sample))
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        batch_stats=batch_stats,
+        opt_state=tx.init(params),
+        rng=jax.random.fold_in(key, 1),
+        nonfinite=jnp.zeros((), jnp.int32),
+    )
+
+
+def _all_finite(tree: Any) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def make_train_step(method: StandardMethod, tx: optax.GradientTransformation) -> StepFn:
+    """Returns the jitted train step ``(state, batch) -> (state, metrics)``; state is donated.
+
+    A step whose loss or gradients are not finite leaves params, optimiser state and batch
+    statistics unchanged and increments ``state.nonfinite``; the loop stops with a clear error at
+    the next log point, so no checkpoint ever holds a state damaged by a NaN.
+    """
+
+    def step(state: TrainState, batch: dict[str, jax.Array]):
+        key = jax.random.fold_in(state.rng, state.step)
+        grad_fn = jax.value_and_grad(method.loss_fn, has_aux=True)
+        (loss, (batch_stats, metrics)), grads = grad_fn(state.params, state.batch_stats, batch, key)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        ok = jnp.isfinite(loss) & _all_finite(grads) & _all_finite(params)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
+        new_state = state.replace(
+            step=state.step + 1,
+            params=keep(params, state.params),
+            opt_state=keep(opt_state, state.opt_state),
+            batch_stats=keep(batch_stats, state.batch_stats),
+            nonfinite=state.nonfinite + (~ok).astype(jnp.int32),
+        )
+        return new_state, metrics
+
+    return jax.jit(step, donate_argnums=0)
+
+
+class Run:
+    """Everything built from a config before the loop: data, sampler, method, optimiser, state.
+
+    Shared by training and by checkpoint evaluation (which needs the same state structure).
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict) -> None:
+        validate(config)
+        self.config = config
+        self.splits = load_splits(config.data)
+        train = self.splits["train"]
+        tc = config.train
+        if len(train) < tc.batch_size:
+            raise ConfigError(
+                f"the training split has {len(train)} images, fewer than train.batch_size="
+                f"{tc.batch_size}; lower the batch size or add data"
+            )
+        sampler_cls = SAMPLERS.get(config.sampler.name)
+        self.sampler = sampler_cls(
+            train.labels,
+            batch_size=tc.batch_size,
+            samples_per_class=config.sampler.samples_per_class,
+            seed=config.seed,
+            **config.sampler[config.sampler.name].to_dict(),
+        )
+        self.steps_per_epoch = tc.steps_per_epoch or self.sampler.steps_per_epoch
+        self.total_steps = tc.epochs * self.steps_per_epoch
+        self.method = StandardMethod(config, num_classes=train.num_classes)
+        self.tx = make_optimizer(
+            config.optim,
+            self.method.param_groups(),
+            steps_per_epoch=self.steps_per_epoch,
+            total_steps=self.total_steps,
+        )
+        sample = train.images[: tc.batch_size].astype(np.float32) / 255.0
+        self.initial_state = init_state(self.method, self.tx, config.seed, sample)
+        self.embed_fn = jax.jit(self.method.embed)
+
+    def evaluate(self, state: TrainState, splits: dict[str, ImageArrays]) -> dict[str, dict]:
+        return evaluate_splits(
+            self.embed_fn,
+            state.params,
+            state.batch_stats,
+            splits,
+            self.config.eval,
+            head=self.method.head,
+            seed=self.config.seed,
+        )
+
+
+def _selection_split(splits: dict[str, ImageArrays]) -> str:
+    if "val" in splits:
+        return "val"
+    log.info(
+        "No validation split (data.val_fraction=0): the best checkpoint is selected on the TEST "
+        "split, as the reference does; set --config.data.val_fraction=0.2 for honest selection"
+    )
+    return "test"
+
+
+def _eval_records(records: list[dict], split: str) -> list[dict]:
+    return [r for r in records if r.get("kind") == "eval" and r.get("split") == split]
+
+
+def summarize(records: list[dict], selection_split: str, metric: str) -> dict[str, Any]:
+    """Builds the run summary from the metric records (untrained, final and best evaluations)."""
+    evals = [r for r in records if r.get("kind") == "eval"]
+    by_step: dict[int, dict[str, dict]] = {}
+    for r in evals:
+        metrics = {k: v for k, v in r.items() if k not in ("kind", "split", "step", "epoch")}
+        by_step.setdefault(r["step"], {})[r["split"]] = metrics
+    sel = [r for r in _eval_records(records, selection_split) if r["step"] > 0]
+    summary: dict[str, Any] = {"selection_split": selection_split, "selection_metric": metric}
+    if 0 in by_step:
+        summary["untrained"] = by_step[0]
+    if by_step:
+        last = max(by_step)
+        summary["final"] = {"step": last, **by_step[last]}
+    if sel:
+        best = max(sel, key=lambda r: (r[metric], -r["step"]))
+        summary["best"] = {"step": best["step"], "epoch": best["epoch"], **by_step[best["step"]]}
+    return summary
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Trains the configured method, evaluating on unseen classes; resumes from ``workdir``.
+
+    Args:
+      config: a full config (see ``jdml.config.base_config`` and ``configs/``).
+      workdir: run directory: config.json, metrics.jsonl, train.log, results.json, checkpoints.
+
+    Returns:
+      The run summary (also written to ``workdir/results.json``): the untrained, final and best
+      evaluations per split, the selection split and metric, and the number of times the train
+      step was compiled.
+    """
+    workdir = os.path.abspath(workdir)
+    validate(config)
+    prepare_workdir(config, workdir)
+    setup_logging(workdir)
+    run = Run(config)
+    ckpts = Checkpoints(workdir)
+    state = run.initial_state
+    start = 0
+    if ckpts.latest.latest_step() is not None:
+        state, _ = ckpts.restore("latest", state)
+        start = int(state.step)
+        log.info("Resuming from the checkpoint at step %d in %s", start, workdir)
+    writer = MetricWriter(os.path.join(workdir, "metrics.jsonl"), resume_step=start)
+    records = read_metrics(writer.path) if os.path.exists(writer.path) else []
+    selection = _selection_split(run.splits)
+    metric = config.eval.selection_metric
+    eval_splits = {s: run.splits[s] for s in dict.fromkeys([*config.eval.splits, selection])}
+    best_value = max(
+        (r[metric] for r in _eval_records(records, selection) if r["step"] > 0), default=-np.inf
+    )
+    log.info(
+        "Data %s: %s | %d steps/epoch, %d epochs",
+        config.data.name,
+        ", ".join(f"{k} {len(v)} images / {v.num_classes} classes" for k, v in run.splits.items()),
+        run.steps_per_epoch,
+        config.train.epochs,
+    )
+
+    def evaluate(state: TrainState, epoch: int) -> None:
+        nonlocal best_value
+        results = run.evaluate(state, eval_splits)
+        step = int(state.step)
+        for split, values in results.items():
+            record = {"kind": "eval", "split": split, "step": step, "epoch": epoch, **values}
+            writer.write(record)
+            records.append(record)
+        log.info("Evaluation at epoch %d (step %d):\n%s", epoch, step, format_table(results))
+        if step > 0 and results[selection][metric] > best_value:
+            best_value = results[selection][metric]
+            ckpts.save(state, {"epoch": epoch, metric: best_value, "split": selection}, best=True)
+
+    if start == 0 and config.eval.at_start:
+        evaluate(state, 0)
+    train_step = make_train_step(run.method, run.tx)
+    make_batch = TrainBatch(
+        data=run.splits["train"],
+        sampler=run.sampler,
+        augment=AUGMENTATIONS.get(config.data.augment),
+        seed=config.seed,
+    )
+    batches = train_batches(
+        make_batch,
+        start_step=start,
+        total_steps=run.total_steps,
+        num_threads=config.data.num_threads,
+        prefetch=config.data.prefetch,
+    )
+    _loop(run, state, train_step, batches, start, writer, ckpts, evaluate)
+    summary = summarize(read_metrics(writer.path), selection, metric)
+    summary["train_step_compiles"] = train_step._cache_size()  # type: ignore[attr-defined]
+    atomic_write(os.path.join(workdir, "results.json"), json.dumps(summary, indent=2))
+    ckpts.close()
+    return summary
+
+
+def _loop(
+    run: Run,
+    state: TrainState,
+    train_step: StepFn,
+    batches,
+    start: int,
+    writer: MetricWriter,
+    ckpts: Checkpoints,
+    evaluate: Callable[[TrainState, int], None],
+) -> TrainState:
+    tc, ec = run.config.train, run.config.eval
+    spe, total = run.steps_per_epoch, run.total_steps
+    pending: list[dict[str, jax.Array]] = []
+    bar = tqdm(
+        total=total, initial=start, unit="step", disable=not tc.progress_bar, dynamic_ncols=True
+    )
+    tick, tick_step = time.perf_counter(), start
+    step = start
+    for batch in batches:
+        state, metrics = train_step(state, batch)
+        pending.append(metrics)
+        step += 1
+        bar.update(1)
+        epoch_end = step % spe == 0
+        if step % tc.log_every_steps == 0 or epoch_end or step == total:
+            means = {k: float(np.mean([m[k] for m in jax.device_get(pending)])) for k in pending[0]}
+            pending = []
+            _check_finite(state, step)
+            now = time.perf_counter()
+            ips = (step - tick_step) * tc.batch_size / max(now - tick, 1e-9)
+            tick, tick_step = now, step
+            writer.write(
+                {"kind": "train", "step": step, "epoch": step / spe, **means, "img_s": ips}
+            )
+            bar.set_postfix(loss=f"{means['loss']:.4f}", img_s=f"{ips:.0f}")
+        if epoch_end:
+            epoch = step // spe
+            if epoch % ec.every_epochs == 0 or step == total:
+                evaluate(state, epoch)
+        if step % tc.checkpoint_every_steps == 0 or epoch_end or step == total:
+            ckpts.save(state, {"epoch": step / spe})
+    bar.close()
+    return state
+
+
+def _check_finite(state: TrainState, step: int) -> None:
+    bad = int(state.nonfinite)
+    if bad:
+        raise NonFiniteLossError(
+            f"the loss or its gradient was NaN/inf in {bad} step(s) up to step {step}; those "
+            "updates were skipped and no checkpoint was written after them. Lower optim.lr, check "
+            "the data for corrupt images, or resume from the last checkpoint (run the same "
+            "command again) with a changed seed"
+        )

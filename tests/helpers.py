@@ -1,0 +1,71 @@
+"""Small builders shared by the tests: a tiny labelled image set and a tiny fast config."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_npz(path: str, *, num_classes: int = 12, per_class: int = 10, size: int = 16) -> str:
+    """Writes an npz of class-structured images: each class is a noisy bar at its own angle."""
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:size, 0:size] - (size - 1) / 2
+    images, labels = [], []
+    for c in range(num_classes):
+        angle = np.pi * c / num_classes
+        line = np.abs(np.cos(angle) * yy - np.sin(angle) * xx) < 1.5
+        for _ in range(per_class):
+            img = 200.0 * line + rng.normal(0, 30, (size, size))
+            images.append(np.clip(img, 0, 255).astype(np.uint8))
+            labels.append(c)
+    np.savez(path, images=np.stack(images)[..., None], labels=np.array(labels))
+    return path
+
+
+TINY_OVERRIDES = {
+    "data.name": "npz",
+    "data.image_size": 16,
+    "data.num_threads": 1,
+    "model.stem_features": 8,
+    "model.stem_strides": 1,
+    "model.stage_features": (8, 16),
+    "model.stage_blocks": (1, 1),
+    "model.stage_strides": (2, 2),
+    "model.embed_dim": 16,
+    "train.batch_size": 16,
+    "train.epochs": 2,
+    "train.log_every_steps": 2,
+    "train.checkpoint_every_steps": 2,
+    "train.progress_bar": False,
+    "eval.every_epochs": 1,
+    "eval.batch_size": 32,
+}
+
+
+def tiny_config(npz_path: str, **overrides):
+    """The default config shrunk to a model and data that train in seconds."""
+    from configs.revisiting import apply_overrides, get_config
+
+    c = get_config("data=npz")
+    apply_overrides(c, {**TINY_OVERRIDES, "data.path": npz_path, **overrides})
+    return c
+
+
+def write_tiny_config_file(directory: str, npz_path: str, **overrides) -> str:
+    """Writes a config file usable as ``train.py --config <file>`` (for subprocess tests)."""
+    path = os.path.join(directory, "tiny_config.py")
+    body = f"""
+        import sys
+        sys.path.insert(0, {REPO!r})
+        from tests.helpers import tiny_config
+
+        def get_config():
+            return tiny_config({npz_path!r}, **{overrides!r})
+        """
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(body))
+    return path

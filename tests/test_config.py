@@ -1,0 +1,116 @@
+"""Configs: every key declared, bad choices rejected with messages that name the fix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs.revisiting import get_config
+from jdml.config import ConfigError, base_config, from_json, to_json, validate
+from jdml.trainer import prepare_workdir
+from tests.helpers import REPO, make_npz, tiny_config
+
+
+def test_default_config_is_valid_and_round_trips():
+    c = get_config()
+    validate(c)
+    assert (c.loss.name, c.miner.name, c.sampler.name) == ("margin", "distance", "class_random")
+    assert c.sampler.samples_per_class == 2 and c.train.batch_size == 112
+    assert c.loss.margin.beta == 1.2 and c.loss.margin.beta_lr == 5e-4
+    assert from_json(to_json(c)).to_dict() == c.to_dict()
+
+
+@pytest.mark.parametrize(
+    "key,value,pattern",
+    [
+        ("loss.name", "marginn", "choose one of: .*margin"),
+        ("miner.name", "hardest", "choose one of: .*distance"),
+        ("sampler.name", "spc", "choose one of: .*class_random"),
+        ("data.name", "imagenet", "choose one of: .*glyphs"),
+        ("model.backbone", "vgg", "choose one of: .*small_resnet"),
+        ("eval.selection_metric", "recall@3", "not among eval.metrics"),
+    ],
+)
+def test_unknown_names_are_rejected(key, value, pattern):
+    c = get_config()
+    section, name = key.split(".")
+    c[section][name] = value
+    with pytest.raises((ConfigError, KeyError), match=pattern):
+        validate(c)
+
+
+def test_batch_size_not_divisible():
+    c = get_config()
+    c.train.batch_size = 111
+    with pytest.raises(ConfigError, match=r"not divisible by sampler\.samples_per_class=2"):
+        validate(c)
+
+
+def test_misspelt_key_is_an_error():
+    c = base_config()
+    c.lock()
+    with pytest.raises(AttributeError):
+        c.optim.lrr = 1.0
+
+
+def test_workdir_with_other_config_is_refused_and_left_intact(tmp_path):
+    npz = make_npz(str(tmp_path / "d.npz"))
+    workdir = str(tmp_path / "w")
+    prepare_workdir(tiny_config(npz), workdir)
+    with open(os.path.join(workdir, "config.json")) as f:
+        before = f.read()
+    with pytest.raises(ConfigError, match=r"loss.name: 'margin' -> 'triplet'"):
+        prepare_workdir(tiny_config(npz, **{"loss.name": "triplet"}), workdir)
+    with open(os.path.join(workdir, "config.json")) as f:
+        assert f.read() == before
+    prepare_workdir(tiny_config(npz, **{"train.epochs": 9}), workdir)  # extending is allowed
+
+
+def _train_cli(*args, cwd=REPO):
+    return subprocess.run(
+        [sys.executable, "train.py", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_misspelt_override_names_the_key(tmp_path):
+    res = _train_cli(
+        "--config=configs/revisiting.py", f"--workdir={tmp_path}", "--config.optim.lrr=0.1"
+    )
+    assert res.returncode == 2
+    assert "unknown config key --config.optim.lrr" in res.stderr
+    assert "did you mean --config.optim.lr" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_cli_missing_data_path(tmp_path):
+    res = _train_cli(
+        "--config=configs/revisiting.py:data=npz",
+        f"--workdir={tmp_path / 'w'}",
+        f"--config.data.path={tmp_path / 'nope.npz'}",
+    )
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "nope.npz" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_cli_one_sample_class(tmp_path):
+    path = str(tmp_path / "one.npz")
+    images = np.zeros((9, 16, 16, 1), np.uint8)
+    np.savez(path, images=images, labels=np.array([0, 0, 0, 0, 1, 2, 2, 3, 3]))
+    res = _train_cli(
+        "--config=configs/revisiting.py:data=npz",
+        f"--workdir={tmp_path / 'w'}",
+        f"--config.data.path={path}",
+    )
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "1 sample" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_cli_unknown_loss(tmp_path):
+    res = _train_cli(
+        "--config=configs/revisiting.py", f"--workdir={tmp_path}", "--config.loss.name=magin"
+    )
+    assert res.returncode == 2 and "margin" in res.stderr and "Traceback" not in res.stderr

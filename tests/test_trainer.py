@@ -1,0 +1,139 @@
+"""End-to-end training: compile once, files written, resume after a kill, eval of checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from jdml.checkpoint import Checkpoints
+from jdml.evaluate import evaluate_checkpoint
+from jdml.metric_writer import read_metrics
+from jdml.trainer import NonFiniteLossError, Run, train_and_evaluate
+from tests.helpers import REPO, make_npz, tiny_config, write_tiny_config_file
+
+EPOCHS = 6  # 3 steps per epoch on the tiny data: long enough to kill a run midway
+
+
+@pytest.fixture(scope="module")
+def npz(tmp_path_factory):
+    return make_npz(str(tmp_path_factory.mktemp("data") / "tiny.npz"))
+
+
+@pytest.fixture(scope="module")
+def full_run(npz, tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("full"))
+    config = tiny_config(npz, **{"train.epochs": EPOCHS})
+    return workdir, train_and_evaluate(config, workdir)
+
+
+def _latest_state(workdir, config):
+    run = Run(config)
+    ckpts = Checkpoints(workdir)
+    try:
+        state, _ = ckpts.restore("latest", run.initial_state)
+    finally:
+        ckpts.close()
+    return state
+
+
+def test_run_writes_results_and_compiles_once(full_run):
+    workdir, summary = full_run
+    assert summary["train_step_compiles"] == 1
+    for name in ("config.json", "metrics.jsonl", "results.json", "train.log"):
+        assert os.path.exists(os.path.join(workdir, name)), name
+    assert set(summary) >= {"untrained", "final", "best", "selection_split"}
+    assert summary["selection_split"] == "test"  # no validation split configured
+    records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert train and all(np.isfinite(r["loss"]) for r in train)
+    assert [r["epoch"] for r in evals] == list(range(EPOCHS + 1))
+    with open(os.path.join(workdir, "results.json")) as f:
+        assert json.load(f)["final"]["step"] == summary["final"]["step"]
+
+
+def test_rerun_of_finished_run_changes_nothing(full_run, npz):
+    workdir, summary = full_run
+    before = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    again = train_and_evaluate(tiny_config(npz, **{"train.epochs": EPOCHS}), workdir)
+    assert read_metrics(os.path.join(workdir, "metrics.jsonl")) == before
+    assert again["best"] == summary["best"]
+
+
+def test_killed_run_resumes_to_identical_params(full_run, npz, tmp_path):
+    workdir = str(tmp_path / "killed")
+    cfg_file = write_tiny_config_file(str(tmp_path), npz, **{"train.epochs": EPOCHS})
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "train.py"),
+        f"--config={cfg_file}",
+        f"--workdir={workdir}",
+    ]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    deadline = time.time() + 240
+    killed_at = None
+    while time.time() < deadline and proc.poll() is None:
+        steps = (
+            [int(d) for d in os.listdir(ckpt_dir) if d.isdigit()] if os.path.isdir(ckpt_dir) else []
+        )
+        if steps and max(steps) >= 4:
+            proc.send_signal(signal.SIGKILL)
+            killed_at = max(steps)
+            break
+        time.sleep(0.02)
+    proc.wait()
+    assert killed_at is not None, "the run finished or stalled before it could be interrupted"
+    assert killed_at < EPOCHS * 3
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Resuming from the checkpoint" in done.stderr + done.stdout
+
+    config = tiny_config(npz, **{"train.epochs": EPOCHS})
+    resumed = _latest_state(workdir, config)
+    full = _latest_state(full_run[0], config)
+    assert int(resumed.step) == int(full.step) == EPOCHS * 3
+    for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(full.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    def evals(w):
+        return [r for r in read_metrics(os.path.join(w, "metrics.jsonl")) if r["kind"] == "eval"]
+
+    assert evals(workdir) == evals(full_run[0])
+
+
+def test_eval_of_best_checkpoint_matches_training_record(full_run):
+    workdir, summary = full_run
+    out = evaluate_checkpoint(workdir, "best", ["test"])
+    assert out["step"] == summary["best"]["step"]
+    for metric, value in summary["best"]["test"].items():
+        assert out["results"]["test"][metric] == pytest.approx(value, abs=1e-6), metric
+    assert os.path.exists(os.path.join(workdir, f"eval_best_step{out['step']}.json"))
+
+
+def test_eval_cli(full_run):
+    workdir, summary = full_run
+    res = subprocess.run(
+        [sys.executable, "eval.py", f"--workdir={workdir}", "--checkpoint=latest"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "recall@1" in res.stdout and f"step {summary['final']['step']}" in res.stdout
+
+
+def test_nan_loss_stops_with_clear_error_and_keeps_state_finite(npz, tmp_path):
+    config = tiny_config(npz, **{"optim.lr": float("inf"), "eval.at_start": False})
+    with pytest.raises(NonFiniteLossError, match="NaN/inf"):
+        train_and_evaluate(config, str(tmp_path))
+    assert not os.listdir(tmp_path / "checkpoints")  # nothing saved after a bad step
