@@ -20,6 +20,7 @@ Usage: python bench/bench_eval.py [--n 10000] [--dim 128] [--k 10] [--repeats 3]
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -119,6 +120,8 @@ def main() -> None:
     args = parser.parse_args()
 
     print(f"jax {jax.__version__} on {jax.devices()[0]}; N={args.n} D={args.dim} k={args.k}")
+    # Other processes on the machine slow the multi-threaded methods (faiss most): show it.
+    print(f"{os.cpu_count()} CPUs, load average at start: {os.getloadavg()[0]:.2f}")
     x = np.random.default_rng(0).standard_normal((args.n, args.dim)).astype(np.float32)
 
     fns: dict[str, Callable[[], Any]] = {

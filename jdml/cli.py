@@ -28,6 +28,9 @@ def known_errors() -> tuple[type[BaseException], ...]:
 
 def run_cli(fn: Callable[[], None]) -> None:
     """Runs ``fn``; an expected failure prints ``error: <message>`` and exits with status 2."""
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.WARNING)  # checkpoint libraries log every file write
     try:
         fn()
     except known_errors() as e:

@@ -69,12 +69,27 @@ def _to_config_value(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
+def _optional_names(obj: Any) -> set[str]:
+    """Hyperparameters annotated as accepting None (e.g. ``upper_cutoff: float | None``)."""
+    if dataclasses.is_dataclass(obj):
+        annotations = {f.name: f.type for f in dataclasses.fields(obj)}
+    else:
+        target = obj.__init__ if inspect.isclass(obj) else obj
+        annotations = {p.name: p.annotation for p in inspect.signature(target).parameters.values()}
+    return {k for k, a in annotations.items() if "None" in str(a)}
+
+
 def _component_section(registry: Any) -> ml_collections.ConfigDict:
     section = ml_collections.ConfigDict()
     for name in registry.names():
-        section[name] = ml_collections.ConfigDict(
-            {k: _to_config_value(v) for k, v in component_defaults(registry.get(name)).items()}
-        )
+        obj = registry.get(name)
+        optional = _optional_names(obj)
+        entries = {}
+        for k, v in component_defaults(obj).items():
+            v = _to_config_value(v)
+            # An optional value must accept None from the command line (--config.x=None).
+            entries[k] = ml_collections.FieldReference(v, field_type=object) if k in optional else v
+        section[name] = ml_collections.ConfigDict(entries)
     return section
 
 
@@ -127,13 +142,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.lr = 1e-3
     c.optim.weight_decay = 4e-4  # coupled L2 (PyTorch Adam semantics), not AdamW
     c.optim.schedule = "multistep"  # constant | multistep | cosine
-    c.optim.milestones = (1000,)  # epochs at which the lr is multiplied by gamma
+    c.optim.milestones = (10,)  # epochs at which the lr is multiplied by gamma
     c.optim.gamma = 0.3
     c.optim.warmup_epochs = 0
 
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = 112
-    c.train.epochs = 20
+    c.train.epochs = 15
     c.train.steps_per_epoch = 0  # 0: floor(N_train / batch_size), as the reference
     c.train.log_every_steps = 50
     c.train.checkpoint_every_steps = 200

@@ -114,3 +114,42 @@ def test_cli_unknown_loss(tmp_path):
         "--config=configs/revisiting.py", f"--workdir={tmp_path}", "--config.loss.name=magin"
     )
     assert res.returncode == 2 and "margin" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_cli_unreadable_image_names_the_file(tmp_path):
+    from PIL import Image
+
+    root = tmp_path / "imgs"
+    for c in range(4):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(3):
+            Image.new("L", (20, 20), color=40 * i).save(root / f"class{c}" / f"{i}.png")
+    (root / "class1" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    res = _train_cli(
+        "--config=configs/revisiting.py:data=folder",
+        f"--workdir={tmp_path / 'w'}",
+        f"--config.data.path={root}",
+    )
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "broken.jpg" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_command_line_overrides_of_tuples_and_optional_values():
+    from absl import flags
+    from ml_collections import config_flags
+
+    argv = [
+        "prog",
+        "--config=" + os.path.join(REPO, "configs", "revisiting.py"),
+        "--config.miner.distance.upper_cutoff=None",
+        "--config.eval.metrics=('recall@1', 'nmi')",
+        "--config.loss.margin.beta=0.6",
+    ]
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=fv, sys_argv=argv)
+    fv(argv)
+    c = fv.config
+    assert c.miner.distance.upper_cutoff is None
+    assert tuple(c.eval.metrics) == ("recall@1", "nmi")
+    assert c.loss.margin.beta == 0.6
+    validate(c)

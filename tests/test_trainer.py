@@ -137,3 +137,43 @@ def test_nan_loss_stops_with_clear_error_and_keeps_state_finite(npz, tmp_path):
     with pytest.raises(NonFiniteLossError, match="NaN/inf"):
         train_and_evaluate(config, str(tmp_path))
     assert not os.listdir(tmp_path / "checkpoints")  # nothing saved after a bad step
+
+
+def _tree_digest(root):
+    import hashlib
+
+    out = {}
+    for d, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(d, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def test_refused_runs_leave_workdir_intact(full_run, npz, tmp_path):
+    workdir, _ = full_run
+    before = _tree_digest(workdir)
+    other = write_tiny_config_file(str(tmp_path), npz, **{"loss.name": "triplet"})
+    base = [sys.executable, "train.py", f"--workdir={workdir}"]
+    for extra in ([f"--config={other}"], [f"--config={other}", "--config.optim.lrr=1"]):
+        res = subprocess.run(base + extra, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 2, res.stderr[-2000:]
+        assert "Traceback" not in res.stderr
+    assert "different config" in res.stderr or "unknown config key" in res.stderr
+    assert _tree_digest(workdir) == before
+
+
+def test_glyph_dataset_trains_through_the_pipeline(glyph_cache_dir, tmp_path):
+    overrides = {
+        "data.name": "glyphs",
+        "data.cache_dir": str(glyph_cache_dir),
+        "data.image_size": 32,
+        "train.steps_per_epoch": 3,
+        "train.epochs": 1,
+        "eval.at_start": False,
+        "eval.metrics": ("recall@1", "map@r"),
+    }
+    summary = train_and_evaluate(tiny_config("", **overrides), str(tmp_path))
+    assert summary["train_step_compiles"] == 1
+    assert 0.0 < summary["final"]["test"]["recall@1"] <= 1.0
