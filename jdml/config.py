@@ -26,6 +26,7 @@ _RUNTIME_ARGS = frozenset(
         "parent",
         "name",
         "num_classes",
+        "miner_name",
         "key",
         "embeddings",
         "labels",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,8 @@ from jdml.samplers import SAMPLERS
 from jdml.state import TrainState
 
 log = logging.getLogger("jdml")
+
+_MAX_IN_FLIGHT = 2  # train steps dispatched ahead of the last finished one
 
 StepFn = Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]
 
@@ -325,13 +328,22 @@ def _loop(
     spe, total = run.steps_per_epoch, run.total_steps
     pending: list[dict[str, jax.Array]] = []
     bar = tqdm(
-        total=total, initial=start, unit="step", disable=not tc.progress_bar, dynamic_ncols=True
+        total=total,
+        initial=start,
+        unit="step",
+        disable=not tc.progress_bar,
+        dynamic_ncols=True,
+        mininterval=0.5 if sys.stderr.isatty() else 30.0,  # a log file gets a line every 30 s
     )
     tick, tick_step = time.perf_counter(), start
     step = start
     for batch in batches:
         state, metrics = train_step(state, batch)
         pending.append(metrics)
+        if len(pending) > _MAX_IN_FLIGHT:
+            # Bound asynchronous dispatch: the bar then shows finished steps, and host memory for
+            # queued batches stays small, while the next steps still overlap with this one.
+            jax.block_until_ready(pending[-_MAX_IN_FLIGHT - 1])
         step += 1
         bar.update(1)
         epoch_end = step % spe == 0

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from jdml.registry import UnknownNameError
-from jdml.samplers import SAMPLERS, ClassRandomSampler
+from jdml.samplers import SAMPLERS
+from jdml.samplers.class_random import ClassRandomSampler
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,13 @@
 """Losses as Flax Linen modules, looked up by the reference's names.
 
-Importing this package registers every loss in ``LOSSES`` (and every miner in ``MINERS``).
+Importing this package imports every module in it, which registers each loss in ``LOSSES`` (and
+every miner in ``MINERS``); a new loss only needs a module here with ``@register_loss``.
 """
 
+import importlib
+import pkgutil
+
 import jdml.miners  # noqa: F401  (registers the miners that check_compatible lists)
-from jdml.losses import margin, triplet
 from jdml.losses.base import (
     LOSSES,
     Loss,
@@ -13,18 +16,8 @@ from jdml.losses.base import (
     compatible_miners,
     register_loss,
 )
-from jdml.losses.margin import MarginLoss
-from jdml.losses.triplet import TripletLoss
 
-__all__ = [
-    "LOSSES",
-    "Loss",
-    "LossOutput",
-    "MarginLoss",
-    "TripletLoss",
-    "check_compatible",
-    "compatible_miners",
-    "margin",
-    "register_loss",
-    "triplet",
-]
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["LOSSES", "Loss", "LossOutput", "check_compatible", "compatible_miners", "register_loss"]

@@ -8,8 +8,13 @@ reference defaults) and whose learnable parameters (e.g. margin betas) live in t
     loss, metrics = loss_fn.apply(params, embeddings, labels, tuples)
 
 Class attributes describe how the trainer must wire the loss: ``loss_name`` (its registry name;
-Linen reserves ``name`` for the module instance name), ``needs_miner``, ``allowed_miners`` and
-``param_lr`` (the field holding the learning rate of the loss's own parameters).
+Linen reserves ``name`` for the module instance name), ``needs_miner``, ``allowed_miners``,
+``param_lr`` (the field holding the learning rate of the loss's own parameters) and
+``param_lr_is_multiplier``.
+
+Fields the method fills in at construction (never set in configs): ``num_classes`` (number of
+training classes) and ``miner_name`` (the configured miner's registry name), for losses that
+declare them.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ class Loss(nn.Module):
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = True
     param_lr: ClassVar[str | None] = None
+    # True when the ``param_lr`` field multiplies the network's learning rate (the reference's
+    # ``--loss_<name>_lrmulti`` flags) rather than giving the learning rate itself.
+    param_lr_is_multiplier: ClassVar[bool] = False
 
     def __call__(
         self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None

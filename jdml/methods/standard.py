@@ -21,10 +21,15 @@ from jdml.optim import Group
 Metrics = dict[str, jax.Array]
 
 
-def _loss_kwargs(section: ml_collections.ConfigDict, num_classes: int, cls: type) -> dict:
+def _loss_kwargs(config: ml_collections.ConfigDict, num_classes: int, cls: type) -> dict:
+    """The loss's configured hyperparameters plus the runtime fields it declares."""
+    section = config.loss[config.loss.name]
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in section.to_dict().items()}
-    if "num_classes" in {f.name for f in dataclasses.fields(cls)}:
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if "num_classes" in fields:
         kwargs["num_classes"] = num_classes
+    if "miner_name" in fields:
+        kwargs["miner_name"] = config.miner.name if cls.needs_miner else ""
     return kwargs
 
 
@@ -43,7 +48,7 @@ class StandardMethod:
         self.eval_model = build_model(config.model, train=False)
         loss_cls = LOSSES.get(config.loss.name)
         self.loss_cls = loss_cls
-        self.loss = loss_cls(**_loss_kwargs(config.loss[config.loss.name], num_classes, loss_cls))
+        self.loss = loss_cls(**_loss_kwargs(config, num_classes, loss_cls))
         miner_name = config.miner.name
         self.miner = (
             make_miner(miner_name, **config.miner[miner_name].to_dict())
@@ -72,7 +77,8 @@ class StandardMethod:
         optim = self.config.optim
         loss_lr = optim.lr
         if self.loss_cls.param_lr is not None:
-            loss_lr = self.config.loss[self.config.loss.name][self.loss_cls.param_lr]
+            value = self.config.loss[self.config.loss.name][self.loss_cls.param_lr]
+            loss_lr = value * optim.lr if self.loss_cls.param_lr_is_multiplier else value
         return {"model": Group(optim.lr, optim.weight_decay), "loss": Group(loss_lr, 0.0)}
 
     def loss_fn(

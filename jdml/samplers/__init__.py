@@ -1,10 +1,14 @@
 """Host-side batch samplers, looked up by the reference's names.
 
-Importing this package registers every sampler in ``SAMPLERS``.
+Importing this package imports every module in it, which registers each sampler in ``SAMPLERS``.
 """
 
-from jdml.samplers import class_random
-from jdml.samplers.base import SAMPLERS, Sampler
-from jdml.samplers.class_random import ClassRandomSampler
+import importlib
+import pkgutil
 
-__all__ = ["SAMPLERS", "ClassRandomSampler", "Sampler", "class_random"]
+from jdml.samplers.base import SAMPLERS, Sampler
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["SAMPLERS", "Sampler"]
