@@ -4,15 +4,22 @@ The default is the paper's strong baseline, margin loss (beta 1.2, learnable per
 distance-weighted mining and SPC-2 batches, here on the embedded glyph dataset:
 
   python train.py --config configs/revisiting.py --workdir runs/glyphs
-  python train.py --config configs/revisiting.py:data=glyphs --workdir runs/glyphs_triplet \
-      --config.loss.name=triplet --config.miner.name=random
+
+The argument after ':' is a comma-separated list of key=value choosing a row of the paper's
+main table (Table 2): ``loss=<name>`` (with the miner and embedding normalisation its reference
+runs use), ``miner=<name>`` (``miner=rho_distance`` gives the R-variants: R-Margin, R-Triplet,
+R-Contrastive, R-SNR), ``data=<preset>``:
+
+  python train.py --config configs/revisiting.py:loss=triplet,miner=semihard --workdir runs/t
+  python train.py --config configs/revisiting.py:loss=margin,miner=rho_distance --workdir runs/r
+  python train.py --config configs/revisiting.py:loss=multisimilarity --workdir runs/ms
 
 Your own data (an image folder root/<class>/<image> or an npz with 'images' and 'labels'):
 
   python train.py --config configs/revisiting.py:data=folder --config.data.path=/data/myset \
       --workdir runs/myset
 
-The argument after ':' is a comma-separated list of key=value (data=<preset>).
+Any key can still be overridden with --config.<key>=<value>.
 """
 
 from __future__ import annotations
@@ -27,6 +34,65 @@ PRESETS: dict[str, dict[str, object]] = {
     "folder": {"data.name": "folder", "data.image_size": 64},
     "npz": {"data.name": "npz"},
 }
+
+# The miner each loss is run with in the reference's sample runs ("" = the loss mines itself).
+DEFAULT_MINER: dict[str, str] = {
+    "angular": "npair",
+    "arcface": "",
+    "contrastive": "distance",
+    "histogram": "",
+    "lifted": "lifted",
+    "margin": "distance",
+    "multisimilarity": "",
+    "npair": "npair",
+    "proxynca": "",
+    "quadruplet": "distance",
+    "snr": "distance",
+    "softmax": "",
+    "softtriplet": "",
+    "triplet": "distance",
+}
+
+# Losses whose reference runs use unnormalised embeddings (``resnet50_frozen`` without
+# ``normalize``): their L2 embedding regularisers act on the raw embedding norms.
+UNNORMALISED_LOSSES = frozenset({"angular", "lifted", "npair"})
+
+# rho-regularisation push probability of the reference runs, per dataset and loss (Roth et al.,
+# ICML 2020, sec. 5 and its sample runs): CUB 0.4 for contrastive / triplet / margin with beta
+# 0.6, 0.35 for margin with beta 1.2, 0.3 for SNR; CARS 0.35; SOP 0.15. Datasets without
+# reference runs (glyphs, your own data) use the reference's flag default, 0.2.
+RHO_PUSH_PROB: dict[str, dict[str, float]] = {
+    "cub200": {"contrastive": 0.4, "triplet": 0.4, "margin": 0.35, "snr": 0.3},
+    "cars196": {"default": 0.35},
+    "sop": {"default": 0.15},
+}
+RHO_PUSH_PROB_DEFAULT = 0.2
+
+# Per-dataset loss settings of the reference runs (histogram bins: 65, SOP 11).
+DATASET_LOSS_OVERRIDES: dict[str, dict[str, object]] = {"sop": {"loss.histogram.num_bins": 11}}
+
+
+def rho_push_prob(data: str, loss: str) -> float:
+    """The reference's push probability for rho_distance on a dataset with a loss."""
+    table = RHO_PUSH_PROB.get(data, {})
+    return table.get(loss, table.get("default", RHO_PUSH_PROB_DEFAULT))
+
+
+def loss_overrides(loss: str, miner: str | None, data: str) -> dict[str, object]:
+    """Config overrides that select a loss (and miner) as the reference runs them."""
+    if loss not in DEFAULT_MINER:
+        raise ConfigError(f"unknown loss {loss!r}; choose one of: {', '.join(DEFAULT_MINER)}")
+    miner = DEFAULT_MINER[loss] if miner is None else miner
+    out: dict[str, object] = {
+        "loss.name": loss,
+        "miner.name": miner,
+        "model.normalize": loss not in UNNORMALISED_LOSSES,
+    }
+    if miner == "rho_distance":
+        out["miner.rho_distance.push_prob"] = rho_push_prob(data, loss)
+    if data in DATASET_LOSS_OVERRIDES:
+        out.update(DATASET_LOSS_OVERRIDES[data])
+    return out
 
 
 def parse_arg(arg: str | None) -> dict[str, str]:
@@ -51,15 +117,20 @@ def apply_overrides(c: ml_collections.ConfigDict, overrides: dict[str, object]) 
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    """The config for ``loss=<name>,miner=<name>,data=<preset>`` (all optional)."""
     args = parse_arg(arg)
     data = args.pop("data", "glyphs")
+    loss = args.pop("loss", "margin")
+    miner = args.pop("miner", None)
     if args:
         raise ConfigError(
-            f"unknown config argument(s) {sorted(args)}; the only one is data=<preset>"
+            f"unknown config argument(s) {sorted(args)}; use loss=<name>, miner=<name>, "
+            "data=<preset>"
         )
     if data not in PRESETS:
         raise ConfigError(f"unknown data preset {data!r}; choose one of: {', '.join(PRESETS)}")
     c = base_config()
     apply_overrides(c, PRESETS[data])
+    apply_overrides(c, loss_overrides(loss, None if miner in (None, "default") else miner, data))
     c.lock()
     return c

@@ -127,13 +127,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.stage_strides = (1, 2, 2)
     c.model.frozen_bn = False  # running statistics fixed, affine parameters trained
     c.model.embed_dim = 128
+    c.model.normalize = True  # L2-normalise the embedding (the reference's *_normalize archs)
     c.model.head = "discriminative"
     c.model.dtype = "float32"
 
     c.loss = _component_section(LOSSES)
     c.loss.name = "margin"
     c.miner = _component_section(MINERS)
-    c.miner.name = "distance"
+    c.miner.name = "distance"  # "" for losses that mine their own pairs
     c.sampler = _component_section(SAMPLERS)
     c.sampler.name = "class_random"
     c.sampler.samples_per_class = 2
@@ -269,11 +270,33 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _selected_only(flat: dict[str, Any]) -> dict[str, Any]:
+    """Drops the hyperparameters of components that are not selected (loss, miner, sampler).
+
+    Their presence depends on which components the installed version registers, and their
+    values do not affect the run.
+    """
+    out = {}
+    for key, value in flat.items():
+        section, _, rest = key.partition(".")
+        component, _, leaf = rest.partition(".")
+        if section in _COMPONENT_SECTIONS and leaf and flat.get(f"{section}.name") != component:
+            continue
+        out[key] = value
+    return out
+
+
+_COMPONENT_SECTIONS = ("loss", "miner", "sampler")
+
+
 def incompatible_keys(
     old: dict[str, Any], new: dict[str, Any], allowed: Iterable[str] = RESUMABLE_CHANGES
 ) -> list[str]:
-    """Returns the keys whose values differ between two configs and forbid resuming."""
-    fo, fn = _flatten(old), _flatten(new)
+    """Returns the keys whose values differ between two configs and forbid resuming.
+
+    Keys of loss/miner/sampler components that are not selected are ignored.
+    """
+    fo, fn = _selected_only(_flatten(old)), _selected_only(_flatten(new))
     allowed = tuple(allowed)
     diffs = []
     for k in sorted(set(fo) | set(fn)):

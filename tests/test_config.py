@@ -153,3 +153,15 @@ def test_command_line_overrides_of_tuples_and_optional_values():
     assert tuple(c.eval.metrics) == ("recall@1", "nmi")
     assert c.loss.margin.beta == 0.6
     validate(c)
+
+
+def test_unselected_components_do_not_block_resuming():
+    from jdml.config import incompatible_keys
+
+    old = get_config().to_dict()
+    new = get_config().to_dict()
+    del old["miner"]["random"]  # e.g. written by a version without that miner
+    new["loss"]["triplet"]["margin"] = 0.5  # not the selected loss
+    assert incompatible_keys(old, new) == []
+    new["loss"]["margin"]["beta"] = 0.6
+    assert incompatible_keys(old, new) == ["loss.margin.beta: 1.2 -> 0.6"]

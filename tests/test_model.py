@@ -24,6 +24,7 @@ def _cfg(**kw):
         embed_dim=6,
         head="discriminative",
         dtype="float32",
+        normalize=True,
     )
     return ml_collections.ConfigDict({**base, **kw})
 
@@ -59,3 +60,10 @@ def test_small_feature_maps_are_refused():
 def test_unknown_backbone():
     with pytest.raises(KeyError, match="small_resnet"):
         BACKBONES.get("resnet9000")
+
+
+def test_unnormalised_heads():
+    model = build_model(_cfg(normalize=False), train=False)
+    x = jax.random.normal(jax.random.key(0), (3, 8, 8, 1))
+    out = model.apply(model.init(jax.random.key(1), x), x)["discriminative"]
+    assert not np.allclose(np.linalg.norm(out, axis=1), 1.0)

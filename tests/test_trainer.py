@@ -177,3 +177,12 @@ def test_glyph_dataset_trains_through_the_pipeline(glyph_cache_dir, tmp_path):
     summary = train_and_evaluate(tiny_config("", **overrides), str(tmp_path))
     assert summary["train_step_compiles"] == 1
     assert 0.0 < summary["final"]["test"]["recall@1"] <= 1.0
+
+
+def test_validation_split_selects_the_best_checkpoint(npz, tmp_path):
+    config = tiny_config(npz, **{"data.val_fraction": 0.34, "train.epochs": 2})
+    summary = train_and_evaluate(config, str(tmp_path))
+    assert summary["selection_split"] == "val"
+    assert set(summary["best"]) >= {"val", "test"}
+    with open(os.path.join(tmp_path, "train.log")) as f:
+        assert "selected on the TEST split" not in f.read()

@@ -67,10 +67,27 @@ class StandardMethod:
         variables = self.train_model.init(k_model, self.preprocess(images))
         emb = self.eval_model.apply(variables, self.preprocess(images))[self.head]
         labels = jnp.zeros((images.shape[0],), jnp.int32)
-        tuples = self.miner(k_loss, emb, labels) if self.miner is not None else None
-        loss_vars = self.loss.init(k_loss, emb, labels, tuples)
-        params = {"model": variables["params"], "loss": loss_vars.get("params", {})}
+        params = {"model": variables["params"], "loss": self.init_loss(k_loss, emb, labels)}
         return params, variables.get("batch_stats", {})
+
+    def init_loss(self, key: jax.Array, embeddings: jax.Array, labels: jax.Array) -> Any:
+        """The loss's own learnable parameters (``{}`` for a loss without any)."""
+        tuples = self.miner(key, embeddings, labels) if self.miner is not None else None
+        return self.loss.init(key, embeddings, labels, tuples).get("params", {})
+
+    def head_loss(
+        self, loss_params: Any, embeddings: jax.Array, labels: jax.Array, key: jax.Array
+    ) -> tuple[jax.Array, Metrics]:
+        """Mines tuples on the detached embeddings and applies the loss to them."""
+        tuples = None
+        metrics: Metrics = {}
+        if self.miner is not None:
+            tuples = self.miner(key, jax.lax.stop_gradient(embeddings), labels)
+            metrics["valid_tuples"] = jnp.mean(tuples.valid.astype(jnp.float32))
+        loss, loss_metrics = self.loss.apply({"params": loss_params}, embeddings, labels, tuples)
+        metrics.update(loss_metrics)
+        metrics["loss"] = loss
+        return loss, metrics
 
     def param_groups(self) -> dict[str, Group]:
         """Learning rate and weight decay of each params subtree (loss params: own lr, no decay)."""
@@ -90,15 +107,7 @@ class StandardMethod:
             self.preprocess(batch["images"]),
             mutable=["batch_stats"],
         )
-        emb, labels = out[self.head], batch["labels"]
-        tuples = None
-        metrics: Metrics = {}
-        if self.miner is not None:
-            tuples = self.miner(key, jax.lax.stop_gradient(emb), labels)
-            metrics["valid_tuples"] = jnp.mean(tuples.valid.astype(jnp.float32))
-        loss, loss_metrics = self.loss.apply({"params": params["loss"]}, emb, labels, tuples)
-        metrics.update(loss_metrics)
-        metrics["loss"] = loss
+        loss, metrics = self.head_loss(params["loss"], out[self.head], batch["labels"], key)
         new_stats = updates.get("batch_stats", batch_stats)
         return loss, (new_stats, metrics)
 

@@ -62,4 +62,6 @@ class EmbeddingModel(nn.Module):
 def build_model(cfg: ml_collections.ConfigDict, *, train: bool) -> EmbeddingModel:
     """Builds the embedding model described by the ``model`` config section."""
     backbone = BACKBONES.get(cfg.backbone)(cfg, train=train)
-    return EmbeddingModel(backbone=backbone, heads={cfg.head: cfg.embed_dim}, name=None)
+    return EmbeddingModel(
+        backbone=backbone, heads={cfg.head: cfg.embed_dim}, normalize=cfg.normalize, name=None
+    )
