@@ -20,6 +20,8 @@ class TrainState:
       opt_state: optimiser state.
       rng: base PRNG key (uint32 key data); each step uses ``fold_in(rng, step)``.
       nonfinite: int32 scalar, steps whose loss or gradient was not finite and were skipped.
+      sampler_state: the embedding memory and epoch table of embedding-driven samplers
+        (``jdml.samplers.memory``); ``{}`` for the others.
     """
 
     step: jax.Array
@@ -28,3 +30,4 @@ class TrainState:
     opt_state: Any
     rng: jax.Array
     nonfinite: jax.Array
+    sampler_state: Any

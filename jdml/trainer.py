@@ -30,11 +30,12 @@ from jdml.data.augment import AUGMENTATIONS
 from jdml.data.loading import load_splits
 from jdml.data.pipeline import TrainBatch, train_batches
 from jdml.evaluation.evaluator import format_table
-from jdml.evaluation.runner import evaluate_splits
+from jdml.evaluation.runner import embed_split, evaluate_splits
 from jdml.methods import StandardMethod
 from jdml.metric_writer import MetricWriter, read_metrics
 from jdml.optim import make_optimizer
 from jdml.samplers import SAMPLERS
+from jdml.samplers.memory import empty_sampler_state, epoch_sampler, update_memory
 from jdml.state import TrainState
 
 log = logging.getLogger("jdml")
@@ -105,7 +106,11 @@ def setup_logging(workdir: str) -> None:
 
 
 def init_state(
-    method: StandardMethod, tx: optax.GradientTransformation, seed: int, sample: np.ndarray
+    method: StandardMethod,
+    tx: optax.GradientTransformation,
+    seed: int,
+    sample: np.ndarray,
+    sampler_state: dict | None = None,
 ) -> TrainState:
     """The state at step 0 for a method, an optimiser and a sample image batch."""
     key = jax.random.PRNGKey(seed)
@@ -117,6 +122,7 @@ def init_state(
         opt_state=tx.init(params),
         rng=jax.random.fold_in(key, 1),
         nonfinite=jnp.zeros((), jnp.int32),
+        sampler_state=sampler_state or {},
     )
 
 
@@ -136,7 +142,9 @@ def make_train_step(method: StandardMethod, tx: optax.GradientTransformation) ->
     def step(state: TrainState, batch: dict[str, jax.Array]):
         key = jax.random.fold_in(state.rng, state.step)
         grad_fn = jax.value_and_grad(method.loss_fn, has_aux=True)
-        (loss, (batch_stats, metrics)), grads = grad_fn(state.params, state.batch_stats, batch, key)
+        (loss, (batch_stats, metrics, embeddings)), grads = grad_fn(
+            state.params, state.batch_stats, batch, key
+        )
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         ok = jnp.isfinite(loss) & _all_finite(grads) & _all_finite(params)
@@ -147,6 +155,7 @@ def make_train_step(method: StandardMethod, tx: optax.GradientTransformation) ->
             opt_state=keep(opt_state, state.opt_state),
             batch_stats=keep(batch_stats, state.batch_stats),
             nonfinite=state.nonfinite + (~ok).astype(jnp.int32),
+            sampler_state=update_memory(state.sampler_state, batch["indices"], embeddings),
         )
         return new_state, metrics
 
@@ -188,8 +197,28 @@ class Run:
             total_steps=self.total_steps,
         )
         sample = train.images[: tc.batch_size].astype(np.float32) / 255.0
-        self.initial_state = init_state(self.method, self.tx, config.seed, sample)
+        placeholders = empty_sampler_state(
+            self.sampler,
+            num_train=len(train),
+            dim=config.model.embed_dim,
+            steps_per_epoch=self.steps_per_epoch,
+        )
+        self.initial_state = init_state(self.method, self.tx, config.seed, sample, placeholders)
         self.embed_fn = jax.jit(self.method.embed)
+
+    def fill_memory(self, state: TrainState) -> TrainState:
+        """Fills the samplers' embedding memory with eval-mode training-set embeddings."""
+        if "memory" not in state.sampler_state:
+            return state
+        log.info("Embedding the training set for the %s sampler", self.config.sampler.name)
+        emb = embed_split(
+            self.embed_fn,
+            state.params,
+            state.batch_stats,
+            self.splits["train"],
+            self.config.eval.batch_size,
+        )[self.method.head]
+        return state.replace(sampler_state={**state.sampler_state, "memory": jnp.asarray(emb)})
 
     def evaluate(self, state: TrainState, splits: dict[str, ImageArrays]) -> dict[str, dict]:
         return evaluate_splits(
@@ -290,23 +319,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             best_value = results[selection][metric]
             ckpts.save(state, {"epoch": epoch, metric: best_value, "split": selection}, best=True)
 
-    if start == 0 and config.eval.at_start:
-        evaluate(state, 0)
+    if start == 0:
+        if config.eval.at_start:
+            evaluate(state, 0)
+        state = run.fill_memory(state)
     train_step = make_train_step(run.method, run.tx)
-    make_batch = TrainBatch(
-        data=run.splits["train"],
-        sampler=run.sampler,
-        augment=AUGMENTATIONS.get(config.data.augment),
-        seed=config.seed,
-    )
-    batches = train_batches(
-        make_batch,
-        start_step=start,
-        total_steps=run.total_steps,
-        num_threads=config.data.num_threads,
-        prefetch=config.data.prefetch,
-    )
-    _loop(run, state, train_step, batches, start, writer, ckpts, evaluate)
+    _Loop(run, train_step, writer, ckpts, evaluate)(state, start)
     summary = summarize(read_metrics(writer.path), selection, metric)
     summary["train_step_compiles"] = train_step._cache_size()  # type: ignore[attr-defined]
     atomic_write(os.path.join(workdir, "results.json"), json.dumps(summary, indent=2))
@@ -314,58 +332,92 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     return summary
 
 
-def _loop(
-    run: Run,
-    state: TrainState,
-    train_step: StepFn,
-    batches,
-    start: int,
-    writer: MetricWriter,
-    ckpts: Checkpoints,
-    evaluate: Callable[[TrainState, int], None],
-) -> TrainState:
-    tc, ec = run.config.train, run.config.eval
-    spe, total = run.steps_per_epoch, run.total_steps
-    pending: list[dict[str, jax.Array]] = []
-    bar = tqdm(
-        total=total,
-        initial=start,
-        unit="step",
-        disable=not tc.progress_bar,
-        dynamic_ncols=True,
-        mininterval=0.5 if sys.stderr.isatty() else 30.0,  # a log file gets a line every 30 s
+def _epoch_batches(run: Run, state: TrainState, epoch: int, first_step: int):
+    """The batch iterator of one epoch (from ``first_step`` on) and the possibly updated state."""
+    spe = run.steps_per_epoch
+    sampler, sampler_state = epoch_sampler(run.sampler, state.sampler_state, epoch, spe)
+    make_batch = TrainBatch(
+        data=run.splits["train"],
+        sampler=sampler,
+        augment=AUGMENTATIONS.get(run.config.data.augment),
+        seed=run.config.seed,
     )
-    tick, tick_step = time.perf_counter(), start
-    step = start
-    for batch in batches:
-        state, metrics = train_step(state, batch)
-        pending.append(metrics)
-        if len(pending) > _MAX_IN_FLIGHT:
+    batches = train_batches(
+        make_batch,
+        start_step=first_step,
+        total_steps=(epoch + 1) * spe,
+        num_threads=run.config.data.num_threads,
+        prefetch=run.config.data.prefetch,
+    )
+    return batches, state.replace(sampler_state=sampler_state)
+
+
+class _Loop:
+    """Runs the remaining steps: logging, evaluation and checkpoints at their intervals."""
+
+    def __init__(
+        self,
+        run: Run,
+        train_step: StepFn,
+        writer: MetricWriter,
+        ckpts: Checkpoints,
+        evaluate: Callable[[TrainState, int], None],
+    ) -> None:
+        self.run, self.train_step, self.writer = run, train_step, writer
+        self.ckpts, self.evaluate = ckpts, evaluate
+        self.pending: list[dict[str, jax.Array]] = []
+
+    def __call__(self, state: TrainState, start: int) -> TrainState:
+        spe, tc = self.run.steps_per_epoch, self.run.config.train
+        self.bar = tqdm(
+            total=self.run.total_steps,
+            initial=start,
+            unit="step",
+            disable=not tc.progress_bar,
+            dynamic_ncols=True,
+            mininterval=0.5 if sys.stderr.isatty() else 30.0,  # a log file: a line every 30 s
+        )
+        self.tick, self.tick_step = time.perf_counter(), start
+        step = start
+        for epoch in range(start // spe, tc.epochs):
+            batches, state = _epoch_batches(self.run, state, epoch, max(start, epoch * spe))
+            for batch in batches:
+                state, metrics = self.train_step(state, batch)
+                step += 1
+                self._after_step(state, metrics, step)
+        self.bar.close()
+        return state
+
+    def _after_step(self, state: TrainState, metrics: dict[str, jax.Array], step: int) -> None:
+        tc, ec = self.run.config.train, self.run.config.eval
+        spe, total = self.run.steps_per_epoch, self.run.total_steps
+        self.pending.append(metrics)
+        if len(self.pending) > _MAX_IN_FLIGHT:
             # Bound asynchronous dispatch: the bar then shows finished steps, and host memory for
             # queued batches stays small, while the next steps still overlap with this one.
-            jax.block_until_ready(pending[-_MAX_IN_FLIGHT - 1])
-        step += 1
-        bar.update(1)
+            jax.block_until_ready(self.pending[-_MAX_IN_FLIGHT - 1])
+        self.bar.update(1)
         epoch_end = step % spe == 0
         if step % tc.log_every_steps == 0 or epoch_end or step == total:
-            means = {k: float(np.mean([m[k] for m in jax.device_get(pending)])) for k in pending[0]}
-            pending = []
-            _check_finite(state, step)
-            now = time.perf_counter()
-            ips = (step - tick_step) * tc.batch_size / max(now - tick, 1e-9)
-            tick, tick_step = now, step
-            writer.write(
-                {"kind": "train", "step": step, "epoch": step / spe, **means, "img_s": ips}
-            )
-            bar.set_postfix(loss=f"{means['loss']:.4f}", img_s=f"{ips:.0f}")
-        if epoch_end:
-            epoch = step // spe
-            if epoch % ec.every_epochs == 0 or step == total:
-                evaluate(state, epoch)
+            self._log(state, step)
+        if epoch_end and (step // spe % ec.every_epochs == 0 or step == total):
+            self.evaluate(state, step // spe)
         if step % tc.checkpoint_every_steps == 0 or epoch_end or step == total:
-            ckpts.save(state, {"epoch": step / spe})
-    bar.close()
-    return state
+            self.ckpts.save(state, {"epoch": step / spe})
+
+    def _log(self, state: TrainState, step: int) -> None:
+        pending = jax.device_get(self.pending)
+        self.pending = []
+        means = {k: float(np.mean([m[k] for m in pending])) for k in pending[0]}
+        _check_finite(state, step)
+        now = time.perf_counter()
+        ips = (
+            (step - self.tick_step) * self.run.config.train.batch_size / max(now - self.tick, 1e-9)
+        )
+        self.tick, self.tick_step = now, step
+        epoch = step / self.run.steps_per_epoch
+        self.writer.write({"kind": "train", "step": step, "epoch": epoch, **means, "img_s": ips})
+        self.bar.set_postfix(loss=f"{means['loss']:.4f}", img_s=f"{ips:.0f}")
 
 
 def _check_finite(state: TrainState, step: int) -> None:

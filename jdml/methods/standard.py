@@ -100,8 +100,11 @@ class StandardMethod:
 
     def loss_fn(
         self, params: Any, batch_stats: Any, batch: dict[str, jax.Array], key: jax.Array
-    ) -> tuple[jax.Array, tuple[Any, Metrics]]:
-        """Total loss of one batch; returns ``(loss, (new_batch_stats, metrics))``."""
+    ) -> tuple[jax.Array, tuple[Any, Metrics, jax.Array]]:
+        """Total loss of one batch; returns ``(loss, (new_batch_stats, metrics, embeddings))``.
+
+        The embeddings (of the trained head, train mode) feed the samplers' embedding memory.
+        """
         out, updates = self.train_model.apply(
             {"params": params["model"], "batch_stats": batch_stats},
             self.preprocess(batch["images"]),
@@ -109,7 +112,7 @@ class StandardMethod:
         )
         loss, metrics = self.head_loss(params["loss"], out[self.head], batch["labels"], key)
         new_stats = updates.get("batch_stats", batch_stats)
-        return loss, (new_stats, metrics)
+        return loss, (new_stats, metrics, out[self.head])
 
     def embed(self, params: Any, batch_stats: Any, images: jax.Array) -> dict[str, jax.Array]:
         """Eval-mode embeddings of every head, ``{head: (B, dim)}``."""
