@@ -31,7 +31,8 @@ import optax
 from configs.revisiting import get_config
 from jdml.data.augment import AUGMENTATIONS
 from jdml.data.pipeline import TrainBatch, train_batches
-from jdml.trainer import Run, make_train_step
+from jdml.run import Run
+from jdml.step import make_train_step
 
 
 def _torch_step(config, batch_np: np.ndarray) -> Callable[[], None] | None:

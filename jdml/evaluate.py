@@ -9,7 +9,8 @@ from typing import Any
 
 from jdml.checkpoint import CheckpointError, Checkpoints
 from jdml.config import ConfigError, from_json
-from jdml.trainer import Run, atomic_write
+from jdml.run import Run
+from jdml.trainer import atomic_write
 
 
 def load_config(workdir: str):

@@ -17,32 +17,25 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from tqdm.auto import tqdm
 
 from jdml.checkpoint import Checkpoints
 from jdml.config import ConfigError, incompatible_keys, to_json, validate
 from jdml.data.arrays import ImageArrays
 from jdml.data.augment import AUGMENTATIONS
-from jdml.data.loading import load_splits
 from jdml.data.pipeline import TrainBatch, train_batches
 from jdml.evaluation.evaluator import format_table
-from jdml.evaluation.runner import embed_split, evaluate_splits
-from jdml.methods import StandardMethod
 from jdml.metric_writer import MetricWriter, read_metrics
-from jdml.optim import make_optimizer
-from jdml.samplers import SAMPLERS
-from jdml.samplers.memory import empty_sampler_state, epoch_sampler, update_memory
+from jdml.run import Run
+from jdml.samplers.memory import epoch_sampler
 from jdml.state import TrainState
+from jdml.step import StepFn, make_train_step
 
 log = logging.getLogger("jdml")
 
 _MAX_IN_FLIGHT = 2  # train steps dispatched ahead of the last finished one
-
-StepFn = Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -103,133 +96,6 @@ def setup_logging(workdir: str) -> None:
     for handler in (_TqdmHandler(), logging.FileHandler(os.path.join(workdir, "train.log"))):
         handler.setFormatter(fmt)
         log.addHandler(handler)
-
-
-def init_state(
-    method: StandardMethod,
-    tx: optax.GradientTransformation,
-    seed: int,
-    sample: np.ndarray,
-    sampler_state: dict | None = None,
-) -> TrainState:
-    """The state at step 0 for a method, an optimiser and a sample image batch."""
-    key = jax.random.PRNGKey(seed)
-    params, batch_stats = method.init(jax.random.fold_in(key, 0), jnp.asarray(sample))
-    return TrainState(
-        step=jnp.zeros((), jnp.int32),
-        params=params,
-        batch_stats=batch_stats,
-        opt_state=tx.init(params),
-        rng=jax.random.fold_in(key, 1),
-        nonfinite=jnp.zeros((), jnp.int32),
-        sampler_state=sampler_state or {},
-    )
-
-
-def _all_finite(tree: Any) -> jax.Array:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
-
-
-def make_train_step(method: StandardMethod, tx: optax.GradientTransformation) -> StepFn:
-    """Returns the jitted train step ``(state, batch) -> (state, metrics)``; state is donated.
-
-    A step whose loss or gradients are not finite leaves params, optimiser state and batch
-    statistics unchanged and increments ``state.nonfinite``; the loop stops with a clear error at
-    the next log point, so no checkpoint ever holds a state damaged by a NaN.
-    """
-
-    def step(state: TrainState, batch: dict[str, jax.Array]):
-        key = jax.random.fold_in(state.rng, state.step)
-        grad_fn = jax.value_and_grad(method.loss_fn, has_aux=True)
-        (loss, (batch_stats, metrics, embeddings)), grads = grad_fn(
-            state.params, state.batch_stats, batch, key
-        )
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        ok = jnp.isfinite(loss) & _all_finite(grads) & _all_finite(params)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
-        new_state = state.replace(
-            step=state.step + 1,
-            params=keep(params, state.params),
-            opt_state=keep(opt_state, state.opt_state),
-            batch_stats=keep(batch_stats, state.batch_stats),
-            nonfinite=state.nonfinite + (~ok).astype(jnp.int32),
-            sampler_state=update_memory(state.sampler_state, batch["indices"], embeddings),
-        )
-        return new_state, metrics
-
-    return jax.jit(step, donate_argnums=0)
-
-
-class Run:
-    """Everything built from a config before the loop: data, sampler, method, optimiser, state.
-
-    Shared by training and by checkpoint evaluation (which needs the same state structure).
-    """
-
-    def __init__(self, config: ml_collections.ConfigDict) -> None:
-        validate(config)
-        self.config = config
-        self.splits = load_splits(config.data)
-        train = self.splits["train"]
-        tc = config.train
-        if len(train) < tc.batch_size:
-            raise ConfigError(
-                f"the training split has {len(train)} images, fewer than train.batch_size="
-                f"{tc.batch_size}; lower the batch size or add data"
-            )
-        sampler_cls = SAMPLERS.get(config.sampler.name)
-        self.sampler = sampler_cls(
-            train.labels,
-            batch_size=tc.batch_size,
-            samples_per_class=config.sampler.samples_per_class,
-            seed=config.seed,
-            **config.sampler[config.sampler.name].to_dict(),
-        )
-        self.steps_per_epoch = tc.steps_per_epoch or self.sampler.steps_per_epoch
-        self.total_steps = tc.epochs * self.steps_per_epoch
-        self.method = StandardMethod(config, num_classes=train.num_classes)
-        self.tx = make_optimizer(
-            config.optim,
-            self.method.param_groups(),
-            steps_per_epoch=self.steps_per_epoch,
-            total_steps=self.total_steps,
-        )
-        sample = train.images[: tc.batch_size].astype(np.float32) / 255.0
-        placeholders = empty_sampler_state(
-            self.sampler,
-            num_train=len(train),
-            dim=config.model.embed_dim,
-            steps_per_epoch=self.steps_per_epoch,
-        )
-        self.initial_state = init_state(self.method, self.tx, config.seed, sample, placeholders)
-        self.embed_fn = jax.jit(self.method.embed)
-
-    def fill_memory(self, state: TrainState) -> TrainState:
-        """Fills the samplers' embedding memory with eval-mode training-set embeddings."""
-        if "memory" not in state.sampler_state:
-            return state
-        log.info("Embedding the training set for the %s sampler", self.config.sampler.name)
-        emb = embed_split(
-            self.embed_fn,
-            state.params,
-            state.batch_stats,
-            self.splits["train"],
-            self.config.eval.batch_size,
-        )[self.method.head]
-        return state.replace(sampler_state={**state.sampler_state, "memory": jnp.asarray(emb)})
-
-    def evaluate(self, state: TrainState, splits: dict[str, ImageArrays]) -> dict[str, dict]:
-        return evaluate_splits(
-            self.embed_fn,
-            state.params,
-            state.batch_stats,
-            splits,
-            self.config.eval,
-            head=self.method.head,
-            seed=self.config.seed,
-        )
 
 
 def _selection_split(splits: dict[str, ImageArrays]) -> str:

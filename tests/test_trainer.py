@@ -16,7 +16,8 @@ import pytest
 from jdml.checkpoint import Checkpoints
 from jdml.evaluate import evaluate_checkpoint
 from jdml.metric_writer import read_metrics
-from jdml.trainer import NonFiniteLossError, Run, train_and_evaluate
+from jdml.run import Run
+from jdml.trainer import NonFiniteLossError, train_and_evaluate
 from tests.helpers import REPO, make_npz, tiny_config, write_tiny_config_file
 
 EPOCHS = 6  # 3 steps per epoch on the tiny data: long enough to kill a run midway

@@ -1,0 +1,93 @@
+"""Everything a run builds from its config before training: data, sampler, method, state."""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from jdml.config import ConfigError, validate
+from jdml.data.arrays import ImageArrays
+from jdml.data.loading import load_splits
+from jdml.evaluation.runner import embed_split, evaluate_splits
+from jdml.methods import StandardMethod
+from jdml.optim import make_optimizer
+from jdml.samplers import SAMPLERS
+from jdml.samplers.memory import empty_sampler_state
+from jdml.state import TrainState
+from jdml.step import init_state
+
+log = logging.getLogger("jdml")
+
+
+class Run:
+    """Everything built from a config before the loop: data, sampler, method, optimiser, state.
+
+    Shared by training and by checkpoint evaluation (which needs the same state structure).
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict) -> None:
+        validate(config)
+        self.config = config
+        self.splits = load_splits(config.data)
+        train = self.splits["train"]
+        tc = config.train
+        if len(train) < tc.batch_size:
+            raise ConfigError(
+                f"the training split has {len(train)} images, fewer than train.batch_size="
+                f"{tc.batch_size}; lower the batch size or add data"
+            )
+        sampler_cls = SAMPLERS.get(config.sampler.name)
+        self.sampler = sampler_cls(
+            train.labels,
+            batch_size=tc.batch_size,
+            samples_per_class=config.sampler.samples_per_class,
+            seed=config.seed,
+            **config.sampler[config.sampler.name].to_dict(),
+        )
+        self.steps_per_epoch = tc.steps_per_epoch or self.sampler.steps_per_epoch
+        self.total_steps = tc.epochs * self.steps_per_epoch
+        self.method = StandardMethod(config, num_classes=train.num_classes)
+        self.tx = make_optimizer(
+            config.optim,
+            self.method.param_groups(),
+            steps_per_epoch=self.steps_per_epoch,
+            total_steps=self.total_steps,
+        )
+        sample = train.images[: tc.batch_size].astype(np.float32) / 255.0
+        placeholders = empty_sampler_state(
+            self.sampler,
+            num_train=len(train),
+            dim=config.model.embed_dim,
+            steps_per_epoch=self.steps_per_epoch,
+        )
+        self.initial_state = init_state(self.method, self.tx, config.seed, sample, placeholders)
+        self.embed_fn = jax.jit(self.method.embed)
+
+    def fill_memory(self, state: TrainState) -> TrainState:
+        """Fills the samplers' embedding memory with eval-mode training-set embeddings."""
+        if "memory" not in state.sampler_state:
+            return state
+        log.info("Embedding the training set for the %s sampler", self.config.sampler.name)
+        emb = embed_split(
+            self.embed_fn,
+            state.params,
+            state.batch_stats,
+            self.splits["train"],
+            self.config.eval.batch_size,
+        )[self.method.head]
+        return state.replace(sampler_state={**state.sampler_state, "memory": jnp.asarray(emb)})
+
+    def evaluate(self, state: TrainState, splits: dict[str, ImageArrays]) -> dict[str, dict]:
+        return evaluate_splits(
+            self.embed_fn,
+            state.params,
+            state.batch_stats,
+            splits,
+            self.config.eval,
+            head=self.method.head,
+            seed=self.config.seed,
+        )
