@@ -67,7 +67,7 @@ def make_train_step(method: StandardMethod, tx: optax.GradientTransformation) ->
             opt_state=keep(opt_state, state.opt_state),
             batch_stats=keep(batch_stats, state.batch_stats),
             nonfinite=state.nonfinite + (~ok).astype(jnp.int32),
-            sampler_state=update_memory(state.sampler_state, batch["indices"], embeddings),
+            sampler_state=update_memory(state.sampler_state, batch.get("indices"), embeddings),
         )
         return new_state, metrics
 

@@ -99,4 +99,5 @@ def _batch(run):
     return {
         "images": data.images[idx].astype(np.float32) / 255.0,
         "labels": data.labels[idx].astype(np.int32),
+        "indices": idx.astype(np.int32),
     }

@@ -44,11 +44,16 @@ def empty_sampler_state(
 
 
 def update_memory(
-    sampler_state: SamplerState, indices: jax.Array, embeddings: jax.Array
+    sampler_state: SamplerState, indices: jax.Array | None, embeddings: jax.Array
 ) -> SamplerState:
-    """Writes a batch's (detached) embeddings into its rows of the memory (jit-friendly)."""
+    """Writes a batch's (detached) embeddings into its rows of the memory (jit-friendly).
+
+    ``indices`` (the batch's training-set rows) are needed only when there is a memory.
+    """
     if "memory" not in sampler_state:
         return sampler_state
+    if indices is None:
+        raise ValueError("the batch has no 'indices', which the sampler's embedding memory needs")
     memory = (
         sampler_state["memory"]
         .at[indices]
