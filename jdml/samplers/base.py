@@ -9,6 +9,7 @@ one without saving any sampler state.
 from __future__ import annotations
 
 import abc
+from typing import ClassVar
 
 import numpy as np
 
@@ -28,6 +29,11 @@ class Sampler(abc.ABC):
       ValueError: for non-1-D labels, non-positive sizes, fewer samples than ``batch_size``,
         ``batch_size`` not divisible by ``samples_per_class``, or a negative seed.
     """
+
+    needs_memory: ClassVar[bool] = False
+    """True for samplers that select from a memory of training embeddings: they produce a whole
+    epoch at once with ``epoch_batches(epoch, memory)`` instead of ``batch(step)`` (see
+    ``jdml.samplers.embedded``; the trainer keeps the memory, see ``jdml.samplers.memory``)."""
 
     def __init__(
         self, labels: np.ndarray, *, batch_size: int, samples_per_class: int, seed: int

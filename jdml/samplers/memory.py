@@ -84,7 +84,8 @@ def epoch_sampler(
     if not needs_memory(sampler):
         return sampler, sampler_state
     if int(sampler_state["table_epoch"]) != epoch:
-        table = np.asarray(sampler.epoch_batches(epoch, sampler_state["memory"]), np.int32)
+        table = sampler.epoch_batches(epoch, sampler_state["memory"], num_batches=steps_per_epoch)
+        table = np.asarray(table, np.int32)
         sampler_state = {
             **sampler_state,
             "table": jnp.asarray(table),
