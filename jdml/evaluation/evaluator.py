@@ -1,13 +1,16 @@
-"""Leave-one-out retrieval evaluation of embeddings, and a results table.
+"""Leave-one-out evaluation of embeddings (one head or several), and a results table.
 
 :func:`evaluate_embeddings` validates the requested metric names, computes each shared
-requirement once (a single kNN pass with the largest neighbour count needed, a single k-means
-only if a clustering metric is requested) and derives every metric from them.
+requirement once (a single search pass with the largest neighbour count needed, ranking every
+query's complete neighbour list only if ``map`` is requested; a single k-means, SVD and class
+segment-sum pass only if a metric needs them) and derives every metric from them.
+:func:`evaluate_heads` evaluates several embedding heads and their weighted concatenations.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -15,8 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdml.evaluation.kmeans import kmeans
-from jdml.evaluation.knn import DEFAULT_BLOCK_SIZE, DISTANCES, knn
-from jdml.evaluation.metrics import Metric, Requirements, get_metric
+from jdml.evaluation.knn import DEFAULT_BLOCK_SIZE, DISTANCES, knn, knn_full_ranking
+from jdml.evaluation.metrics import (
+    Metric,
+    Requirements,
+    class_distances,
+    get_metric,
+    singular_values,
+)
 
 
 def resolve_metrics(names: Sequence[str]) -> list[Metric]:
@@ -49,17 +58,113 @@ def check_metric_names(names: Sequence[str]) -> None:
     resolve_metrics(names)
 
 
-def _class_sizes(labels: np.ndarray) -> tuple[np.ndarray, int]:
-    """Size of each sample's class (the sample included) and the number of classes.
+def _class_ids(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Class ids 0..C-1, the size of each sample's class (the sample included), and C.
 
     Args:
       labels: (N,) labels.
 
     Returns:
-      (N,) int class sizes and the number of distinct labels.
+      (N,) int32 class ids, (N,) int class sizes and the number of distinct labels.
     """
     _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
-    return counts[inverse.reshape(-1)], len(counts)
+    inverse = inverse.reshape(-1)
+    return inverse.astype(np.int32), counts[inverse], len(counts)
+
+
+def _normalize(x: jax.Array) -> jax.Array:
+    """L2-normalised rows (zero rows stay zero)."""
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def _requirements(
+    specs: Sequence[Metric],
+    embeddings: jax.Array,
+    labels: np.ndarray,
+    *,
+    distance: str,
+    seed: int,
+    block_size: int,
+    kmeans_init: str,
+) -> Requirements:
+    """Computes each requirement of the metrics once.
+
+    One search over the queries (``knn``, or ``knn_full_ranking`` when ``map`` needs the
+    complete ranking, which then also gives the nearest neighbours) with the largest neighbour
+    count needed; one k-means, one SVD and one pass of class segment sums, each only if needed.
+
+    Args:
+      specs: the metrics to compute.
+      embeddings: (N, D) float32 embeddings.
+      labels: (N,) labels.
+      distance: "euclidean" or "cosine".
+      seed: seed of the k-means initialisation.
+      block_size: queries per search block.
+      kmeans_init: k-means initialisation, "k-means++" or "random".
+
+    Returns:
+      The shared :class:`Requirements`.
+    """
+    n, dim = embeddings.shape
+    class_ids, class_sizes, num_classes = _class_ids(labels)
+    # The points the distance compares: k-means, the SVD and the class means work on them.
+    points = _normalize(embeddings) if distance == "cosine" else embeddings
+
+    num_neighbours = min(max((m.num_neighbours(class_sizes) for m in specs), default=0), n - 1)
+    indices, precision_sums = None, None
+    if any(m.needs_full_ranking for m in specs):
+        ranking = knn_full_ranking(
+            embeddings, class_ids, num_neighbours, distance=distance, block_size=block_size
+        )
+        indices, precision_sums = ranking.indices, ranking.precision_sums
+        del ranking  # the (N, k) distances are not needed
+    elif num_neighbours > 0:
+        indices = knn(
+            embeddings,
+            embeddings,
+            num_neighbours,
+            exclude_self=True,
+            distance=distance,
+            block_size=block_size,
+        )[1]
+    neighbour_labels = None if indices is None else class_ids[np.asarray(indices)]
+    del indices
+
+    assignments = None
+    if any(m.needs_clusters for m in specs):
+        result = kmeans(points, num_classes, seed=seed, init=kmeans_init)
+        assignments = np.asarray(result.assignments)
+    spectrum = singular_values(points) if any(m.needs_spectrum for m in specs) else None
+    distances = None
+    if any(m.needs_class_distances for m in specs):
+        distances = class_distances(points, class_ids)
+    return Requirements(
+        labels=class_ids,
+        class_sizes=class_sizes,
+        neighbour_labels=neighbour_labels,
+        cluster_assignments=assignments,
+        precision_sums=precision_sums,
+        singular_values=spectrum,
+        dimension=dim,
+        class_distances=distances,
+    )
+
+
+def _check_inputs(
+    embeddings: jax.Array | np.ndarray, labels: jax.Array | np.ndarray, distance: str
+) -> tuple[jax.Array, np.ndarray]:
+    """Validated (N, D) float32 embeddings (on the default device) and (N,) labels."""
+    if distance not in DISTANCES:
+        raise ValueError(f"unknown distance {distance!r}; expected one of {DISTANCES}")
+    embeddings = jnp.asarray(embeddings, jnp.float32)
+    labels = np.asarray(labels).reshape(-1)
+    if embeddings.ndim != 2 or embeddings.shape[0] != labels.shape[0]:
+        raise ValueError(
+            f"expected (N, D) embeddings and (N,) labels, got {embeddings.shape} and {labels.shape}"
+        )
+    if embeddings.shape[0] < 2:
+        raise ValueError("retrieval evaluation needs at least 2 samples")
+    return embeddings, labels
 
 
 def evaluate_embeddings(
@@ -70,14 +175,19 @@ def evaluate_embeddings(
     distance: str = "euclidean",
     seed: int = 0,
     block_size: int = DEFAULT_BLOCK_SIZE,
-) -> dict[str, float]:
-    """Evaluates embeddings by leave-one-out retrieval and clustering.
+    return_vectors: bool = False,
+    kmeans_init: str = "k-means++",
+) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Evaluates embeddings by leave-one-out retrieval, clustering and spectral statistics.
 
-    Every sample is a query against all other samples. One exact kNN search is run with the
-    largest neighbour count any requested metric needs (max k of ``recall@k``, the largest class
-    size for ``map@r`` / ``map@c``), clipped to N - 1; k-means (as many clusters as distinct
-    labels) runs only if ``nmi`` is requested. With the cosine distance k-means clusters the
-    L2-normalised embeddings.
+    Every sample is a query against all other samples. Each requirement is computed once
+    (see :func:`_requirements`): one exact search with the largest neighbour count any
+    requested metric needs (max k of ``recall@k`` / ``map@k``, the largest class size for
+    ``map@r`` / ``map@c`` / ``r_precision``), clipped to N - 1, which with ``map`` also
+    ranks every query's complete neighbour list blockwise; one k-means (as many clusters as
+    distinct labels) for ``nmi`` / ``f1``; one SVD for ``rho_spectrum*``; one pass of class
+    segment sums for ``dists@*``. With the cosine distance, k-means, the SVD and the class
+    means use the L2-normalised embeddings.
 
     Args:
       embeddings: (N, D) float embeddings, N >= 2.
@@ -85,69 +195,157 @@ def evaluate_embeddings(
       metrics: metric names (see :mod:`jdml.evaluation.metrics`).
       distance: "euclidean" or "cosine".
       seed: seed of the k-means initialisation.
-      block_size: queries per kNN block.
+      block_size: queries per search block.
+      return_vectors: also return the vector-valued metrics (``rho_spectrum@0``). Without it,
+        those are skipped with a warning, so the result is always {name: float}.
+      kmeans_init: "k-means++" (default) or "random" (faiss' initialisation; much faster
+        with very many classes).
 
     Returns:
-      {metric name: value in [0, 1]} in the requested order.
+      {metric name: float} in the requested order; with ``return_vectors``, the pair
+      ({name: float}, {name: 1-D array}).
     """
     specs = resolve_metrics(metrics)
-    if distance not in DISTANCES:
-        raise ValueError(f"unknown distance {distance!r}; expected one of {DISTANCES}")
-    embeddings = jnp.asarray(embeddings, jnp.float32)  # stays on the default device
-    labels = np.asarray(labels).reshape(-1)
-    if embeddings.ndim != 2 or embeddings.shape[0] != labels.shape[0]:
-        raise ValueError(
-            f"expected (N, D) embeddings and (N,) labels, got {embeddings.shape} and {labels.shape}"
+    embeddings, labels = _check_inputs(embeddings, labels, distance)
+    vectors = [m for m in specs if m.vector]
+    if vectors and not return_vectors:
+        warnings.warn(
+            f"vector-valued metrics {[m.name for m in vectors]} are skipped; pass "
+            "return_vectors=True to get them",
+            stacklevel=2,
         )
-    n = embeddings.shape[0]
-    if n < 2:
-        raise ValueError("retrieval evaluation needs at least 2 samples")
-    class_sizes, num_classes = _class_sizes(labels)
+        specs = [m for m in specs if not m.vector]
+    requirements = _requirements(
+        specs,
+        embeddings,
+        labels,
+        distance=distance,
+        seed=seed,
+        block_size=block_size,
+        kmeans_init=kmeans_init,
+    )
+    scalars = {m.name: float(m.compute(requirements)) for m in specs if not m.vector}
+    if not return_vectors:
+        return scalars
+    return scalars, {m.name: np.asarray(m.compute(requirements)) for m in specs if m.vector}
 
-    num_neighbours = min(max((m.num_neighbours(class_sizes) for m in specs), default=0), n - 1)
-    neighbour_labels = None
-    if num_neighbours > 0:
-        _, indices = knn(
-            embeddings,
-            embeddings,
-            num_neighbours,
-            exclude_self=True,
+
+def combine_heads(
+    embeddings: Mapping[str, jax.Array | np.ndarray], weights: Mapping[str, float]
+) -> jax.Array:
+    """Weighted concatenation of embedding heads, as evaluated by DiVA (Milbich et al., ECCV
+    2020): each head L2-normalised and multiplied by its weight, concatenated, re-normalised.
+
+    Args:
+      embeddings: {head: (N, D_head) embeddings}.
+      weights: {head: weight}, in concatenation order; every head must be in ``embeddings``.
+
+    Returns:
+      (N, sum of the heads' D) float32 unit-norm rows.
+    """
+    parts = [
+        float(weight) * _normalize(jnp.asarray(embeddings[head], jnp.float32))
+        for head, weight in weights.items()
+    ]
+    return _normalize(jnp.concatenate(parts, axis=1))
+
+
+def evaluate_heads(
+    embeddings: Mapping[str, jax.Array | np.ndarray],
+    labels: jax.Array | np.ndarray,
+    metrics: Sequence[str],
+    *,
+    combinations: Mapping[str, Mapping[str, float]] | None = None,
+    distance: str = "euclidean",
+    seed: int = 0,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    return_vectors: bool = False,
+    kmeans_init: str = "k-means++",
+) -> dict[str, dict[str, float]] | tuple[dict[str, dict[str, float]], dict[str, dict]]:
+    """Multi-head evaluation: every head alone, then every weighted concatenation of heads.
+
+    Args:
+      embeddings: {head name: (N, D_head) embeddings}, all for the same N samples.
+      labels: (N,) integer class labels.
+      metrics: metric names.
+      combinations: {combination name: {head: weight}}, e.g.
+        ``{"disc0.5+others1": {"discriminative": 0.5, "selfsimilarity": 1, "shared": 1,
+        "intra": 1}}``; each is :func:`combine_heads` of the named heads.
+      distance, seed, block_size, return_vectors, kmeans_init: as in
+        :func:`evaluate_embeddings`, used for every row.
+
+    Returns:
+      {head or combination name: {metric name: float}}, heads first in their order, then the
+      combinations; with ``return_vectors`` the pair (that, the same nesting of vectors).
+    """
+    combinations = dict(combinations or {})
+    resolve_metrics(metrics)  # every name and combination is checked before any work
+    for name, weights in combinations.items():
+        if name in embeddings:
+            raise ValueError(f"combination {name!r} has the name of a head")
+        missing = [head for head in weights if head not in embeddings]
+        if missing or not weights:
+            raise ValueError(
+                f"combination {name!r} needs heads {missing or '(none given)'}; "
+                f"available heads: {list(embeddings)}"
+            )
+    inputs = {head: emb for head, emb in embeddings.items()}
+    inputs.update(
+        {name: combine_heads(embeddings, weights) for name, weights in combinations.items()}
+    )
+    scalars: dict[str, dict[str, float]] = {}
+    vectors: dict[str, dict[str, np.ndarray]] = {}
+    for name, emb in inputs.items():
+        out = evaluate_embeddings(
+            emb,
+            labels,
+            metrics,
             distance=distance,
+            seed=seed,
             block_size=block_size,
+            return_vectors=return_vectors,
+            kmeans_init=kmeans_init,
         )
-        neighbour_labels = labels[np.asarray(indices)]
-
-    assignments = None
-    if any(m.needs_clusters for m in specs):
-        points = embeddings
-        if distance == "cosine":
-            norms = jnp.linalg.norm(points, axis=1, keepdims=True)
-            points = points / jnp.maximum(norms, 1e-12)
-        assignments = np.asarray(kmeans(points, num_classes, seed=seed).assignments)
-
-    requirements = Requirements(labels, class_sizes, neighbour_labels, assignments)
-    return {m.name: float(m.compute(requirements)) for m in specs}
+        if return_vectors:
+            scalars[name], vectors[name] = out
+        else:
+            scalars[name] = out
+    return (scalars, vectors) if return_vectors else scalars
 
 
-def _format_value(value: float) -> str:
-    """A metric value as a percentage with 2 decimals."""
-    return "nan" if math.isnan(value) else f"{100.0 * value:.2f}"
+def _is_percent(name: str) -> bool:
+    """Whether the metric ``name`` is a fraction shown in percent (unknown names: yes)."""
+    try:
+        return get_metric(name).percent
+    except KeyError:
+        return True
+
+
+def _format_value(value: float, percent: bool = True) -> str:
+    """A metric value as a percentage with 2 decimals, or as is with 4 decimals."""
+    if math.isnan(value):
+        return "nan"
+    return f"{100.0 * value:.2f}" if percent else f"{value:.4f}"
 
 
 def format_table(results: Mapping[str, Mapping[str, float]]) -> str:
-    """Fixed-width results table: one row per run/split, one column per metric, in percent.
+    """Fixed-width results table: one row per run/split, one column per metric.
+
+    Fractions (retrieval and clustering metrics) are shown in percent with 2 decimals; the
+    other metrics (``rho_spectrum*``, ``dists@*``) as they are, with 4 decimals.
 
     Args:
-      results: {row name: {metric name: value in [0, 1]}}; columns are the metric names in
-        order of first appearance, and a metric missing from a row is shown as "-".
+      results: {row name: {metric name: value}}; columns are the metric names in order of
+        first appearance, and a metric missing from a row is shown as "-".
 
     Returns:
       The table as a multi-line string (header, rule, one line per row).
     """
     columns = list(dict.fromkeys(name for row in results.values() for name in row))
+    percent = {c: _is_percent(c) for c in columns}
     header = ["", *columns]
     rows = [
-        [str(name), *(_format_value(row[c]) if c in row else "-" for c in columns)]
+        [str(name), *(_format_value(row[c], percent[c]) if c in row else "-" for c in columns)]
         for name, row in results.items()
     ]
     widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]

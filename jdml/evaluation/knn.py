@@ -22,6 +22,12 @@ Self-exclusion is by index: the k + 1 best references are selected and the query
 is removed from them wherever it is (or the last one if it is not there), so exact duplicates
 of a query, also at distance 0, are kept and ranked by index.
 
+:func:`knn_full_ranking` (leave-one-out only) additionally ranks each query's complete list of
+N - 1 other samples, for the mAP over all neighbours: per query block it computes the distances
+to all references at once (O(block_size * N) memory, the N x N matrix is never formed), takes
+the k nearest from them, and on the host sorts each row once and finds the rank of every
+same-class sample by binary search.
+
 The returned distances come from the selected scores: ``sqrt(max(|q|^2 - score, 0))`` (the Gram
 expansion, clamped at 0 against rounding; near 0 it carries float32 rounding of the order of
 ``sqrt(1e-7 |q|^2)``) or ``1 - score``. The k neighbours are sorted by (distance, index): ties
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -320,3 +327,215 @@ def knn(
         jnp.concatenate(distances)[:num_queries],
         jnp.concatenate(indices)[:num_queries],
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Full ranking: the exact rank of every same-class sample among all N - 1 other samples.
+
+
+class FullRanking(NamedTuple):
+    """Output of :func:`knn_full_ranking`.
+
+    Attributes:
+      distances: (N, k) float32 distances of each sample's k nearest other samples, ascending.
+      indices: (N, k) int32 indices of those neighbours; ties ordered by lower index.
+      precision_sums: (N,) float64 ``sum_{k=1..N-1} P@k * rel_k`` over the complete ranking of
+        the N - 1 other samples, where rel_k says whether rank k holds a sample of the query's
+        class and P@k is the precision at rank k (0 for a class with a single sample).
+    """
+
+    distances: np.ndarray
+    indices: np.ndarray
+    precision_sums: np.ndarray
+
+
+@functools.partial(jax.jit, static_argnames=("k", "distance"))
+def _full_ranking_block(
+    queries: jax.Array,
+    query_offset: jax.Array,
+    references: jax.Array,
+    *,
+    k: int,
+    distance: str,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Distances of one query block to every reference, and its k nearest references.
+
+    Args:
+      queries: (B, D) query block (zero-padded at the end; unit-norm rows for cosine).
+      query_offset: () int32 global index of the block's first query.
+      references: (P, D + 1) augmented references (``_augmented_references`` with one chunk;
+        padding rows score ``-inf``).
+      k: number of nearest neighbours to return (0 for none).
+      distance: "euclidean" or "cosine".
+
+    Returns:
+      The (B, P) distances with the query's own index and the padding set to ``+inf``, and the
+      (B, k) distances and int32 indices of the k nearest, ordered by (distance, index).
+    """
+    block = queries.shape[0]
+    query_ids = query_offset + jnp.arange(block, dtype=jnp.int32)
+    augmented = jnp.concatenate([queries, jnp.ones((block, 1), jnp.float32)], axis=1)
+    scores = jnp.matmul(augmented, references.T, precision=jax.lax.Precision.HIGHEST)
+    distances = _scores_to_distances(queries, scores, distance)
+    own = jnp.arange(references.shape[0], dtype=jnp.int32)[None, :] == query_ids[:, None]
+    distances = jnp.where(own, jnp.inf, distances)
+    if k == 0:
+        empty = jnp.zeros((block, 0), jnp.float32)
+        return distances, empty, empty.astype(jnp.int32)
+    # top_k keeps the lower index among equal values, so this is the (distance, index) order.
+    negated, indices = _top_k(-distances, k)
+    return distances, -negated, indices
+
+
+def _class_members(class_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sample indices grouped by class (a CSR layout).
+
+    Args:
+      class_ids: (N,) integer class of every sample.
+
+    Returns:
+      ``order`` (N,) sample indices sorted by class, and per sample the start (N,) and the
+      length (N,) of its class's run in ``order``.
+    """
+    _, inverse, counts = np.unique(class_ids, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    order = np.argsort(inverse, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return order, starts[inverse], counts[inverse]
+
+
+def _positive_ranks(
+    distances: np.ndarray, rows: np.ndarray, members: tuple[np.ndarray, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rank of every same-class sample of each query in a block, among its N - 1 others.
+
+    The ranking is by (distance, index), like :func:`knn`: the rank of a same-class sample p is
+    ``1 + #{j : d_j < d_p} + #{j : d_j == d_p and j < p}`` over the other samples j. Each row is
+    sorted once; ``#{d_j < d_p}`` is a binary search in it, and the index tie-break is counted
+    directly only for the (rare) distances that occur more than once in the row.
+
+    Args:
+      distances: (B, P) distances of the block's queries to all references, the query itself
+        and the padding at ``+inf``.
+      rows: (B,) global indices of the block's queries.
+      members: the output of :func:`_class_members`.
+
+    Returns:
+      (B, S) int64 ranks, ascending per row, and the (B, S) mask of valid entries (a query has
+      n_c - 1 same-class samples; the rest is padding with rank ``P + 1``).
+    """
+    order, starts, counts = members
+    width = int(counts[rows].max())
+    slots = np.arange(width)[None, :]
+    valid = slots < counts[rows][:, None]
+    positives = order[np.where(valid, starts[rows][:, None] + slots, 0)]
+    valid &= positives != rows[:, None]
+    positive_distances = np.take_along_axis(distances, positives, axis=1)
+    ranked = np.sort(distances, axis=1)
+    before = np.empty(positives.shape, np.int64)
+    for r in range(len(rows)):
+        before[r] = np.searchsorted(ranked[r], positive_distances[r], side="left")
+    # The row holds d_p itself at position ``before``; a tie exists if the next value equals it.
+    following = np.take_along_axis(ranked, np.minimum(before + 1, ranked.shape[1] - 1), axis=1)
+    for r, s in zip(*np.nonzero(valid & (following == positive_distances)), strict=True):
+        row = distances[r]
+        tied = np.flatnonzero(row == positive_distances[r, s])
+        before[r, s] += np.count_nonzero(tied < positives[r, s])
+    ranks = np.where(valid, before + 1, distances.shape[1] + 1)
+    order_in_row = np.argsort(ranks, axis=1, kind="stable")
+    return np.take_along_axis(ranks, order_in_row, 1), np.take_along_axis(valid, order_in_row, 1)
+
+
+def precision_sums_from_ranks(ranks: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """``sum_k P@k * rel_k`` of each query from the sorted ranks of its relevant samples.
+
+    The i-th relevant sample (1-based) at rank r_i contributes P@r_i = i / r_i.
+
+    Args:
+      ranks: (B, S) ascending ranks of the relevant samples.
+      valid: (B, S) mask of the real entries (a prefix of each row).
+
+    Returns:
+      (B,) float64 sums.
+    """
+    position = np.arange(1, ranks.shape[1] + 1, dtype=np.float64)[None, :]
+    return np.sum(np.where(valid, position / ranks, 0.0), axis=1)
+
+
+def knn_full_ranking(
+    embeddings: jax.Array | np.ndarray,
+    class_ids: np.ndarray,
+    k: int,
+    *,
+    distance: str = "euclidean",
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> FullRanking:
+    """Leave-one-out kNN plus the average-precision sums over the complete ranking.
+
+    Every sample is a query against the N - 1 others. Per block of ``block_size`` queries, the
+    distances to all N references are computed once (a (block_size, N) matrix, so memory is
+    O(block_size * N), never N x N); from them, on the default JAX device, the k nearest
+    references, and on the host the rank of every same-class sample among all N - 1 others
+    (:func:`_positive_ranks`: one sort per row and a binary search per same-class sample, i.e.
+    O(N log N) per query, whatever the class sizes), which gives the sum of P@k * rel_k over
+    the whole ranking (the numerator of the mAP over all neighbours, "mAP" in Roth et al.,
+    "Revisiting Training Strategies and Generalization Performance in Deep Metric Learning",
+    ICML 2020). The next block is dispatched before the host works on the current one.
+
+    Both use the same (distance, index) order as :func:`knn` (self excluded by index), and the
+    k nearest come from the same distances as the ranks, so the two are exactly consistent
+    (the k neighbours may differ from :func:`knn`'s by float32 rounding in near-ties only).
+
+    Args:
+      embeddings: (N, D) float32 embeddings, N >= 2.
+      class_ids: (N,) integer class of every sample.
+      k: number of nearest neighbours to return, 0 <= k <= N - 1.
+      distance: "euclidean" or "cosine".
+      block_size: queries per block.
+
+    Returns:
+      A :class:`FullRanking` with (N, k) distances and indices and (N,) precision sums.
+    """
+    if distance not in DISTANCES:
+        raise ValueError(f"unknown distance {distance!r}; expected one of {DISTANCES}")
+    x = jnp.asarray(embeddings, jnp.float32)
+    class_ids = np.asarray(class_ids).reshape(-1)
+    if x.ndim != 2 or x.shape[0] != class_ids.shape[0]:
+        raise ValueError(f"expected (N, D) embeddings and (N,) classes, got {x.shape}")
+    n = x.shape[0]
+    if not 0 <= k <= n - 1:
+        raise ValueError(f"k={k} must be in [0, {n - 1}] for {n} samples")
+    if block_size < 1:
+        raise ValueError("block_size must be positive")
+    if distance == "cosine":
+        x = _normalize(x)
+    width = GROUP_SIZE * math.ceil(n / GROUP_SIZE)
+    references = _augmented_references(x, 1, width, distance)[0]
+    members = _class_members(class_ids)
+
+    block = min(block_size, n)
+    num_blocks = math.ceil(n / block)
+    padded = jnp.pad(x, ((0, num_blocks * block - n), (0, 0)))
+
+    def dispatch(b: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+        return _full_ranking_block(
+            padded[b * block : (b + 1) * block],
+            jnp.int32(b * block),
+            references,
+            k=k,
+            distance=distance,
+        )
+
+    distances = np.empty((n, k), np.float32)
+    indices = np.empty((n, k), np.int32)
+    sums = np.empty((n,), np.float64)
+    pending = dispatch(0)
+    for b in range(num_blocks):
+        current, pending = pending, dispatch(b + 1) if b + 1 < num_blocks else None
+        rows = np.arange(b * block, min((b + 1) * block, n))
+        full, top_d, top_i = (np.asarray(a)[: len(rows)] for a in current)
+        distances[rows], indices[rows] = top_d, top_i
+        # -0.0 + 0.0 = +0.0: one zero, so that equal distances compare equal everywhere.
+        sums[rows] = precision_sums_from_ranks(*_positive_ranks(full + 0.0, rows, members))
+        del current, full
+    return FullRanking(distances, indices, sums)
