@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -289,14 +290,9 @@ def evaluate_heads(
                 f"combination {name!r} needs heads {missing or '(none given)'}; "
                 f"available heads: {list(embeddings)}"
             )
-    inputs = {head: emb for head, emb in embeddings.items()}
-    inputs.update(
-        {name: combine_heads(embeddings, weights) for name, weights in combinations.items()}
-    )
-    scalars: dict[str, dict[str, float]] = {}
-    vectors: dict[str, dict[str, np.ndarray]] = {}
-    for name, emb in inputs.items():
-        out = evaluate_embeddings(
+
+    def evaluate(emb: jax.Array | np.ndarray) -> Any:
+        return evaluate_embeddings(
             emb,
             labels,
             metrics,
@@ -306,11 +302,16 @@ def evaluate_heads(
             return_vectors=return_vectors,
             kmeans_init=kmeans_init,
         )
-        if return_vectors:
-            scalars[name], vectors[name] = out
-        else:
-            scalars[name] = out
-    return (scalars, vectors) if return_vectors else scalars
+
+    outputs = {head: evaluate(emb) for head, emb in embeddings.items()}
+    for name, weights in combinations.items():  # one combination in memory at a time
+        outputs[name] = evaluate(combine_heads(embeddings, weights))
+    if not return_vectors:
+        return outputs
+    return (
+        {name: out[0] for name, out in outputs.items()},
+        {name: out[1] for name, out in outputs.items()},
+    )
 
 
 def _is_percent(name: str) -> bool:
