@@ -8,7 +8,8 @@ distance-weighted mining and SPC-2 batches, here on the embedded glyph dataset:
 The argument after ':' is a comma-separated list of key=value choosing a row of the paper's
 main table (Table 2): ``loss=<name>`` (with the miner and embedding normalisation its reference
 runs use), ``miner=<name>`` (``miner=rho_distance`` gives the R-variants: R-Margin, R-Triplet,
-R-Contrastive, R-SNR), ``data=<preset>``:
+R-Contrastive, R-SNR), ``sampler=<name>`` (the mini-batch sampler, e.g. ``greedy_coreset``,
+``disthist_batchmatch``), ``data=<preset>``:
 
   python train.py --config configs/revisiting.py:loss=triplet,miner=semihard --workdir runs/t
   python train.py --config configs/revisiting.py:loss=margin,miner=rho_distance --workdir runs/r
@@ -117,20 +118,23 @@ def apply_overrides(c: ml_collections.ConfigDict, overrides: dict[str, object]) 
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    """The config for ``loss=<name>,miner=<name>,data=<preset>`` (all optional)."""
+    """The config for ``loss=<name>,miner=<name>,sampler=<name>,data=<preset>`` (all optional)."""
     args = parse_arg(arg)
     data = args.pop("data", "glyphs")
     loss = args.pop("loss", "margin")
     miner = args.pop("miner", None)
+    sampler = args.pop("sampler", None)
     if args:
         raise ConfigError(
             f"unknown config argument(s) {sorted(args)}; use loss=<name>, miner=<name>, "
-            "data=<preset>"
+            "sampler=<name>, data=<preset>"
         )
     if data not in PRESETS:
         raise ConfigError(f"unknown data preset {data!r}; choose one of: {', '.join(PRESETS)}")
     c = base_config()
     apply_overrides(c, PRESETS[data])
     apply_overrides(c, loss_overrides(loss, None if miner in (None, "default") else miner, data))
+    if sampler is not None:
+        c.sampler.name = sampler  # validated with the rest of the config
     c.lock()
     return c

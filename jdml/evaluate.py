@@ -9,6 +9,7 @@ from typing import Any
 
 from jdml.checkpoint import CheckpointError, Checkpoints
 from jdml.config import ConfigError, from_json
+from jdml.evaluation.runner import SPECTRUM
 from jdml.run import Run
 from jdml.trainer import atomic_write
 
@@ -62,8 +63,11 @@ def evaluate_checkpoint(
         state, meta = ckpts.restore(checkpoint, run.initial_state)
     finally:
         ckpts.close()
-    results = run.evaluate(state, {s: run.splits[s] for s in splits})
+    results, vectors = run.evaluate(state, {s: run.splits[s] for s in splits})
     out = {"checkpoint": str(checkpoint), "step": int(state.step), "meta": meta, "results": results}
+    spectra = {s: v[SPECTRUM].tolist() for s, v in vectors.items() if SPECTRUM in v}
+    if spectra:
+        out["spectra"] = spectra  # normalised singular values of the embeddings, descending
     name = f"eval_{checkpoint}_step{int(state.step)}.json"
     atomic_write(os.path.join(workdir, name), json.dumps(out, indent=2))
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ import numpy as np
 from jdml.config import ConfigError, validate
 from jdml.data.arrays import ImageArrays
 from jdml.data.loading import load_splits
-from jdml.evaluation.runner import embed_split, evaluate_splits
+from jdml.evaluation.runner import embed_split, evaluate_splits, split_metrics
 from jdml.methods import StandardMethod
 from jdml.optim import make_optimizer
 from jdml.samplers import SAMPLERS
@@ -81,12 +82,24 @@ class Run:
         )[self.method.head]
         return state.replace(sampler_state={**state.sampler_state, "memory": jnp.asarray(emb)})
 
-    def evaluate(self, state: TrainState, splits: dict[str, ImageArrays]) -> dict[str, dict]:
+    def evaluate(
+        self,
+        state: TrainState,
+        splits: dict[str, ImageArrays],
+        full: Sequence[str] | None = None,
+    ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, np.ndarray]]]:
+        """Evaluates ``state`` on ``splits``: ``({split: {metric: value}}, {split: vectors})``.
+
+        The splits in ``full`` (default: all) get ``eval.metrics``; the training split also
+        ``eval.train_metrics`` (see :func:`jdml.evaluation.runner.split_metrics`).
+        """
+        full = list(splits) if full is None else full
         return evaluate_splits(
             self.embed_fn,
             state.params,
             state.batch_stats,
             splits,
+            split_metrics(self.config.eval, list(splits), full),
             self.config.eval,
             head=self.method.head,
             seed=self.config.seed,

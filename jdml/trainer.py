@@ -27,6 +27,7 @@ from jdml.data.arrays import ImageArrays
 from jdml.data.augment import AUGMENTATIONS
 from jdml.data.pipeline import TrainBatch, train_batches
 from jdml.evaluation.evaluator import format_table
+from jdml.evaluation.runner import SPECTRUM
 from jdml.metric_writer import MetricWriter, read_metrics
 from jdml.run import Run
 from jdml.samplers.memory import epoch_sampler
@@ -160,7 +161,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     records = read_metrics(writer.path) if os.path.exists(writer.path) else []
     selection = _selection_split(run.splits)
     metric = config.eval.selection_metric
-    eval_splits = {s: run.splits[s] for s in dict.fromkeys([*config.eval.splits, selection])}
+    full_splits = list(dict.fromkeys([*config.eval.splits, selection]))
+    train_split = ["train"] if config.eval.train_metrics else []
+    eval_splits = {s: run.splits[s] for s in dict.fromkeys([*full_splits, *train_split])}
     best_value = max(
         (r[metric] for r in _eval_records(records, selection) if r["step"] > 0), default=-np.inf
     )
@@ -174,12 +177,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     def evaluate(state: TrainState, epoch: int) -> None:
         nonlocal best_value
-        results = run.evaluate(state, eval_splits)
+        results, vectors = run.evaluate(state, eval_splits, full_splits)
         step = int(state.step)
         for split, values in results.items():
             record = {"kind": "eval", "split": split, "step": step, "epoch": epoch, **values}
             writer.write(record)
             records.append(record)
+            if SPECTRUM in vectors[split]:
+                spectrum = [float(x) for x in vectors[split][SPECTRUM]]
+                writer.write(
+                    {
+                        "kind": "spectrum",
+                        "split": split,
+                        "step": step,
+                        "epoch": epoch,
+                        "spectrum": spectrum,
+                    }
+                )
         log.info("Evaluation at epoch %d (step %d):\n%s", epoch, step, format_table(results))
         if step > 0 and results[selection][metric] > best_value:
             best_value = results[selection][metric]

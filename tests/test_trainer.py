@@ -15,7 +15,9 @@ import pytest
 
 from jdml.checkpoint import Checkpoints
 from jdml.evaluate import evaluate_checkpoint
+from jdml.evaluation.runner import embed_split
 from jdml.metric_writer import read_metrics
+from jdml.report import report
 from jdml.run import Run
 from jdml.trainer import NonFiniteLossError, train_and_evaluate
 from tests.helpers import REPO, make_npz, tiny_config, write_tiny_config_file
@@ -54,11 +56,52 @@ def test_run_writes_results_and_compiles_once(full_run):
     assert summary["selection_split"] == "test"  # no validation split configured
     records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
     train = [r for r in records if r["kind"] == "train"]
-    evals = [r for r in records if r["kind"] == "eval"]
+    evals = [r for r in records if r["kind"] == "eval" and r["split"] == "test"]
     assert train and all(np.isfinite(r["loss"]) for r in train)
     assert [r["epoch"] for r in evals] == list(range(EPOCHS + 1))
     with open(os.path.join(workdir, "results.json")) as f:
         assert json.load(f)["final"]["step"] == summary["final"]["step"]
+
+
+def test_train_split_rho_and_spectrum_match_the_checkpoint(full_run, npz):
+    """At every evaluation the training embeddings' rho and normalised spectrum are recorded;
+    at the last one they equal a NumPy SVD of the latest checkpoint's training embeddings."""
+    workdir, _ = full_run
+    records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    train_evals = [r for r in records if r["kind"] == "eval" and r["split"] == "train"]
+    spectra = [r for r in records if r["kind"] == "spectrum"]
+    assert [r["epoch"] for r in train_evals] == list(range(EPOCHS + 1))
+    assert [r["step"] for r in spectra] == [r["step"] for r in train_evals]
+    assert set(train_evals[-1]) == {"kind", "split", "step", "epoch", "rho_spectrum@1"}
+    config = tiny_config(npz, **{"train.epochs": EPOCHS})
+    run = Run(config)
+    state = _latest_state(workdir, config)
+    emb = np.asarray(
+        embed_split(run.embed_fn, state.params, state.batch_stats, run.splits["train"], 32)[
+            run.method.head
+        ],
+        np.float64,
+    )
+    s = np.linalg.svd(emb, compute_uv=False)
+    s_hat = s / s.sum()
+    np.testing.assert_allclose(spectra[-1]["spectrum"], s_hat, rtol=1e-4, atol=1e-7)
+    uniform = 1.0 / len(s_hat)
+    rho = np.sum(uniform * np.log(uniform / s_hat))
+    assert train_evals[-1]["rho_spectrum@1"] == pytest.approx(rho, rel=1e-3)
+
+
+def test_report_of_a_trained_run(full_run, tmp_path):
+    workdir, summary = full_run
+    out = report([workdir], str(tmp_path / "report"))
+    assert [os.path.basename(f) for f in out["files"]] == [
+        "report.md",
+        "report.csv",
+        "recall_at_1_over_epochs.png",
+        "spectrum.png",
+    ]
+    best = summary["best"]["test"]["recall@1"]
+    assert f"{100 * best:.2f}" in out["markdown"]
+    assert "rho_spectrum@1 (train)" in out["markdown"]
 
 
 def test_rerun_of_finished_run_changes_nothing(full_run, npz):
@@ -118,6 +161,9 @@ def test_eval_of_best_checkpoint_matches_training_record(full_run):
     for metric, value in summary["best"]["test"].items():
         assert out["results"]["test"][metric] == pytest.approx(value, abs=1e-6), metric
     assert os.path.exists(os.path.join(workdir, f"eval_best_step{out['step']}.json"))
+    train = evaluate_checkpoint(workdir, "best", ["train"])
+    assert set(train["results"]["train"]) >= {"recall@1", "rho_spectrum@1"}
+    assert len(train["spectra"]["train"]) == 16  # embed_dim singular values
 
 
 def test_eval_cli(full_run):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -31,24 +31,60 @@ def embed_split(
     return {head: np.concatenate(chunks) for head, chunks in parts.items()}
 
 
+SPECTRUM = "rho_spectrum@0"  # the normalised singular-value spectrum, kept for plots
+
+
+def split_metrics(
+    cfg: ml_collections.ConfigDict, splits: Sequence[str], full: Sequence[str]
+) -> dict[str, list[str]]:
+    """The metrics computed on each split at an evaluation.
+
+    The splits in ``full`` get ``eval.metrics``. The training split additionally gets
+    ``eval.train_metrics`` (the Revisiting paper measures the spectral decay rho on the
+    training embeddings) and the normalised singular-value spectrum, which the report plots.
+
+    Args:
+      cfg: the ``eval`` config section.
+      splits: the split names to evaluate.
+      full: the splits that get every metric of ``eval.metrics``.
+    """
+    out = {}
+    for name in splits:
+        names = list(cfg.metrics) if name in full else []
+        if name == "train" and cfg.train_metrics:
+            names += [*cfg.train_metrics, SPECTRUM]
+        out[name] = list(dict.fromkeys(names))
+    return out
+
+
 def evaluate_splits(
     embed_fn: EmbedFn,
     params: Any,
     batch_stats: Any,
     splits: Mapping[str, ImageArrays],
+    metrics: Mapping[str, Sequence[str]],
     cfg: ml_collections.ConfigDict,
     *,
     head: str,
     seed: int = 0,
-) -> dict[str, dict[str, float]]:
-    """Returns ``{split: {metric: value}}`` for the embeddings of ``head`` on each split."""
-    out = {}
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, np.ndarray]]]:
+    """Evaluates the embeddings of ``head`` on each split with that split's metrics.
+
+    Returns:
+      ``({split: {metric: value}}, {split: {vector metric: 1-D array}})``.
+    """
+    scalars, vectors = {}, {}
     for name, data in splits.items():
         emb = embed_split(embed_fn, params, batch_stats, data, cfg.batch_size)[head]
-        out[name] = evaluate_embeddings(
-            emb, data.labels, list(cfg.metrics), distance=cfg.distance, seed=seed
+        scalars[name], vectors[name] = evaluate_embeddings(
+            emb,
+            data.labels,
+            list(metrics[name]),
+            distance=cfg.distance,
+            seed=seed,
+            return_vectors=True,
         )
-    return out
+    return scalars, vectors
 
 
 def evaluate_raw_pixels(
