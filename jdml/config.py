@@ -167,9 +167,95 @@ def base_config() -> ml_collections.ConfigDict:
     # Measured on the training split at every evaluation (with its singular-value spectrum, for
     # the report's plots), as the Revisiting paper measures rho; () skips embedding the train set.
     c.eval.train_metrics = ("rho_spectrum@1",)
+    # Multi-head models: further heads evaluated alone, and weighted concatenations of
+    # ``eval.heads`` (one weight per head, in that order; DiVA's evaluation). The main head
+    # (``model.head``) is always evaluated and selects the best checkpoint.
+    c.eval.heads = ()
+    c.eval.combinations = ()
+
+    # Auxiliary terms on further embedding heads (DiVA, Sharing Matters): name -> section built by
+    # ``metric_term`` or ``dance_term``. Empty for the Revisiting methods (one head, one loss).
+    c.aux = ml_collections.ConfigDict()
+    c.decorrelation = decorrelation_section()
 
     _ = DATASETS  # the dataset name is validated in validate()
     return c
+
+
+def metric_term(
+    loss: str, miner: str, *, head: str, weight: float, dim: int = 0
+) -> ml_collections.ConfigDict:
+    """An auxiliary term: a registered loss on ``head``'s embeddings with its own miner.
+
+    The section has every registered loss and miner with its defaults (as the top-level
+    ``loss``/``miner`` sections), so ``--config.aux.<term>.loss.margin.beta=...`` works; the loss's
+    learnable parameters (e.g. its own per-class betas) are separate from the main loss's.
+
+    Args:
+      loss: registered loss name.
+      miner: registered miner name ("" for a loss that mines its own pairs).
+      head: embedding head the term trains (created if no other term uses it).
+      weight: the term's weight in the total loss.
+      dim: the head's dimension (0: ``model.embed_dim``).
+    """
+    from jdml.losses import LOSSES
+    from jdml.miners import MINERS
+
+    t = ml_collections.ConfigDict()
+    t.kind = "metric"
+    t.head = head
+    t.dim = dim
+    t.weight = weight
+    t.loss = _component_section(LOSSES)
+    t.loss.name = loss
+    t.miner = _component_section(MINERS)
+    t.miner.name = miner
+    return t
+
+
+def dance_term(
+    *, head: str = "selfsimilarity", weight: float, dim: int = 0
+) -> ml_collections.ConfigDict:
+    """An auxiliary DaNCE term (DiVA's self-supervision) with its EMA key network and queue.
+
+    Keys: ``temperature`` (the paper's runs 0.01), ``momentum`` of the EMA key parameters (0.9),
+    ``queue_batches`` (the queue holds that many batches of keys, filled by the initial key
+    network before training: the reference's n_key_batches), the distance-weight cut-offs, the
+    weight normalisation (``anchor``: each anchor's weights sum to 1, the paper's intent;
+    ``batch``: the reference's default code) and ``weighting`` (False: plain MoCo InfoNCE).
+    """
+    t = ml_collections.ConfigDict()
+    t.kind = "dance"
+    t.head = head
+    t.dim = dim
+    t.weight = weight
+    t.temperature = 0.01
+    t.momentum = 0.9
+    t.queue_batches = 30
+    t.lower_cutoff = 0.5
+    t.upper_cutoff = ml_collections.FieldReference(1.4, field_type=object)
+    t.normalize = "anchor"
+    t.weighting = True
+    return t
+
+
+def decorrelation_section() -> ml_collections.ConfigDict:
+    """Decorrelation of head pairs through psi MLPs and gradient reversal (DiVA, Sharing Matters).
+
+    ``pairs``: ((source, target), ...), empty = off; ``weights``: one per pair; psi is
+    Linear(dim, ``hidden``) -> ReLU -> Linear(hidden, dim) with its own ``lr`` and
+    ``weight_decay``; ``renormalize``: L2-normalise the reversed embeddings (DiVA) or not
+    (Sharing Matters); ``detach_target``: no gradient into the target head.
+    """
+    d = ml_collections.ConfigDict()
+    d.pairs = ()
+    d.weights = ()
+    d.hidden = 512
+    d.lr = 1e-5
+    d.weight_decay = 0.0
+    d.renormalize = True
+    d.detach_target = False
+    return d
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
@@ -232,6 +318,61 @@ def validate(c: ml_collections.ConfigDict) -> None:
     for split in c.eval.splits:
         if split not in ("train", "val", "test"):
             raise ConfigError(f"eval.splits has {split!r}; choose from train, val, test")
+    _validate_aux(c)
+    heads = {c.model.head, *(t.head for t in c.aux.values())}
+    for head in c.eval.heads:
+        if head not in heads:
+            raise ConfigError(f"eval.heads has {head!r}; the model's heads are {sorted(heads)}")
+    for weights in c.eval.combinations:
+        if len(weights) != len(c.eval.heads):
+            raise ConfigError(
+                f"eval.combinations entry {tuple(weights)} needs one weight per head of "
+                f"eval.heads {tuple(c.eval.heads)}"
+            )
+
+
+def _validate_aux(c: ml_collections.ConfigDict) -> None:
+    from jdml.losses import LOSSES, check_compatible
+    from jdml.miners import MINERS
+
+    heads = {c.model.head}
+    for name, t in c.aux.items():
+        where = f"aux.{name}"
+        if t.get("kind") not in ("metric", "dance"):
+            raise ConfigError(f"{where}.kind={t.get('kind')!r}; choose metric or dance")
+        if t.kind == "metric":
+            if t.loss.name not in LOSSES:
+                raise ConfigError(
+                    f"{where}.loss.name={t.loss.name!r} is not a known loss; choose one of: "
+                    + ", ".join(LOSSES.names())
+                )
+            miner = t.miner.name or None
+            if miner is not None and miner not in MINERS:
+                raise ConfigError(
+                    f"{where}.miner.name={miner!r} is not a known miner; choose one of: "
+                    + ", ".join(MINERS.names())
+                )
+            needs = LOSSES.get(t.loss.name).needs_miner
+            try:
+                check_compatible(t.loss.name, miner if needs else None)
+            except ValueError as e:
+                raise ConfigError(f"{where}: {e}") from None
+        elif t.normalize not in ("anchor", "batch"):
+            raise ConfigError(f"{where}.normalize={t.normalize!r}; choose anchor or batch")
+        heads.add(t.head)
+    d = c.decorrelation
+    if len(d.pairs) != len(d.weights):
+        raise ConfigError(
+            f"decorrelation.pairs has {len(d.pairs)} pair(s) but decorrelation.weights has "
+            f"{len(d.weights)}; give one weight per (source, target) pair"
+        )
+    for pair in d.pairs:
+        unknown = [h for h in pair if h not in heads]
+        if len(pair) != 2 or unknown or pair[0] == pair[1]:
+            raise ConfigError(
+                f"decorrelation pair {tuple(pair)} must name two different heads among "
+                f"{sorted(heads)}"
+            )
 
 
 def to_json(c: ml_collections.ConfigDict) -> str:
@@ -278,15 +419,19 @@ def _selected_only(flat: dict[str, Any]) -> dict[str, Any]:
     """Drops the hyperparameters of components that are not selected (loss, miner, sampler).
 
     Their presence depends on which components the installed version registers, and their
-    values do not affect the run.
+    values do not affect the run. Component sections may be nested (``aux.<term>.loss``).
     """
     out = {}
     for key, value in flat.items():
-        section, _, rest = key.partition(".")
-        component, _, leaf = rest.partition(".")
-        if section in _COMPONENT_SECTIONS and leaf and flat.get(f"{section}.name") != component:
-            continue
-        out[key] = value
+        parts = key.split(".")
+        unselected = False
+        for i, part in enumerate(parts[:-2]):
+            if part in _COMPONENT_SECTIONS:
+                prefix = ".".join(parts[: i + 1])
+                unselected = flat.get(f"{prefix}.name") != parts[i + 1]
+                break
+        if not unselected:
+            out[key] = value
     return out
 
 

@@ -63,8 +63,10 @@ def evaluate_checkpoint(
         state, meta = ckpts.restore(checkpoint, run.initial_state)
     finally:
         ckpts.close()
-    results, vectors = run.evaluate(state, {s: run.splits[s] for s in splits})
+    results, vectors, extra = run.evaluate(state, {s: run.splits[s] for s in splits})
     out = {"checkpoint": str(checkpoint), "step": int(state.step), "meta": meta, "results": results}
+    if any(extra.values()):
+        out["embeddings"] = extra  # other heads and weighted concatenations, per split
     spectra = {s: v[SPECTRUM].tolist() for s, v in vectors.items() if SPECTRUM in v}
     if spectra:
         out["spectra"] = spectra  # normalised singular values of the embeddings, descending

@@ -107,7 +107,7 @@ def load_run(workdir: str) -> RunResult:
     evals: dict[str, list[dict[str, Any]]] = {}
     spectra: dict[int, np.ndarray] = {}
     for record in read_metrics(os.path.join(workdir, "metrics.jsonl")):
-        if record.get("kind") == "eval":
+        if record.get("kind") == "eval" and "embedding" not in record:  # the main head
             evals.setdefault(record["split"], []).append(record)
         elif record.get("kind") == "spectrum" and record.get("split") == "train":
             spectra[record["step"]] = np.asarray(record["spectrum"], np.float64)

@@ -12,9 +12,11 @@ import numpy as np
 
 from jdml.config import ConfigError, validate
 from jdml.data.arrays import ImageArrays
+from jdml.data.augment import AUGMENTATIONS
 from jdml.data.loading import load_splits
 from jdml.evaluation.runner import embed_split, evaluate_splits, split_metrics
-from jdml.methods import StandardMethod
+from jdml.methods import Method
+from jdml.methods.momentum import push
 from jdml.optim import make_optimizer
 from jdml.samplers import SAMPLERS
 from jdml.samplers.memory import empty_sampler_state
@@ -51,7 +53,7 @@ class Run:
         )
         self.steps_per_epoch = tc.steps_per_epoch or self.sampler.steps_per_epoch
         self.total_steps = tc.epochs * self.steps_per_epoch
-        self.method = StandardMethod(config, num_classes=train.num_classes)
+        self.method = Method(config, num_classes=train.num_classes)
         self.tx = make_optimizer(
             config.optim,
             self.method.param_groups(),
@@ -67,6 +69,36 @@ class Run:
         )
         self.initial_state = init_state(self.method, self.tx, config.seed, sample, placeholders)
         self.embed_fn = jax.jit(self.method.embed)
+
+    def prepare(self, state: TrainState) -> TrainState:
+        """Before the first step: fills the sampler's embedding memory and the DaNCE key queues."""
+        return self.fill_queues(self.fill_memory(state))
+
+    def fill_queues(self, state: TrainState) -> TrainState:
+        """Fills each DaNCE queue with keys of the initial key (EMA) network, in eval mode, on
+        augmented training images (the reference's n_key_batches), drawn with a fixed seed."""
+        if not state.method_state:
+            return state
+        train = self.splits["train"]
+        augment = AUGMENTATIONS.get(self.config.data.augment)
+        embed_keys = jax.jit(self.method.embed_keys)
+        new = dict(state.method_state)
+        for name, term_state in state.method_state.items():
+            term = self.method.terms[name]
+            log.info("Filling the %s queue with %d keys", name, term.queue_size)
+            rng = np.random.default_rng((self.config.seed, 3))
+            idx = rng.choice(len(train), term.queue_size, replace=term.queue_size > len(train))
+            keys = []
+            bs = self.config.eval.batch_size
+            for start in range(0, len(idx), bs):
+                chunk = idx[start : start + bs]
+                images = augment(train.images[chunk], rng).astype(np.float32)
+                out = embed_keys(term_state["ema"], state.batch_stats, jnp.asarray(images))
+                keys.append(np.asarray(out[term.head]))
+            labels = jnp.asarray(train.labels[idx], jnp.int32)
+            queue = push(term_state["queue"], jnp.asarray(np.concatenate(keys)), labels)
+            new[name] = {**term_state, "queue": queue}
+        return state.replace(method_state=new)
 
     def fill_memory(self, state: TrainState) -> TrainState:
         """Fills the samplers' embedding memory with eval-mode training-set embeddings."""
@@ -87,11 +119,12 @@ class Run:
         state: TrainState,
         splits: dict[str, ImageArrays],
         full: Sequence[str] | None = None,
-    ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, np.ndarray]]]:
-        """Evaluates ``state`` on ``splits``: ``({split: {metric: value}}, {split: vectors})``.
+    ) -> tuple[dict, dict, dict]:
+        """Evaluates ``state`` on ``splits``: ``({split: {metric: value}}, {split: vectors},
+        {split: {other head or combination: {metric: value}}})``.
 
-        The splits in ``full`` (default: all) get ``eval.metrics``; the training split also
-        ``eval.train_metrics`` (see :func:`jdml.evaluation.runner.split_metrics`).
+        The splits in ``full`` (default: all) get ``eval.metrics`` and the multi-head evaluation;
+        the training split also ``eval.train_metrics`` (see ``runner.split_metrics``).
         """
         full = list(splits) if full is None else full
         return evaluate_splits(
@@ -103,4 +136,5 @@ class Run:
             self.config.eval,
             head=self.method.head,
             seed=self.config.seed,
+            full=full,
         )

@@ -22,6 +22,8 @@ class TrainState:
       nonfinite: int32 scalar, steps whose loss or gradient was not finite and were skipped.
       sampler_state: the embedding memory and epoch table of embedding-driven samplers
         (``jdml.samplers.memory``); ``{}`` for the others.
+      method_state: what the method carries besides params, updated inside the step after the
+        optimiser update: per DaNCE term its EMA key parameters and key queue; ``{}`` otherwise.
     """
 
     step: jax.Array
@@ -31,3 +33,4 @@ class TrainState:
     rng: jax.Array
     nonfinite: jax.Array
     sampler_state: Any
+    method_state: Any = flax.struct.field(default_factory=dict)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jdml.methods import StandardMethod
+from jdml.methods import Method
 from jdml.samplers.memory import update_memory
 from jdml.state import TrainState
 
@@ -18,7 +18,7 @@ StepFn = Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str
 
 
 def init_state(
-    method: StandardMethod,
+    method: Method,
     tx: optax.GradientTransformation,
     seed: int,
     sample: np.ndarray,
@@ -27,6 +27,7 @@ def init_state(
     """The state at step 0 for a method, an optimiser and a sample image batch."""
     key = jax.random.PRNGKey(seed)
     params, batch_stats = method.init(jax.random.fold_in(key, 0), jnp.asarray(sample))
+    method_state = method.init_method_state(params)
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
@@ -35,6 +36,7 @@ def init_state(
         rng=jax.random.fold_in(key, 1),
         nonfinite=jnp.zeros((), jnp.int32),
         sampler_state=sampler_state or {},
+        method_state=method_state,
     )
 
 
@@ -43,7 +45,7 @@ def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
-def make_train_step(method: StandardMethod, tx: optax.GradientTransformation) -> StepFn:
+def make_train_step(method: Method, tx: optax.GradientTransformation) -> StepFn:
     """Returns the jitted train step ``(state, batch) -> (state, metrics)``; state is donated.
 
     A step whose loss or gradients are not finite leaves params, optimiser state and batch
@@ -54,8 +56,8 @@ def make_train_step(method: StandardMethod, tx: optax.GradientTransformation) ->
     def step(state: TrainState, batch: dict[str, jax.Array]):
         key = jax.random.fold_in(state.rng, state.step)
         grad_fn = jax.value_and_grad(method.loss_fn, has_aux=True)
-        (loss, (batch_stats, metrics, embeddings)), grads = grad_fn(
-            state.params, state.batch_stats, batch, key
+        (loss, (batch_stats, metrics, embeddings, outputs)), grads = grad_fn(
+            state.params, state.batch_stats, batch, key, state.method_state
         )
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -67,6 +69,10 @@ def make_train_step(method: StandardMethod, tx: optax.GradientTransformation) ->
             opt_state=keep(opt_state, state.opt_state),
             batch_stats=keep(batch_stats, state.batch_stats),
             nonfinite=state.nonfinite + (~ok).astype(jnp.int32),
+            method_state=keep(
+                method.update_method_state(state.method_state, params, outputs, batch["labels"]),
+                state.method_state,
+            ),
             sampler_state=update_memory(state.sampler_state, batch.get("indices"), embeddings),
         )
         return new_state, metrics

@@ -109,13 +109,18 @@ def _selection_split(splits: dict[str, ImageArrays]) -> str:
     return "test"
 
 
+def main_eval(record: dict) -> bool:
+    """An evaluation record of the main head (other heads' records name their ``embedding``)."""
+    return record.get("kind") == "eval" and "embedding" not in record
+
+
 def _eval_records(records: list[dict], split: str) -> list[dict]:
-    return [r for r in records if r.get("kind") == "eval" and r.get("split") == split]
+    return [r for r in records if main_eval(r) and r.get("split") == split]
 
 
 def summarize(records: list[dict], selection_split: str, metric: str) -> dict[str, Any]:
     """Builds the run summary from the metric records (untrained, final and best evaluations)."""
-    evals = [r for r in records if r.get("kind") == "eval"]
+    evals = [r for r in records if main_eval(r)]
     by_step: dict[int, dict[str, dict]] = {}
     for r in evals:
         metrics = {k: v for k, v in r.items() if k not in ("kind", "split", "step", "epoch")}
@@ -177,8 +182,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     def evaluate(state: TrainState, epoch: int) -> None:
         nonlocal best_value
-        results, vectors = run.evaluate(state, eval_splits, full_splits)
+        results, vectors, extra = run.evaluate(state, eval_splits, full_splits)
         step = int(state.step)
+        for split, rows in extra.items():
+            for embedding, values in rows.items():
+                record = {"kind": "eval", "split": split, "embedding": embedding}
+                writer.write({**record, "step": step, "epoch": epoch, **values})
         for split, values in results.items():
             record = {"kind": "eval", "split": split, "step": step, "epoch": epoch, **values}
             writer.write(record)
@@ -194,7 +203,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                         "spectrum": spectrum,
                     }
                 )
-        log.info("Evaluation at epoch %d (step %d):\n%s", epoch, step, format_table(results))
+        table = {**results, **{f"{s} {e}": v for s, rows in extra.items() for e, v in rows.items()}}
+        log.info("Evaluation at epoch %d (step %d):\n%s", epoch, step, format_table(table))
         if step > 0 and results[selection][metric] > best_value:
             best_value = results[selection][metric]
             ckpts.save(state, {"epoch": epoch, metric: best_value, "split": selection}, best=True)
@@ -202,7 +212,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if start == 0:
         if config.eval.at_start:
             evaluate(state, 0)
-        state = run.fill_memory(state)
+        state = run.prepare(state)
     train_step = make_train_step(run.method, run.tx)
     _Loop(run, train_step, writer, ckpts, evaluate)(state, start)
     summary = summarize(read_metrics(writer.path), selection, metric)
@@ -221,6 +231,7 @@ def _epoch_batches(run: Run, state: TrainState, epoch: int, first_step: int):
         sampler=sampler,
         augment=AUGMENTATIONS.get(run.config.data.augment),
         seed=run.config.seed,
+        views=run.method.views,
     )
     batches = train_batches(
         make_batch,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -457,10 +456,12 @@ def test_interface_and_learning_rates(name):
         cls(NUM_CLASSES)  # hyperparameters are keyword-only
     # the optimiser gives the loss subtree lr * multiplier and no weight decay
     from jdml.config import base_config
-    from jdml.methods.standard import StandardMethod
+    from jdml.methods.terms import MetricTerm
 
     config = base_config()
     config.loss.name = name
     config.optim.lr = 1e-5
-    groups = StandardMethod.param_groups(SimpleNamespace(config=config, loss_cls=cls))
-    assert groups["loss"] == (pytest.approx(1e-5 * default), 0.0)
+    term = MetricTerm(
+        head="h", weight=1.0, loss=config.loss, miner=config.miner, num_classes=NUM_CLASSES
+    )
+    assert term.param_group(config.optim) == (pytest.approx(1e-5 * default), 0.0)

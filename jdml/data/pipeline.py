@@ -20,21 +20,30 @@ from jdml.data.augment import Augmentation
 
 @dataclasses.dataclass(frozen=True)
 class TrainBatch:
-    """grain map function: step -> {'images', 'labels', 'indices'} for that step."""
+    """grain map function: step -> {'images', 'labels', 'indices'} for that step.
+
+    With ``views=2`` the batch also holds ``images_b``: the same images under an independent
+    augmentation draw (``default_rng((seed, step, 2))``), the second view DaNCE's keys see.
+    """
 
     data: ImageArrays
     sampler: object  # jdml.samplers.base sampler with .batch(step)
     augment: Augmentation
     seed: int
+    views: int = 1
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         idx = self.sampler.batch(int(step))
         rng = np.random.default_rng((self.seed, int(step), 1))
-        return {
-            "images": self.augment(self.data.images[idx], rng),
+        images = self.data.images[idx]
+        out = {
+            "images": self.augment(images, rng),
             "labels": self.data.labels[idx].astype(np.int32),
             "indices": idx.astype(np.int32),
         }
+        if self.views == 2:
+            out["images_b"] = self.augment(images, np.random.default_rng((self.seed, int(step), 2)))
+        return out
 
 
 def train_batches(

@@ -11,7 +11,7 @@ import numpy as np
 
 from jdml.data.arrays import ImageArrays
 from jdml.data.pipeline import eval_batches
-from jdml.evaluation.evaluator import evaluate_embeddings
+from jdml.evaluation.evaluator import combine_heads, evaluate_embeddings
 
 EmbedFn = Callable[[Any, Any, jax.Array], dict[str, jax.Array]]
 
@@ -57,6 +57,11 @@ def split_metrics(
     return out
 
 
+def combination_name(weights: Sequence[float]) -> str:
+    """The record name of a weighted concatenation, e.g. ``concat:0.75,1.25,1.25,1.25``."""
+    return "concat:" + ",".join(f"{float(w):g}" for w in weights)
+
+
 def evaluate_splits(
     embed_fn: EmbedFn,
     params: Any,
@@ -67,24 +72,46 @@ def evaluate_splits(
     *,
     head: str,
     seed: int = 0,
-) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, np.ndarray]]]:
+    full: Sequence[str] = (),
+) -> tuple[
+    dict[str, dict[str, float]],
+    dict[str, dict[str, np.ndarray]],
+    dict[str, dict[str, dict[str, float]]],
+]:
     """Evaluates the embeddings of ``head`` on each split with that split's metrics.
 
+    On the splits in ``full``, the heads of ``eval.heads`` other than ``head`` are evaluated
+    alone and ``eval.combinations`` as weighted concatenations (DiVA's evaluation), with
+    ``eval.metrics``; every head is embedded once per split.
+
     Returns:
-      ``({split: {metric: value}}, {split: {vector metric: 1-D array}})``.
+      ``({split: {metric: value}}, {split: {vector metric: 1-D array}},
+      {split: {head or combination: {metric: value}}})``.
     """
-    scalars, vectors = {}, {}
+    scalars, vectors, extra = {}, {}, {}
     for name, data in splits.items():
-        emb = embed_split(embed_fn, params, batch_stats, data, cfg.batch_size)[head]
+        embeddings = embed_split(embed_fn, params, batch_stats, data, cfg.batch_size)
         scalars[name], vectors[name] = evaluate_embeddings(
-            emb,
+            embeddings[head],
             data.labels,
             list(metrics[name]),
             distance=cfg.distance,
             seed=seed,
             return_vectors=True,
         )
-    return scalars, vectors
+        if name not in full or not cfg.heads:
+            continue
+        rows = {h: embeddings[h] for h in cfg.heads if h != head}
+        for weights in cfg.combinations:
+            heads = dict(zip(cfg.heads, weights, strict=True))
+            rows[combination_name(weights)] = combine_heads(embeddings, heads)
+        extra[name] = {
+            row: evaluate_embeddings(
+                emb, data.labels, list(cfg.metrics), distance=cfg.distance, seed=seed
+            )
+            for row, emb in rows.items()
+        }
+    return scalars, vectors, extra
 
 
 def evaluate_raw_pixels(

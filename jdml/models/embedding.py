@@ -59,9 +59,16 @@ class EmbeddingModel(nn.Module):
         return out
 
 
-def build_model(cfg: ml_collections.ConfigDict, *, train: bool) -> EmbeddingModel:
-    """Builds the embedding model described by the ``model`` config section."""
+def build_model(
+    cfg: ml_collections.ConfigDict, *, train: bool, heads: Mapping[str, int] | None = None
+) -> EmbeddingModel:
+    """Builds the embedding model described by the ``model`` config section.
+
+    Args:
+      cfg: the ``model`` section.
+      train: batch statistics in train mode (unless ``model.frozen_bn``).
+      heads: head name -> dimension (default: the one head ``model.head``, ``model.embed_dim``).
+    """
     backbone = BACKBONES.get(cfg.backbone)(cfg, train=train)
-    return EmbeddingModel(
-        backbone=backbone, heads={cfg.head: cfg.embed_dim}, normalize=cfg.normalize, name=None
-    )
+    heads = dict(heads) if heads is not None else {cfg.head: cfg.embed_dim}
+    return EmbeddingModel(backbone=backbone, heads=heads, normalize=cfg.normalize, name=None)

@@ -1,0 +1,233 @@
+"""The one method class: named embedding heads on one backbone, weighted loss terms on them and
+an optional decorrelation between heads.
+
+* Revisiting-DML (Roth et al., ICML 2020): one head (``model.head``) and its loss (``loss``,
+  ``miner``): the main term.
+* DiVA (Milbich, Roth et al., ECCV 2020): the main term on the ``discriminative`` head, plus
+  ``aux`` terms (class-shared and intra-class margin losses, DaNCE with EMA keys and a queue) and
+  ``decorrelation`` between each auxiliary head and the discriminative one.
+* Sharing Matters (Milbich et al., TPAMI): the main term on the class head, plus a metric term
+  with cross-class triplets on a ``shared`` head and their decorrelation.
+
+The trainer only sees ``init``, ``init_method_state``, ``loss_fn``, ``update_method_state``,
+``param_groups`` and ``embed``; there is no method-specific code in the training loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from jdml.config import ConfigError
+from jdml.losses.decorrelation import Decorrelation
+from jdml.methods.momentum import ema_update, push
+from jdml.methods.terms import DanceTerm, Metrics, MetricTerm
+from jdml.models import build_model
+from jdml.optim import Group
+
+Term = MetricTerm | DanceTerm
+
+
+class Method:
+    """Wires model, terms and decorrelation for the train step and the evaluator.
+
+    Args:
+      config: the full run config.
+      num_classes: number of training classes (sizes per-class loss parameters).
+
+    Params tree: ``{"model", "loss" (main term), "aux_<term>" (metric terms' own loss params),
+    "decorrelation" (the psi MLPs)}``, each an optimiser group with its own learning rate.
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict, num_classes: int) -> None:
+        self.config = config
+        self.head = config.model.head
+        self.main = MetricTerm(
+            head=self.head,
+            weight=1.0,
+            loss=config.loss,
+            miner=config.miner,
+            num_classes=num_classes,
+        )
+        self.heads = {self.head: int(config.model.embed_dim)}
+        self.terms: dict[str, Term] = {}
+        for name, t in config.aux.items():
+            dim = int(t.dim or config.model.embed_dim)
+            if self.heads.setdefault(t.head, dim) != dim:
+                raise ConfigError(
+                    f"aux.{name}.dim={dim} differs from another term's dimension for head "
+                    f"{t.head!r} ({self.heads[t.head]}); give them one dimension"
+                )
+            if t.kind == "metric":
+                self.terms[name] = MetricTerm(
+                    head=t.head,
+                    weight=t.weight,
+                    loss=t.loss,
+                    miner=t.miner,
+                    num_classes=num_classes,
+                )
+            else:
+                self.terms[name] = DanceTerm(t, batch_size=config.train.batch_size, dim=dim)
+        d = config.decorrelation
+        self.decorrelation = (
+            Decorrelation(
+                pairs=tuple(tuple(p) for p in d.pairs),
+                weights=tuple(float(w) for w in d.weights),
+                hidden=d.hidden,
+                renormalize=d.renormalize,
+                detach_target=d.detach_target,
+            )
+            if d.pairs
+            else None
+        )
+        self.views = max([1, *(getattr(t, "views", 1) for t in self.terms.values())])
+        self.train_model = build_model(config.model, train=True, heads=self.heads)
+        self.eval_model = build_model(config.model, train=False, heads=self.heads)
+        self.mean, self.std = float(config.data.mean), float(config.data.std)
+
+    # -- construction ---------------------------------------------------------------------------
+
+    def preprocess(self, images: jax.Array) -> jax.Array:
+        """Maps [0, 1] images to the network's input range."""
+        return (images.astype(jnp.float32) - self.mean) / self.std
+
+    def init(self, key: jax.Array, images: jax.Array) -> tuple[Any, Any]:
+        """Returns ``(params, batch_stats)`` for a sample batch of images."""
+        k_model, k_loss, k_aux, k_dec = jax.random.split(key, 4)
+        variables = self.train_model.init(k_model, self.preprocess(images))
+        out = self.eval_model.apply(variables, self.preprocess(images))
+        labels = jnp.zeros((images.shape[0],), jnp.int32)
+        params = {
+            "model": variables["params"],
+            "loss": self.init_loss(k_loss, out[self.head], labels),
+        }
+        for i, (name, term) in enumerate(self.terms.items()):
+            if isinstance(term, MetricTerm):
+                params[f"aux_{name}"] = term.init(
+                    jax.random.fold_in(k_aux, i), out[term.head], labels
+                )
+        if self.decorrelation is not None:
+            params["decorrelation"] = self.decorrelation.init(k_dec, out)["params"]
+        return params, variables.get("batch_stats", {})
+
+    def init_loss(self, key: jax.Array, embeddings: jax.Array, labels: jax.Array) -> Any:
+        """The main loss's own learnable parameters (``{}`` for a loss without any)."""
+        return self.main.init(key, embeddings, labels)
+
+    def init_method_state(self, params: Any) -> dict[str, Any]:
+        """State the step carries besides params: per DaNCE term its EMA params and key queue."""
+        return {
+            name: term.init_state(params["model"])
+            for name, term in self.terms.items()
+            if isinstance(term, DanceTerm)
+        }
+
+    def param_groups(self) -> dict[str, Group]:
+        """Learning rate and weight decay of each params subtree."""
+        optim = self.config.optim
+        groups = {
+            "model": Group(optim.lr, optim.weight_decay),
+            "loss": self.main.param_group(optim),
+        }
+        for name, term in self.terms.items():
+            if isinstance(term, MetricTerm):
+                groups[f"aux_{name}"] = term.param_group(optim)
+        if self.decorrelation is not None:
+            d = self.config.decorrelation
+            groups["decorrelation"] = Group(d.lr, d.weight_decay)
+        return groups
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def head_loss(
+        self, loss_params: Any, embeddings: jax.Array, labels: jax.Array, key: jax.Array
+    ) -> tuple[jax.Array, Metrics]:
+        """The main term alone: mines tuples on the detached embeddings and applies the loss."""
+        return self.main(loss_params, embeddings, labels, key)
+
+    def loss_fn(
+        self,
+        params: Any,
+        batch_stats: Any,
+        batch: dict[str, jax.Array],
+        key: jax.Array,
+        method_state: dict[str, Any] | None = None,
+    ) -> tuple[jax.Array, tuple[Any, Metrics, jax.Array, dict[str, Any]]]:
+        """Total loss of one batch.
+
+        Returns:
+          ``(loss, (new_batch_stats, metrics, embeddings, outputs))``: the embeddings of the main
+          head (train mode) feed the samplers' memory; ``outputs`` holds what
+          ``update_method_state`` needs (the DaNCE keys). Metrics: the main term's unprefixed,
+          each auxiliary term's as ``<term>/<name>``, the decorrelation's, and ``loss`` = total.
+        """
+        out, updates = self.train_model.apply(
+            {"params": params["model"], "batch_stats": batch_stats},
+            self.preprocess(batch["images"]),
+            mutable=["batch_stats"],
+        )
+        labels = batch["labels"]
+        k_main, k_aux = jax.random.split(key)
+        total, metrics = self.main(params["loss"], out[self.head], labels, k_main)
+        outputs: dict[str, Any] = {}
+        for i, (name, term) in enumerate(self.terms.items()):
+            if isinstance(term, MetricTerm):
+                value, term_metrics = term(
+                    params[f"aux_{name}"], out[term.head], labels, jax.random.fold_in(k_aux, i)
+                )
+            else:
+                keys = self._keys(method_state[name]["ema"], batch_stats, batch, term.head)
+                value, term_metrics = term(out[term.head], keys, method_state[name])
+                outputs[name] = {"keys": keys}
+            total = total + term.weight * value
+            metrics.update({f"{name}/{k}": v for k, v in term_metrics.items()})
+        if self.decorrelation is not None:
+            value, dec_metrics = self.decorrelation.apply({"params": params["decorrelation"]}, out)
+            total = total + value
+            metrics.update(dec_metrics)
+        metrics["loss"] = total
+        new_stats = updates.get("batch_stats", batch_stats)
+        return total, (new_stats, metrics, out[self.head], outputs)
+
+    def _keys(
+        self, ema_params: Any, batch_stats: Any, batch: dict[str, jax.Array], head: str
+    ) -> jax.Array:
+        """Keys of the EMA network on the second view, train-mode normalisation, no gradient."""
+        images = batch.get("images_b", batch["images"])
+        out, _ = self.train_model.apply(
+            {"params": ema_params, "batch_stats": batch_stats},
+            self.preprocess(images),
+            mutable=["batch_stats"],
+        )
+        return jax.lax.stop_gradient(out[head])
+
+    def update_method_state(
+        self, state: dict[str, Any], params: Any, outputs: dict[str, Any], labels: jax.Array
+    ) -> dict[str, Any]:
+        """After the optimiser update: EMA of the key params, then the keys enter the queue."""
+        new = dict(state)
+        for name, term in self.terms.items():
+            if isinstance(term, DanceTerm):
+                ema = ema_update(state[name]["ema"], params["model"], term.cfg.momentum)
+                queue = push(state[name]["queue"], outputs[name]["keys"], labels)
+                new[name] = {"ema": ema, "queue": queue}
+        return new
+
+    # -- evaluation -----------------------------------------------------------------------------
+
+    def embed(self, params: Any, batch_stats: Any, images: jax.Array) -> dict[str, jax.Array]:
+        """Eval-mode embeddings of every head, ``{head: (B, dim)}``."""
+        return self.eval_model.apply(
+            {"params": params["model"], "batch_stats": batch_stats}, self.preprocess(images)
+        )
+
+    def embed_keys(
+        self, ema_params: Any, batch_stats: Any, images: jax.Array
+    ) -> dict[str, jax.Array]:
+        """Eval-mode embeddings of every head under the EMA (key) parameters."""
+        return self.eval_model.apply(
+            {"params": ema_params, "batch_stats": batch_stats}, self.preprocess(images)
+        )

@@ -1,0 +1,166 @@
+"""DiVA through the one training loop: multi-head step, EMA key params and queue in the state,
+checkpoint round trip and exact resumption, multi-head evaluation records."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.diva import AUX_HEADS
+from configs.diva import get_config as diva_config
+from configs.revisiting import apply_overrides
+from jdml.checkpoint import Checkpoints
+from jdml.config import ConfigError, validate
+from jdml.methods.momentum import ordered
+from jdml.metric_writer import read_metrics
+from jdml.run import Run
+from jdml.step import make_train_step
+from jdml.trainer import train_and_evaluate
+from tests.helpers import TINY_OVERRIDES, make_npz
+
+EPOCHS = 2
+
+
+def tiny_diva(npz_path: str, **overrides):
+    c = diva_config("data=npz")
+    apply_overrides(c, {**TINY_OVERRIDES, "data.path": npz_path, "train.epochs": EPOCHS})
+    apply_overrides(c, {"aux.selfsimilarity.queue_batches": 2, "decorrelation.hidden": 8})
+    apply_overrides(c, {"eval.combinations": ((0.5, 1.0, 1.0, 1.0),), **overrides})
+    validate(c)
+    return c
+
+
+@pytest.fixture(scope="module")
+def npz(tmp_path_factory):
+    return make_npz(str(tmp_path_factory.mktemp("data") / "tiny.npz"))
+
+
+@pytest.fixture(scope="module")
+def run(npz):
+    return Run(tiny_diva(npz))
+
+
+@pytest.fixture(scope="module")
+def full_run(npz, tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("diva"))
+    return workdir, train_and_evaluate(tiny_diva(npz), workdir)
+
+
+def _restore(workdir, run, which="latest"):
+    ckpts = Checkpoints(workdir)
+    try:
+        return ckpts.restore(which, run.initial_state)[0]
+    finally:
+        ckpts.close()
+
+
+def test_params_groups_and_state(run):
+    params = run.initial_state.params
+    assert set(params) == {"model", "loss", "aux_shared", "aux_intra", "decorrelation"}
+    heads = {k for k in params["model"] if k.startswith("head_")}
+    assert heads == {f"head_{h}" for h in ("discriminative", *AUX_HEADS)}
+    groups = run.method.param_groups()
+    assert groups["decorrelation"] == (1e-5, 0.0)
+    assert groups["aux_shared"].weight_decay == 0.0
+    queue = run.initial_state.method_state["selfsimilarity"]["queue"]
+    assert queue.keys.shape == (2 * 16, 16) and int(queue.filled) == 0
+    assert run.method.views == 2
+
+
+def test_step_updates_ema_and_queue_after_the_optimiser(run):
+    """One step: EMA = mu * old + (1 - mu) * new params on every leaf; the queue's newest rows
+    are the keys of the pre-step EMA network on the second view."""
+    state = run.prepare(run.initial_state)
+    queue0 = state.method_state["selfsimilarity"]["queue"]
+    assert int(queue0.filled) == queue0.keys.shape[0]  # filled before training
+    ema0 = jax.tree.map(np.asarray, state.method_state["selfsimilarity"]["ema"])
+    batch_stats0 = jax.tree.map(np.asarray, state.batch_stats)
+    rng = np.random.default_rng(0)
+    batch = {
+        "images": rng.random((16, 16, 16, 1), np.float32),
+        "images_b": rng.random((16, 16, 16, 1), np.float32),
+        "labels": np.repeat(np.arange(8), 2).astype(np.int32),
+        "indices": np.arange(16, dtype=np.int32),
+    }
+    step = make_train_step(run.method, run.tx)
+    new, metrics = step(jax.tree.map(jnp.array, state), batch)
+    assert {"selfsimilarity/loss", "shared/loss", "intra/loss", "decorrelation/total"} <= set(
+        metrics
+    )
+    mu = run.config.aux.selfsimilarity.momentum
+    ema = new.method_state["selfsimilarity"]["ema"]
+    for old, online, got in zip(
+        jax.tree.leaves(ema0),
+        jax.tree.leaves(new.params["model"]),
+        jax.tree.leaves(ema),
+        strict=True,
+    ):
+        np.testing.assert_allclose(got, mu * old + (1 - mu) * np.asarray(online), rtol=1e-6)
+    out, _ = run.method.train_model.apply(
+        {"params": ema0, "batch_stats": batch_stats0},
+        run.method.preprocess(jnp.asarray(batch["images_b"])),
+        mutable=["batch_stats"],
+    )
+    queue = new.method_state["selfsimilarity"]["queue"]
+    np.testing.assert_allclose(ordered(queue)[-16:], out["selfsimilarity"], atol=1e-5)
+    assert int(queue.pointer) == 16 % queue.keys.shape[0]
+
+
+def test_training_compiles_once_and_records_every_head(full_run):
+    workdir, summary = full_run
+    assert summary["train_step_compiles"] == 1
+    records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    extra = {r["embedding"] for r in records if r["kind"] == "eval" and "embedding" in r}
+    assert extra == {*AUX_HEADS, "concat:0.5,1,1,1"}
+    train = [r for r in records if r["kind"] == "train"]
+    assert all(np.isfinite(r["selfsimilarity/loss"]) for r in train)
+    assert summary["best"]["test"]["recall@1"] > 0
+
+
+def test_checkpoint_round_trip_resumes_exactly(full_run, npz, run, tmp_path):
+    """Training 1 epoch, then resuming to 2, ends in the state of the uninterrupted run (EMA
+    params and queue included)."""
+    workdir = str(tmp_path / "resumed")
+    train_and_evaluate(tiny_diva(npz, **{"train.epochs": 1}), workdir)
+    train_and_evaluate(tiny_diva(npz), workdir)
+    a = _restore(full_run[0], run)
+    b = _restore(workdir, run)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    queue = b.method_state["selfsimilarity"]["queue"]
+    assert int(queue.filled) == queue.keys.shape[0]
+
+
+def test_config_errors_name_the_key(npz):
+    with pytest.raises(ConfigError, match="one weight per"):
+        tiny_diva(npz, **{"decorrelation.weights": (1.0,)})
+    with pytest.raises(ConfigError, match="two different heads"):
+        tiny_diva(
+            npz, **{"decorrelation.pairs": (("shared", "nohead"),), "decorrelation.weights": (1.0,)}
+        )
+    with pytest.raises(ConfigError, match=r"aux\.shared"):
+        tiny_diva(npz, **{"aux.shared.miner.name": ""})
+
+
+def test_sharing_matters_config_trains_one_step(npz):
+    from configs.sharing import get_config as sharing_config
+
+    c = sharing_config("data=npz")
+    apply_overrides(c, {**TINY_OVERRIDES, "data.path": npz, "decorrelation.hidden": 8})
+    validate(c)
+    run = Run(c)
+    assert set(run.initial_state.params) == {"model", "loss", "aux_shared", "decorrelation"}
+    assert not run.initial_state.method_state and run.method.views == 1
+    rng = np.random.default_rng(0)
+    batch = {
+        "images": rng.random((16, 16, 16, 1), np.float32),
+        "labels": np.repeat(np.arange(4), 4).astype(np.int32),
+        "indices": np.arange(16, dtype=np.int32),
+    }
+    new, metrics = make_train_step(run.method, run.tx)(run.initial_state, batch)
+    assert np.isfinite(float(metrics["loss"])) and int(new.nonfinite) == 0
+    assert "decorrelation/shared-class" in metrics and "shared/loss" in metrics
