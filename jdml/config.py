@@ -177,6 +177,10 @@ def base_config() -> ml_collections.ConfigDict:
     # ``metric_term`` or ``dance_term``. Empty for the Revisiting methods (one head, one loss).
     c.aux = ml_collections.ConfigDict()
     c.decorrelation = decorrelation_section()
+    # Optimiser updates per step, each over a set of terms ("main", "decorrelation", aux term
+    # names); () = one joint update of every term. Phases after the first train on their own
+    # uniformly drawn batch (Sharing Matters' alternating Algorithm 1).
+    c.phases = ()
 
     _ = DATASETS  # the dataset name is validated in validate()
     return c

@@ -45,6 +45,18 @@ def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
+def _only_groups(
+    groups: frozenset[str] | None, new_params: Any, params: Any, new_opt: Any, opt: Any
+) -> tuple[Any, Any]:
+    """Keeps the params and optimiser state of the groups a phase does not train unchanged
+    (their gradient is zero, but Adam's momentum and the coupled weight decay would move them)."""
+    if groups is None:
+        return new_params, new_opt
+    params = {k: new_params[k] if k in groups else params[k] for k in params}
+    inner = {k: new_opt.inner_states[k] if k in groups else v for k, v in opt.inner_states.items()}
+    return params, new_opt._replace(inner_states=inner)
+
+
 def make_train_step(method: Method, tx: optax.GradientTransformation) -> StepFn:
     """Returns the jitted train step ``(state, batch) -> (state, metrics)``; state is donated.
 
@@ -56,12 +68,33 @@ def make_train_step(method: Method, tx: optax.GradientTransformation) -> StepFn:
     def step(state: TrainState, batch: dict[str, jax.Array]):
         key = jax.random.fold_in(state.rng, state.step)
         grad_fn = jax.value_and_grad(method.loss_fn, has_aux=True)
-        (loss, (batch_stats, metrics, embeddings, outputs)), grads = grad_fn(
-            state.params, state.batch_stats, batch, key, state.method_state
-        )
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        ok = jnp.isfinite(loss) & _all_finite(grads) & _all_finite(params)
+        params, opt_state, batch_stats = state.params, state.opt_state, state.batch_stats
+        ok = jnp.array(True)
+        metrics, outputs, embeddings = {}, {}, None
+        # One phase (every term) by default; Sharing Matters' alternating variant has two, each
+        # an optimiser update on its own data stream (``Method.phases``).
+        for i, phase in enumerate(method.phases):
+            phase_batch = method.phase_batch(batch, i)
+            (loss, (batch_stats, phase_metrics, emb, phase_outputs)), grads = grad_fn(
+                params,
+                batch_stats,
+                phase_batch,
+                jax.random.fold_in(key, i),
+                state.method_state,
+                phase,
+            )
+            updates, new_opt_state = tx.update(grads, opt_state, params)
+            new_params = optax.apply_updates(params, updates)
+            params, opt_state = _only_groups(
+                method.phase_groups(phase), new_params, params, new_opt_state, opt_state
+            )
+            ok = ok & jnp.isfinite(loss) & _all_finite(grads) & _all_finite(params)
+            prefix = "" if len(method.phases) == 1 else f"phase{i}/"
+            metrics.update({prefix + k: v for k, v in phase_metrics.items()})
+            outputs.update(phase_outputs)
+            embeddings = emb if embeddings is None else embeddings
+        if len(method.phases) > 1:
+            metrics["loss"] = sum(metrics[f"phase{i}/loss"] for i in range(len(method.phases)))
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
         new_state = state.replace(
             step=state.step + 1,

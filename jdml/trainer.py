@@ -232,6 +232,7 @@ def _epoch_batches(run: Run, state: TrainState, epoch: int, first_step: int):
         augment=AUGMENTATIONS.get(run.config.data.augment),
         seed=run.config.seed,
         views=run.method.views,
+        streams=run.method.streams,
     )
     batches = train_batches(
         make_batch,

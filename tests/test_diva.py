@@ -8,6 +8,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from configs.diva import AUX_HEADS
@@ -164,3 +165,44 @@ def test_sharing_matters_config_trains_one_step(npz):
     new, metrics = make_train_step(run.method, run.tx)(run.initial_state, batch)
     assert np.isfinite(float(metrics["loss"])) and int(new.nonfinite) == 0
     assert "decorrelation/shared-class" in metrics and "shared/loss" in metrics
+
+
+def test_sharing_matters_alternating_updates_each_group_in_its_phase(npz):
+    """Algorithm 1: two updates per step; the class term's betas change only in phase 0 (phase 1
+    keeps their params and optimiser state), the shared term's only in phase 1."""
+    from configs.sharing import get_config as sharing_config
+
+    c = sharing_config("data=npz,alternating=1")
+    apply_overrides(c, {**TINY_OVERRIDES, "data.path": npz, "decorrelation.hidden": 8})
+    run = Run(c)
+    assert run.method.streams == 2
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), 4).astype(np.int32)
+    batch = {
+        "images": rng.random((16, 16, 16, 1), np.float32),
+        "labels": labels,
+        "indices": np.arange(16, dtype=np.int32),
+        "images_1": rng.random((16, 16, 16, 1), np.float32),
+        "labels_1": rng.permutation(np.repeat(np.arange(8), 2)).astype(np.int32),
+    }
+    state0 = jax.tree.map(np.asarray, run.initial_state)
+    new, metrics = make_train_step(run.method, run.tx)(run.initial_state, batch)
+    assert {"phase0/loss", "phase1/shared/loss", "phase0/decorrelation/total"} <= set(metrics)
+    assert int(new.nonfinite) == 0
+
+    def changed(group: str) -> bool:
+        old, now = jax.tree.leaves(state0.params[group]), jax.tree.leaves(new.params[group])
+        pairs = zip(old, now, strict=True)
+        return not all(np.array_equal(a, b) for a, b in pairs)
+
+    assert changed("model") and changed("loss") and changed("aux_shared")
+    assert run.method.phase_groups(run.method.phases[1]) == {"model", "aux_shared", "decorrelation"}
+    # The main loss's betas end where phase 0's update alone puts them (phase 1 keeps them).
+    key = jax.random.fold_in(jax.random.fold_in(state0.rng, state0.step), 0)
+    grad_fn = jax.value_and_grad(run.method.loss_fn, has_aux=True)
+    args = (state0.params, state0.batch_stats, batch, key, {}, run.method.phases[0])
+    _, grads = grad_fn(*args)
+    updates, _ = run.tx.update(grads, state0.opt_state, state0.params)
+    expected = optax.apply_updates(state0.params, updates)["loss"]
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(new.params["loss"]), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)

@@ -23,7 +23,9 @@ class TrainBatch:
     """grain map function: step -> {'images', 'labels', 'indices'} for that step.
 
     With ``views=2`` the batch also holds ``images_b``: the same images under an independent
-    augmentation draw (``default_rng((seed, step, 2))``), the second view DaNCE's keys see.
+    augmentation draw (``default_rng((seed, step, 2))``), the second view DaNCE's keys see. With
+    ``streams=s``, streams 1..s-1 add ``images_<i>`` / ``labels_<i>``: a batch of the same size
+    drawn uniformly without replacement (``default_rng((seed, step, 2 + i))``).
     """
 
     data: ImageArrays
@@ -31,6 +33,7 @@ class TrainBatch:
     augment: Augmentation
     seed: int
     views: int = 1
+    streams: int = 1
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         idx = self.sampler.batch(int(step))
@@ -43,6 +46,12 @@ class TrainBatch:
         }
         if self.views == 2:
             out["images_b"] = self.augment(images, np.random.default_rng((self.seed, int(step), 2)))
+        for stream in range(1, self.streams):
+            # A further stream: images in random order (the Sharing Matters shared stream).
+            rng = np.random.default_rng((self.seed, int(step), 2 + stream))
+            idx = rng.choice(len(self.data), len(idx), replace=False)
+            out[f"images_{stream}"] = self.augment(self.data.images[idx], rng)
+            out[f"labels_{stream}"] = self.data.labels[idx].astype(np.int32)
         return out
 
 

@@ -84,9 +84,44 @@ class Method:
             else None
         )
         self.views = max([1, *(getattr(t, "views", 1) for t in self.terms.values())])
+        self.phases = self._phases(config)
         self.train_model = build_model(config.model, train=True, heads=self.heads)
         self.eval_model = build_model(config.model, train=False, heads=self.heads)
         self.mean, self.std = float(config.data.mean), float(config.data.std)
+
+    def _phases(self, config: ml_collections.ConfigDict) -> tuple[tuple[str, ...] | None, ...]:
+        """The optimiser updates of one step, each a set of terms (``None``: all of them)."""
+        if not config.phases:
+            return (None,)
+        known = {"main", "decorrelation", *self.terms}
+        for phase in config.phases:
+            unknown = [t for t in phase if t not in known]
+            if unknown or not phase:
+                raise ConfigError(
+                    f"phases entry {tuple(phase)} names unknown term(s) {unknown}; choose from "
+                    f"{sorted(known)}"
+                )
+        return tuple(tuple(p) for p in config.phases)
+
+    def phase_groups(self, phase: tuple[str, ...] | None) -> frozenset[str] | None:
+        """The params groups a phase trains (the model, and the params of its terms)."""
+        if phase is None:
+            return None
+        groups = {"model"}
+        for name in phase:
+            groups.add({"main": "loss", "decorrelation": "decorrelation"}.get(name, f"aux_{name}"))
+        return frozenset(groups)
+
+    @property
+    def streams(self) -> int:
+        """Data streams per step: the phases after the first read their own random batch."""
+        return len(self.phases)
+
+    def phase_batch(self, batch: dict[str, jax.Array], phase: int) -> dict[str, jax.Array]:
+        """The batch a phase trains on: the main stream, or stream ``phase`` (``*_<phase>``)."""
+        if phase == 0:
+            return batch
+        return {k: batch[f"{k}_{phase}"] for k in ("images", "labels")}
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -155,8 +190,10 @@ class Method:
         batch: dict[str, jax.Array],
         key: jax.Array,
         method_state: dict[str, Any] | None = None,
+        phase: tuple[str, ...] | None = None,
     ) -> tuple[jax.Array, tuple[Any, Metrics, jax.Array, dict[str, Any]]]:
-        """Total loss of one batch.
+        """Total loss of one batch (of the terms in ``phase``: "main", "decorrelation" and
+        auxiliary term names; ``None`` = all).
 
         Returns:
           ``(loss, (new_batch_stats, metrics, embeddings, outputs))``: the embeddings of the main
@@ -171,9 +208,14 @@ class Method:
         )
         labels = batch["labels"]
         k_main, k_aux = jax.random.split(key)
-        total, metrics = self.main(params["loss"], out[self.head], labels, k_main)
+        active = lambda name: phase is None or name in phase  # noqa: E731
+        total, metrics = jnp.zeros((), jnp.float32), {}
+        if active("main"):
+            total, metrics = self.main(params["loss"], out[self.head], labels, k_main)
         outputs: dict[str, Any] = {}
         for i, (name, term) in enumerate(self.terms.items()):
+            if not active(name):
+                continue
             if isinstance(term, MetricTerm):
                 value, term_metrics = term(
                     params[f"aux_{name}"], out[term.head], labels, jax.random.fold_in(k_aux, i)
@@ -184,7 +226,7 @@ class Method:
                 outputs[name] = {"keys": keys}
             total = total + term.weight * value
             metrics.update({f"{name}/{k}": v for k, v in term_metrics.items()})
-        if self.decorrelation is not None:
+        if self.decorrelation is not None and active("decorrelation"):
             value, dec_metrics = self.decorrelation.apply({"params": params["decorrelation"]}, out)
             total = total + value
             metrics.update(dec_metrics)
@@ -210,7 +252,7 @@ class Method:
         """After the optimiser update: EMA of the key params, then the keys enter the queue."""
         new = dict(state)
         for name, term in self.terms.items():
-            if isinstance(term, DanceTerm):
+            if isinstance(term, DanceTerm) and name in outputs:
                 ema = ema_update(state[name]["ema"], params["model"], term.cfg.momentum)
                 queue = push(state[name]["queue"], outputs[name]["keys"], labels)
                 new[name] = {"ema": ema, "queue": queue}
