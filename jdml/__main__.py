@@ -21,6 +21,7 @@ def _report(args: argparse.Namespace) -> None:
         metrics=args.metrics,
         group_by=args.group_by,
         curve_metric=args.curve_metric,
+        embedding=args.embedding,
     )
     print(result["markdown"])
     for name, workdirs in result["experiments"].items():
@@ -50,6 +51,11 @@ def parser() -> argparse.ArgumentParser:
         help="experiments = configs equal up to the seed (default), or parent directories",
     )
     r.add_argument("--curve-metric", default="recall@1", help="metric plotted over epochs")
+    r.add_argument(
+        "--embedding",
+        help="multi-head runs: report this head or concatenation (e.g. concat:0.5,1,1,1) "
+        "instead of the main head; the checkpoint is still selected on the main head",
+    )
     r.set_defaults(func=_report)
     return p
 

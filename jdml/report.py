@@ -59,6 +59,7 @@ class RunResult:
     selection_metric: str
     evals: dict[str, list[dict[str, Any]]]  # split -> eval records ordered by step
     spectra: dict[int, np.ndarray]  # step -> normalised train singular values
+    selection: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # main head
 
     @property
     def seed(self) -> int:
@@ -66,7 +67,7 @@ class RunResult:
 
     def best_step(self) -> int | None:
         """The step of the selected checkpoint (ties: the earliest), or None before training."""
-        records = [r for r in self.evals.get(self.selection_split, []) if r["step"] > 0]
+        records = [r for r in self.selection if r["step"] > 0]
         records = [r for r in records if _finite(r.get(self.selection_metric))]
         if not records:
             return None
@@ -97,29 +98,46 @@ def find_runs(paths: Iterable[str]) -> list[str]:
     return list(found)
 
 
-def load_run(workdir: str) -> RunResult:
-    """Reads one run directory's config and evaluation records."""
+def load_run(workdir: str, embedding: str | None = None) -> RunResult:
+    """Reads one run directory's config and evaluation records.
+
+    Args:
+      workdir: the run directory.
+      embedding: report this head or weighted concatenation (e.g. ``concat:0.5,1,1,1``) of a
+        multi-head run instead of the main head; the checkpoint is still selected on the main
+        head, as training selected it.
+    """
     try:
         with open(os.path.join(workdir, "config.json")) as f:
             config = _flatten(json.load(f))
     except (OSError, json.JSONDecodeError) as e:
         raise ReportError(f"{workdir}/config.json is unreadable ({e})") from None
     evals: dict[str, list[dict[str, Any]]] = {}
+    others: dict[str, list[dict[str, Any]]] = {}
     spectra: dict[int, np.ndarray] = {}
     for record in read_metrics(os.path.join(workdir, "metrics.jsonl")):
         if record.get("kind") == "eval" and "embedding" not in record:  # the main head
             evals.setdefault(record["split"], []).append(record)
+        elif record.get("kind") == "eval" and record["embedding"] == embedding:
+            others.setdefault(record["split"], []).append(record)
         elif record.get("kind") == "spectrum" and record.get("split") == "train":
             spectra[record["step"]] = np.asarray(record["spectrum"], np.float64)
-    for records in evals.values():
+    for records in (*evals.values(), *others.values()):
         records.sort(key=lambda r: r["step"])
+    selection_split = "val" if "val" in evals else "test"
+    if embedding is not None and not others:
+        raise ReportError(
+            f"{workdir} has no evaluation of the embedding {embedding!r} (see eval.heads and "
+            "eval.combinations of its config.json)"
+        )
     return RunResult(
         workdir=workdir,
         config=config,
-        selection_split="val" if "val" in evals else "test",
+        selection_split=selection_split,
         selection_metric=config.get("eval.selection_metric", "recall@1"),
-        evals=evals,
+        evals={**evals, **others},
         spectra=spectra,
+        selection=evals.get(selection_split, []),
     )
 
 
@@ -184,7 +202,9 @@ def summarize_group(name: str, runs: Sequence[RunResult], split: str) -> Summary
         if not trained:
             log.warning("%s has no evaluation on %s after training; skipped", run.workdir, split)
             continue
-        metrics = [k for k in trained[0] if k not in ("kind", "split", "step", "epoch")]
+        metrics = [
+            k for k in trained[0] if k not in ("kind", "split", "step", "epoch", "embedding")
+        ]
         for metric in metrics:
             xs = [r[metric] for r in trained if _finite(r.get(metric))]
             values["max"].setdefault(metric, []).append(max(xs) if xs else math.nan)
@@ -366,6 +386,7 @@ def report(
     metrics: Sequence[str] | None = None,
     group_by: str = "config",
     curve_metric: str = "recall@1",
+    embedding: str | None = None,
 ) -> dict[str, Any]:
     """Writes report.md, report.csv and the plots for the runs at or below ``paths``.
 
@@ -376,6 +397,8 @@ def report(
       metrics: the metric columns (default: every metric the runs evaluated on ``split``).
       group_by: "config" or "dir" (see :func:`group_runs`).
       curve_metric: the metric plotted over epochs.
+      embedding: report this head or weighted concatenation of multi-head runs instead of the
+        main head (see :func:`load_run`).
 
     Returns:
       ``{"markdown": ..., "files": [written paths], "experiments": {name: [workdirs]}}``.
@@ -390,7 +413,7 @@ def report(
         raise ReportError(
             f"no run directories (with config.json and metrics.jsonl) under {list(paths)}"
         )
-    runs = [load_run(w) for w in workdirs]
+    runs = [load_run(w, embedding) for w in workdirs]
     runs = [r for r in runs if any(e["step"] > 0 for e in r.evals.get(split, []))]
     if not runs:
         raise ReportError(

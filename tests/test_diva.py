@@ -206,3 +206,20 @@ def test_sharing_matters_alternating_updates_each_group_in_its_phase(npz):
     expected = optax.apply_updates(state0.params, updates)["loss"]
     for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(new.params["loss"]), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+def test_report_of_a_concatenation(full_run, tmp_path):
+    from jdml.report import ReportError, report
+
+    workdir, summary = full_run
+    out = report([workdir], str(tmp_path), embedding="concat:0.5,1,1,1", metrics=["recall@1"])
+    records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    best = summary["best"]["step"]  # selected on the main head
+    concat = [
+        r
+        for r in records
+        if r.get("embedding") == "concat:0.5,1,1,1" and r["split"] == "test" and r["step"] == best
+    ]
+    assert f"{100 * concat[0]['recall@1']:.2f}" in out["markdown"]
+    with pytest.raises(ReportError, match="no evaluation of the embedding"):
+        report([workdir], str(tmp_path), embedding="concat:9")
