@@ -1,0 +1,165 @@
+"""DiVA and Sharing Matters ablations on glyphs under one budget, at a matched embedding size.
+
+DiVA (the paper's Tables 2 and 4): the margin baseline with one head of the total dimension,
+then discriminative (D) with class-shared (S), intra-class (I) and DaNCE (Da) heads, each
+variant splitting the same total dimension over its heads, and DiVA without decorrelation.
+Sharing Matters (its Table 7a): class head only, shared head only, both, both decorrelated.
+
+Each row trains ``--seeds`` runs of ``--epochs`` epochs in ``<out>/<row>/seed<seed>`` (finished or
+interrupted runs resume). Multi-head rows are reported on the equally weighted concatenation of
+their heads, the baseline rows on their one head; the checkpoint is selected on the main head.
+Writes ``<out>/diva.md`` and ``<out>/sharing.md`` (tables as ``jdml report``: at the selected
+checkpoint with train rho, and the maximum over epochs) and prints them.
+
+Usage: python bench/glyph_diva.py [--epochs 4] [--seeds 0 1 2] [--out runs/glyph_diva]
+       [--only diva|sharing] [--report-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+
+import ml_collections
+
+from configs.diva import get_config as diva_config
+from configs.revisiting import get_config as revisiting_config
+from configs.sharing import get_config as sharing_config
+from jdml.evaluation.runner import combination_name
+from jdml.report import find_runs, load_run, markdown, summarize_group
+from jdml.trainer import atomic_write, train_and_evaluate
+
+TOTAL_DIM = 512
+METRICS = ("recall@1", "map@r", "nmi")
+
+
+def _drop_aux(c: ml_collections.ConfigDict, keep: tuple[str, ...]) -> None:
+    """Keeps the auxiliary terms in ``keep`` and the decorrelation pairs between kept heads."""
+    heads = {c.model.head, *(c.aux[name].head for name in keep)}
+    with c.unlocked():
+        for name in list(c.aux):
+            if name not in keep:
+                del c.aux[name]
+    pairs = [(p, w) for p, w in zip(c.decorrelation.pairs, c.decorrelation.weights, strict=True)]
+    pairs = [(p, w) for p, w in pairs if set(p) <= heads]
+    c.decorrelation.pairs = tuple(p for p, _ in pairs)
+    c.decorrelation.weights = tuple(w for _, w in pairs)
+
+
+def _split_dims(c: ml_collections.ConfigDict) -> None:
+    """Gives every head TOTAL_DIM / (number of heads) dimensions; evaluates their concatenation."""
+    heads = [c.model.head, *(t.head for t in c.aux.values())]
+    dim = TOTAL_DIM // len(heads)
+    c.model.embed_dim = dim
+    for t in c.aux.values():
+        t.dim = dim
+    c.eval.heads = tuple(heads)
+    c.eval.combinations = ((1.0,) * len(heads),) if len(heads) > 1 else ()
+
+
+def _diva(
+    keep: tuple[str, ...], decorrelate: bool = True
+) -> Callable[[], ml_collections.ConfigDict]:
+    def build() -> ml_collections.ConfigDict:
+        c = diva_config()
+        _drop_aux(c, keep)
+        if not decorrelate:
+            c.decorrelation.pairs, c.decorrelation.weights = (), ()
+        _split_dims(c)
+        return c
+
+    return build
+
+
+def _margin(miner: str = "distance", spc: int = 2) -> Callable[[], ml_collections.ConfigDict]:
+    def build() -> ml_collections.ConfigDict:
+        c = revisiting_config(f"loss=margin,miner={miner}")
+        c.sampler.samples_per_class = spc
+        c.model.embed_dim = TOTAL_DIM
+        return c
+
+    return build
+
+
+def _sharing(decorrelate: bool) -> Callable[[], ml_collections.ConfigDict]:
+    def build() -> ml_collections.ConfigDict:
+        c = sharing_config()
+        if not decorrelate:
+            c.decorrelation.pairs, c.decorrelation.weights = (), ()
+        _split_dims(c)
+        return c
+
+    return build
+
+
+DIVA_ROWS = {
+    "margin (one head)": _margin(),
+    "D+S": _diva(("shared",)),
+    "D+I": _diva(("intra",)),
+    "D+Da": _diva(("selfsimilarity",)),
+    "DiVA (D+Da+S+I)": _diva(("selfsimilarity", "shared", "intra")),
+    "DiVA without decorrelation": _diva(("selfsimilarity", "shared", "intra"), decorrelate=False),
+}
+SHARING_ROWS = {
+    "class only": _margin(spc=4),
+    "shared only": _margin("shared_neg_distance", spc=4),
+    "class + shared": _sharing(decorrelate=False),
+    "class + shared, decorrelated": _sharing(decorrelate=True),
+}
+
+
+def _dirname(row: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "+-" else "_" for ch in row)
+
+
+def _train(build: Callable[[], ml_collections.ConfigDict], seed: int, epochs: int, workdir: str):
+    c = build()
+    c.seed = seed
+    c.train.epochs = epochs
+    c.train.progress_bar = False
+    c.eval.every_epochs = 1
+    c.eval.at_start = False
+    c.eval.metrics = METRICS
+    start = time.perf_counter()
+    train_and_evaluate(c, workdir)
+    print(f"   {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def _table(rows: dict, out: str, title: str) -> str:
+    summaries = []
+    for row, build in rows.items():
+        c = build()
+        embedding = combination_name(c.eval.combinations[0]) if c.eval.combinations else None
+        runs = [load_run(w, embedding) for w in find_runs([os.path.join(out, _dirname(row))])]
+        summaries.append(summarize_group(row, runs, "test"))
+    return f"## {title}\n\n" + markdown(summaries, "test", METRICS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", default="runs/glyph_diva")
+    parser.add_argument("--only", choices=("diva", "sharing"))
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args()
+    groups = {"diva": (DIVA_ROWS, "DiVA ablations"), "sharing": (SHARING_ROWS, "Sharing Matters")}
+    if args.only:
+        groups = {args.only: groups[args.only]}
+    for name, (rows, title) in groups.items():
+        if not args.report_only:
+            for row, build in rows.items():
+                for seed in args.seeds:
+                    print(f"== {row} seed {seed}", flush=True)
+                    workdir = os.path.join(args.out, _dirname(row), f"seed{seed}")
+                    _train(build, seed, args.epochs, workdir)
+        text = _table(rows, args.out, f"{title} ({args.epochs} epochs, glyphs test)")
+        print(text)
+        os.makedirs(args.out, exist_ok=True)
+        atomic_write(os.path.join(args.out, f"{name}.md"), text)
+
+
+if __name__ == "__main__":
+    main()
