@@ -79,7 +79,7 @@ def make_train_step(method: Method, tx: optax.GradientTransformation) -> StepFn:
                 params,
                 batch_stats,
                 phase_batch,
-                jax.random.fold_in(key, i),
+                key if i == 0 else jax.random.fold_in(key, i),
                 state.method_state,
                 phase,
             )

@@ -131,7 +131,8 @@ class Method:
 
     def init(self, key: jax.Array, images: jax.Array) -> tuple[Any, Any]:
         """Returns ``(params, batch_stats)`` for a sample batch of images."""
-        k_model, k_loss, k_aux, k_dec = jax.random.split(key, 4)
+        k_model, k_loss = jax.random.split(key)  # as the single-head method always drew them
+        k_aux, k_dec = jax.random.fold_in(key, 2), jax.random.fold_in(key, 3)
         variables = self.train_model.init(k_model, self.preprocess(images))
         out = self.eval_model.apply(variables, self.preprocess(images))
         labels = jnp.zeros((images.shape[0],), jnp.int32)
@@ -207,18 +208,17 @@ class Method:
             mutable=["batch_stats"],
         )
         labels = batch["labels"]
-        k_main, k_aux = jax.random.split(key)
         active = lambda name: phase is None or name in phase  # noqa: E731
         total, metrics = jnp.zeros((), jnp.float32), {}
         if active("main"):
-            total, metrics = self.main(params["loss"], out[self.head], labels, k_main)
+            total, metrics = self.main(params["loss"], out[self.head], labels, key)
         outputs: dict[str, Any] = {}
         for i, (name, term) in enumerate(self.terms.items()):
             if not active(name):
                 continue
             if isinstance(term, MetricTerm):
                 value, term_metrics = term(
-                    params[f"aux_{name}"], out[term.head], labels, jax.random.fold_in(k_aux, i)
+                    params[f"aux_{name}"], out[term.head], labels, jax.random.fold_in(key, i + 1)
                 )
             else:
                 keys = self._keys(method_state[name]["ema"], batch_stats, batch, term.head)
