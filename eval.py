@@ -24,7 +24,10 @@ def main(argv: list[str]) -> None:
 
         out = evaluate_checkpoint(_WORKDIR.value, _CHECKPOINT.value, _SPLIT.value)
         label = f"{out['checkpoint']} (step {out['step']})"
-        print(format_table({f"{label} {s}": v for s, v in out["results"].items()}))
+        rows = {f"{label} {s}": v for s, v in out["results"].items()}
+        for split, embeddings in out.get("embeddings", {}).items():
+            rows.update({f"{label} {split} {name}": v for name, v in embeddings.items()})
+        print(format_table(rows))
 
     run_cli(run)
 

@@ -223,3 +223,13 @@ def test_report_of_a_concatenation(full_run, tmp_path):
     assert f"{100 * concat[0]['recall@1']:.2f}" in out["markdown"]
     with pytest.raises(ReportError, match="no evaluation of the embedding"):
         report([workdir], str(tmp_path), embedding="concat:9")
+
+
+def test_checkpoint_evaluation_covers_every_head(full_run):
+    from jdml.evaluate import evaluate_checkpoint
+
+    workdir, summary = full_run
+    out = evaluate_checkpoint(workdir, "best", ["test"])
+    assert set(out["embeddings"]["test"]) == {*AUX_HEADS, "concat:0.5,1,1,1"}
+    best = summary["best"]["test"]["recall@1"]
+    assert out["results"]["test"]["recall@1"] == pytest.approx(best, abs=1e-6)
