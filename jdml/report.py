@@ -233,7 +233,8 @@ def _stats(xs: Sequence[float]) -> tuple[float, float]:
     return float(np.mean(arr)), float(np.std(arr, ddof=1)) if len(arr) > 1 else 0.0
 
 
-def _cell(xs: Sequence[float], metric: str) -> str:
+def format_cell(xs: Sequence[float], metric: str) -> str:
+    """Per-seed values as "mean ± std" (percent for fractions; the mean alone for one seed)."""
     if not xs:
         return "-"
     mean, std = _stats(xs)
@@ -258,8 +259,8 @@ def markdown(summaries: Sequence[Summary], split: str, metrics: Sequence[str]) -
         for s in summaries:
             selected = ", ".join(sorted({r.selection_split for r in s.runs}))
             cells = [s.name, str(len(s.values[protocol].get(metrics[0], []))), selected]
-            cells += [_cell(s.values[protocol].get(m, []), m) for m in metrics]
-            cells += [_cell(s.values["rho"].get(m, []), m) for m in extra]
+            cells += [format_cell(s.values[protocol].get(m, []), m) for m in metrics]
+            cells += [format_cell(s.values["rho"].get(m, []), m) for m in extra]
             lines.append("| " + " | ".join(cells) + " |")
         parts.append("\n".join(lines))
     note = (
