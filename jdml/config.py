@@ -409,17 +409,17 @@ RESUMABLE_CHANGES = (
 )
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_config(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten_config(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
 
 
-def _selected_only(flat: dict[str, Any]) -> dict[str, Any]:
+def selected_only(flat: dict[str, Any]) -> dict[str, Any]:
     """Drops the hyperparameters of components that are not selected (loss, miner, sampler).
 
     Their presence depends on which components the installed version registers, and their
@@ -449,7 +449,7 @@ def incompatible_keys(
 
     Keys of loss/miner/sampler components that are not selected are ignored.
     """
-    fo, fn = _selected_only(_flatten(old)), _selected_only(_flatten(new))
+    fo, fn = selected_only(flatten_config(old)), selected_only(flatten_config(new))
     allowed = tuple(allowed)
     diffs = []
     for k in sorted(set(fo) | set(fn)):

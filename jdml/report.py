@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from jdml.config import RESUMABLE_CHANGES, _flatten, _selected_only
-from jdml.evaluation.metrics import get_metric
+from jdml.config import RESUMABLE_CHANGES, flatten_config, selected_only
+from jdml.evaluation.evaluator import is_percent
 from jdml.metric_writer import read_metrics
 
 log = logging.getLogger("jdml")
@@ -109,7 +109,7 @@ def load_run(workdir: str, embedding: str | None = None) -> RunResult:
     """
     try:
         with open(os.path.join(workdir, "config.json")) as f:
-            config = _flatten(json.load(f))
+            config = flatten_config(json.load(f))
     except (OSError, json.JSONDecodeError) as e:
         raise ReportError(f"{workdir}/config.json is unreadable ({e})") from None
     evals: dict[str, list[dict[str, Any]]] = {}
@@ -142,7 +142,7 @@ def load_run(workdir: str, embedding: str | None = None) -> RunResult:
 
 
 def _experiment_key(run: RunResult) -> str:
-    flat = _selected_only(run.config)
+    flat = selected_only(run.config)
     kept = {k: v for k, v in flat.items() if not k.startswith(_NOT_EXPERIMENT)}
     return json.dumps(kept, sort_keys=True, default=str)
 
@@ -220,13 +220,6 @@ def summarize_group(name: str, runs: Sequence[RunResult], split: str) -> Summary
     return Summary(name=name, runs=list(runs), values=values)
 
 
-def _is_percent(metric: str) -> bool:
-    try:
-        return get_metric(metric).percent
-    except KeyError:
-        return False
-
-
 def _stats(xs: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single seed); NaN values propagate."""
     arr = np.asarray(xs, np.float64)
@@ -238,7 +231,7 @@ def format_cell(xs: Sequence[float], metric: str) -> str:
     if not xs:
         return "-"
     mean, std = _stats(xs)
-    scale, digits = (100.0, 2) if _is_percent(metric) else (1.0, 4)
+    scale, digits = (100.0, 2) if is_percent(metric) else (1.0, 4)
     if len(xs) == 1:
         return f"{scale * mean:.{digits}f}"
     return f"{scale * mean:.{digits}f} ± {scale * std:.{digits}f}"
@@ -317,7 +310,7 @@ def plot_curves(summaries: Sequence[Summary], split: str, metric: str, path: str
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     drawn = False
-    scale = 100.0 if _is_percent(metric) else 1.0
+    scale = 100.0 if is_percent(metric) else 1.0
     for s in summaries:
         epochs, values = _curve(s.runs, split, metric)
         if not len(epochs):

@@ -314,7 +314,7 @@ def evaluate_heads(
     )
 
 
-def _is_percent(name: str) -> bool:
+def is_percent(name: str) -> bool:
     """Whether the metric ``name`` is a fraction shown in percent (unknown names: yes)."""
     try:
         return get_metric(name).percent
@@ -343,7 +343,7 @@ def format_table(results: Mapping[str, Mapping[str, float]]) -> str:
       The table as a multi-line string (header, rule, one line per row).
     """
     columns = list(dict.fromkeys(name for row in results.values() for name in row))
-    percent = {c: _is_percent(c) for c in columns}
+    percent = {c: is_percent(c) for c in columns}
     header = ["", *columns]
     rows = [
         [str(name), *(_format_value(row[c], percent[c]) if c in row else "-" for c in columns)]
