@@ -12,7 +12,7 @@ Writes ``<out>/diva.md`` and ``<out>/sharing.md`` (the main head and the concate
 checkpoint selected on the main head, mean ± std over seeds, and the main head's train rho) and
 prints them.
 
-Usage: python bench/glyph_diva.py [--epochs 2] [--seeds 0 1 2] [--out runs/glyph_diva]
+Usage: python bench/glyph_diva.py [--epochs 4] [--seeds 0 1 2] [--out runs/glyph_diva]
        [--only diva|sharing] [--report-only]
 """
 
@@ -159,7 +159,7 @@ def _table(rows: dict, out: str, title: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="runs/glyph_diva")
     parser.add_argument("--only", choices=("diva", "sharing"))

@@ -48,11 +48,16 @@ DATASET_SETTINGS: dict[str, dict[str, float]] = {
         "keys": 30,
     },
     "sop": {"alpha": 0.2, "rho": 150.0, "milestone": 70, "gamma": 0.3, "epochs": 150, "keys": 70},
-    # Chosen here for the small glyph network (Adam 1e-3, 15 epochs; the reference's 1e-5 is for
-    # a pretrained ResNet50): the CUB weights, the default schedule, a 10-batch queue.
+    # Chosen here for the small glyph network trained from scratch (Adam 1e-3; the reference's
+    # 1e-5 is for a pretrained ResNet50): alpha and rho picked on a held-out validation split
+    # (data.val_fraction=0.2, 4 epochs, seed 0; validation Recall@1 of the main head / the
+    # concatenation, the latter deciding: alpha 0.3 rho 15 -> 92.2 / 89.6, 0.1 and 15 -> 96.4 /
+    # 93.3, 0.1 and 150 -> 96.7 / 94.1; the CUB weights 0.3 and 1500 had cut the main head's test
+    # Recall@1 to 55.6 from 68.8 without decorrelation in 2-epoch runs), the default schedule, a
+    # 10-batch queue.
     "glyphs": {
-        "alpha": 0.3,
-        "rho": 1500.0,
+        "alpha": 0.1,
+        "rho": 150.0,
         "milestone": 10,
         "gamma": 0.3,
         "epochs": 15,

@@ -30,8 +30,11 @@ from jdml.config import ConfigError, base_config, metric_term
 DATASET_SETTINGS: dict[str, dict[str, float]] = {
     "cub200": {"gamma": 2400.0, "epochs": 150, "shared_weight": 1.0},
     "cars196": {"gamma": 900.0, "epochs": 150, "shared_weight": 1.0},
-    # Chosen here for the small glyph network: the flag default and the default schedule.
-    "glyphs": {"gamma": 500.0, "epochs": 15, "shared_weight": 1.0},
+    # Chosen here for the small glyph network trained from scratch, on a held-out validation
+    # split (data.val_fraction=0.2, 4 epochs, seed 0; validation Recall@1 of the class head / the
+    # concatenation, the latter deciding): shared weight 0.3 and gamma 50 -> 97.3 / 96.2, 0.1
+    # and 50 -> 97.8 / 96.7, 0.1 and 500 (the flag default) -> 97.6 / 97.0.
+    "glyphs": {"gamma": 500.0, "epochs": 15, "shared_weight": 0.1},
 }
 
 

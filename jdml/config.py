@@ -182,6 +182,19 @@ def base_config() -> ml_collections.ConfigDict:
     # uniformly drawn batch (Sharing Matters' alternating Algorithm 1).
     c.phases = ()
 
+    # DM2 (jdml.methods.cohort): ``size`` members of this method trained together, exchanging
+    # relation matrices with weight ``mutual_weight`` (warmed up linearly over ``warmup_epochs``);
+    # size 1 trains one model. ``devices``: devices of the mesh's member axis (0: automatic).
+    c.cohort = ml_collections.ConfigDict()
+    c.cohort.size = 1
+    c.cohort.mutual_weight = 20.0
+    c.cohort.warmup_epochs = 3.0
+    c.cohort.relation = "distance"  # the paper's plain distances, or "rkd" (normalised, Huber)
+    c.cohort.model_diversity = True  # own random init of each member's embedding layer
+    c.cohort.temporal_diversity = True  # member l updates with probability 2^-(l-1)
+    c.cohort.view_diversity = True  # own augmentation of the batch per member
+    c.cohort.devices = 0
+
     _ = DATASETS  # the dataset name is validated in validate()
     return c
 
@@ -323,6 +336,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
         if split not in ("train", "val", "test"):
             raise ConfigError(f"eval.splits has {split!r}; choose from train, val, test")
     _validate_aux(c)
+    _validate_cohort(c)
     heads = {c.model.head, *(t.head for t in c.aux.values())}
     for head in c.eval.heads:
         if head not in heads:
@@ -333,6 +347,26 @@ def validate(c: ml_collections.ConfigDict) -> None:
                 f"eval.combinations entry {tuple(weights)} needs one weight per head of "
                 f"eval.heads {tuple(c.eval.heads)}"
             )
+
+
+def _validate_cohort(c: ml_collections.ConfigDict) -> None:
+    from jdml.losses.mutual import RELATIONS
+
+    k = c.cohort
+    if k.size < 1:
+        raise ConfigError(f"cohort.size={k.size}; use 1 for one model or L > 1 for a cohort")
+    if k.relation not in RELATIONS:
+        raise ConfigError(f"cohort.relation={k.relation!r}; choose one of {', '.join(RELATIONS)}")
+    if k.mutual_weight < 0 or k.warmup_epochs < 0 or k.devices < 0:
+        raise ConfigError(
+            "cohort.mutual_weight, cohort.warmup_epochs and cohort.devices must be >= 0 (got "
+            f"{k.mutual_weight}, {k.warmup_epochs}, {k.devices})"
+        )
+    if k.size > 1 and c.phases:
+        raise ConfigError(
+            f"phases={tuple(c.phases)} with cohort.size={k.size}: a cohort trains one joint "
+            "update per step; use phases=() (the joint variant) for cohort members"
+        )
 
 
 def _validate_aux(c: ml_collections.ConfigDict) -> None:
@@ -443,16 +477,24 @@ _COMPONENT_SECTIONS = ("loss", "miner", "sampler")
 
 
 def incompatible_keys(
-    old: dict[str, Any], new: dict[str, Any], allowed: Iterable[str] = RESUMABLE_CHANGES
+    old: dict[str, Any],
+    new: dict[str, Any],
+    allowed: Iterable[str] = RESUMABLE_CHANGES,
+    defaults: dict[str, Any] | None = None,
 ) -> list[str]:
     """Returns the keys whose values differ between two configs and forbid resuming.
 
-    Keys of loss/miner/sampler components that are not selected are ignored.
+    Keys of loss/miner/sampler components that are not selected are ignored, and so are keys
+    the old config lacks (written by an earlier version) whose new value is their default in
+    ``defaults`` (a flattened config).
     """
     fo, fn = selected_only(flatten_config(old)), selected_only(flatten_config(new))
     allowed = tuple(allowed)
+    defaults = defaults or {}
     diffs = []
     for k in sorted(set(fo) | set(fn)):
+        if k not in fo and k in defaults and fn.get(k) == defaults[k]:
+            continue
         if fo.get(k, "<missing>") != fn.get(k, "<missing>") and not k.startswith(allowed):
             diffs.append(f"{k}: {fo.get(k, '<missing>')!r} -> {fn.get(k, '<missing>')!r}")
     return diffs

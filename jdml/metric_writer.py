@@ -22,11 +22,14 @@ class MetricWriter:
       resume_step: when resuming from a checkpoint at this step, records of later steps (written
         by the interrupted run after its last checkpoint, and about to be recomputed identically)
         are dropped first, so the file reads as one uninterrupted run.
+      enabled: False in the processes of a multi-process run other than process 0 (they write
+        nothing; process 0 writes the one file).
     """
 
-    def __init__(self, path: str, resume_step: int | None = None) -> None:
+    def __init__(self, path: str, resume_step: int | None = None, enabled: bool = True) -> None:
         self.path = path
-        if resume_step is not None and os.path.exists(path):
+        self.enabled = enabled
+        if enabled and resume_step is not None and os.path.exists(path):
             kept = [r for r in read_metrics(path) if r.get("step", 0) <= resume_step]
             tmp = path + ".tmp"
             with open(tmp, "w") as f:
@@ -34,6 +37,8 @@ class MetricWriter:
             os.replace(tmp, path)
 
     def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         with open(self.path, "a") as f:
             f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
 

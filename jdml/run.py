@@ -16,12 +16,13 @@ from jdml.data.augment import AUGMENTATIONS
 from jdml.data.loading import load_splits
 from jdml.evaluation.runner import embed_split, evaluate_splits, split_metrics
 from jdml.methods import Method
+from jdml.methods.cohort import Cohort
 from jdml.methods.momentum import push
 from jdml.optim import make_optimizer
 from jdml.samplers import SAMPLERS
 from jdml.samplers.memory import empty_sampler_state
 from jdml.state import TrainState
-from jdml.step import init_state
+from jdml.step import StepFn, init_state, make_train_step
 
 log = logging.getLogger("jdml")
 
@@ -54,6 +55,12 @@ class Run:
         self.steps_per_epoch = tc.steps_per_epoch or self.sampler.steps_per_epoch
         self.total_steps = tc.epochs * self.steps_per_epoch
         self.method = Method(config, num_classes=train.num_classes)
+        # A DM2 cohort (cohort.size > 1) trains several members of the method at once.
+        self.cohort = (
+            Cohort(config, self.method, self.steps_per_epoch) if config.cohort.size > 1 else None
+        )
+        self.head = self.cohort.head if self.cohort else self.method.head
+        self.members = self.cohort.members if self.cohort else ()
         self.tx = make_optimizer(
             config.optim,
             self.method.param_groups(),
@@ -67,8 +74,23 @@ class Run:
             dim=config.model.embed_dim,
             steps_per_epoch=self.steps_per_epoch,
         )
-        self.initial_state = init_state(self.method, self.tx, config.seed, sample, placeholders)
-        self.embed_fn = jax.jit(self.method.embed)
+        if self.cohort:
+            self.initial_state = self.cohort.init_state(self.tx, config.seed, sample, placeholders)
+            self.embed_fn = self.cohort.make_embed_fn()
+            # Every member alone and the ensemble (the concatenation of the members).
+            self.eval_config = ml_collections.ConfigDict(config.eval.to_dict())
+            self.eval_config.heads = self.cohort.heads
+            self.eval_config.combinations = ((1.0,) * self.cohort.size,)
+        else:
+            self.initial_state = init_state(self.method, self.tx, config.seed, sample, placeholders)
+            self.embed_fn = jax.jit(self.method.embed)
+            self.eval_config = config.eval
+
+    def make_train_step(self) -> StepFn:
+        """The jitted, state-donating train step of the method (or of the cohort)."""
+        if self.cohort:
+            return self.cohort.make_train_step(self.tx, self.initial_state)
+        return make_train_step(self.method, self.tx)
 
     def prepare(self, state: TrainState) -> TrainState:
         """Before the first step: fills the sampler's embedding memory and the DaNCE key queues."""
@@ -76,9 +98,21 @@ class Run:
 
     def fill_queues(self, state: TrainState) -> TrainState:
         """Fills each DaNCE queue with keys of the initial key (EMA) network, in eval mode, on
-        augmented training images (the reference's n_key_batches), drawn with a fixed seed."""
+        augmented training images (the reference's n_key_batches), drawn with a fixed seed.
+        A cohort fills each member's queues with its own key network."""
         if not state.method_state:
             return state
+        if self.cohort:
+            members = [
+                self._fill_queues(self.cohort.member_state(state, i)).method_state
+                for i in range(self.cohort.size)
+            ]
+            stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *members)
+            state = state.replace(method_state=stacked)
+            return jax.device_put(state, self.cohort.state_shardings(state))
+        return self._fill_queues(state)
+
+    def _fill_queues(self, state: TrainState) -> TrainState:
         train = self.splits["train"]
         augment = AUGMENTATIONS.get(self.config.data.augment)
         embed_keys = jax.jit(self.method.embed_keys)
@@ -111,7 +145,7 @@ class Run:
             state.batch_stats,
             self.splits["train"],
             self.config.eval.batch_size,
-        )[self.method.head]
+        )[self.head]
         return state.replace(sampler_state={**state.sampler_state, "memory": jnp.asarray(emb)})
 
     def evaluate(
@@ -132,9 +166,9 @@ class Run:
             state.params,
             state.batch_stats,
             splits,
-            split_metrics(self.config.eval, list(splits), full),
-            self.config.eval,
-            head=self.method.head,
+            split_metrics(self.eval_config, list(splits), full),
+            self.eval_config,
+            head=self.head,
             seed=self.config.seed,
             full=full,
         )

@@ -22,17 +22,25 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jdml.checkpoint import Checkpoints
-from jdml.config import ConfigError, incompatible_keys, to_json, validate
+from jdml.config import (
+    ConfigError,
+    base_config,
+    flatten_config,
+    incompatible_keys,
+    to_json,
+    validate,
+)
 from jdml.data.arrays import ImageArrays
 from jdml.data.augment import AUGMENTATIONS
 from jdml.data.pipeline import TrainBatch, train_batches
+from jdml.distributed import barrier, is_main_process
 from jdml.evaluation.evaluator import format_table
 from jdml.evaluation.runner import SPECTRUM
 from jdml.metric_writer import MetricWriter, read_metrics
 from jdml.run import Run
 from jdml.samplers.memory import epoch_sampler
 from jdml.state import TrainState
-from jdml.step import StepFn, make_train_step
+from jdml.step import StepFn
 
 log = logging.getLogger("jdml")
 
@@ -69,7 +77,8 @@ def prepare_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
                 f"{path} is unreadable ({e}); it does not describe this workdir's checkpoints. "
                 "Use a new --workdir, or restore the file"
             ) from None
-        diffs = incompatible_keys(old, json.loads(to_json(config)))
+        defaults = flatten_config(json.loads(to_json(base_config())))
+        diffs = incompatible_keys(old, json.loads(to_json(config)), defaults=defaults)
         if diffs:
             raise ConfigError(
                 f"workdir {workdir} holds a run with a different config; resuming it with this "
@@ -78,11 +87,17 @@ def prepare_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
                 + "\nUse a new --workdir for the new config, or pass the stored config "
                 f"(python train.py --config {path} ...) to resume the old run"
             )
-    atomic_write(path, to_json(config))
+    barrier("jdml:workdir-checked")  # every process has read the old config before it changes
+    if is_main_process():
+        atomic_write(path, to_json(config))
+    barrier("jdml:workdir-ready")
 
 
 def setup_logging(workdir: str) -> None:
-    """Logs to the console and to ``workdir/train.log`` (console lines do not break the bar)."""
+    """Logs to the console and to ``workdir/train.log`` (console lines do not break the bar).
+
+    In a multi-process run only process 0 logs (the others print warnings and errors only).
+    """
 
     class _TqdmHandler(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
@@ -94,7 +109,12 @@ def setup_logging(workdir: str) -> None:
         log.removeHandler(h)
         h.close()
     fmt = logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S")
-    for handler in (_TqdmHandler(), logging.FileHandler(os.path.join(workdir, "train.log"))):
+    handlers: list[logging.Handler] = [_TqdmHandler()]
+    if is_main_process():
+        handlers.append(logging.FileHandler(os.path.join(workdir, "train.log")))
+    else:
+        log.setLevel(logging.WARNING)
+    for handler in handlers:
         handler.setFormatter(fmt)
         log.addHandler(handler)
 
@@ -162,7 +182,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         state, _ = ckpts.restore("latest", state)
         start = int(state.step)
         log.info("Resuming from the checkpoint at step %d in %s", start, workdir)
-    writer = MetricWriter(os.path.join(workdir, "metrics.jsonl"), resume_step=start)
+    writer = MetricWriter(
+        os.path.join(workdir, "metrics.jsonl"), resume_step=start, enabled=is_main_process()
+    )
     records = read_metrics(writer.path) if os.path.exists(writer.path) else []
     selection = _selection_split(run.splits)
     metric = config.eval.selection_metric
@@ -213,11 +235,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if config.eval.at_start:
             evaluate(state, 0)
         state = run.prepare(state)
-    train_step = make_train_step(run.method, run.tx)
+    train_step = run.make_train_step()
     _Loop(run, train_step, writer, ckpts, evaluate)(state, start)
-    summary = summarize(read_metrics(writer.path), selection, metric)
+    done = read_metrics(writer.path) if os.path.exists(writer.path) else []
+    summary = summarize(done, selection, metric)
     summary["train_step_compiles"] = train_step._cache_size()  # type: ignore[attr-defined]
-    atomic_write(os.path.join(workdir, "results.json"), json.dumps(summary, indent=2))
+    if is_main_process():
+        atomic_write(os.path.join(workdir, "results.json"), json.dumps(summary, indent=2))
     ckpts.close()
     return summary
 
@@ -233,6 +257,7 @@ def _epoch_batches(run: Run, state: TrainState, epoch: int, first_step: int):
         seed=run.config.seed,
         views=run.method.views,
         streams=run.method.streams,
+        members=run.members,
     )
     batches = train_batches(
         make_batch,

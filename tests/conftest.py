@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
+# Four CPU devices for the sharded-cohort tests (set before JAX initialises its backend); the
+# other tests place everything on the first device, as on a one-device machine.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    ).strip()
+
 from pathlib import Path
 
 import pytest

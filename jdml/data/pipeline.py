@@ -25,7 +25,11 @@ class TrainBatch:
     With ``views=2`` the batch also holds ``images_b``: the same images under an independent
     augmentation draw (``default_rng((seed, step, 2))``), the second view DaNCE's keys see. With
     ``streams=s``, streams 1..s-1 add ``images_<i>`` / ``labels_<i>``: a batch of the same size
-    drawn uniformly without replacement (``default_rng((seed, step, 2 + i))``).
+    drawn uniformly without replacement (``default_rng((seed, step, 2 + i))``). With
+    ``members=(m1, m2, ...)`` (a DM2 cohort with view diversity: the members whose views this
+    process builds) the views get a leading member axis: member ``m > 0`` sees its own
+    augmentation of the same images (``default_rng((seed, step, v, m))`` for view ``v``), member
+    0 the plain run's.
     """
 
     data: ImageArrays
@@ -34,18 +38,24 @@ class TrainBatch:
     seed: int
     views: int = 1
     streams: int = 1
+    members: tuple[int, ...] = ()
+
+    def _view(self, images: np.ndarray, step: int, view: int) -> np.ndarray:
+        if not self.members:
+            return self.augment(images, np.random.default_rng((self.seed, step, view)))
+        seeds = [(self.seed, step, view) + ((m,) if m else ()) for m in self.members]
+        return np.stack([self.augment(images, np.random.default_rng(s)) for s in seeds])
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         idx = self.sampler.batch(int(step))
-        rng = np.random.default_rng((self.seed, int(step), 1))
         images = self.data.images[idx]
         out = {
-            "images": self.augment(images, rng),
+            "images": self._view(images, int(step), 1),
             "labels": self.data.labels[idx].astype(np.int32),
             "indices": idx.astype(np.int32),
         }
         if self.views == 2:
-            out["images_b"] = self.augment(images, np.random.default_rng((self.seed, int(step), 2)))
+            out["images_b"] = self._view(images, int(step), 2)
         for stream in range(1, self.streams):
             # A further stream: images in random order (the Sharing Matters shared stream).
             rng = np.random.default_rng((self.seed, int(step), 2 + stream))

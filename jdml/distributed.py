@@ -1,0 +1,56 @@
+"""Multi-process (multi-host) runs: one process per host, all running the same script.
+
+Every process runs the same training loop on its own devices; jitted computations span the
+devices of all processes. Process 0 alone writes the workdir's files (config, logs, metrics,
+results); checkpoints are written cooperatively by orbax (each process its own shards).
+
+  # on each of N hosts (GPU cluster without a scheduler JAX recognises):
+  python train.py --config configs/dm2.py --workdir /shared/runs/dm2 \
+      --coordinator_address=host0:1234 --num_processes=N --process_id=<i>
+  # SLURM, Open MPI or a Cloud TPU pod slice (JAX reads the topology from the environment):
+  python train.py --config configs/dm2.py --workdir /shared/runs/dm2 --distributed
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+
+def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1) -> None:
+    """Joins the processes of a multi-host run (call before any other JAX call).
+
+    Args:
+      coordinator_address: ``host:port`` of process 0; empty: detected from the environment
+        (SLURM, Open MPI, Cloud TPU).
+      num_processes: the number of processes (with ``coordinator_address``).
+      process_id: this process's index in ``[0, num_processes)``.
+    """
+    if coordinator_address:
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+        )
+    else:
+        jax.distributed.initialize()
+
+
+def is_main_process() -> bool:
+    """True in process 0 (the only one writing logs, metrics and results)."""
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Waits until every process reaches this point (a no-op in a single-process run)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+def global_array(local: np.ndarray, sharding: jax.sharding.Sharding, shape: tuple) -> jax.Array:
+    """A global array from this process's part: the rows of its devices along the sharded axes
+    (all of ``local`` when the sharding replicates it)."""
+    if jax.process_count() == 1:
+        return jax.device_put(local, sharding)
+    return jax.make_array_from_process_local_data(sharding, local, shape)
