@@ -318,3 +318,17 @@ def test_workdirs_of_earlier_versions_resume_when_new_keys_keep_their_defaults()
     changed = json.loads(to_json(base_config()))
     changed["cohort"]["size"] = 4
     assert incompatible_keys(old, changed, defaults=defaults) == ["cohort.size: '<missing>' -> 4"]
+
+
+def test_vectorised_members_equal_unrolled(npz, sharded):
+    """``cohort.member_loop=vmap`` (one vectorised program for the members of a device) trains
+    the same cohort as the default unrolled members."""
+    _, _, unrolled, history = sharded
+    run = cohort_run(
+        npz, **{"cohort.devices": 1, "cohort.warmup_epochs": 0.0, "cohort.member_loop": "vmap"}
+    )
+    _, state, vmapped = train(run)
+    for (_, a), (_, b) in zip(history, vmapped, strict=True):
+        np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(unrolled.params), jax.tree.leaves(state.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
