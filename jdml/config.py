@@ -194,6 +194,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.cohort.temporal_diversity = True  # member l updates with probability 2^-(l-1)
     c.cohort.view_diversity = True  # own augmentation of the batch per member
     c.cohort.devices = 0
+    c.cohort.data_devices = 1  # devices splitting each member's batch (data parallelism)
     # Members of one device: "unroll" traced one after the other, "vmap" vectorised (grouped
     # convolutions, which XLA runs slowly on CPU; try it on GPU/TPU).
     c.cohort.member_loop = "unroll"
@@ -362,6 +363,11 @@ def _validate_cohort(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"cohort.relation={k.relation!r}; choose one of {', '.join(RELATIONS)}")
     if k.member_loop not in ("unroll", "vmap"):
         raise ConfigError(f"cohort.member_loop={k.member_loop!r}; choose unroll or vmap")
+    if k.data_devices < 1 or c.train.batch_size % k.data_devices:
+        raise ConfigError(
+            f"cohort.data_devices={k.data_devices} must be >= 1 and divide train.batch_size="
+            f"{c.train.batch_size}"
+        )
     if k.mutual_weight < 0 or k.warmup_epochs < 0 or k.devices < 0:
         raise ConfigError(
             "cohort.mutual_weight, cohort.warmup_epochs and cohort.devices must be >= 0 (got "

@@ -75,7 +75,8 @@ def test_sharded_cohort_equals_unsharded(npz, sharded):
     leaf = jax.tree.leaves(run4.initial_state.params)[0]
     assert len(leaf.sharding.device_set) == 4
     run1 = cohort_run(npz, **{"cohort.devices": 1, "cohort.warmup_epochs": 0.0})
-    _, state1, history1 = train(run1)
+    step1, state1, history1 = train(run1)
+    assert step1._cache_size() == 1
     for (_, m4), (_, m1) in zip(history4, history1, strict=True):
         for key in ("loss", "mutual/loss", "member1/loss", "member4/mutual"):
             np.testing.assert_allclose(m4[key], m1[key], rtol=1e-5, atol=1e-7)
@@ -86,6 +87,22 @@ def test_sharded_cohort_equals_unsharded(npz, sharded):
     for a, b in zip(jax.tree.leaves(state4.params), jax.tree.leaves(state1.params), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     assert step4._cache_size() == 1  # one compilation for every step
+
+
+def test_data_parallel_members_equal_one_device(npz):
+    """Two members on a (member 2, data 2) mesh, each member's batch split over two devices,
+    train as the same cohort on one device does."""
+    overrides = {"cohort.size": 2, "cohort.warmup_epochs": 0.0}
+    one = Run(tiny_config(npz, **overrides, **{"cohort.devices": 1}))
+    four = Run(tiny_config(npz, **overrides, **{"cohort.devices": 2, "cohort.data_devices": 2}))
+    assert dict(four.cohort.mesh.shape) == {"member": 2, "data": 2}
+    _, state1, history1 = train(one)
+    step4, state4, history4 = train(four)
+    assert step4._cache_size() == 1
+    for (_, a), (_, b) in zip(history1, history4, strict=True):
+        np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(state1.params), jax.tree.leaves(state4.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_temporal_diversity_leaves_skipped_members_bit_identical(sharded):
@@ -160,6 +177,8 @@ def test_view_diversity_gives_each_member_its_own_augmentation(npz):
     "overrides, message",
     [
         ({"cohort.size": 4, "cohort.devices": 3}, "must divide cohort.size"),
+        ({"cohort.size": 2, "cohort.devices": 2, "cohort.data_devices": 4}, "at most the 4"),
+        ({"cohort.size": 2, "cohort.data_devices": 3}, "divide train.batch_size"),
         ({"cohort.size": 0}, "cohort.size=0"),
         ({"cohort.size": 2, "cohort.relation": "cosine"}, "cohort.relation"),
         ({"cohort.size": 2, "phases": (("main",),)}, "one joint"),

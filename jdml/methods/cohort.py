@@ -16,8 +16,10 @@ Park, Kim, You, Cho, "Diversified Mutual Learning for Deep Metric Learning" (DM2
 * view diversity: each member sees its own augmentation of the same images.
 
 The member axis is the ``member`` axis of a device mesh: ``jax.shard_map`` gives each device its
-block of members, which run vmapped; the relation matrices (B x B per member) are all-gathered.
-On one device the same code runs with the whole cohort in one block.
+block of members; the relation matrices (B x B per member) are all-gathered. On one device the
+same code runs with the whole cohort in one block. A second mesh axis ``data`` (left to the
+compiler's automatic partitioning) splits each member's batch over ``cohort.data_devices``
+devices: data parallelism within a member, with the same results as on one device.
 
 Member 1 starts as the plain run of the same config and seed (same init, same batches and
 augmentations, same randomness); with lambda = 0 and no temporal diversity every member equals
@@ -45,6 +47,7 @@ from jdml.samplers.memory import update_memory
 from jdml.state import TrainState
 
 AXIS = "member"
+DATA = "data"  # splits each member's batch (automatic partitioning)
 VIEWS = ("images", "images_b")  # batch entries with a member axis under view diversity
 _TEMPORAL_TAG = 0x7D  # folded into a member's step key for its temporal-diversity draw
 
@@ -63,21 +66,27 @@ def update_probabilities(size: int, temporal: bool) -> np.ndarray:
     return np.power(2.0, -np.arange(size)).astype(np.float32)
 
 
-def cohort_mesh(size: int, devices: int) -> Mesh:
-    """A 1-D mesh with axis ``member`` over ``devices`` devices (0: as many as divide ``size``).
+def cohort_mesh(size: int, devices: int, data_devices: int = 1) -> Mesh:
+    """A ``(member, data)`` mesh: ``devices`` devices on the member axis (0: as many as divide
+    ``size``), each member's batch split over ``data_devices`` devices.
 
     Raises:
-      ConfigError: if ``devices`` does not divide the cohort size or exceeds the devices present.
+      ConfigError: if ``devices`` does not divide the cohort size, or the mesh needs more devices
+        than there are.
     """
     available = jax.devices()
+    data_devices = max(1, data_devices)
     if devices <= 0:
-        devices = max(d for d in range(1, min(size, len(available)) + 1) if size % d == 0)
-    if devices > len(available) or size % devices:
+        fits = len(available) // data_devices
+        devices = max(d for d in range(1, max(1, min(size, fits)) + 1) if size % d == 0)
+    if devices * data_devices > len(available) or size % devices:
         raise ConfigError(
-            f"cohort.devices={devices} must divide cohort.size={size} and be at most the "
-            f"{len(available)} device(s) present; use 0 to choose automatically"
+            f"cohort.devices={devices} must divide cohort.size={size}, and cohort.devices x "
+            f"cohort.data_devices={data_devices} be at most the {len(available)} device(s) "
+            "present; use cohort.devices=0 to choose automatically"
         )
-    return Mesh(np.asarray(available[:devices]), (AXIS,))
+    grid = np.asarray(available[: devices * data_devices]).reshape(devices, data_devices)
+    return Mesh(grid, (AXIS, DATA))
 
 
 def _stack(trees: list[Any]) -> Any:
@@ -144,7 +153,7 @@ class Cohort:
         self.model_diversity = bool(c.model_diversity)
         self.view_diversity = bool(c.view_diversity)
         self.probabilities = update_probabilities(self.size, bool(c.temporal_diversity))
-        self.mesh = cohort_mesh(self.size, int(c.devices))
+        self.mesh = cohort_mesh(self.size, int(c.devices), int(c.data_devices))
         self.head = member_name(0)
         self.heads = tuple(member_name(i) for i in range(self.size))
         # Under view diversity the data pipeline draws one set of views per member (each
@@ -153,12 +162,12 @@ class Cohort:
 
     def local_members(self) -> tuple[int, ...]:
         """The members on this process's devices (all of them in a single-process run)."""
-        block = self.size // self.mesh.devices.size
+        block = self.size // self.mesh.devices.shape[0]
         me = jax.process_index()
         return tuple(
             i
-            for d, device in enumerate(self.mesh.devices.flat)
-            if device.process_index == me
+            for d, row in enumerate(self.mesh.devices)
+            if any(device.process_index == me for device in row)
             for i in range(d * block, (d + 1) * block)
         )
 
@@ -328,14 +337,15 @@ class Cohort:
 
     def place_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """The batch as global arrays: views on the member axis (each process supplies its own
-        members' views) under view diversity, everything else replicated."""
+        members' views) under view diversity, the batch axis on the data axis."""
         out = {}
         for key, value in batch.items():
             value = np.asarray(value)
             if key in VIEWS and self.view_diversity:
-                sharding, shape = NamedSharding(self.mesh, P(AXIS)), (self.size, *value.shape[1:])
+                spec, shape = P(AXIS, DATA), (self.size, *value.shape[1:])
             else:
-                sharding, shape = NamedSharding(self.mesh, P()), value.shape
+                spec, shape = P(DATA), value.shape
+            sharding = NamedSharding(self.mesh, spec)
             out[key] = global_array(value, sharding, shape)
         return out
 
@@ -354,11 +364,18 @@ class Cohort:
                 mesh=self.mesh,
                 in_specs=(specs, batch_specs(batch)),
                 out_specs=(specs, P()),
+                axis_names=frozenset({AXIS}),  # the data axis stays automatic
                 check_vma=False,
             )
             return sharded(state, batch)
 
-        return _PlacedStep(jax.jit(step, donate_argnums=0), self.place_batch)
+        shardings = self.state_shardings(state)
+        replicated = NamedSharding(self.mesh, P())
+        # Fixed output shardings: the returned state is placed exactly as the state it replaces
+        # (on a one-device member axis the compiler would otherwise pick an equivalent spec and
+        # the second call would compile again).
+        jitted = jax.jit(step, donate_argnums=0, out_shardings=(shardings, replicated))
+        return _PlacedStep(jitted, self.place_batch, shardings)
 
     # -- evaluation -----------------------------------------------------------------------------
 
@@ -388,12 +405,19 @@ class Cohort:
 
 
 class _PlacedStep:
-    """A jitted step taking host batches: places them on the mesh, then calls the step."""
+    """A jitted step taking host batches: places them on the mesh, then calls the step.
 
-    def __init__(self, jitted: Any, place: Callable[[dict], dict]) -> None:
-        self.jitted, self.place = jitted, place
+    The first call also places the state as the step returns it (``Run.prepare`` may have
+    replaced parts of it), so that the step compiles once.
+    """
+
+    def __init__(self, jitted: Any, place: Callable[[dict], dict], shardings: Any) -> None:
+        self.jitted, self.place, self.shardings = jitted, place, shardings
+        self.placed = False
 
     def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict[str, jax.Array]]:
+        if not self.placed:
+            state, self.placed = jax.device_put(state, self.shardings), True
         return self.jitted(state, self.place(batch))
 
     def _cache_size(self) -> int:
