@@ -132,7 +132,8 @@ class Cohort:
 
     Args:
       config: the full run config (its ``cohort`` section: size, mutual_weight, warmup_epochs,
-        relation, model_diversity, temporal_diversity, view_diversity, devices).
+        relation, model_diversity, temporal_diversity, view_diversity, devices, data_devices,
+        member_loop; see ``jdml.config.base_config``).
       method: the base method every member runs.
       steps_per_epoch: for the length of lambda's warm-up.
     """
