@@ -77,7 +77,11 @@ def _runs() -> list[tuple[str, int]]:
 
 
 def _values(out: str, diversity: str, size: int, embedding: str | None) -> dict[str, list]:
-    workdirs = find_runs([os.path.join(out, f"{diversity}_L{size}")])
+    """Per metric, the values over seeds (empty lists for an experiment not run yet)."""
+    folder = os.path.join(out, f"{diversity}_L{size}")
+    if not os.path.isdir(folder):
+        return {"rho": []}
+    workdirs = find_runs([folder])
     summary = summarize_group(diversity, [load_run(w, embedding) for w in workdirs], "test")
     return {**summary.values["best"], "rho": summary.values["rho"].get("rho_spectrum@1", [])}
 
