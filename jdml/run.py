@@ -99,27 +99,23 @@ class Run:
     def fill_queues(self, state: TrainState) -> TrainState:
         """Fills each DaNCE queue with keys of the initial key (EMA) network, in eval mode, on
         augmented training images (the reference's n_key_batches), drawn with a fixed seed.
-        A cohort fills each member's queues with its own key network."""
+        A cohort fills each member's queue with its own key network, in one jitted pass over the
+        members (which also works when they live on several hosts)."""
         if not state.method_state:
             return state
-        if self.cohort:
-            members = [
-                self._fill_queues(self.cohort.member_state(state, i)).method_state
-                for i in range(self.cohort.size)
-            ]
-            stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *members)
-            state = state.replace(method_state=stacked)
-            return jax.device_put(state, self.cohort.state_shardings(state))
-        return self._fill_queues(state)
-
-    def _fill_queues(self, state: TrainState) -> TrainState:
         train = self.splits["train"]
         augment = AUGMENTATIONS.get(self.config.data.augment)
-        embed_keys = jax.jit(self.method.embed_keys)
         new = dict(state.method_state)
         for name, term_state in state.method_state.items():
             term = self.method.terms[name]
             log.info("Filling the %s queue with %d keys", name, term.queue_size)
+            if self.cohort:
+                embed_keys, push_keys = self.cohort.key_functions(term.head)
+            else:
+                embed_keys = jax.jit(
+                    lambda e, s, x, h=term.head: self.method.embed_keys(e, s, x)[h]
+                )
+                push_keys = push
             rng = np.random.default_rng((self.config.seed, 3))
             idx = rng.choice(len(train), term.queue_size, replace=term.queue_size > len(train))
             keys = []
@@ -127,10 +123,9 @@ class Run:
             for start in range(0, len(idx), bs):
                 chunk = idx[start : start + bs]
                 images = augment(train.images[chunk], rng).astype(np.float32)
-                out = embed_keys(term_state["ema"], state.batch_stats, jnp.asarray(images))
-                keys.append(np.asarray(out[term.head]))
-            labels = jnp.asarray(train.labels[idx], jnp.int32)
-            queue = push(term_state["queue"], jnp.asarray(np.concatenate(keys)), labels)
+                keys.append(np.asarray(embed_keys(term_state["ema"], state.batch_stats, images)))
+            labels = np.asarray(train.labels[idx], np.int32)
+            queue = push_keys(term_state["queue"], np.concatenate(keys, axis=-2), labels)
             new[name] = {**term_state, "queue": queue}
         return state.replace(method_state=new)
 

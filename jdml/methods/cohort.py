@@ -43,6 +43,7 @@ from jdml.config import ConfigError
 from jdml.distributed import global_array
 from jdml.losses.mutual import mutual_losses, mutual_weight, relation_matrix
 from jdml.methods.method import Method
+from jdml.methods.momentum import push
 from jdml.samplers.memory import update_memory
 from jdml.state import TrainState
 
@@ -377,6 +378,30 @@ class Cohort:
         # the second call would compile again).
         jitted = jax.jit(step, donate_argnums=0, out_shardings=(shardings, replicated))
         return _PlacedStep(jitted, self.place_batch, shardings)
+
+    def key_functions(self, head: str) -> tuple[Callable, Callable]:
+        """For filling the DaNCE queues: ``(keys(ema, batch_stats, images) -> (L, B, dim)``
+        of every member's key network on host images, replicated; ``push(queue, keys, labels)``
+        into every member's queue, placed as the state)."""
+        replicated = NamedSharding(self.mesh, P())
+        members = NamedSharding(self.mesh, P(AXIS))
+
+        def keys(ema: Any, batch_stats: Any, images: jax.Array) -> jax.Array:
+            embed = lambda e, s: self.base.embed_keys(e, s, images)[head]  # noqa: E731
+            return over_members(embed, self.loop, ema, batch_stats)
+
+        keys_fn = jax.jit(keys, out_shardings=replicated)
+        push_fn = jax.jit(jax.vmap(push, (0, 0, None)), out_shardings=members)
+
+        def embed_keys(ema: Any, batch_stats: Any, images: Any) -> jax.Array:
+            images = np.asarray(images)
+            return keys_fn(ema, batch_stats, global_array(images, replicated, images.shape))
+
+        def push_keys(queue: Any, new_keys: np.ndarray, labels: np.ndarray) -> Any:
+            place = lambda x: global_array(np.asarray(x), replicated, np.shape(x))  # noqa: E731
+            return push_fn(queue, place(new_keys), place(labels))
+
+        return embed_keys, push_keys
 
     # -- evaluation -----------------------------------------------------------------------------
 
