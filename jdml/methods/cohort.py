@@ -115,8 +115,7 @@ def over_members(fn: Callable[..., Any], loop: str, *args: Any) -> Any:
     if loop == "vmap":
         return jax.vmap(fn)(*args)
     count = jax.tree.leaves(args)[0].shape[0]
-    outs = [fn(*jax.tree.map(lambda x, i=i: x[i], args)) for i in range(count)]
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+    return _stack([fn(*jax.tree.map(lambda x, i=i: x[i], args)) for i in range(count)])
 
 
 def _finite(tree: Any) -> jax.Array:
@@ -156,6 +155,7 @@ class Cohort:
         self.view_diversity = bool(c.view_diversity)
         self.probabilities = update_probabilities(self.size, bool(c.temporal_diversity))
         self.mesh = cohort_mesh(self.size, int(c.devices), int(c.data_devices))
+        self.replicated = NamedSharding(self.mesh, P())
         self.head = member_name(0)
         self.heads = tuple(member_name(i) for i in range(self.size))
         # Under view diversity the data pipeline draws one set of views per member (each
@@ -275,8 +275,7 @@ class Cohort:
         lam = mutual_weight(state.step, self.weight, self.warmup_steps)
 
         def member_loss(params, stats, views, key, method_state):
-            loss, aux = base.loss_fn(params, stats, {**shared, **views}, key, method_state, None)
-            return loss, aux
+            return base.loss_fn(params, stats, {**shared, **views}, key, method_state, None)
 
         def cohort_loss(params):
             losses, aux = over_members(
@@ -337,6 +336,11 @@ class Cohort:
         out["updated_fraction"] = jnp.mean(updated)
         return new_state, out
 
+    def replicate(self, host: Any) -> jax.Array:
+        """A host array as a global array replicated on every device of the mesh."""
+        host = np.asarray(host)
+        return global_array(host, self.replicated, host.shape)
+
     def place_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """The batch as global arrays: views on the member axis (each process supplies its own
         members' views) under view diversity, the batch axis on the data axis."""
@@ -372,34 +376,30 @@ class Cohort:
             return sharded(state, batch)
 
         shardings = self.state_shardings(state)
-        replicated = NamedSharding(self.mesh, P())
         # Fixed output shardings: the returned state is placed exactly as the state it replaces
         # (on a one-device member axis the compiler would otherwise pick an equivalent spec and
         # the second call would compile again).
-        jitted = jax.jit(step, donate_argnums=0, out_shardings=(shardings, replicated))
+        jitted = jax.jit(step, donate_argnums=0, out_shardings=(shardings, self.replicated))
         return _PlacedStep(jitted, self.place_batch, shardings)
 
     def key_functions(self, head: str) -> tuple[Callable, Callable]:
         """For filling the DaNCE queues: ``(keys(ema, batch_stats, images) -> (L, B, dim)``
         of every member's key network on host images, replicated; ``push(queue, keys, labels)``
         into every member's queue, placed as the state)."""
-        replicated = NamedSharding(self.mesh, P())
         members = NamedSharding(self.mesh, P(AXIS))
 
         def keys(ema: Any, batch_stats: Any, images: jax.Array) -> jax.Array:
             embed = lambda e, s: self.base.embed_keys(e, s, images)[head]  # noqa: E731
             return over_members(embed, self.loop, ema, batch_stats)
 
-        keys_fn = jax.jit(keys, out_shardings=replicated)
+        keys_fn = jax.jit(keys, out_shardings=self.replicated)
         push_fn = jax.jit(jax.vmap(push, (0, 0, None)), out_shardings=members)
 
         def embed_keys(ema: Any, batch_stats: Any, images: Any) -> jax.Array:
-            images = np.asarray(images)
-            return keys_fn(ema, batch_stats, global_array(images, replicated, images.shape))
+            return keys_fn(ema, batch_stats, self.replicate(images))
 
         def push_keys(queue: Any, new_keys: np.ndarray, labels: np.ndarray) -> Any:
-            place = lambda x: global_array(np.asarray(x), replicated, np.shape(x))  # noqa: E731
-            return push_fn(queue, place(new_keys), place(labels))
+            return push_fn(queue, self.replicate(new_keys), self.replicate(labels))
 
         return embed_keys, push_keys
 
@@ -408,12 +408,10 @@ class Cohort:
     def make_embed_fn(self) -> Callable[[Any, Any, Any], dict[str, jax.Array]]:
         """``embed`` jitted with replicated outputs (every process gets every member's
         embeddings), taking host images."""
-        replicated = NamedSharding(self.mesh, P())
-        jitted = jax.jit(self.embed, out_shardings=replicated)
+        jitted = jax.jit(self.embed, out_shardings=self.replicated)
 
         def embed_fn(params: Any, batch_stats: Any, images: Any) -> dict[str, jax.Array]:
-            images = np.asarray(images)
-            return jitted(params, batch_stats, global_array(images, replicated, images.shape))
+            return jitted(params, batch_stats, self.replicate(images))
 
         return embed_fn
 
