@@ -130,6 +130,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.normalize = True  # L2-normalise the embedding (the reference's *_normalize archs)
     c.model.head = "discriminative"
     c.model.dtype = "float32"
+    c.model.pooling = "avg"  # global pooling of pretrained backbones: avg or avg+max
+    # Backbone weights: a weight file (PyTorch zip or legacy format, or safetensors; read without
+    # executing code), "packaged" for weights a pip package ships, or "" for a random init.
+    c.model.pretrained = ""
 
     c.loss = _component_section(LOSSES)
     c.loss.name = "margin"
@@ -279,6 +283,25 @@ def decorrelation_section() -> ml_collections.ConfigDict:
     return d
 
 
+def _validate_model(m: ml_collections.ConfigDict) -> None:
+    """Pooling and pretrained weights of the ``model`` section."""
+    from jdml.models.pretrained.backbones import CONVERTERS, weight_path
+
+    if m.pooling not in ("avg", "avg+max"):
+        raise ConfigError(f"model.pooling={m.pooling!r}; choose avg or avg+max")
+    if not m.pretrained:
+        return
+    if m.backbone not in CONVERTERS:
+        raise ConfigError(
+            f"model.pretrained is set but backbone {m.backbone!r} has no weight converter; "
+            f"backbones with one: {', '.join(CONVERTERS.names())}"
+        )
+    try:
+        weight_path(m.backbone, m.pretrained)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
     """Checks the combination of choices before anything runs; raises ``ConfigError``."""
     from jdml.data.augment import AUGMENTATIONS
@@ -339,6 +362,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     for split in c.eval.splits:
         if split not in ("train", "val", "test"):
             raise ConfigError(f"eval.splits has {split!r}; choose from train, val, test")
+    _validate_model(c.model)
     _validate_aux(c)
     _validate_cohort(c)
     heads = {c.model.head, *(t.head for t in c.aux.values())}

@@ -25,6 +25,7 @@ def _cfg(**kw):
         head="discriminative",
         dtype="float32",
         normalize=True,
+        pooling="avg",
     )
     return ml_collections.ConfigDict({**base, **kw})
 
@@ -67,3 +68,14 @@ def test_unnormalised_heads():
     x = jax.random.normal(jax.random.key(0), (3, 8, 8, 1))
     out = model.apply(model.init(jax.random.key(1), x), x)["discriminative"]
     assert not np.allclose(np.linalg.norm(out, axis=1), 1.0)
+
+
+def test_avg_plus_max_pooling_adds_the_global_max():
+    x = jax.random.normal(jax.random.key(0), (3, 8, 8, 1))
+    avg = SmallResNet((4, 8), (1, 1), (1, 2), stem_features=4, stem_strides=1, train_bn=False)
+    both = avg.clone(pooling="avg+max")
+    variables = jax.jit(avg.init)(jax.random.key(1), x)
+    pooled, state = jax.jit(lambda v, x: both.apply(v, x, capture_intermediates=True))(variables, x)
+    last = state["intermediates"]["stage1_block0"]["__call__"][0]
+    np.testing.assert_allclose(pooled, last.mean(axis=(1, 2)) + last.max(axis=(1, 2)), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(avg.apply)(variables, x), last.mean(axis=(1, 2)), rtol=1e-6)

@@ -26,6 +26,7 @@ from jdml.losses.decorrelation import Decorrelation
 from jdml.methods.momentum import ema_update, push
 from jdml.methods.terms import DanceTerm, Metrics, MetricTerm
 from jdml.models import build_model
+from jdml.models.pretrained.backbones import load_backbone
 from jdml.optim import Group
 
 Term = MetricTerm | DanceTerm
@@ -85,6 +86,11 @@ class Method:
         )
         self.views = max([1, *(getattr(t, "views", 1) for t in self.terms.values())])
         self.phases = self._phases(config)
+        self.pretrained = (
+            load_backbone(config.model.backbone, config.model.pretrained)
+            if config.model.pretrained
+            else None
+        )
         self.train_model = build_model(config.model, train=True, heads=self.heads)
         self.eval_model = build_model(config.model, train=False, heads=self.heads)
         self.mean, self.std = float(config.data.mean), float(config.data.std)
@@ -134,6 +140,8 @@ class Method:
         k_model, k_loss = jax.random.split(key)  # as the single-head method always drew them
         k_aux, k_dec = jax.random.fold_in(key, 2), jax.random.fold_in(key, 3)
         variables = self.train_model.init(k_model, self.preprocess(images))
+        if self.pretrained is not None:  # the backbone from the weight file, the heads random
+            variables = self.pretrained(variables)
         out = self.eval_model.apply(variables, self.preprocess(images))
         labels = jnp.zeros((images.shape[0],), jnp.int32)
         params = {

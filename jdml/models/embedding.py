@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
+from jdml.models.efficientnet import EfficientNetLite0
 from jdml.models.resnet import SmallResNet
 from jdml.registry import Registry
 
@@ -24,7 +25,17 @@ def small_resnet(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
         stem_features=cfg.stem_features,
         stem_strides=cfg.stem_strides,
         train_bn=train and not cfg.frozen_bn,
+        pooling=cfg.pooling,
         dtype=jnp.dtype(cfg.dtype),
+    )
+
+
+@BACKBONES.register("efficientnet_lite0")
+def efficientnet_lite0(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
+    """EfficientNet-Lite0 (1280-d pooled features; ImageNet weights with
+    ``model.pretrained=packaged``, see ``jdml.models.efficientnet``)."""
+    return EfficientNetLite0(
+        train_bn=train and not cfg.frozen_bn, pooling=cfg.pooling, dtype=jnp.dtype(cfg.dtype)
     )
 
 

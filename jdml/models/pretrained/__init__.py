@@ -1,0 +1,1 @@
+"""Pretrained-weight readers and converters."""
