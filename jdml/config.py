@@ -115,6 +115,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.augment = "affine"  # one of jdml.data.augment.AUGMENTATIONS
     c.data.mean = 0.5
     c.data.std = 0.5
+    # "mean_std": (x - data.mean) / data.std on [0, 1] pixels; "backbone": the per-channel
+    # constants the backbone's pretrained weights expect (ImageNet's for resnet50, ...).
+    c.data.normalization = "mean_std"
     c.data.num_threads = 2  # grain reader threads
     c.data.prefetch = 4  # batches prepared ahead
 
@@ -302,6 +305,21 @@ def _validate_model(m: ml_collections.ConfigDict) -> None:
         raise ConfigError(str(e)) from None
 
 
+def _validate_normalization(c: ml_collections.ConfigDict) -> None:
+    """``data.normalization`` and, for ``backbone``, that the backbone has constants."""
+    from jdml.models import INPUT_NORMALIZATION
+
+    if c.data.normalization not in ("mean_std", "backbone"):
+        raise ConfigError(
+            f"data.normalization={c.data.normalization!r}; choose mean_std or backbone"
+        )
+    if c.data.normalization == "backbone" and c.model.backbone not in INPUT_NORMALIZATION:
+        raise ConfigError(
+            f"data.normalization=backbone, but backbone {c.model.backbone!r} has no input "
+            "constants of its own; use data.normalization=mean_std with data.mean and data.std"
+        )
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
     """Checks the combination of choices before anything runs; raises ``ConfigError``."""
     from jdml.data.augment import AUGMENTATIONS
@@ -363,6 +381,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
         if split not in ("train", "val", "test"):
             raise ConfigError(f"eval.splits has {split!r}; choose from train, val, test")
     _validate_model(c.model)
+    _validate_normalization(c)
     _validate_aux(c)
     _validate_cohort(c)
     heads = {c.model.head, *(t.head for t in c.aux.values())}

@@ -169,3 +169,31 @@ def test_pretrained_config_errors(overrides, message):
 
     with pytest.raises(ConfigError, match=message):
         validate(_lite0_config(**overrides))
+
+
+@pytest.mark.parametrize("backbone", ["efficientnet_lite0", "resnet50", "bninception"])
+def test_backbone_normalisation_is_per_channel(backbone):
+    from jdml.methods.method import Method
+    from jdml.models import INPUT_NORMALIZATION
+
+    config = _lite0_config(
+        **{"model.backbone": backbone, "model.pretrained": "", "data.normalization": "backbone"}
+    )
+    method = Method(config, num_classes=4)
+    images = np.random.default_rng(0).uniform(size=(2, 4, 4, 3)).astype(np.float32)
+    mean, std = (np.asarray(v, np.float32) for v in INPUT_NORMALIZATION[backbone])
+    np.testing.assert_allclose(method.preprocess(images), (images - mean) / std, rtol=1e-6)
+
+
+def test_backbone_normalisation_needs_backbone_constants():
+    from jdml.config import ConfigError, validate
+
+    config = _lite0_config(
+        **{
+            "model.backbone": "small_resnet",
+            "model.pretrained": "",
+            "data.normalization": "backbone",
+        }
+    )
+    with pytest.raises(ConfigError, match="has no input constants of its own"):
+        validate(config)

@@ -20,16 +20,28 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from jdml.config import ConfigError
 from jdml.losses.decorrelation import Decorrelation
 from jdml.methods.momentum import ema_update, push
 from jdml.methods.terms import DanceTerm, Metrics, MetricTerm
-from jdml.models import build_model
+from jdml.models import INPUT_NORMALIZATION, build_model
 from jdml.models.pretrained.backbones import load_backbone
 from jdml.optim import Group
 
 Term = MetricTerm | DanceTerm
+
+
+def input_normalization(
+    config: ml_collections.ConfigDict,
+) -> tuple[float | np.ndarray, float | np.ndarray]:
+    """The mean and standard deviation ``preprocess`` applies: ``data.mean`` / ``data.std``, or
+    the backbone's own per-channel constants with ``data.normalization=backbone``."""
+    if config.data.normalization == "backbone":
+        mean, std = INPUT_NORMALIZATION[config.model.backbone]
+        return np.asarray(mean, np.float32), np.asarray(std, np.float32)
+    return float(config.data.mean), float(config.data.std)
 
 
 class Method:
@@ -93,7 +105,7 @@ class Method:
         )
         self.train_model = build_model(config.model, train=True, heads=self.heads)
         self.eval_model = build_model(config.model, train=False, heads=self.heads)
-        self.mean, self.std = float(config.data.mean), float(config.data.std)
+        self.mean, self.std = input_normalization(config)
 
     def _phases(self, config: ml_collections.ConfigDict) -> tuple[tuple[str, ...] | None, ...]:
         """The optimiser updates of one step, each a set of terms (``None``: all of them)."""
@@ -132,7 +144,8 @@ class Method:
     # -- construction ---------------------------------------------------------------------------
 
     def preprocess(self, images: jax.Array) -> jax.Array:
-        """Maps [0, 1] images to the network's input range."""
+        """Maps [0, 1] images to the network's input range (per channel where the mean and
+        standard deviation are per channel)."""
         return (images.astype(jnp.float32) - self.mean) / self.std
 
     def init(self, key: jax.Array, images: jax.Array) -> tuple[Any, Any]:

@@ -8,11 +8,27 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
+from jdml.models import bninception as bninception_module
+from jdml.models import efficientnet
+from jdml.models import googlenet as googlenet_module
+from jdml.models import resnet50 as resnet50_module
+from jdml.models.bninception import BNInception
 from jdml.models.efficientnet import EfficientNetLite0
+from jdml.models.googlenet import GoogLeNet
 from jdml.models.resnet import SmallResNet
+from jdml.models.resnet50 import ResNet50
 from jdml.registry import Registry
 
 BACKBONES: Registry[Callable[..., nn.Module]] = Registry("backbone")
+
+#: Per-channel (RGB) mean and standard deviation on [0, 1] pixels that each pretrained backbone's
+#: weights expect (``data.normalization=backbone``).
+INPUT_NORMALIZATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    "efficientnet_lite0": ((efficientnet.MEAN,) * 3, (efficientnet.STD,) * 3),
+    "resnet50": (resnet50_module.MEAN, resnet50_module.STD),
+    "googlenet": (googlenet_module.MEAN, googlenet_module.STD),
+    "bninception": (bninception_module.MEAN, bninception_module.STD),
+}
 
 
 @BACKBONES.register("small_resnet")
@@ -35,6 +51,33 @@ def efficientnet_lite0(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Mod
     """EfficientNet-Lite0 (1280-d pooled features; ImageNet weights with
     ``model.pretrained=packaged``, see ``jdml.models.efficientnet``)."""
     return EfficientNetLite0(
+        train_bn=train and not cfg.frozen_bn, pooling=cfg.pooling, dtype=jnp.dtype(cfg.dtype)
+    )
+
+
+@BACKBONES.register("resnet50")
+def resnet50(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
+    """ResNet-50, torchvision layout (2048-d pooled features; weights from torchvision, timm or
+    Cadene files, see ``jdml.models.resnet50``)."""
+    return ResNet50(
+        train_bn=train and not cfg.frozen_bn, pooling=cfg.pooling, dtype=jnp.dtype(cfg.dtype)
+    )
+
+
+@BACKBONES.register("googlenet")
+def googlenet(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
+    """GoogLeNet, torchvision variant (1024-d pooled features; inputs normalised with
+    data.mean = data.std = 0.5, see ``jdml.models.googlenet``)."""
+    return GoogLeNet(
+        train_bn=train and not cfg.frozen_bn, pooling=cfg.pooling, dtype=jnp.dtype(cfg.dtype)
+    )
+
+
+@BACKBONES.register("bninception")
+def bninception(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
+    """BN-Inception, Cadene's definition (1024-d pooled features; RGB input normalised with the
+    per-channel constants of ``jdml.models.bninception``, flipped to BGR inside)."""
+    return BNInception(
         train_bn=train and not cfg.frozen_bn, pooling=cfg.pooling, dtype=jnp.dtype(cfg.dtype)
     )
 

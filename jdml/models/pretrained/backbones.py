@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from jdml.models.pretrained import efficientnet
+from jdml.models.pretrained import bninception, efficientnet, googlenet, resnet
 from jdml.models.pretrained.convert import Rule, fill
 from jdml.registry import Registry
 
@@ -44,6 +44,10 @@ CONVERTERS.register("efficientnet_lite0")(
         packaged=efficientnet.packaged_weights,
     )
 )
+
+CONVERTERS.register("resnet50")(Converter(rule=resnet.rule, ignore=resnet.ignore))
+CONVERTERS.register("googlenet")(Converter(rule=googlenet.rule, ignore=googlenet.ignore))
+CONVERTERS.register("bninception")(Converter(rule=bninception.rule, ignore=bninception.ignore))
 
 
 def weight_path(backbone: str, pretrained: str) -> str:
