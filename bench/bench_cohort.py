@@ -28,7 +28,6 @@ import jax
 import numpy as np
 
 from configs.dm2 import get_config
-from jdml.data.augment import AUGMENTATIONS
 from jdml.data.pipeline import TrainBatch
 from jdml.run import Run
 
@@ -44,7 +43,7 @@ def _build(size: int, **overrides) -> tuple[Run, object, object, list]:
     make = TrainBatch(
         data=run.splits["train"],
         sampler=run.sampler,
-        augment=AUGMENTATIONS.get(c.data.augment),
+        augment=run.augment,
         seed=c.seed,
         views=run.method.views,
         members=run.members,

@@ -27,7 +27,6 @@ import jax
 from configs.diva import get_config as diva_config
 from configs.revisiting import get_config as revisiting_config
 from configs.sharing import get_config as sharing_config
-from jdml.data.augment import AUGMENTATIONS
 from jdml.data.pipeline import TrainBatch
 from jdml.run import Run
 from jdml.step import make_train_step
@@ -45,7 +44,7 @@ def _stepper(build, steps: int):
     make_batch = TrainBatch(
         data=run.splits["train"],
         sampler=run.sampler,
-        augment=AUGMENTATIONS.get(run.config.data.augment),
+        augment=run.augment,
         seed=0,
         views=run.method.views,
         streams=run.method.streams,

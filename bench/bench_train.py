@@ -29,7 +29,6 @@ import numpy as np
 import optax
 
 from configs.revisiting import get_config
-from jdml.data.augment import AUGMENTATIONS
 from jdml.data.pipeline import TrainBatch, train_batches
 from jdml.run import Run
 from jdml.step import make_train_step
@@ -97,7 +96,7 @@ def main() -> None:
     make_batch = TrainBatch(
         data=run.splits["train"],
         sampler=run.sampler,
-        augment=AUGMENTATIONS.get(config.data.augment),
+        augment=run.augment,
         seed=0,
     )
     batch = {k: jnp.asarray(v) for k, v in make_batch(0).items()}

@@ -108,7 +108,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.name = "glyphs"  # one of DATASETS.names()
     c.data.path = ""  # root folder / npz file for the generic sources
     c.data.cache_dir = ""  # glyph cache (default: $JDML_CACHE/glyphs or ~/.cache/jdml/glyphs)
-    c.data.image_size = 32
+    c.data.image_size = 32  # photo datasets: the crop size (224)
+    c.data.resize = 256  # photo datasets: short side before the evaluation's centre crop
+    c.data.verify_counts = True  # benchmarks: check the image and class counts of the copy
     c.data.channels = 1
     c.data.val_fraction = 0.0  # fraction of training classes held out for model selection
     c.data.split_seed = 0
@@ -320,9 +322,30 @@ def _validate_normalization(c: ml_collections.ConfigDict) -> None:
         )
 
 
+def _validate_photos(d: ml_collections.ConfigDict) -> None:
+    """Photo datasets need a photo augmentation; photo augmentations need RGB data."""
+    from jdml.data.benchmarks import BENCHMARKS
+    from jdml.data.photo_augment import PHOTO_AUGMENTATIONS
+
+    photo = d.augment in PHOTO_AUGMENTATIONS
+    if d.name in BENCHMARKS and not photo:
+        raise ConfigError(
+            f"data.name={d.name} holds photos of many sizes: choose a photo augmentation "
+            f"(data.augment={' or '.join(sorted(PHOTO_AUGMENTATIONS))}), not {d.augment!r}"
+        )
+    if photo and d.channels != 3:
+        raise ConfigError(f"data.augment={d.augment} works on RGB images: set data.channels=3")
+    if photo and d.resize < d.image_size:
+        raise ConfigError(
+            f"data.resize={d.resize} is below the crop data.image_size={d.image_size}; the "
+            "evaluation resizes the short side to data.resize, then crops the centre"
+        )
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
     """Checks the combination of choices before anything runs; raises ``ConfigError``."""
     from jdml.data.augment import AUGMENTATIONS
+    from jdml.data.benchmarks import BENCHMARKS
     from jdml.data.sources import DATASETS
     from jdml.evaluation.evaluator import check_metric_names
     from jdml.losses import LOSSES, check_compatible
@@ -331,7 +354,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
     from jdml.samplers import SAMPLERS
 
     for registry, value, key in (
-        (DATASETS, c.data.name, "data.name"),
         (AUGMENTATIONS, c.data.augment, "data.augment"),
         (BACKBONES, c.model.backbone, "model.backbone"),
         (LOSSES, c.loss.name, "loss.name"),
@@ -342,6 +364,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
                 f"{key}={value!r} is not a known {registry.kind}; choose one of: "
                 + ", ".join(registry.names())
             )
+    if c.data.name not in DATASETS and c.data.name not in BENCHMARKS:
+        raise ConfigError(
+            f"data.name={c.data.name!r} is not a known dataset; choose one of: "
+            + ", ".join(sorted([*DATASETS.names(), *BENCHMARKS.names()]))
+        )
     loss_cls = LOSSES.get(c.loss.name)
     miner = c.miner.name or None
     if miner is not None and miner not in MINERS:
@@ -382,6 +409,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"eval.splits has {split!r}; choose from train, val, test")
     _validate_model(c.model)
     _validate_normalization(c)
+    _validate_photos(c.data)
     _validate_aux(c)
     _validate_cohort(c)
     heads = {c.model.head, *(t.head for t in c.aux.values())}

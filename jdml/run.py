@@ -11,8 +11,8 @@ import ml_collections
 import numpy as np
 
 from jdml.config import ConfigError, validate
-from jdml.data.arrays import ImageArrays
-from jdml.data.augment import AUGMENTATIONS
+from jdml.data.arrays import ImageSet
+from jdml.data.augment import make_augmentation
 from jdml.data.loading import load_splits
 from jdml.evaluation.runner import embed_split, evaluate_splits, split_metrics
 from jdml.methods import Method
@@ -55,6 +55,7 @@ class Run:
         self.steps_per_epoch = tc.steps_per_epoch or self.sampler.steps_per_epoch
         self.total_steps = tc.epochs * self.steps_per_epoch
         self.method = Method(config, num_classes=train.num_classes)
+        self.augment = make_augmentation(config.data)
         # A DM2 cohort (cohort.size > 1) trains several members of the method at once.
         self.cohort = (
             Cohort(config, self.method, self.steps_per_epoch) if config.cohort.size > 1 else None
@@ -67,7 +68,7 @@ class Run:
             steps_per_epoch=self.steps_per_epoch,
             total_steps=self.total_steps,
         )
-        sample = train.images[: tc.batch_size].astype(np.float32) / 255.0
+        sample = train.eval_images(np.arange(tc.batch_size))
         placeholders = empty_sampler_state(
             self.sampler,
             num_train=len(train),
@@ -104,7 +105,7 @@ class Run:
         if not state.method_state:
             return state
         train = self.splits["train"]
-        augment = AUGMENTATIONS.get(self.config.data.augment)
+        augment = self.augment
         new = dict(state.method_state)
         for name, term_state in state.method_state.items():
             term = self.method.terms[name]
@@ -122,7 +123,7 @@ class Run:
             bs = self.config.eval.batch_size
             for start in range(0, len(idx), bs):
                 chunk = idx[start : start + bs]
-                images = augment(train.images[chunk], rng).astype(np.float32)
+                images = augment(train.load(chunk), rng).astype(np.float32)
                 keys.append(np.asarray(embed_keys(term_state["ema"], state.batch_stats, images)))
             labels = np.asarray(train.labels[idx], np.int32)
             queue = push_keys(term_state["queue"], np.concatenate(keys, axis=-2), labels)
@@ -146,7 +147,7 @@ class Run:
     def evaluate(
         self,
         state: TrainState,
-        splits: dict[str, ImageArrays],
+        splits: dict[str, ImageSet],
         full: Sequence[str] | None = None,
     ) -> tuple[dict, dict, dict]:
         """Evaluates ``state`` on ``splits``: ``({split: {metric: value}}, {split: vectors},

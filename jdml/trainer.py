@@ -30,8 +30,7 @@ from jdml.config import (
     to_json,
     validate,
 )
-from jdml.data.arrays import ImageArrays
-from jdml.data.augment import AUGMENTATIONS
+from jdml.data.arrays import ImageSet
 from jdml.data.pipeline import TrainBatch, train_batches
 from jdml.distributed import barrier, is_main_process
 from jdml.evaluation.evaluator import format_table
@@ -119,7 +118,7 @@ def setup_logging(workdir: str) -> None:
         log.addHandler(handler)
 
 
-def _selection_split(splits: dict[str, ImageArrays]) -> str:
+def _selection_split(splits: dict[str, ImageSet]) -> str:
     if "val" in splits:
         return "val"
     log.info(
@@ -253,7 +252,7 @@ def _epoch_batches(run: Run, state: TrainState, epoch: int, first_step: int):
     make_batch = TrainBatch(
         data=run.splits["train"],
         sampler=sampler,
-        augment=AUGMENTATIONS.get(run.config.data.augment),
+        augment=run.augment,
         seed=run.config.seed,
         views=run.method.views,
         streams=run.method.streams,

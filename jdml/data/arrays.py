@@ -1,10 +1,42 @@
-"""In-memory labelled image arrays: the common form every data source is loaded into."""
+"""In-memory labelled image arrays, and the interface every split of images offers.
+
+A split (:class:`ImageArrays` in memory, or a list of image files such as
+``jdml.data.benchmarks.FileList``) has ``labels``, ``class_names``, ``subset``, ``relabel``,
+``load(index)`` (the raw uint8 images, for the training augmentation) and
+``eval_images(index)`` (float32 images in [0, 1] as the evaluation sees them).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Protocol
 
 import numpy as np
+
+
+class ImageSet(Protocol):
+    """What the pipeline, the samplers and the evaluator need of a split of labelled images."""
+
+    labels: np.ndarray
+    class_names: tuple[str, ...]
+    source: str
+
+    def __len__(self) -> int: ...
+
+    @property
+    def num_classes(self) -> int: ...
+
+    def subset(self, mask_or_index: np.ndarray) -> Any: ...
+
+    def relabel(self) -> Any: ...
+
+    def load(self, index: np.ndarray) -> Any:
+        """uint8 images: an (n, H, W, C) array, or a list of arrays of their own sizes."""
+        ...
+
+    def eval_images(self, index: np.ndarray) -> np.ndarray:
+        """float32 (n, H, W, C) in [0, 1], one size for the whole split."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +71,14 @@ class ImageArrays:
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    def load(self, index: np.ndarray) -> np.ndarray:
+        """The images ``index`` as uint8 (n, H, W, C)."""
+        return self.images[index]
+
+    def eval_images(self, index: np.ndarray) -> np.ndarray:
+        """The images ``index`` as the evaluation sees them: float32 (n, H, W, C) in [0, 1]."""
+        return self.images[index].astype(np.float32) / 255.0
 
     def subset(self, mask_or_index: np.ndarray) -> ImageArrays:
         """Returns the selected samples; labels keep their values (see ``relabel``)."""

@@ -8,7 +8,9 @@ the pixels an uninterrupted one sees.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -84,3 +86,17 @@ def affine_augment(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """
     mats, shifts = random_affine_params(rng, images.shape[0])
     return warp_affine(images, mats, shifts) / 255.0
+
+
+from jdml.data import photo_augment  # noqa: E402 (registers the photo augmentations)
+
+
+def make_augmentation(cfg: Any) -> Augmentation:
+    """The training augmentation of the ``data`` config section: ``AUGMENTATIONS[cfg.augment]``,
+    the photo ones cropping to ``cfg.image_size`` (``red`` resizing to ``cfg.resize`` first)."""
+    fn = AUGMENTATIONS.get(cfg.augment)
+    if cfg.augment == "red":
+        return functools.partial(fn, size=cfg.image_size, resize=cfg.resize)
+    if cfg.augment in photo_augment.PHOTO_AUGMENTATIONS:
+        return functools.partial(fn, size=cfg.image_size)
+    return fn

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import grain
 import numpy as np
 
-from jdml.data.arrays import ImageArrays
+from jdml.data.arrays import ImageSet
 from jdml.data.augment import Augmentation
 
 
@@ -32,7 +32,7 @@ class TrainBatch:
     0 the plain run's.
     """
 
-    data: ImageArrays
+    data: ImageSet
     sampler: object  # jdml.samplers.base sampler with .batch(step)
     augment: Augmentation
     seed: int
@@ -48,7 +48,7 @@ class TrainBatch:
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         idx = self.sampler.batch(int(step))
-        images = self.data.images[idx]
+        images = self.data.load(idx)
         out = {
             "images": self._view(images, int(step), 1),
             "labels": self.data.labels[idx].astype(np.int32),
@@ -60,7 +60,7 @@ class TrainBatch:
             # A further stream: images in random order (the Sharing Matters shared stream).
             rng = np.random.default_rng((self.seed, int(step), 2 + stream))
             idx = rng.choice(len(self.data), len(idx), replace=False)
-            out[f"images_{stream}"] = self.augment(self.data.images[idx], rng)
+            out[f"images_{stream}"] = self.augment(self.data.load(idx), rng)
             out[f"labels_{stream}"] = self.data.labels[idx].astype(np.int32)
         return out
 
@@ -79,17 +79,16 @@ def train_batches(
     return iter(ds.to_iter_dataset(opts))
 
 
-def eval_batches(data: ImageArrays, batch_size: int) -> Iterator[tuple[np.ndarray, int]]:
+def eval_batches(data: ImageSet, batch_size: int) -> Iterator[tuple[np.ndarray, int]]:
     """Yields fixed-shape (batch_size, H, W, C) float32 batches in [0, 1] and their valid counts.
 
-    The last batch is padded by repeating its final image so that the embedding function compiles
-    once; callers drop the padded rows using the count.
+    The images are ``data.eval_images`` (the evaluation transform of photos). The last batch is
+    padded by repeating its final image so that the embedding function compiles once; callers
+    drop the padded rows using the count.
     """
     n = len(data)
     for start in range(0, n, batch_size):
-        chunk = data.images[start : start + batch_size]
-        valid = chunk.shape[0]
-        if valid < batch_size:
-            pad = np.repeat(chunk[-1:], batch_size - valid, axis=0)
-            chunk = np.concatenate([chunk, pad])
-        yield chunk.astype(np.float32) / 255.0, valid
+        index = np.arange(start, min(start + batch_size, n))
+        valid = len(index)
+        index = np.concatenate([index, np.full(batch_size - valid, index[-1])])
+        yield data.eval_images(index), valid

@@ -12,14 +12,14 @@ import dataclasses
 
 import numpy as np
 
-from jdml.data.arrays import ImageArrays
+from jdml.data.arrays import ImageSet
 from jdml.data.sources import DataError
 
 MIN_SAMPLES_PER_TRAIN_CLASS = 2
 MIN_CLASSES_PER_SPLIT = 2
 
 
-def _check_train_samples(data: ImageArrays, classes: np.ndarray) -> None:
+def _check_train_samples(data: ImageSet, classes: np.ndarray) -> None:
     """Every training class needs at least two samples (a positive pair)."""
     counts = np.bincount(data.labels, minlength=data.num_classes)
     for c in classes:
@@ -39,7 +39,7 @@ def _held_out(train: np.ndarray, val_fraction: float, seed: int) -> np.ndarray:
     return np.sort(rng.choice(train, size=count, replace=False))
 
 
-def _take(data: ImageArrays, classes: np.ndarray, name: str) -> ImageArrays:
+def _take(data: ImageSet, classes: np.ndarray, name: str) -> ImageSet:
     """The samples of ``classes``, relabelled to 0..K-1."""
     if len(classes) < MIN_CLASSES_PER_SPLIT:
         fix = {"train": " or a smaller val_fraction", "val": " or a larger val_fraction"}
@@ -52,8 +52,8 @@ def _take(data: ImageArrays, classes: np.ndarray, name: str) -> ImageArrays:
 
 
 def split_by_class(
-    data: ImageArrays, *, val_fraction: float = 0.0, seed: int = 0
-) -> dict[str, ImageArrays]:
+    data: ImageSet, *, val_fraction: float = 0.0, seed: int = 0
+) -> dict[str, ImageSet]:
     """Splits by class: ``{'train', ['val',] 'test'}`` with disjoint classes.
 
     Args:
@@ -80,3 +80,29 @@ def split_by_class(
         splits["train"] = _take(data, train, "train")
     splits["test"] = _take(data, test, "test")
     return splits
+
+
+def hold_out_validation(
+    splits: dict[str, ImageSet], *, val_fraction: float = 0.0, seed: int = 0
+) -> dict[str, ImageSet]:
+    """Given train and test splits (a benchmark's own), holds out ``val_fraction`` of the
+    training classes as ``'val'``, chosen as ``split_by_class`` chooses them.
+
+    Raises:
+      DataError: a training class has fewer than 2 samples, or a split has fewer than 2
+        classes.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    train = splits["train"]
+    classes = np.unique(train.labels)
+    _check_train_samples(train, classes)
+    if val_fraction == 0:
+        return dict(splits)
+    val = _held_out(classes, val_fraction, seed)
+    out = {k: v for k, v in splits.items() if k != "train"}
+    return {
+        "train": _take(train, np.setdiff1d(classes, val), "train"),
+        "val": _take(train, val, "val"),
+        **out,
+    }

@@ -9,7 +9,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from jdml.data.arrays import ImageArrays
+from jdml.data.arrays import ImageSet
 from jdml.data.pipeline import eval_batches
 from jdml.evaluation.evaluator import combine_heads, evaluate_embeddings
 
@@ -17,7 +17,7 @@ EmbedFn = Callable[[Any, Any, jax.Array], dict[str, jax.Array]]
 
 
 def embed_split(
-    embed_fn: EmbedFn, params: Any, batch_stats: Any, data: ImageArrays, batch_size: int
+    embed_fn: EmbedFn, params: Any, batch_stats: Any, data: ImageSet, batch_size: int
 ) -> dict[str, np.ndarray]:
     """Embeds every image of ``data`` with a jitted ``embed_fn``; returns ``{head: (N, dim)}``.
 
@@ -66,7 +66,7 @@ def evaluate_splits(
     embed_fn: EmbedFn,
     params: Any,
     batch_stats: Any,
-    splits: Mapping[str, ImageArrays],
+    splits: Mapping[str, ImageSet],
     metrics: Mapping[str, Sequence[str]],
     cfg: ml_collections.ConfigDict,
     *,
@@ -115,12 +115,12 @@ def evaluate_splits(
 
 
 def evaluate_raw_pixels(
-    splits: Mapping[str, ImageArrays], cfg: ml_collections.ConfigDict, *, seed: int = 0
+    splits: Mapping[str, ImageSet], cfg: ml_collections.ConfigDict, *, seed: int = 0
 ) -> dict[str, dict[str, float]]:
     """The raw-pixel baseline: the same metrics on flattened pixel vectors scaled to [0, 1]."""
     out = {}
     for name, data in splits.items():
-        x = data.images.reshape(len(data), -1).astype(np.float32) / 255.0
+        x = data.eval_images(np.arange(len(data))).reshape(len(data), -1)
         out[name] = evaluate_embeddings(
             x, data.labels, list(cfg.metrics), distance=cfg.distance, seed=seed
         )

@@ -16,7 +16,9 @@ from typing import Protocol
 
 import numpy as np
 
+from jdml.data.benchmarks.images import decode_image
 from jdml.data.sources import DataError
+from jdml.data.transforms import eval_view
 from jdml.registry import Registry
 
 
@@ -35,6 +37,8 @@ class FileList:
     labels: np.ndarray
     class_names: tuple[str, ...]
     source: str = ""
+    resize: int = 256
+    crop: int = 224
 
     def __post_init__(self) -> None:
         if self.labels.shape != (len(self.paths),) or self.labels.dtype != np.int32:
@@ -49,6 +53,30 @@ class FileList:
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    def subset(self, mask_or_index: np.ndarray) -> FileList:
+        """The selected files; labels keep their values (see ``relabel``)."""
+        chosen = np.arange(len(self.paths))[mask_or_index]
+        return dataclasses.replace(
+            self, paths=tuple(self.paths[i] for i in chosen), labels=self.labels[chosen]
+        )
+
+    def relabel(self) -> FileList:
+        """Maps the labels present onto 0..K-1 in sorted order (class names kept aligned)."""
+        present = np.unique(self.labels)
+        new = np.searchsorted(present, self.labels).astype(np.int32)
+        names = tuple(self.class_names[i] for i in present)
+        return dataclasses.replace(self, labels=new, class_names=names)
+
+    def load(self, index: np.ndarray) -> list[np.ndarray]:
+        """The decoded photos ``index`` as uint8 (H, W, 3) RGB arrays of their own sizes."""
+        return [decode_image(self.paths[i]) for i in np.asarray(index).reshape(-1)]
+
+    def eval_images(self, index: np.ndarray) -> np.ndarray:
+        """The photos ``index`` as the evaluation sees them: the short side resized to
+        ``resize``, the centre ``crop`` x ``crop`` square, float32 in [0, 1]."""
+        crops = [eval_view(photo, self.resize, self.crop) for photo in self.load(index)]
+        return np.stack(crops).astype(np.float32) / 255.0
 
 
 class Counted(Protocol):

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import io
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps
 
-from jdml.data.benchmarks.common import FileList
 from jdml.data.sources import DataError
+
+if TYPE_CHECKING:  # common.py imports this module (FileList decodes with it)
+    from jdml.data.benchmarks.common import FileList
 
 #: Threads :func:`find_unreadable` decodes with (Pillow releases the GIL while decoding).
 DEFAULT_WORKERS = 8

@@ -1,0 +1,305 @@
+"""Training augmentations of the ImageNet-pretrained DML protocol on decoded photos (host side).
+
+The protocol of Roth et al. (ICML 2020) and DiVA (Milbich et al., ECCV 2020) builds its views with
+torchvision transforms applied to PIL images, so every operation here follows torchvision's PIL
+path, i.e. Pillow's arithmetic (bilinear resampling, ``convert("L")``, ``blend``, 8-bit HSV):
+
+* ``base``: RandomResizedCrop(224) (scale (0.08, 1), ratio (3/4, 4/3), bilinear) + flip(0.5);
+* ``big``: the same with a 256 crop;
+* ``red``: Resize(256) of the short side + RandomCrop(224) + flip(0.5);
+* ``adv``: RandomResizedCrop(224) + RandomGrayscale(0.2) + ColorJitter(0.2, 0.2, 0.2, 0.2) + flip;
+* ``realistic``: DiVA's key view, as ``adv`` with ColorJitter(0.4, 0.4, 0.4, 0.4).
+
+Randomness comes only from the ``np.random.Generator`` passed in, drawn in torchvision's order and
+with its rules (one ``uniform``/``integers``/``random``/``permutation`` call where torchvision
+makes the matching torch call), so a batch is a pure function of its photos and the generator.
+Given the same random draws, the pixels equal torchvision's (tests replay recorded torch draws).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from PIL import Image
+
+from jdml.data.augment import AUGMENTATIONS
+from jdml.data.transforms import (
+    Box,
+    crop_box,
+    eval_view,
+    resize_hw,
+    short_side_shape,
+)
+
+Photos = Sequence[np.ndarray] | np.ndarray
+#: The augmentations of photos of any size (RGB; the crop size is their ``size`` keyword).
+PHOTO_AUGMENTATIONS = frozenset({"base", "big", "red", "adv", "realistic"})
+
+
+def as_rgb(image: np.ndarray) -> np.ndarray:
+    """A photo as uint8 (H, W, 3): grey (H, W) or (H, W, 1) photos get three equal channels."""
+    image = np.asarray(image)
+    if image.dtype != np.uint8:
+        raise TypeError(f"photos must be uint8, got {image.dtype}")
+    if image.ndim == 2:
+        image = image[..., None]
+    if image.ndim != 3 or image.shape[-1] not in (1, 3):
+        raise ValueError(f"expected a (H, W), (H, W, 1) or (H, W, 3) photo, got {image.shape}")
+    return np.repeat(image, 3, axis=-1) if image.shape[-1] == 1 else image
+
+
+def rrc_params(
+    height: int,
+    width: int,
+    rng: np.random.Generator,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> Box:
+    """The crop box of RandomResizedCrop (torchvision's ``RandomResizedCrop.get_params``).
+
+    Up to 10 attempts draw an area fraction uniformly in ``scale`` and a log aspect ratio
+    uniformly in ``log(ratio)``; the first box that fits gets a uniform position. If none fits,
+    the central crop of the whole image with its aspect ratio clamped into ``ratio``.
+
+    Args:
+      height: photo height.
+      width: photo width.
+      rng: the generator; per attempt ``uniform`` twice, on success ``integers`` twice.
+      scale: range of the crop area as a fraction of the photo's.
+      ratio: range of the crop's width / height.
+
+    Returns:
+      (top, left, height, width) of the crop.
+    """
+    area = height * width
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target_area = area * float(rng.uniform(scale[0], scale[1]))
+        # torch exponentiates in float32: float64 here moves a side only when it falls within
+        # ~1e-7 of a rounding boundary, which the replay tests never meet.
+        aspect = math.exp(float(rng.uniform(log_lo, log_hi)))
+        w = round(math.sqrt(target_area * aspect))  # Python's round: half to even, as torchvision
+        h = round(math.sqrt(target_area / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, round(width / min(ratio))
+    elif in_ratio > max(ratio):
+        w, h = round(height * max(ratio)), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def random_crop_params(height: int, width: int, size: int, rng: np.random.Generator) -> Box:
+    """A uniformly placed ``size`` square (torchvision's ``RandomCrop.get_params``).
+
+    Raises:
+      ValueError: if the photo is smaller than the crop.
+    """
+    if height < size or width < size:
+        raise ValueError(f"cannot crop {size}x{size} from a {width}x{height} photo")
+    if height == size and width == size:
+        return 0, 0, height, width  # torchvision draws nothing in this case
+    top = int(rng.integers(0, height - size + 1))
+    left = int(rng.integers(0, width - size + 1))
+    return top, left, size, size
+
+
+def resized_crop(image: np.ndarray, box: Box, size: int) -> np.ndarray:
+    """Crops ``box`` then resizes it to ``size`` x ``size`` (bilinear).
+
+    Equals torchvision's ``resized_crop`` on PIL images exactly: both crop first and resize the
+    cut-out with Pillow, so the filter never reads pixels outside the box.
+    """
+    return resize_hw(crop_box(image, box), (size, size))
+
+
+def hflip(image: np.ndarray) -> np.ndarray:
+    """Mirrors left-right (Pillow's FLIP_LEFT_RIGHT)."""
+    return np.ascontiguousarray(image[:, ::-1])
+
+
+def _pil(image: np.ndarray) -> Image.Image:
+    return Image.fromarray(np.ascontiguousarray(image))
+
+
+def to_grayscale(image: np.ndarray) -> np.ndarray:
+    """Pillow's ``convert("L")`` (ITU-R 601-2 luma, (299 R + 587 G + 114 B) / 1000 in fixed point,
+    rounded) repeated to three channels, as torchvision's RandomGrayscale on RGB PIL images."""
+    luma = np.asarray(_pil(image).convert("L"))
+    return np.repeat(luma[..., None], 3, axis=-1)
+
+
+def _blend(degenerate: Image.Image, image: Image.Image, factor: float) -> np.ndarray:
+    # Pillow's blend: degenerate + factor * (image - degenerate) in float32, truncated towards
+    # zero, and clipped to [0, 255] when factor > 1 extrapolates.
+    return np.asarray(Image.blend(degenerate, image, factor))
+
+
+def adjust_brightness(image: np.ndarray, factor: float) -> np.ndarray:
+    """Blends with black (torchvision's PIL path, ImageEnhance.Brightness): ``trunc(f * x)``,
+    clipped at 255."""
+    pil = _pil(image)
+    return _blend(Image.new("RGB", pil.size, 0), pil, factor)
+
+
+def adjust_contrast(image: np.ndarray, factor: float) -> np.ndarray:
+    """Blends with a flat grey at the mean luma (torchvision's PIL path, ImageEnhance.Contrast).
+
+    The grey is ``int(mean(L) + 0.5)`` with L Pillow's integer luma, i.e. the mean is rounded to
+    an integer before blending (the tensor path keeps it fractional).
+    """
+    pil = _pil(image)
+    mean = int(np.asarray(pil.convert("L")).mean(dtype=np.float64) + 0.5)
+    return _blend(Image.new("RGB", pil.size, (mean, mean, mean)), pil, factor)
+
+
+def adjust_saturation(image: np.ndarray, factor: float) -> np.ndarray:
+    """Blends with the photo's own grey version (torchvision's PIL path, ImageEnhance.Color)."""
+    pil = _pil(image)
+    return _blend(pil.convert("L").convert("RGB"), pil, factor)
+
+
+def adjust_hue(image: np.ndarray, factor: float) -> np.ndarray:
+    """Rotates the hue by ``factor`` turns in Pillow's 8-bit HSV (torchvision's PIL path).
+
+    The hue byte is shifted by ``int(factor * 255)`` (truncated towards zero) modulo 256, and
+    the photo converted back to RGB with Pillow.
+
+    Raises:
+      ValueError: if ``factor`` is outside [-0.5, 0.5].
+    """
+    if not -0.5 <= factor <= 0.5:
+        raise ValueError(f"hue factor {factor} is not in [-0.5, 0.5]")
+    hsv = np.array(_pil(image).convert("HSV"))
+    hsv[..., 0] += np.uint8(int(factor * 255) % 256)  # uint8 addition wraps around, as intended
+    size = (image.shape[1], image.shape[0])
+    return np.asarray(Image.frombytes("HSV", size, hsv.tobytes()).convert("RGB"))
+
+
+def color_jitter(
+    image: np.ndarray,
+    rng: np.random.Generator,
+    brightness: float,
+    contrast: float,
+    saturation: float,
+    hue: float,
+) -> np.ndarray:
+    """torchvision's ColorJitter on a uint8 RGB photo.
+
+    Draws a random order of the four operations (``rng.permutation(4)``: 0 brightness,
+    1 contrast, 2 saturation, 3 hue), then each enabled factor uniformly in order: brightness,
+    contrast and saturation in [max(0, 1 - s), 1 + s], hue in [-h, h]. A zero strength disables
+    its operation and its draw, as in torchvision. Returns uint8 (H, W, 3).
+
+    Raises:
+      ValueError: for a negative strength or a hue strength above 0.5.
+    """
+    if min(brightness, contrast, saturation, hue) < 0 or hue > 0.5:
+        raise ValueError("jitter strengths must be >= 0, and hue's at most 0.5")
+    order = rng.permutation(4)
+    spans = [
+        (max(0.0, 1.0 - v), 1.0 + v) if v else None for v in (brightness, contrast, saturation)
+    ]
+    spans.append((-hue, hue) if hue else None)
+    factors = [None if r is None else float(rng.uniform(r[0], r[1])) for r in spans]
+    ops = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
+    for index in order:
+        if factors[index] is not None:
+            image = ops[index](image, factors[index])
+    return image
+
+
+def _batch(images: Photos, view: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Applies ``view`` to each photo in order: float32 (B, S, S, 3), ToTensor's x / 255."""
+    return np.stack([view(as_rgb(image)) for image in images]).astype(np.float32) / 255.0
+
+
+def _flip(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    # RandomHorizontalFlip(0.5): flips when a uniform draw falls below 0.5.
+    return hflip(image) if rng.random() < 0.5 else image
+
+
+def _rrc_view(image: np.ndarray, rng: np.random.Generator, size: int, jitter: float) -> np.ndarray:
+    """RandomResizedCrop, then (if ``jitter``) RandomGrayscale(0.2) and ColorJitter(jitter x 4),
+    then the flip: the transform order of the reference's ``adv`` and DiVA's key view."""
+    out = resized_crop(image, rrc_params(image.shape[0], image.shape[1], rng), size)
+    if jitter:
+        if rng.random() < 0.2:
+            out = to_grayscale(out)
+        out = color_jitter(out, rng, jitter, jitter, jitter, jitter)
+    return _flip(out, rng)
+
+
+@AUGMENTATIONS.register("base")
+def base_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
+    """RandomResizedCrop(size) + RandomHorizontalFlip(0.5), the protocol's training view.
+
+    Args:
+      images: uint8 RGB photos of any sizes (a list, or a uniform (B, H, W, 3) array).
+      rng: the batch's generator.
+      size: the output side.
+
+    Returns:
+      float32 (B, size, size, 3) in [0, 1].
+    """
+    return _batch(images, lambda im: _rrc_view(im, rng, size, 0.0))
+
+
+@AUGMENTATIONS.register("big")
+def big_augment(images: Photos, rng: np.random.Generator, *, size: int = 256) -> np.ndarray:
+    """The reference's ``big`` mode: RandomResizedCrop(256) + flip (see :func:`base_augment`)."""
+    return base_augment(images, rng, size=size)
+
+
+@AUGMENTATIONS.register("red")
+def red_augment(
+    images: Photos, rng: np.random.Generator, *, size: int = 224, resize: int = 256
+) -> np.ndarray:
+    """The reference's ``red`` mode: Resize(256) of the short side, RandomCrop(224), flip.
+
+    Returns:
+      float32 (B, size, size, 3) in [0, 1].
+    """
+
+    def view(image: np.ndarray) -> np.ndarray:
+        image = resize_hw(image, short_side_shape(image.shape[0], image.shape[1], resize))
+        box = random_crop_params(image.shape[0], image.shape[1], size, rng)
+        return _flip(crop_box(image, box), rng)
+
+    return _batch(images, view)
+
+
+@AUGMENTATIONS.register("adv")
+def adv_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
+    """The reference's ``adv`` mode: RandomResizedCrop + RandomGrayscale(0.2) +
+    ColorJitter(0.2, 0.2, 0.2, 0.2) + flip. Returns float32 (B, size, size, 3) in [0, 1]."""
+    return _batch(images, lambda im: _rrc_view(im, rng, size, 0.2))
+
+
+@AUGMENTATIONS.register("realistic")
+def realistic_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
+    """DiVA's ``--realistic_augmentation`` key view: RandomResizedCrop + RandomGrayscale(0.2) +
+    ColorJitter(0.4, 0.4, 0.4, 0.4) + flip. Returns float32 (B, size, size, 3) in [0, 1]."""
+    return _batch(images, lambda im: _rrc_view(im, rng, size, 0.4))
+
+
+def eval_photos(images: Photos, resize: int = 256, crop: int = 224) -> np.ndarray:
+    """The evaluation view: Resize(256) of the short side + CenterCrop(224), as torchvision.
+
+    Args:
+      images: uint8 RGB photos of any sizes.
+      resize: the short side after resizing.
+      crop: the side of the central square (at most ``resize``).
+
+    Returns:
+      float32 (B, crop, crop, 3) in [0, 1].
+    """
+
+    return _batch(images, lambda image: eval_view(image, resize, crop))
