@@ -85,7 +85,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         raise ConfigError(f"unknown data preset {data!r}; choose one of: {', '.join(choices)}")
     s = DATASET_SETTINGS.get(data, DATASET_SETTINGS["glyphs"])
     c = base_config()
-    apply_overrides(c, PRESETS.get(data, {"data.name": "folder", "data.image_size": 224}))
+    apply_overrides(c, PRESETS[data])
     if data in ("cub200", "cars196", "sop"):
         apply_overrides(c, REFERENCE_OPTIM)
     c.model.head = "discriminative"

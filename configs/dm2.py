@@ -38,11 +38,27 @@ DIVERSITIES: dict[str, tuple[bool, bool, bool, bool]] = {
 }
 
 # The paper's section 4.2 per dataset: batch 120 with SPC-5 (CUB, CARS) or SPC-2 (SOP), Adam
-# lr 3e-5 and weight decay 5e-4, BatchNorm frozen on CUB and CARS, lambda warmed up over 3 epochs.
+# lr 3e-5 and weight decay 5e-4, BatchNorm frozen on CUB and CARS, 512-d embeddings, lambda warmed
+# up over 3 epochs.
 DATASET_SETTINGS: dict[str, dict[str, object]] = {
-    "cub200": {"train.batch_size": 120, "sampler.samples_per_class": 5, "model.frozen_bn": True},
-    "cars196": {"train.batch_size": 120, "sampler.samples_per_class": 5, "model.frozen_bn": True},
-    "sop": {"train.batch_size": 120, "sampler.samples_per_class": 2, "model.frozen_bn": False},
+    "cub200": {
+        "train.batch_size": 120,
+        "sampler.samples_per_class": 5,
+        "model.frozen_bn": True,
+        "model.embed_dim": 512,
+    },
+    "cars196": {
+        "train.batch_size": 120,
+        "sampler.samples_per_class": 5,
+        "model.frozen_bn": True,
+        "model.embed_dim": 512,
+    },
+    "sop": {
+        "train.batch_size": 120,
+        "sampler.samples_per_class": 2,
+        "model.frozen_bn": False,
+        "model.embed_dim": 512,
+    },
 }
 PAPER_OPTIM = {"optim.lr": 3e-5, "optim.weight_decay": 5e-4, "optim.milestones": ()}
 # The glyph network trains from scratch in a few epochs: lambda reaches its value after one.
@@ -70,7 +86,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if data not in known:
         raise ConfigError(f"unknown data preset {data!r}; choose one of: {', '.join(known)}")
     if method == "revisiting":
-        c = revisiting_config(f"loss={loss},data={'folder' if data in DATASET_SETTINGS else data}")
+        c = revisiting_config(f"loss={loss},data={data}")
     elif method == "diva":
         c = diva_config(f"data={data}")  # DiVA's own per-dataset weights and schedule
     else:
@@ -78,7 +94,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     mutual, model, temporal, view = DIVERSITIES[diversity]
     with c.unlocked():
         if data in DATASET_SETTINGS and method == "revisiting":
-            apply_overrides(c, {"data.image_size": 224, **PAPER_OPTIM, **DATASET_SETTINGS[data]})
+            apply_overrides(c, {**PAPER_OPTIM, **DATASET_SETTINGS[data]})
         if data == "glyphs":
             apply_overrides(c, GLYPH_SETTINGS)
         c.cohort.size = size

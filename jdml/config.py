@@ -296,6 +296,12 @@ def _validate_model(m: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"model.pooling={m.pooling!r}; choose avg or avg+max")
     if not m.pretrained:
         return
+    if m.pretrained == "required":
+        raise ConfigError(
+            f"this preset fine-tunes ImageNet weights of {m.backbone}: give their file with "
+            "--config.model.pretrained=<path> (a torchvision/timm/Cadene .pth or .safetensors; "
+            "nothing is downloaded), or --config.model.pretrained='' to train from scratch"
+        )
     if m.backbone not in CONVERTERS:
         raise ConfigError(
             f"model.pretrained is set but backbone {m.backbone!r} has no weight converter; "
