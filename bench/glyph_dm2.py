@@ -15,6 +15,7 @@ the tables.
 
 Usage: python bench/glyph_dm2.py [--epochs 3] [--seeds 0 1 2] [--out runs/glyph_dm2]
        [--steps N (a smoke run: N steps per epoch)] [--report-only]
+       [--mutual-weight LAMBDA --table1-only (a lambda probe: Table 1's rows only)]
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import ml_collections
 import numpy as np
 
 from configs.dm2 import get_config
-from jdml.report import find_runs, format_cell, load_run, summarize_group
+from jdml.report import ReportError, find_runs, format_cell, load_run, summarize_group
 from jdml.trainer import atomic_write, train_and_evaluate
 
 METRICS = ("recall@1", "map@r", "nmi")
@@ -47,10 +48,17 @@ SMALL_MEMBER = {
 
 
 def _config(
-    diversity: str, size: int, seed: int, epochs: int, steps: int = 0
+    diversity: str,
+    size: int,
+    seed: int,
+    epochs: int,
+    steps: int = 0,
+    mutual_weight: float | None = None,
 ) -> ml_collections.ConfigDict:
     c = get_config(f"diversity={diversity},size={size}")
     with c.unlocked():
+        if mutual_weight is not None and c.cohort.mutual_weight:  # independent rows keep 0
+            c.cohort.mutual_weight = mutual_weight
         for key, value in SMALL_MEMBER.items():
             section, name = key.split(".")
             c[section][name] = value
@@ -68,9 +76,11 @@ def _workdir(out: str, diversity: str, size: int, seed: int) -> str:
     return os.path.join(out, f"{diversity}_L{size}", f"seed{seed}")
 
 
-def _runs() -> list[tuple[str, int]]:
+def _runs(table1_only: bool = False) -> list[tuple[str, int]]:
     """(diversity, size) of every experiment: Table 1, then the smaller cohorts of Fig. 2."""
     rows = [(d, SIZE) for d in TABLE1.values()]
+    if table1_only:
+        return rows
     rows += [("md+td+vd", 1)]  # one model: no cohort, the same for every diversity
     rows += [(d, size) for size in range(2, SIZE) for d in ("md+td+vd", "independent")]
     return rows
@@ -81,8 +91,15 @@ def _values(out: str, diversity: str, size: int, embedding: str | None) -> dict[
     folder = os.path.join(out, f"{diversity}_L{size}")
     if not os.path.isdir(folder):
         return {"rho": []}
-    workdirs = find_runs([folder])
-    summary = summarize_group(diversity, [load_run(w, embedding) for w in workdirs], "test")
+    runs = []
+    for workdir in find_runs([folder]):
+        try:
+            runs.append(load_run(workdir, embedding))
+        except ReportError:  # still training: no evaluation yet
+            continue
+    if not runs:
+        return {"rho": []}
+    summary = summarize_group(diversity, runs, "test")
     return {**summary.values["best"], "rho": summary.values["rho"].get("rho_spectrum@1", [])}
 
 
@@ -172,13 +189,17 @@ def main() -> None:
     parser.add_argument("--out", default="runs/glyph_dm2")
     parser.add_argument("--steps", type=int, default=0, help="steps per epoch (0: full epochs)")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument(
+        "--mutual-weight", type=float, default=None, help="lambda (default: the config's 20)"
+    )
+    parser.add_argument("--table1-only", action="store_true", help="skip Fig. 2's cohorts")
     args = parser.parse_args()
     if not args.report_only:
-        for diversity, size in _runs():
-            for seed in args.seeds:
+        for seed in args.seeds:  # seed-major: every experiment has a first seed early
+            for diversity, size in _runs(args.table1_only):
                 print(f"== {diversity} L={size} seed {seed}", flush=True)
                 start = time.perf_counter()
-                config = _config(diversity, size, seed, args.epochs, args.steps)
+                config = _config(diversity, size, seed, args.epochs, args.steps, args.mutual_weight)
                 train_and_evaluate(config, _workdir(args.out, diversity, size, seed))
                 print(f"   {time.perf_counter() - start:.0f} s", flush=True)
     table = _table1(args.out, args.epochs)
