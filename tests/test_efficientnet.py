@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import skimage  # the real photos (a test dependency, pyproject's [test] extra)
 from PIL import Image
 
 from jdml.data.transforms import eval_view
@@ -18,8 +19,6 @@ from jdml.models.efficientnet import MEAN, STD, EfficientNetLite0
 from jdml.models.pretrained.convert import WeightMismatchError, fill
 from jdml.models.pretrained.efficientnet import packaged_weights, rule
 from jdml.models.pretrained.torch_io import load_weights
-
-skimage = pytest.importorskip("skimage")  # the photos; a test dependency (pyproject [test])
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "data", "efficientnet_lite0_golden.npz")
 # ImageNet-1k classes each photo must rank first (a set where the photo fits several).

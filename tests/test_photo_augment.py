@@ -14,6 +14,7 @@ import os
 import numpy as np
 import PIL
 import pytest
+import skimage  # the full-size photos (a test dependency)
 from PIL import Image
 
 from jdml.data import photo_augment as pa
@@ -41,7 +42,6 @@ def golden() -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def photos_dir() -> str:
-    skimage = pytest.importorskip("skimage")  # the full-size photos
     return os.path.join(os.path.dirname(skimage.__file__), "data")
 
 
