@@ -17,6 +17,8 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
+from jdml.models.resnet50 import global_pool
+
 # (repeats, kernel, stride, expansion, in_channels, out_channels) per stage.
 LITE0_STAGES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (1, 3, 1, 1, 32, 16),
@@ -35,6 +37,17 @@ BN_MOMENTUM = 0.99  # PyTorch momentum 0.01: running = 0.99 * running + 0.01 * b
 # that is (x - MEAN) / STD with these constants (the pipeline normalises, see data.mean/std).
 MEAN = 127.0 / 255.0
 STD = 128.0 / 255.0
+
+
+def _batch_norm(train_bn: bool, dtype: jnp.dtype, name: str) -> nn.BatchNorm:
+    """The weights' BatchNorm (eps 1e-3, PyTorch momentum 0.01); frozen unless ``train_bn``."""
+    return nn.BatchNorm(
+        use_running_average=not train_bn,
+        momentum=BN_MOMENTUM,
+        epsilon=BN_EPS,
+        dtype=dtype,
+        name=name,
+    )
 
 
 class MBConv(nn.Module):
@@ -56,15 +69,6 @@ class MBConv(nn.Module):
     train_bn: bool = False
     dtype: jnp.dtype = jnp.float32
 
-    def _bn(self, name: str) -> nn.BatchNorm:
-        return nn.BatchNorm(
-            use_running_average=not self.train_bn,
-            momentum=BN_MOMENTUM,
-            epsilon=BN_EPS,
-            dtype=self.dtype,
-            name=name,
-        )
-
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         channels = x.shape[-1]
@@ -72,7 +76,7 @@ class MBConv(nn.Module):
         y = x
         if self.expansion != 1:
             y = nn.Conv(hidden, (1, 1), use_bias=False, dtype=self.dtype, name="expand_conv")(y)
-            y = nn.relu6(self._bn("bn0")(y))
+            y = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn0")(y))
         y = nn.Conv(
             hidden,
             (self.kernel, self.kernel),
@@ -83,11 +87,11 @@ class MBConv(nn.Module):
             dtype=self.dtype,
             name="depthwise_conv",
         )(y)
-        y = nn.relu6(self._bn("bn1")(y))
+        y = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn1")(y))
         y = nn.Conv(
             self.out_channels, (1, 1), use_bias=False, dtype=self.dtype, name="project_conv"
         )(y)
-        y = self._bn("bn2")(y)
+        y = _batch_norm(self.train_bn, self.dtype, "bn2")(y)
         if self.stride == 1 and channels == self.out_channels:
             y = y + x
         return y
@@ -112,15 +116,6 @@ class EfficientNetLite0(nn.Module):
     pooling: str = "avg"
     dtype: jnp.dtype = jnp.float32
 
-    def _bn(self, name: str) -> nn.BatchNorm:
-        return nn.BatchNorm(
-            use_running_average=not self.train_bn,
-            momentum=BN_MOMENTUM,
-            epsilon=BN_EPS,
-            dtype=self.dtype,
-            name=name,
-        )
-
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         x = x.astype(self.dtype)
@@ -128,7 +123,7 @@ class EfficientNetLite0(nn.Module):
             STEM_CHANNELS, (3, 3), (2, 2), padding="SAME", use_bias=False, dtype=self.dtype,
             name="conv_stem",
         )(x)  # fmt: skip
-        x = nn.relu6(self._bn("bn0")(x))
+        x = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn0")(x))
         index = 0
         for repeats, kernel, stride, expansion, _, out in LITE0_STAGES:
             for r in range(repeats):
@@ -143,13 +138,8 @@ class EfficientNetLite0(nn.Module):
                 )(x)
                 index += 1
         x = nn.Conv(HEAD_CHANNELS, (1, 1), use_bias=False, dtype=self.dtype, name="conv_head")(x)
-        x = nn.relu6(self._bn("bn1")(x))
-        pooled = jnp.mean(x, axis=(1, 2))
-        if self.pooling == "avg+max":
-            pooled = pooled + jnp.max(x, axis=(1, 2))
-        elif self.pooling != "avg":
-            raise ValueError(f"unknown pooling {self.pooling!r}; use 'avg' or 'avg+max'")
-        pooled = pooled.astype(jnp.float32)
+        x = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn1")(x))
+        pooled = global_pool(x, self.pooling)
         if self.num_classes:
             return nn.Dense(self.num_classes, dtype=jnp.float32, name="fc")(pooled)
         return pooled
