@@ -12,7 +12,8 @@ The argument after ':' is a comma-separated list of key=value:
 * ``method=revisiting|diva``: what every member runs (default: the paper's triplet loss with
   distance-weighted sampling; ``diva`` gives a cohort of DiVA models);
 * ``loss=<name>``: the members' loss for ``method=revisiting`` (default triplet);
-* ``data=<preset>``: glyphs, folder, npz, or cub200 / cars196 / sop for the paper's settings.
+* ``data=<preset>``: glyphs, folder, npz, or cub200 / cars196 / sop / inshop for the paper's
+  settings.
 
 The cohort's members are spread over the devices of a ``member`` mesh axis
 (``--config.cohort.devices``, 0 = as many as divide the cohort size); on one CPU they run vmapped
@@ -60,6 +61,7 @@ DATASET_SETTINGS: dict[str, dict[str, object]] = {
         "model.embed_dim": 512,
     },
 }
+DATASET_SETTINGS["inshop"] = DATASET_SETTINGS["sop"]  # the paper treats them alike
 PAPER_OPTIM = {"optim.lr": 3e-5, "optim.weight_decay": 5e-4, "optim.milestones": ()}
 # The glyph network trains from scratch in a few epochs: lambda reaches its value after one.
 GLYPH_SETTINGS = {"cohort.warmup_epochs": 1.0}

@@ -9,8 +9,11 @@ import pytest
 from PIL import Image
 
 from jdml.config import ConfigError, validate
+from jdml.data.arrays import QueryGallery
 from jdml.data.loading import load_splits
 from jdml.data.sources import DataError
+from jdml.evaluation.evaluator import evaluate_embeddings
+from jdml.evaluation.runner import evaluate_split
 from jdml.metric_writer import read_metrics
 from jdml.trainer import train_and_evaluate
 from tests import benchmark_trees as trees
@@ -95,3 +98,54 @@ def test_photo_config_errors(cub, overrides, message):
 def test_a_partial_copy_is_refused_unless_told(cub):
     with pytest.raises(DataError, match="is the copy partial"):
         load_splits(cub_config(cub, **{"data.verify_counts": True}).data)
+
+
+@pytest.fixture(scope="module")
+def inshop(tmp_path_factory):
+    return trees.write_inshop(
+        tmp_path_factory.mktemp("inshop"), (1, 2, 3, 4), (5, 6, 7), (8,), per_split=2
+    )
+
+
+def test_inshop_test_split_ranks_queries_against_the_gallery(inshop):
+    config = cub_config(inshop, **{"data.name": "inshop", "data.val_fraction": 0.5})
+    splits = load_splits(config.data)
+    test = splits["test"]
+    assert isinstance(test, QueryGallery)
+    assert (len(test.queries), len(test.gallery), test.num_queries) == (6, 8, 6)
+    assert {k: len(v) for k, v in splits.items()} == {"train": 8, "val": 8, "test": 14}
+    # Queries first, then the gallery; one label space (item 8 is in the gallery only).
+    assert test.labels.tolist() == [0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2, 3, 3]
+    mixed = test.eval_images(np.array([7, 0, 13]))
+    assert mixed.shape == (3, 16, 16, 3)
+    np.testing.assert_array_equal(mixed[0], test.gallery.eval_images(np.array([1]))[0])
+    np.testing.assert_array_equal(mixed[1], test.queries.eval_images(np.array([0]))[0])
+    with pytest.raises(TypeError, match="evaluated as a whole"):
+        test.subset(np.arange(2))
+
+
+def test_trains_and_evaluates_inshop_query_against_gallery(inshop, tmp_path):
+    """A training run on In-Shop trains on its train items and records test metrics."""
+    workdir = tmp_path / "run"
+    config = cub_config(inshop, **{"data.name": "inshop", "train.batch_size": 4})
+    train_and_evaluate(config, str(workdir))
+    records = read_metrics(str(workdir / "metrics.jsonl"))
+    tests = [r for r in records if r.get("split") == "test" and "recall@1" in r]
+    assert tests and all(0.0 <= r["recall@1"] <= 1.0 for r in tests)
+
+
+def test_inshop_evaluation_uses_the_gallery_protocol(inshop):
+    """The runner evaluates a query/gallery split as queries against the gallery, which is
+    what ``evaluate_embeddings`` with a gallery gives, not leave-one-out over the union."""
+    config = cub_config(inshop, **{"data.name": "inshop"})
+    test = load_splits(config.data)["test"]
+    pixels = test.eval_images(np.arange(len(test))).reshape(len(test), -1)
+    names = ["recall@1", "map@r"]
+    got = evaluate_split(pixels, test, names)
+    n = test.num_queries
+    want = evaluate_embeddings(
+        pixels[:n], test.labels[:n], names, gallery=pixels[n:], gallery_labels=test.labels[n:]
+    )
+    assert got == want
+    # Item 8 has gallery images only: leave-one-out over the union would count them as queries.
+    assert got != evaluate_embeddings(pixels, test.labels, names)

@@ -10,7 +10,8 @@ import pytest
 from jdml.config import ConfigError, validate
 
 METHODS = ("revisiting", "diva", "sharing", "dm2")
-BENCHMARKS = ("cub200", "cars196", "sop")
+BENCHMARKS = ("cub200", "cars196", "sop", "inshop")
+INSHOP_METRICS = ("recall@1", "recall@10", "recall@20", "recall@30", "map@r", "nmi")
 # (method, data) -> expected values of the papers' runs.
 EXPECTED = {
     ("revisiting", "cub200"): {"train.epochs": 150, "train.batch_size": 112, "optim.lr": 1e-5},
@@ -26,6 +27,11 @@ EXPECTED = {
         "cohort.size": 4,
     },
     ("dm2", "sop"): {"sampler.samples_per_class": 2, "model.frozen_bn": False},
+    # In-Shop has no reference runs: SOP's settings, and its papers' recall cut-offs.
+    ("revisiting", "inshop"): {"train.epochs": 100, "eval.metrics": INSHOP_METRICS},
+    ("diva", "inshop"): {"decorrelation.weights": (150.0,) * 3, "train.epochs": 150},
+    ("sharing", "inshop"): {"decorrelation.weights": (500.0,)},
+    ("dm2", "inshop"): {"sampler.samples_per_class": 2, "model.frozen_bn": False},
 }
 
 

@@ -92,3 +92,76 @@ class ImageArrays:
         new = np.searchsorted(present, self.labels).astype(np.int32)
         names = tuple(self.class_names[i] for i in present)
         return dataclasses.replace(self, labels=new, class_names=names)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryGallery:
+    """An evaluation split whose queries are ranked against a separate gallery (In-Shop).
+
+    Seen as one :class:`ImageSet`, its images are the queries followed by the gallery, in one
+    label space; the evaluator splits the embeddings at ``num_queries``
+    (:func:`jdml.evaluation.evaluator.evaluate_embeddings` with a ``gallery``).
+
+    Attributes:
+      queries: the query images.
+      gallery: the gallery images; labels index the same ``class_names`` as the queries'.
+      source: where the split came from (for logs and results).
+    """
+
+    queries: Any
+    gallery: Any
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if tuple(self.queries.class_names) != tuple(self.gallery.class_names):
+            raise ValueError("queries and gallery must share one label space (class_names)")
+
+    @property
+    def num_queries(self) -> int:
+        return len(self.queries)
+
+    @property
+    def labels(self) -> np.ndarray:
+        return np.concatenate([self.queries.labels, self.gallery.labels])
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return tuple(self.queries.class_names)
+
+    @property
+    def num_classes(self) -> int:
+        return len(np.unique(self.labels))
+
+    def __len__(self) -> int:
+        return len(self.queries) + len(self.gallery)
+
+    def _gather(self, index: np.ndarray, read: str) -> list[np.ndarray]:
+        """``read`` ("load" or "eval_images") of the images ``index``, one array each."""
+        index = np.asarray(index).reshape(-1)
+        is_query = index < self.num_queries
+        parts: list[np.ndarray | None] = [None] * len(index)
+        for mask, part, offset in (
+            (is_query, self.queries, 0),
+            (~is_query, self.gallery, self.num_queries),
+        ):
+            if np.any(mask):
+                images = getattr(part, read)(index[mask] - offset)
+                for position, image in zip(np.flatnonzero(mask), images, strict=True):
+                    parts[position] = image
+        return parts  # type: ignore[return-value]
+
+    def load(self, index: np.ndarray) -> list[np.ndarray]:
+        """The raw uint8 images ``index`` (queries first, then the gallery)."""
+        return self._gather(index, "load")
+
+    def eval_images(self, index: np.ndarray) -> np.ndarray:
+        """The images ``index`` as the evaluation sees them: float32 (n, H, W, C) in [0, 1]."""
+        return np.stack(self._gather(index, "eval_images"))
+
+    def subset(self, mask_or_index: np.ndarray) -> Any:
+        raise TypeError(
+            "a query/gallery split is evaluated as a whole; subset its queries or gallery"
+        )
+
+    def relabel(self) -> Any:
+        raise TypeError("a query/gallery split keeps the shared labels of its queries and gallery")

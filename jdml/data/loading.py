@@ -6,7 +6,7 @@ import dataclasses
 
 import ml_collections
 
-from jdml.data.arrays import ImageSet
+from jdml.data.arrays import ImageSet, QueryGallery
 from jdml.data.benchmarks import BENCHMARKS, read_benchmark
 from jdml.data.sources import DATASETS, DataError
 from jdml.data.splits import hold_out_validation, split_by_class
@@ -16,8 +16,9 @@ def load_splits(cfg: ml_collections.ConfigDict) -> dict[str, ImageSet]:
     """Returns ``{'train', 'test'[, 'val']}`` for the ``data`` config section.
 
     In-memory sources (``DATASETS``) are cut into classes halves by ``split_by_class``; the
-    benchmarks (``BENCHMARKS``: cub200, cars196, sop) come with their own train and test
-    splits, read as file lists whose photos are decoded as batches are drawn.
+    benchmarks (``BENCHMARKS``: cub200, cars196, sop, inshop) come with their own train and
+    test splits, read as file lists whose photos are decoded as batches are drawn; In-Shop's
+    test split is its queries ranked against its gallery (a :class:`QueryGallery`).
     """
     if cfg.name in BENCHMARKS:
         return _benchmark_splits(cfg)
@@ -35,14 +36,12 @@ def _benchmark_splits(cfg: ml_collections.ConfigDict) -> dict[str, ImageSet]:
     if cfg.channels != 3:
         raise DataError(f"{cfg.name} holds colour photos: set data.channels=3")
     splits = read_benchmark(cfg.name, cfg.path, verify_counts=cfg.verify_counts)
-    if set(splits) != {"train", "test"}:
-        raise DataError(
-            f"{cfg.name} is evaluated on its {'/'.join(sorted(set(splits) - {'train'}))} "
-            "splits (query against gallery), which training runs do not support yet; its "
-            "reader (jdml.data.benchmarks) gives the file lists"
-        )
     sized = {
         name: dataclasses.replace(files, resize=cfg.resize, crop=cfg.image_size)
         for name, files in splits.items()
     }
+    if "query" in sized:  # In-Shop: the test split ranks the queries against the gallery
+        query, gallery = sized.pop("query"), sized.pop("gallery")
+        source = query.source.replace("(query)", "(query against gallery)")
+        sized["test"] = QueryGallery(query, gallery, source=source)
     return hold_out_validation(sized, val_fraction=cfg.val_fraction, seed=cfg.split_seed)

@@ -151,10 +151,85 @@ def _requirements(
     )
 
 
+def _is_set_level(metric: Metric) -> bool:
+    """Whether the metric describes the whole embedded set (clustering, spectrum, class
+    distances) rather than the retrieval of queries."""
+    return metric.needs_clusters or metric.needs_spectrum or metric.needs_class_distances
+
+
+def _gallery_requirements(
+    specs: Sequence[Metric],
+    queries: jax.Array,
+    query_labels: np.ndarray,
+    gallery: jax.Array,
+    gallery_labels: np.ndarray,
+    *,
+    distance: str,
+    block_size: int,
+) -> Requirements:
+    """The retrieval requirements of queries ranked against a separate gallery.
+
+    Nothing is excluded from a query's neighbours (the query is not in the gallery). The class
+    sizes are 1 + R, R the number of gallery items of the query's class, so that the metrics'
+    R = class_sizes - 1 holds as in leave-one-out.
+
+    Args:
+      specs: the retrieval metrics to compute.
+      queries: (Q, D) query embeddings.
+      query_labels: (Q,) labels.
+      gallery: (M, D) gallery embeddings.
+      gallery_labels: (M,) labels, in the queries' label space.
+      distance: "euclidean" or "cosine".
+      block_size: queries per search block.
+
+    Returns:
+      :class:`Requirements` with ``leave_one_out=False``.
+    """
+    classes = np.unique(np.concatenate([query_labels, gallery_labels]))
+    query_ids = np.searchsorted(classes, query_labels).astype(np.int32)
+    gallery_ids = np.searchsorted(classes, gallery_labels).astype(np.int32)
+    class_sizes = np.bincount(gallery_ids, minlength=len(classes))[query_ids] + 1
+    wanted = max((m.num_neighbours(class_sizes) for m in specs), default=0)
+    num_neighbours = min(wanted, gallery.shape[0])
+    indices, precision_sums = None, None
+    if any(m.needs_full_ranking for m in specs):
+        ranking = knn_full_ranking(
+            queries,
+            query_ids,
+            num_neighbours,
+            references=gallery,
+            reference_ids=gallery_ids,
+            distance=distance,
+            block_size=block_size,
+        )
+        indices, precision_sums = ranking.indices, ranking.precision_sums
+    elif num_neighbours > 0:
+        indices = knn(
+            queries,
+            gallery,
+            num_neighbours,
+            exclude_self=False,
+            distance=distance,
+            block_size=block_size,
+        )[1]
+    return Requirements(
+        labels=query_ids,
+        class_sizes=class_sizes,
+        neighbour_labels=None if indices is None else gallery_ids[np.asarray(indices)],
+        precision_sums=precision_sums,
+        dimension=queries.shape[1],
+        leave_one_out=False,
+    )
+
+
 def _check_inputs(
-    embeddings: jax.Array | np.ndarray, labels: jax.Array | np.ndarray, distance: str
+    embeddings: jax.Array | np.ndarray,
+    labels: jax.Array | np.ndarray,
+    distance: str,
+    minimum: int = 2,
 ) -> tuple[jax.Array, np.ndarray]:
-    """Validated (N, D) float32 embeddings (on the default device) and (N,) labels."""
+    """Validated (N, D) float32 embeddings (on the default device) and (N,) labels, N >=
+    ``minimum``."""
     if distance not in DISTANCES:
         raise ValueError(f"unknown distance {distance!r}; expected one of {DISTANCES}")
     embeddings = jnp.asarray(embeddings, jnp.float32)
@@ -163,8 +238,8 @@ def _check_inputs(
         raise ValueError(
             f"expected (N, D) embeddings and (N,) labels, got {embeddings.shape} and {labels.shape}"
         )
-    if embeddings.shape[0] < 2:
-        raise ValueError("retrieval evaluation needs at least 2 samples")
+    if embeddings.shape[0] < minimum:
+        raise ValueError(f"retrieval evaluation needs at least {minimum} samples")
     return embeddings, labels
 
 
@@ -178,8 +253,10 @@ def evaluate_embeddings(
     block_size: int = DEFAULT_BLOCK_SIZE,
     return_vectors: bool = False,
     kmeans_init: str = "k-means++",
+    gallery: jax.Array | np.ndarray | None = None,
+    gallery_labels: jax.Array | np.ndarray | None = None,
 ) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
-    """Evaluates embeddings by leave-one-out retrieval, clustering and spectral statistics.
+    """Evaluates embeddings by retrieval, clustering and spectral statistics.
 
     Every sample is a query against all other samples. Each requirement is computed once
     (see :func:`_requirements`): one exact search with the largest neighbour count any
@@ -189,6 +266,11 @@ def evaluate_embeddings(
     distinct labels) for ``nmi`` / ``f1``; one SVD for ``rho_spectrum*``; one pass of class
     segment sums for ``dists@*``. With the cosine distance, k-means, the SVD and the class
     means use the L2-normalised embeddings.
+
+    With a ``gallery`` (the query/gallery protocol of In-Shop) the embeddings are the queries,
+    each ranked against every gallery item: the retrieval metrics count a query's gallery
+    items of its class as relevant (R of them), and the set-level metrics (``nmi``, ``f1``,
+    ``rho_spectrum*``, ``dists@*``) describe the queries and the gallery together.
 
     Args:
       embeddings: (N, D) float embeddings, N >= 2.
@@ -201,13 +283,16 @@ def evaluate_embeddings(
         those are skipped with a warning, so the result is always {name: float}.
       kmeans_init: "k-means++" (default) or "random" (faiss' initialisation; much faster
         with very many classes).
+      gallery: (M, D) gallery embeddings the queries are ranked against, or None for
+        leave-one-out retrieval.
+      gallery_labels: (M,) labels of the gallery, in the same label space as ``labels``.
 
     Returns:
       {metric name: float} in the requested order; with ``return_vectors``, the pair
       ({name: float}, {name: 1-D array}).
     """
     specs = resolve_metrics(metrics)
-    embeddings, labels = _check_inputs(embeddings, labels, distance)
+    embeddings, labels = _check_inputs(embeddings, labels, distance, 2 if gallery is None else 1)
     vectors = [m for m in specs if m.vector]
     if vectors and not return_vectors:
         warnings.warn(
@@ -216,19 +301,39 @@ def evaluate_embeddings(
             stacklevel=2,
         )
         specs = [m for m in specs if not m.vector]
-    requirements = _requirements(
-        specs,
-        embeddings,
-        labels,
-        distance=distance,
-        seed=seed,
-        block_size=block_size,
-        kmeans_init=kmeans_init,
-    )
-    scalars = {m.name: float(m.compute(requirements)) for m in specs if not m.vector}
+    options = {"distance": distance, "block_size": block_size}
+    if gallery is None:
+        whole = _requirements(
+            specs, embeddings, labels, seed=seed, kmeans_init=kmeans_init, **options
+        )
+        needs = {m.name: whole for m in specs}
+    else:
+        if gallery_labels is None:
+            raise ValueError("a gallery needs its gallery_labels")
+        gallery, gallery_labels = _check_inputs(gallery, gallery_labels, distance, minimum=1)
+        if gallery.shape[1] != embeddings.shape[1]:
+            raise ValueError(
+                f"queries have {embeddings.shape[1]} dimensions but the gallery "
+                f"{gallery.shape[1]}: embed both with the same model and head"
+            )
+        set_level = [m for m in specs if _is_set_level(m)]
+        retrieval = [m for m in specs if not _is_set_level(m)]
+        ranked = _gallery_requirements(
+            retrieval, embeddings, labels, gallery, gallery_labels, **options
+        )
+        union = _requirements(
+            set_level,
+            jnp.concatenate([embeddings, gallery]),
+            np.concatenate([labels, gallery_labels]),
+            seed=seed,
+            kmeans_init=kmeans_init,
+            **options,
+        )
+        needs = {m.name: union if _is_set_level(m) else ranked for m in specs}
+    scalars = {m.name: float(m.compute(needs[m.name])) for m in specs if not m.vector}
     if not return_vectors:
         return scalars
-    return scalars, {m.name: np.asarray(m.compute(requirements)) for m in specs if m.vector}
+    return scalars, {m.name: np.asarray(m.compute(needs[m.name])) for m in specs if m.vector}
 
 
 def combine_heads(

@@ -349,7 +349,7 @@ class FullRanking(NamedTuple):
     precision_sums: np.ndarray
 
 
-@functools.partial(jax.jit, static_argnames=("k", "distance"))
+@functools.partial(jax.jit, static_argnames=("k", "distance", "exclude_self"))
 def _full_ranking_block(
     queries: jax.Array,
     query_offset: jax.Array,
@@ -357,6 +357,7 @@ def _full_ranking_block(
     *,
     k: int,
     distance: str,
+    exclude_self: bool = True,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Distances of one query block to every reference, and its k nearest references.
 
@@ -367,9 +368,11 @@ def _full_ranking_block(
         padding rows score ``-inf``).
       k: number of nearest neighbours to return (0 for none).
       distance: "euclidean" or "cosine".
+      exclude_self: the queries are the references; query i's own index is set to ``+inf``.
 
     Returns:
-      The (B, P) distances with the query's own index and the padding set to ``+inf``, and the
+      The (B, P) distances with the query's own index (with ``exclude_self``) and the padding
+      set to ``+inf``, and the
       (B, k) distances and int32 indices of the k nearest, ordered by (distance, index).
     """
     block = queries.shape[0]
@@ -377,8 +380,11 @@ def _full_ranking_block(
     augmented = jnp.concatenate([queries, jnp.ones((block, 1), jnp.float32)], axis=1)
     scores = jnp.matmul(augmented, references.T, precision=jax.lax.Precision.HIGHEST)
     distances = _scores_to_distances(queries, scores, distance)
-    own = jnp.arange(references.shape[0], dtype=jnp.int32)[None, :] == query_ids[:, None]
-    distances = jnp.where(own, jnp.inf, distances)
+    if exclude_self:
+        own = jnp.arange(references.shape[0], dtype=jnp.int32)[None, :] == query_ids[:, None]
+        distances = jnp.where(own, jnp.inf, distances)
+    # Padding references score -inf, so their distance is +inf already (Euclidean: sqrt of
+    # +inf; cosine: 1 - (-inf)).
     if k == 0:
         empty = jnp.zeros((block, 0), jnp.float32)
         return distances, empty, empty.astype(jnp.int32)
@@ -387,49 +393,60 @@ def _full_ranking_block(
     return distances, -negated, indices
 
 
-def _class_members(class_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sample indices grouped by class (a CSR layout).
+def _class_members(
+    reference_ids: np.ndarray, query_ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The references grouped by class (a CSR layout), and each query's run in it.
 
     Args:
-      class_ids: (N,) integer class of every sample.
+      reference_ids: (N,) integer class of every reference.
+      query_ids: (Q,) integer class of every query (the same array for leave-one-out).
 
     Returns:
-      ``order`` (N,) sample indices sorted by class, and per sample the start (N,) and the
-      length (N,) of its class's run in ``order``.
+      ``order`` (N,) reference indices sorted by class, and per query the start (Q,) and the
+      length (Q,) of its class's run in ``order`` (length 0 for a class with no reference).
     """
-    _, inverse, counts = np.unique(class_ids, return_inverse=True, return_counts=True)
-    inverse = inverse.reshape(-1)
-    order = np.argsort(inverse, kind="stable")
+    classes, counts = np.unique(reference_ids, return_counts=True)
+    order = np.argsort(reference_ids, kind="stable")
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    return order, starts[inverse], counts[inverse]
+    position = np.minimum(np.searchsorted(classes, query_ids), len(classes) - 1)
+    present = classes[position] == query_ids
+    return order, np.where(present, starts[position], 0), np.where(present, counts[position], 0)
 
 
 def _positive_ranks(
-    distances: np.ndarray, rows: np.ndarray, members: tuple[np.ndarray, ...]
+    distances: np.ndarray,
+    rows: np.ndarray,
+    members: tuple[np.ndarray, ...],
+    exclude_self: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Rank of every same-class sample of each query in a block, among its N - 1 others.
+    """Rank of every same-class reference of each query in a block, among all references.
 
-    The ranking is by (distance, index), like :func:`knn`: the rank of a same-class sample p is
-    ``1 + #{j : d_j < d_p} + #{j : d_j == d_p and j < p}`` over the other samples j. Each row is
-    sorted once; ``#{d_j < d_p}`` is a binary search in it, and the index tie-break is counted
-    directly only for the (rare) distances that occur more than once in the row.
+    The ranking is by (distance, index), like :func:`knn`: the rank of a same-class reference
+    p is ``1 + #{j : d_j < d_p} + #{j : d_j == d_p and j < p}`` over the references j (the
+    query itself excluded in leave-one-out). Each row is sorted once; ``#{d_j < d_p}`` is a
+    binary search in it, and the index tie-break is counted directly only for the (rare)
+    distances that occur more than once in the row.
 
     Args:
       distances: (B, P) distances of the block's queries to all references, the query itself
-        and the padding at ``+inf``.
+        (leave-one-out) and the padding at ``+inf``.
       rows: (B,) global indices of the block's queries.
       members: the output of :func:`_class_members`.
+      exclude_self: the queries are the references, and query i is not its own positive.
 
     Returns:
-      (B, S) int64 ranks, ascending per row, and the (B, S) mask of valid entries (a query has
-      n_c - 1 same-class samples; the rest is padding with rank ``P + 1``).
+      (B, S) int64 ranks, ascending per row, and the (B, S) mask of valid entries (a query
+      has as many entries as same-class references, itself excluded; the rest is padding with
+      rank ``P + 1``).
     """
     order, starts, counts = members
-    width = int(counts[rows].max())
+    width = int(counts[rows].max(initial=0))
     slots = np.arange(width)[None, :]
     valid = slots < counts[rows][:, None]
-    positives = order[np.where(valid, starts[rows][:, None] + slots, 0)]
-    valid &= positives != rows[:, None]
+    positives = order[np.where(valid, starts[rows][:, None] + slots, 0)] if width else slots
+    if exclude_self:
+        valid &= positives != rows[:, None]
     positive_distances = np.take_along_axis(distances, positives, axis=1)
     ranked = np.sort(distances, axis=1)
     before = np.empty(positives.shape, np.int64)
@@ -467,34 +484,41 @@ def knn_full_ranking(
     class_ids: np.ndarray,
     k: int,
     *,
+    references: jax.Array | np.ndarray | None = None,
+    reference_ids: np.ndarray | None = None,
     distance: str = "euclidean",
     block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> FullRanking:
-    """Leave-one-out kNN plus the average-precision sums over the complete ranking.
+    """kNN plus the average-precision sums over the complete ranking of the references.
 
-    Every sample is a query against the N - 1 others. Per block of ``block_size`` queries, the
-    distances to all N references are computed once (a (block_size, N) matrix, so memory is
-    O(block_size * N), never N x N); from them, on the default JAX device, the k nearest
-    references, and on the host the rank of every same-class sample among all N - 1 others
-    (:func:`_positive_ranks`: one sort per row and a binary search per same-class sample, i.e.
-    O(N log N) per query, whatever the class sizes), which gives the sum of P@k * rel_k over
-    the whole ranking (the numerator of the mAP over all neighbours, "mAP" in Roth et al.,
-    "Revisiting Training Strategies and Generalization Performance in Deep Metric Learning",
-    ICML 2020). The next block is dispatched before the host works on the current one.
+    Without ``references`` (leave-one-out) every sample is a query against the N - 1 others;
+    with them (query against gallery, e.g. In-Shop) every query is ranked against all N
+    references. Per block of ``block_size`` queries, the distances to all N references are
+    computed once (a (block_size, N) matrix, so memory is O(block_size * N), never Q x N);
+    from them, on the default JAX device, the k nearest references, and on the host the rank
+    of every same-class reference (:func:`_positive_ranks`: one sort per row and a binary
+    search per same-class reference, i.e. O(N log N) per query, whatever the class sizes),
+    which gives the sum of P@k * rel_k over the whole ranking (the numerator of the mAP over
+    all neighbours, "mAP" in Roth et al., "Revisiting Training Strategies and Generalization
+    Performance in Deep Metric Learning", ICML 2020). The next block is dispatched before the
+    host works on the current one.
 
     Both use the same (distance, index) order as :func:`knn` (self excluded by index), and the
     k nearest come from the same distances as the ranks, so the two are exactly consistent
     (the k neighbours may differ from :func:`knn`'s by float32 rounding in near-ties only).
 
     Args:
-      embeddings: (N, D) float32 embeddings, N >= 2.
-      class_ids: (N,) integer class of every sample.
-      k: number of nearest neighbours to return, 0 <= k <= N - 1.
+      embeddings: (Q, D) float32 query embeddings (the references too without
+        ``references``), Q >= 1 (Q >= 2 for leave-one-out).
+      class_ids: (Q,) integer class of every query.
+      k: number of nearest neighbours to return, 0 <= k <= N - 1 (N without ``references``).
+      references: (N, D) gallery embeddings, or None for leave-one-out.
+      reference_ids: (N,) integer class of every reference (with ``references``).
       distance: "euclidean" or "cosine".
       block_size: queries per block.
 
     Returns:
-      A :class:`FullRanking` with (N, k) distances and indices and (N,) precision sums.
+      A :class:`FullRanking` with (Q, k) distances and indices and (Q,) precision sums.
     """
     if distance not in DISTANCES:
         raise ValueError(f"unknown distance {distance!r}; expected one of {DISTANCES}")
@@ -502,40 +526,57 @@ def knn_full_ranking(
     class_ids = np.asarray(class_ids).reshape(-1)
     if x.ndim != 2 or x.shape[0] != class_ids.shape[0]:
         raise ValueError(f"expected (N, D) embeddings and (N,) classes, got {x.shape}")
-    n = x.shape[0]
-    if not 0 <= k <= n - 1:
-        raise ValueError(f"k={k} must be in [0, {n - 1}] for {n} samples")
+    exclude_self = references is None
+    if exclude_self:
+        refs, reference_ids = x, class_ids
+    else:
+        if reference_ids is None:
+            raise ValueError("references need their reference_ids")
+        refs = jnp.asarray(references, jnp.float32)
+        reference_ids = np.asarray(reference_ids).reshape(-1)
+        if refs.ndim != 2 or refs.shape[1] != x.shape[1] or len(reference_ids) != len(refs):
+            raise ValueError(
+                f"expected (N, {x.shape[1]}) references and (N,) reference_ids, got "
+                f"{refs.shape} and {reference_ids.shape}"
+            )
+    n = refs.shape[0]
+    available = n - int(exclude_self)
+    if not 0 <= k <= available or available < 1:
+        raise ValueError(f"k={k} must be in [0, {available}] for {n} references")
     if block_size < 1:
         raise ValueError("block_size must be positive")
     if distance == "cosine":
-        x = _normalize(x)
+        x, refs = _normalize(x), _normalize(refs)
     width = GROUP_SIZE * math.ceil(n / GROUP_SIZE)
-    references = _augmented_references(x, 1, width, distance)[0]
-    members = _class_members(class_ids)
+    augmented = _augmented_references(refs, 1, width, distance)[0]
+    members = _class_members(reference_ids, class_ids)
 
-    block = min(block_size, n)
-    num_blocks = math.ceil(n / block)
-    padded = jnp.pad(x, ((0, num_blocks * block - n), (0, 0)))
+    num_queries = x.shape[0]
+    block = min(block_size, num_queries)
+    num_blocks = math.ceil(num_queries / block)
+    padded = jnp.pad(x, ((0, num_blocks * block - num_queries), (0, 0)))
 
     def dispatch(b: int) -> tuple[jax.Array, jax.Array, jax.Array]:
         return _full_ranking_block(
             padded[b * block : (b + 1) * block],
             jnp.int32(b * block),
-            references,
+            augmented,
             k=k,
             distance=distance,
+            exclude_self=exclude_self,
         )
 
-    distances = np.empty((n, k), np.float32)
-    indices = np.empty((n, k), np.int32)
-    sums = np.empty((n,), np.float64)
+    distances = np.empty((num_queries, k), np.float32)
+    indices = np.empty((num_queries, k), np.int32)
+    sums = np.empty((num_queries,), np.float64)
     pending = dispatch(0)
     for b in range(num_blocks):
         current, pending = pending, dispatch(b + 1) if b + 1 < num_blocks else None
-        rows = np.arange(b * block, min((b + 1) * block, n))
+        rows = np.arange(b * block, min((b + 1) * block, num_queries))
         full, top_d, top_i = (np.asarray(a)[: len(rows)] for a in current)
         distances[rows], indices[rows] = top_d, top_i
         # -0.0 + 0.0 = +0.0: one zero, so that equal distances compare equal everywhere.
-        sums[rows] = precision_sums_from_ranks(*_positive_ranks(full + 0.0, rows, members))
+        ranks = _positive_ranks(full + 0.0, rows, members, exclude_self)
+        sums[rows] = precision_sums_from_ranks(*ranks)
         del current, full
     return FullRanking(distances, indices, sums)

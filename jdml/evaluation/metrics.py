@@ -1,6 +1,7 @@
 """Retrieval, clustering and embedding-space metrics, computed from shared requirements.
 
-Every test sample is a query against all other test samples (leave-one-out retrieval). The
+Every test sample is a query against all other test samples (leave-one-out retrieval), or,
+for datasets with a query/gallery protocol (In-Shop), every query against the gallery. The
 expensive parts are computed once per evaluation and shared by all metrics
 (:class:`Requirements`): the classes of each query's nearest neighbours (one kNN pass with the
 largest neighbour count any requested metric needs), the average-precision sums over the
@@ -61,6 +62,8 @@ class Requirements:
     Attributes:
       labels: (N,) integer class of every sample (the evaluator passes ids 0..C-1).
       class_sizes: (N,) size of each sample's class in the evaluated set, the sample included.
+        Against a gallery (``leave_one_out=False``), one more than the number R of gallery
+        items of the query's class, so that R = class_sizes - 1 in both protocols.
       neighbour_labels: (N, K) classes of each query's K nearest other samples, nearest first
         (the query itself excluded), or None if no metric needs neighbours.
       cluster_assignments: (N,) k-means cluster of every sample, or None if not needed.
@@ -70,6 +73,10 @@ class Requirements:
         descending, or None if not needed.
       dimension: D, the embedding dimension.
       class_distances: :class:`ClassDistances`, or None if not needed.
+      leave_one_out: whether each sample is a query against the other samples (True), or the
+        queries are ranked against a separate gallery (False, e.g. In-Shop). The class-size
+        normaliser of ``map@c`` / ``map@<k>`` / ``map`` is n_c (the query included) in the
+        first case and R in the second.
     """
 
     labels: np.ndarray
@@ -80,6 +87,7 @@ class Requirements:
     singular_values: np.ndarray | None = None
     dimension: int = 0
     class_distances: ClassDistances | None = None
+    leave_one_out: bool = True
 
 
 def _no_neighbours(_: np.ndarray) -> int:
@@ -268,6 +276,16 @@ def map_at_r(requirements: Requirements) -> float:
     return _mean_over_queries_with_positives(requirements, sums / np.maximum(others, 1))
 
 
+def _relevant_normaliser(requirements: Requirements) -> np.ndarray:
+    """The (N,) class-size normaliser (and ``map@c`` depth) of Roth et al.'s mAP variants.
+
+    Leave-one-out: n_c, the query's class size with the query counted. Against a gallery:
+    R, the number of gallery items of the query's class (a query with none scores 0).
+    """
+    sizes = requirements.class_sizes
+    return sizes if requirements.leave_one_out else sizes - 1
+
+
 def map_at_c(requirements: Requirements) -> float:
     """mAP@C, the class-size-cutoff mAP ("mAP_c") of Roth et al., "Revisiting Training
     Strategies and Generalization Performance in Deep Metric Learning" (ICML 2020).
@@ -278,6 +296,8 @@ def map_at_c(requirements: Requirements) -> float:
     normaliser counts the query itself while at most n_c - 1 neighbours can be relevant, so a
     perfect embedding scores (n_c - 1) / n_c per query, not 1, and a single-sample class scores
     0. If n_c exceeds the N - 1 available neighbours (a single class) the ranks are clipped.
+    Against a gallery, n_c is R, the number of the class's gallery items (the first R
+    neighbours, AP normalised by R: a perfect embedding scores 1).
 
     Args:
       requirements: shared requirements; needs max(n_c) neighbours (or N - 1).
@@ -285,8 +305,9 @@ def map_at_c(requirements: Requirements) -> float:
     Returns:
       mAP@C in [0, 1).
     """
-    sizes = requirements.class_sizes
-    return float(np.mean(_blocked_relevance(requirements, sizes, _average_precision) / sizes))
+    sizes = _relevant_normaliser(requirements)
+    sums = _blocked_relevance(requirements, sizes, _average_precision)
+    return float(np.mean(sums / np.maximum(sizes, 1)))
 
 
 def map_at_k(requirements: Requirements, k: int) -> float:
@@ -296,6 +317,7 @@ def map_at_k(requirements: Requirements, k: int) -> float:
     For a query of class c with n_c samples (the query included), AP = (1/n_c) sum_{i=1..k'}
     P@i * rel_i over its k' = min(k, N - 1) nearest other samples; the mean over all queries
     (a single-sample class scores 0). With k >= N - 1 this is :func:`mean_average_precision`.
+    Against a gallery, n_c is R, the number of the class's gallery items.
 
     Args:
       requirements: shared requirements; needs min(k, N - 1) neighbours per query.
@@ -306,7 +328,7 @@ def map_at_k(requirements: Requirements, k: int) -> float:
     """
     depth = np.full(len(requirements.labels), k)
     sums = _blocked_relevance(requirements, depth, _average_precision)
-    return float(np.mean(sums / requirements.class_sizes))
+    return float(np.mean(sums / np.maximum(_relevant_normaliser(requirements), 1)))
 
 
 def mean_average_precision(requirements: Requirements) -> float:
@@ -315,7 +337,8 @@ def mean_average_precision(requirements: Requirements) -> float:
 
     For a query of class c with n_c samples (the query included), AP = (1/n_c)
     sum_{i=1..N-1} P@i * rel_i over all N - 1 other samples ranked by distance; the mean over
-    all queries (a single-sample class scores 0, and the maximum is (n_c - 1) / n_c).
+    all queries (a single-sample class scores 0, and the maximum is (n_c - 1) / n_c). Against
+    a gallery, every gallery item is ranked and n_c is R, the number of the class's items.
 
     Args:
       requirements: shared requirements with the (N,) ``precision_sums``.
@@ -324,7 +347,7 @@ def mean_average_precision(requirements: Requirements) -> float:
       mAP in [0, 1).
     """
     sums = _required(requirements.precision_sums, "the full-ranking precision sums")
-    return float(np.mean(sums / requirements.class_sizes))
+    return float(np.mean(sums / np.maximum(_relevant_normaliser(requirements), 1)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from jdml.data.arrays import ImageSet
+from jdml.data.arrays import ImageSet, QueryGallery
 from jdml.data.pipeline import eval_batches
 from jdml.evaluation.evaluator import combine_heads, evaluate_embeddings
 
@@ -29,6 +29,26 @@ def embed_split(
         for head, emb in out.items():
             parts.setdefault(head, []).append(np.asarray(emb)[:valid])
     return {head: np.concatenate(chunks) for head, chunks in parts.items()}
+
+
+def evaluate_split(
+    embeddings: np.ndarray | jax.Array, data: ImageSet, metrics: Sequence[str], **options: Any
+) -> Any:
+    """``evaluate_embeddings`` of one split's embeddings: leave-one-out, or, for a
+    :class:`QueryGallery` split, its queries (the first ``num_queries`` rows) ranked against
+    its gallery (the rest)."""
+    labels = np.asarray(data.labels)
+    if not isinstance(data, QueryGallery):
+        return evaluate_embeddings(embeddings, labels, list(metrics), **options)
+    n = data.num_queries
+    return evaluate_embeddings(
+        embeddings[:n],
+        labels[:n],
+        list(metrics),
+        gallery=embeddings[n:],
+        gallery_labels=labels[n:],
+        **options,
+    )
 
 
 SPECTRUM = "rho_spectrum@0"  # the normalised singular-value spectrum, kept for plots
@@ -91,10 +111,10 @@ def evaluate_splits(
     scalars, vectors, extra = {}, {}, {}
     for name, data in splits.items():
         embeddings = embed_split(embed_fn, params, batch_stats, data, cfg.batch_size)
-        scalars[name], vectors[name] = evaluate_embeddings(
+        scalars[name], vectors[name] = evaluate_split(
             embeddings[head],
-            data.labels,
-            list(metrics[name]),
+            data,
+            metrics[name],
             distance=cfg.distance,
             seed=seed,
             return_vectors=True,
@@ -106,9 +126,7 @@ def evaluate_splits(
             heads = dict(zip(cfg.heads, weights, strict=True))
             rows[combination_name(weights)] = combine_heads(embeddings, heads)
         extra[name] = {
-            row: evaluate_embeddings(
-                emb, data.labels, list(cfg.metrics), distance=cfg.distance, seed=seed
-            )
+            row: evaluate_split(emb, data, cfg.metrics, distance=cfg.distance, seed=seed)
             for row, emb in rows.items()
         }
     return scalars, vectors, extra
@@ -121,7 +139,5 @@ def evaluate_raw_pixels(
     out = {}
     for name, data in splits.items():
         x = data.eval_images(np.arange(len(data))).reshape(len(data), -1)
-        out[name] = evaluate_embeddings(
-            x, data.labels, list(cfg.metrics), distance=cfg.distance, seed=seed
-        )
+        out[name] = evaluate_split(x, data, cfg.metrics, distance=cfg.distance, seed=seed)
     return out
