@@ -8,11 +8,13 @@ RandomHorizontalFlip() + ToTensor()`` and a ``DataLoader(shuffle=True, drop_last
 no Normalize: jdml normalises on the device, so both sides end with float tensors in [0, 1].
 
 Like is compared with like: jdml with 1 reader thread against torchvision with 0 workers (in
-process, torch limited to one intra-op thread, as in DataLoader workers), and jdml with
-``--threads`` against torchvision with ``--workers``. Rounds alternate (jdml, torchvision, jdml,
-...) and the table shows the medians. The photos are a CUB_200_2011-layout tree of JPEGs
-(quality 90) of typical CUB sizes, cut from scikit-image's sample photos with a fixed seed; it is
-built under ``--root`` when absent and reused when present.
+process, torch limited to one intra-op thread, as in DataLoader workers), jdml with
+``--threads`` against torchvision with ``--workers``, and jdml with ``--processes`` worker
+processes (``data.num_workers``, one thread each) against as many DataLoader workers. Rounds
+alternate (jdml, torchvision, jdml, ...) and the table shows the medians. The photos are a
+CUB_200_2011-layout tree of JPEGs (quality 90) of typical CUB sizes, cut from scikit-image's
+sample photos with a fixed seed; it is built under ``--root`` when absent and reused when
+present.
 
 torch is not needed in jdml's environment: the torchvision side runs in a separate interpreter
 (``--torch-python``) on a small script written to a temp file. Run on a quiet machine:
@@ -152,8 +154,11 @@ def describe(files: FileList) -> str:
     )
 
 
-def jdml_rate(files: FileList, args: argparse.Namespace, threads: int, seed: int) -> float:
-    """Images/s of ``train_batches`` with ``threads`` reader threads, after the warm-up."""
+def jdml_rate(
+    files: FileList, args: argparse.Namespace, threads: int, seed: int, processes: int = 0
+) -> float:
+    """Images/s of ``train_batches`` with ``threads`` reader threads (in each of ``processes``
+    worker processes, if any), after the warm-up (which includes starting the workers)."""
     sampler = SAMPLERS.get("class_random")(
         files.labels, batch_size=args.batch_size, samples_per_class=2, seed=seed
     )
@@ -164,6 +169,7 @@ def jdml_rate(files: FileList, args: argparse.Namespace, threads: int, seed: int
         total_steps=args.warmup + args.batches,
         num_threads=threads,
         prefetch=args.prefetch,
+        num_workers=processes,
     )
     for _ in range(args.warmup):
         next(batches)
@@ -196,6 +202,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches first")
     parser.add_argument("--threads", type=int, default=2, help="jdml reader threads")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
+    parser.add_argument(
+        "--processes", type=int, default=2, help="jdml worker processes (1 thread each; 0: none)"
+    )
     parser.add_argument("--prefetch", type=int, default=4, help="jdml batches ahead")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--torch-python", default="/work/refenv/bin/python")
@@ -225,6 +234,10 @@ def main() -> None:
                 rate = jdml_rate(files, args, t, seed=r)
                 results.setdefault(f"jdml|{t}", []).append(rate)
                 print(f"round {r + 1}: jdml, {t} thread(s): {rate:.1f} images/s", flush=True)
+            if args.processes:
+                rate = jdml_rate(files, args, 1, seed=r, processes=args.processes)
+                results.setdefault(f"jdmlp|{args.processes}", []).append(rate)
+                print(f"round {r + 1}: jdml, {args.processes} processes: {rate:.1f} images/s")
             if have_torch:
                 spec.write_text(json.dumps({**shared, "seed": r}))
                 for w, rate in torch_rates(args, script, spec).items():
@@ -235,12 +248,16 @@ def main() -> None:
     print(f"\nmedians of {args.rounds} rounds, {args.batches} batches of {args.batch_size}")
     print(f"{'configuration':<26}{'images/s':>10}  vs torchvision, same parallelism")
     rows = [(f"jdml|{t}", f"torch|{0 if t == 1 else args.workers}") for t in threads]
+    if args.processes:
+        rows.append((f"jdmlp|{args.processes}", f"torch|{args.processes}"))
     rows += [(f"torch|{w}", "") for w in workers if have_torch]
     for key, ref in rows:
         side, n = key.split("|")
-        name = (
-            f"jdml, {n} thread{'s' * (n != '1')}" if side == "jdml" else f"torchvision, {n} workers"
-        )
+        name = {
+            "jdml": f"jdml, {n} thread{'s' * (n != '1')}",
+            "jdmlp": f"jdml, {n} processes",
+            "torch": f"torchvision, {n} workers",
+        }[side]
         if ref in median:
             versus = f"{median[key] / median[ref]:.2f}x (vs {ref.split('|')[1]} workers)"
         else:

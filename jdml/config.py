@@ -122,6 +122,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.normalization = "mean_std"
     c.data.num_threads = 2  # grain reader threads
     c.data.prefetch = 4  # batches prepared ahead
+    c.data.num_workers = 0  # worker processes building batches (0: threads in this process)
 
     c.model = ml_collections.ConfigDict()
     c.model.backbone = "small_resnet"
@@ -394,6 +395,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
         )
     if not 0.0 <= c.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction={c.data.val_fraction} must be in [0, 1)")
+    for key, least in (("num_threads", 1), ("prefetch", 1), ("num_workers", 0)):
+        if c.data[key] < least:
+            raise ConfigError(f"data.{key}={c.data[key]} must be at least {least}")
     if c.eval.selection_metric not in c.eval.metrics:
         raise ConfigError(
             f"eval.selection_metric={c.eval.selection_metric!r} is not among eval.metrics "
@@ -526,6 +530,7 @@ RESUMABLE_CHANGES = (
     "train.progress_bar",
     "data.num_threads",
     "data.prefetch",
+    "data.num_workers",
     "data.cache_dir",
     "eval.",
 )

@@ -264,6 +264,7 @@ def _epoch_batches(run: Run, state: TrainState, epoch: int, first_step: int):
         total_steps=(epoch + 1) * spe,
         num_threads=run.config.data.num_threads,
         prefetch=run.config.data.prefetch,
+        num_workers=run.config.data.num_workers,
     )
     return batches, state.replace(sampler_state=sampler_state)
 

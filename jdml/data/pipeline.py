@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import grain
 import numpy as np
+from absl import flags
 
 from jdml.data.arrays import ImageSet
 from jdml.data.augment import Augmentation
@@ -72,11 +73,31 @@ def train_batches(
     total_steps: int,
     num_threads: int,
     prefetch: int,
+    num_workers: int = 0,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Iterates the batches of steps ``start_step .. total_steps - 1`` with reader threads."""
+    """Iterates the batches of steps ``start_step .. total_steps - 1``, in step order.
+
+    Args:
+      make_batch: the step -> batch function.
+      start_step: the first step (resuming starts here: the iterator state is the step).
+      total_steps: one past the last step.
+      num_threads: reader threads (of each worker process, with ``num_workers``).
+      prefetch: batches prepared ahead (per worker process, with ``num_workers``).
+      num_workers: worker processes that build batches (grain's ``mp_prefetch``), for decoding
+        and augmentation heavier than threads can carry; 0 builds them in this process. The
+        batches are the same either way: each is a function of its step alone.
+    """
     ds = grain.MapDataset.range(start_step, total_steps).map(make_batch)
     opts = grain.ReadOptions(num_threads=max(1, num_threads), prefetch_buffer_size=max(1, prefetch))
-    return iter(ds.to_iter_dataset(opts))
+    batches = ds.to_iter_dataset(opts)
+    if num_workers > 0:
+        if not flags.FLAGS.is_parsed():  # grain's workers read its absl flags (their defaults
+            flags.FLAGS.mark_as_parsed()  # when jdml is used as a library, e.g. in a notebook)
+        options = grain.MultiprocessingOptions(
+            num_workers=num_workers, per_worker_buffer_size=max(1, prefetch)
+        )
+        batches = batches.mp_prefetch(options)
+    return iter(batches)
 
 
 def eval_batches(data: ImageSet, batch_size: int) -> Iterator[tuple[np.ndarray, int]]:
