@@ -1,12 +1,15 @@
-"""The ``jdml`` command: ``jdml report RUN_DIR... [--out DIR]`` (also ``python -m jdml``).
+"""The ``jdml`` command (also ``python -m jdml``), on the run directories ``train.py`` writes:
 
-Training and checkpoint evaluation are ``train.py`` and ``eval.py``; this command works on the
-run directories they write.
+* ``jdml report RUN_DIR... [--out DIR]``: tables and plots over runs, mean and std over seeds;
+* ``jdml embed RUN IMAGES --out INDEX``: embed an image folder or .npz into an index file;
+* ``jdml search INDEX QUERY...``: the nearest neighbours of query images in an index;
+* ``jdml look RUN``: retrieval grid, embedding map, training curves and ``report.html``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 
@@ -27,6 +30,87 @@ def _report(args: argparse.Namespace) -> None:
     for name, workdirs in result["experiments"].items():
         print(f"{name}: {len(workdirs)} run(s)")
     print("wrote " + ", ".join(result["files"]))
+
+
+def _embed(args: argparse.Namespace) -> None:
+    from jdml.inference import collect_images, load
+
+    model = load(args.workdir, args.checkpoint, args.embedding)
+    items = collect_images(args.images, model)
+    index = model.index(
+        items.images,
+        labels=items.labels,
+        names=items.names,
+        class_names=items.class_names,
+        batch_size=args.batch_size,
+        progress=True,
+    )
+    index.save(args.out)
+    labelled = f", {len(items.class_names)} classes" if items.class_names else ""
+    print(
+        f"wrote {args.out}: {len(index)} items{labelled}, {index.embeddings.shape[1]}-d "
+        f"embedding {model.embedding!r} of {args.workdir} ({model.fingerprint['checkpoint']}, "
+        f"step {model.step})"
+    )
+
+
+def _search(args: argparse.Namespace) -> None:
+    from jdml.inference import Index, collect_images, hits_table, load
+
+    index = Index.load(args.index)
+    fingerprint = index.fingerprint
+    model = load(
+        args.workdir or fingerprint["workdir"],
+        args.checkpoint or fingerprint["step"],
+        args.embedding or fingerprint["embedding"],
+    )
+    queries = collect_images(args.queries, model, files_only=True)
+    hits = index.search(model.embed(queries.images), args.k, fingerprint=model.fingerprint)
+    print(hits_table(queries.names, hits, index.class_names))
+    if args.json:
+        from jdml.trainer import atomic_write
+
+        results = [
+            {"query": q, "neighbours": [h.as_dict(index.class_names) for h in row]}
+            for q, row in zip(queries.names, hits, strict=True)
+        ]
+        atomic_write(args.json, json.dumps({"index": args.index, "results": results}, indent=2))
+        print(f"wrote {args.json}")
+
+
+def _look(args: argparse.Namespace) -> None:
+    from jdml.look import LookOptions, look
+
+    options = LookOptions(
+        split=args.split,
+        queries=args.queries,
+        neighbours=args.k,
+        classes=args.classes,
+        method=args.method,
+        seed=args.seed,
+    )
+    out = look(
+        args.workdir,
+        checkpoint=args.checkpoint,
+        embedding=args.embedding,
+        out=args.out,
+        options=options,
+    )
+    print("wrote " + ", ".join(out.values()))
+
+
+def _model_arguments(p: argparse.ArgumentParser, checkpoint_default: str | None) -> None:
+    p.add_argument(
+        "--checkpoint",
+        default=checkpoint_default,
+        help="best, latest or a step number"
+        + (f" (default {checkpoint_default})" if checkpoint_default else ""),
+    )
+    p.add_argument(
+        "--embedding",
+        help="a head (e.g. shared, member2), concat:<weights> over eval.heads, or ensemble (a "
+        "DM2 cohort's members concatenated); default the run's main head",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,18 +141,74 @@ def parser() -> argparse.ArgumentParser:
         "instead of the main head; the checkpoint is still selected on the main head",
     )
     r.set_defaults(func=_report)
+
+    e = sub.add_parser(
+        "embed",
+        help="embed an image folder or .npz with a checkpoint into an index file",
+        description="Embeds images with a run's checkpoint into an index (.npz: embeddings, "
+        "labels, file names and the model's fingerprint). IMAGES is a folder of class folders "
+        "(labels from their names), a folder of images (no labels), or an .npz with 'images' "
+        "(and optional 'labels', 'class_names').",
+    )
+    e.add_argument("workdir", help="a training run directory")
+    e.add_argument("images", help="image folder or .npz")
+    e.add_argument("--out", required=True, help="the index file to write (.npz)")
+    e.add_argument("--batch-size", type=int, default=256)
+    _model_arguments(e, "best")
+    e.set_defaults(func=_embed)
+
+    s = sub.add_parser(
+        "search",
+        help="the nearest neighbours of query images in an index",
+        description="Embeds each query image with the checkpoint that built the index (or the "
+        "one given) and prints its k nearest items; --json writes them.",
+    )
+    s.add_argument("index", help="an index file written by `jdml embed`")
+    s.add_argument("queries", nargs="+", help="query image files (or an .npz of images)")
+    s.add_argument("-k", type=int, default=5, help="neighbours per query (default 5)")
+    s.add_argument("--json", help="write the results to this JSON file")
+    s.add_argument("--workdir", help="the run to embed queries with (default: the index's)")
+    _model_arguments(s, None)
+    s.set_defaults(func=_search)
+
+    lk = sub.add_parser(
+        "look",
+        help="retrieval grid, embedding map, training curves and an HTML report of a run",
+        description="Embeds a split of the run with a checkpoint and draws a retrieval grid "
+        "(queries and nearest neighbours, correct ones framed green), an embedding map (2-D "
+        "projection coloured by class, one panel per head for multi-head runs), the training "
+        "curves and the spectrum, gathered in report.html.",
+    )
+    lk.add_argument("workdir", help="a training run directory")
+    lk.add_argument("--out", help="output folder (default <workdir>/look)")
+    lk.add_argument("--split", default="test", help="split to look at (default test)")
+    lk.add_argument("--queries", type=int, default=6, help="queries in the grid (default 6)")
+    lk.add_argument("-k", type=int, default=6, help="neighbours per query (default 6)")
+    lk.add_argument(
+        "--classes", type=int, default=20, help="classes in the map (default 20, 0 = all)"
+    )
+    lk.add_argument(
+        "--method",
+        choices=("auto", "umap", "tsne", "pca"),
+        default="auto",
+        help="2-D projection (auto: UMAP if installed, else t-SNE, PCA for many points)",
+    )
+    lk.add_argument("--seed", type=int, default=0)
+    _model_arguments(lk, "best")
+    lk.set_defaults(func=_look)
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     from jdml.cli import known_errors
+    from jdml.inference import IndexFileError, IndexMismatchError
     from jdml.report import ReportError
 
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     try:
         args.func(args)
-    except (ReportError, *known_errors()) as e:
+    except (ReportError, IndexFileError, IndexMismatchError, *known_errors()) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

@@ -522,6 +522,23 @@ def from_json(text: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(_tuples(json.loads(text)))
 
 
+def _under(defaults: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with the keys it lacks taken from ``defaults``, section by section."""
+    out = dict(saved)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(out[key], dict):
+            out[key] = _under(value, out[key])
+    return out
+
+
+def saved_config(text: str) -> ml_collections.ConfigDict:
+    """A run's ``config.json`` for evaluation and inference: keys added to jdml after the run was
+    trained get their defaults, which keep the behaviour the run was trained with."""
+    return ml_collections.ConfigDict(_tuples(_under(base_config().to_dict(), json.loads(text))))
+
+
 # Keys that may change between runs in the same workdir (they do not change the trained model).
 RESUMABLE_CHANGES = (
     "train.epochs",

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jdml.checkpoint import CheckpointError, Checkpoints
-from jdml.config import ConfigError, from_json
+from jdml.config import ConfigError, saved_config
 from jdml.evaluation.runner import SPECTRUM
 from jdml.run import Run
 from jdml.trainer import atomic_write
@@ -24,7 +24,7 @@ def load_config(workdir: str):
         )
     try:
         with open(path) as f:
-            config = from_json(f.read())
+            config = saved_config(f.read())
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"{path} is unreadable: {e}") from None
     config.lock()

@@ -247,7 +247,7 @@ def load_folder(
 # --------------------------------------------------------------------------- npz
 
 
-def _npz_arrays(file: Path) -> dict[str, np.ndarray]:
+def npz_arrays(file: Path) -> dict[str, np.ndarray]:
     """The arrays of an npz file (no pickles)."""
     try:
         loaded = np.load(file, allow_pickle=False)
@@ -275,7 +275,7 @@ def _npz_arrays(file: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _npz_images(images: np.ndarray, file: Path) -> np.ndarray:
+def npz_images(images: np.ndarray, file: Path) -> np.ndarray:
     """Checks the ``images`` array and returns it as (N, H, W, C)."""
     if images.dtype != np.uint8:
         raise DataError(
@@ -292,7 +292,7 @@ def _npz_images(images: np.ndarray, file: Path) -> np.ndarray:
     return images
 
 
-def _npz_labels(labels: np.ndarray, n: int, file: Path) -> np.ndarray:
+def npz_labels(labels: np.ndarray, n: int, file: Path) -> np.ndarray:
     """Checks the ``labels`` array against ``n`` images and returns it as int32."""
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise DataError(
@@ -332,7 +332,7 @@ def load_npz(
     _check_channels(channels)
     _check_image_size(image_size)
     file = _existing_path(path, NPZ_LAYOUT, "npz")
-    arrays = _npz_arrays(file)
+    arrays = npz_arrays(file)
     missing = [key for key in ("images", "labels") if key not in arrays]
     if missing:
         found = ", ".join(sorted(arrays)) or "none"
@@ -340,8 +340,8 @@ def load_npz(
             f"{file} lacks {', '.join(repr(k) for k in missing)} (keys found: {found}); "
             f"expected {NPZ_LAYOUT}"
         )
-    images = _npz_images(arrays["images"], file)
-    labels = _npz_labels(arrays["labels"], len(images), file)
+    images = npz_images(arrays["images"], file)
+    labels = npz_labels(arrays["labels"], len(images), file)
     if len(images) == 0:
         raise DataError(f"{file} holds no images")
     return ImageArrays(

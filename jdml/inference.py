@@ -1,0 +1,610 @@
+"""Using a trained model: embed images with a checkpoint, build an index, search it.
+
+``load(workdir)`` restores a checkpoint of a training run (its params and BatchNorm statistics
+only: no training data, optimiser or sampler is built) and returns a :class:`Model` that embeds
+images with one embedding of the run: its main head, another head (``shared``, ``member2``), a
+weighted concatenation of the evaluated heads (``concat:0.5,1,1,1``, DiVA's evaluation) or, for
+a DM2 cohort, ``ensemble`` (the concatenation of the members). :class:`Index` holds embeddings
+with their labels and names and a fingerprint of the model that made them, and answers
+nearest-neighbour queries with the jitted exact search of the evaluator; queries embedded by an
+incompatible model are refused.
+
+    model = jdml.load("runs/glyphs")
+    index = model.index(images, labels=labels)
+    hits = index.search(model.embed(queries), k=5, fingerprint=model.fingerprint)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from PIL import Image, ImageOps
+from tqdm import tqdm
+
+from jdml.checkpoint import CheckpointError, Checkpoints
+from jdml.config import ConfigError
+from jdml.data.arrays import ImageSet
+from jdml.data.benchmarks import BENCHMARKS
+from jdml.data.benchmarks.images import decode_image
+from jdml.data.pipeline import eval_batches
+from jdml.data.sources import (
+    IMAGE_SUFFIXES,
+    NPZ_LAYOUT,
+    DataError,
+    npz_arrays,
+    npz_images,
+    npz_labels,
+    resize_images,
+    to_array,
+)
+from jdml.data.transforms import eval_view
+from jdml.evaluation.evaluator import combine_heads
+from jdml.evaluation.knn import knn
+from jdml.methods import Method
+from jdml.methods.cohort import member_name, over_members
+
+INDEX_FORMAT = "jdml-index-1"
+ENSEMBLE = "ensemble"
+
+
+class IndexFileError(ValueError):
+    """An index file that cannot be used: missing, damaged, or of another format."""
+
+
+class IndexMismatchError(ValueError):
+    """Queries embedded by a model other than the one that built the index."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """One neighbour of a query: its rank (1 = nearest), index position, name, label, distance."""
+
+    rank: int
+    index: int
+    name: str
+    label: int
+    distance: float
+
+    def as_dict(self, class_names: Sequence[str] = ()) -> dict[str, Any]:
+        """The hit as JSON-ready values, with its class name when known."""
+        out = dataclasses.asdict(self)
+        if 0 <= self.label < len(class_names):
+            out["class_name"] = class_names[self.label]
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Collection:
+    """Images to embed: file paths or an (N, H, W, C) array, with labels and names.
+
+    Attributes:
+      images: file paths, or uint8 images.
+      labels: (N,) labels, or None when unlabelled.
+      names: one name per image (its path, or ``#<i>`` for arrays).
+      class_names: the name of each label.
+    """
+
+    images: list[str] | np.ndarray
+    labels: np.ndarray | None
+    names: list[str]
+    class_names: tuple[str, ...] = ()
+
+
+def _image_files(folder: Path) -> list[Path]:
+    """The image files directly in ``folder``, sorted by name."""
+    return sorted(
+        f
+        for f in folder.iterdir()
+        if f.is_file() and not f.name.startswith(".") and f.suffix.lower() in IMAGE_SUFFIXES
+    )
+
+
+def _npz_collection(path: Path, model: Model) -> Collection:
+    arrays = npz_arrays(path)
+    if "images" not in arrays:
+        raise DataError(f"{path} has no 'images' array; expected {NPZ_LAYOUT}")
+    images = npz_images(arrays["images"], path)
+    size, _, channels = model.input_shape
+    images = resize_images(images, size, channels)
+    labels = arrays.get("labels")
+    if labels is not None:
+        labels = npz_labels(labels, len(images), path)
+    names = tuple(str(n) for n in arrays.get("class_names", ()))
+    return Collection(images, labels, [f"#{i}" for i in range(len(images))], names)
+
+
+def collect_images(
+    source: str | Sequence[str], model: Model, *, files_only: bool = False
+) -> Collection:
+    """The images of a folder, an .npz, or a list of image files.
+
+    A folder of class folders gives labels in sorted order of the folder names; a folder of
+    images and a list of files give none; an .npz gives its 'images' (resized to the model's
+    input if needed) and its optional 'labels' and 'class_names'.
+
+    Args:
+      source: a folder, an .npz file, or image files.
+      model: the model (for the input size of .npz images).
+      files_only: ``source`` is a list of image files (or a single .npz).
+
+    Raises:
+      DataError: a missing path, a folder without images, an unreadable .npz.
+    """
+    paths = [source] if isinstance(source, str) else list(source)
+    if len(paths) == 1 and paths[0].endswith(".npz"):
+        return _npz_collection(_existing(paths[0]), model)
+    if files_only or len(paths) > 1:
+        files = [str(_existing(p)) for p in paths]
+        return Collection(files, None, files)
+    folder = _existing(paths[0])
+    if folder.is_file():
+        return Collection([str(folder)], None, [str(folder)])
+    classes = sorted(d for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+    per_class = [(d, _image_files(d)) for d in classes]
+    per_class = [(d, files) for d, files in per_class if files]
+    if per_class:
+        files = [str(f) for _, fs in per_class for f in fs]
+        labels = np.repeat(np.arange(len(per_class)), [len(fs) for _, fs in per_class])
+        return Collection(files, labels, files, tuple(d.name for d, _ in per_class))
+    files = [str(f) for f in _image_files(folder)]
+    if not files:
+        raise DataError(
+            f"{folder} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}) and no class "
+            "folders of images"
+        )
+    return Collection(files, None, files)
+
+
+def _existing(path: str) -> Path:
+    if not os.path.exists(path):
+        raise DataError(f"{path} does not exist")
+    return Path(path)
+
+
+def hits_table(queries: Sequence[str], hits: Sequence[Sequence[Hit]], class_names=()) -> str:
+    """The search results as text: per query, its neighbours with rank, distance, label, name."""
+    lines = []
+    for query, row in zip(queries, hits, strict=True):
+        lines.append(f"query {query}")
+        for hit in row:
+            label = hit.as_dict(class_names).get("class_name", hit.label if hit.label >= 0 else "")
+            lines.append(f"  {hit.rank:>3}  {hit.distance:9.4f}  {label!s:<12} {hit.name}")
+    return "\n".join(lines)
+
+
+def _digest(*parts: Any) -> str:
+    """A short sha256 of JSON-serialisable parts."""
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _weights_digest(tree: Any) -> str:
+    """A short sha256 over the bytes, shapes and dtypes of every leaf of a parameter tree."""
+    h = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        array = np.ascontiguousarray(np.asarray(leaf))
+        h.update(f"{jax.tree_util.keystr(path)}{array.shape}{array.dtype}".encode())
+        h.update(array.tobytes())
+    return h.hexdigest()[:16]
+
+
+def _restore_raw(workdir: str, checkpoint: str | int) -> tuple[dict[str, Any], int]:
+    """The saved train state of a checkpoint as nested dicts of arrays, and its step."""
+    ckpts = Checkpoints(workdir)
+    try:
+        manager, step = ckpts.resolve(checkpoint)
+        try:
+            out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+        except Exception as e:  # orbax raises many types for unreadable files
+            raise CheckpointError(
+                f"cannot read checkpoint step {step} in {manager.directory}: {e}. The files may "
+                "be damaged; pass another --checkpoint (latest, best or a step number)"
+            ) from e
+    finally:
+        ckpts.close()
+    return dict(out["state"]), step
+
+
+class Model:
+    """One embedding of a trained checkpoint, as a jitted batched function of images.
+
+    Attributes:
+      workdir: the training run directory.
+      config: the run's config.
+      step: the checkpoint's step.
+      embedding: the embedding spec (a head name, ``concat:<weights>`` or ``ensemble``).
+      heads: the names of the run's embeddings (heads, or ``member<l>[/<head>]`` of a cohort).
+      fingerprint: what an index records about the model that built it.
+    """
+
+    def __init__(
+        self,
+        workdir: str,
+        config: ml_collections.ConfigDict,
+        state: dict[str, Any],
+        step: int,
+        checkpoint: str | int,
+        embedding: str | None = None,
+    ) -> None:
+        self.workdir, self.config, self.step = workdir, config, step
+        method = Method(config, num_classes=2)  # class counts only size loss parameters
+        self.cohort_size = int(config.cohort.size)
+        self._params = {"model": state["params"]["model"]}
+        self._batch_stats = state["batch_stats"]
+
+        def embed_all(params: Any, batch_stats: Any, images: jax.Array) -> dict[str, jax.Array]:
+            if self.cohort_size == 1:
+                return method.embed(params, batch_stats, images)
+            out = over_members(
+                lambda p, s: method.embed(p, s, images), "unroll", params, batch_stats
+            )
+            return {
+                member_name(i) + ("" if head == method.head else f"/{head}"): emb[i]
+                for i in range(self.cohort_size)
+                for head, emb in out.items()
+            }
+
+        self._embed_all = jax.jit(embed_all)
+        main = member_name(0) if self.cohort_size > 1 else method.head
+        self.heads = self._head_names(method)
+        self.embedding = embedding or main
+        self._combine = self._parse_embedding(self.embedding)
+        self.fingerprint = {
+            "format": INDEX_FORMAT,
+            "model": _digest(config.model.to_dict(), self.input_spec, self.cohort_size),
+            "weights": _weights_digest((self._params, self._batch_stats)),
+            "embedding": self.embedding,
+            "workdir": os.path.abspath(workdir),
+            "checkpoint": str(checkpoint),
+            "step": int(step),
+        }
+
+    # -- the embedding spec --------------------------------------------------------------------
+
+    def _head_names(self, method: Method) -> tuple[str, ...]:
+        if self.cohort_size == 1:
+            return tuple(method.heads)
+        others = [h for h in method.heads if h != method.head]
+        return tuple(
+            member_name(i) + suffix
+            for i in range(self.cohort_size)
+            for suffix in ("", *(f"/{h}" for h in others))
+        )
+
+    def _parse_embedding(self, spec: str) -> dict[str, float] | None:
+        """None for a single head, else the {head: weight} of a concatenation."""
+        if spec in self.heads:
+            return None
+        if spec == ENSEMBLE and self.cohort_size > 1:
+            return {member_name(i): 1.0 for i in range(self.cohort_size)}
+        if spec.startswith("concat:"):
+            heads = tuple(self.config.eval.heads)
+            try:
+                weights = [float(w) for w in spec.removeprefix("concat:").split(",")]
+            except ValueError:
+                weights = []
+            if heads and len(weights) == len(heads):
+                return dict(zip(heads, weights, strict=True))
+            raise ConfigError(
+                f"embedding {spec!r} needs one weight per evaluated head {list(heads)}, e.g. "
+                f"concat:{','.join('1' for _ in heads) or '1,1'}"
+            )
+        choices = [*self.heads, *([ENSEMBLE] if self.cohort_size > 1 else [])]
+        if self.config.eval.heads:
+            choices.append(
+                "concat:<one weight per head of " + ",".join(self.config.eval.heads) + ">"
+            )
+        raise ConfigError(f"unknown embedding {spec!r}; choose one of: {', '.join(choices)}")
+
+    # -- images --------------------------------------------------------------------------------
+
+    @property
+    def input_spec(self) -> dict[str, Any]:
+        """How images become the network's input (part of the fingerprint)."""
+        d = self.config.data
+        spec = {"size": int(d.image_size), "channels": int(d.channels)}
+        if d.name in BENCHMARKS:
+            spec["resize"] = int(d.resize)  # photos: short side resized, centre crop
+        return spec
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        d = self.config.data
+        return int(d.image_size), int(d.image_size), int(d.channels)
+
+    def read_image(self, path: str | Path) -> np.ndarray:
+        """One image file as the evaluation sees it: float32 (H, W, C) in [0, 1].
+
+        Photos of the benchmarks (CUB, CARS, SOP, In-Shop) get the evaluation view (the short
+        side resized to ``data.resize``, the centre crop); other images are fitted into the
+        square ``data.image_size`` with ``data.channels``, as the folder source reads them.
+        """
+        d = self.config.data
+        if d.name in BENCHMARKS:
+            return eval_view(decode_image(str(path)), int(d.resize), int(d.image_size)) / 255.0
+        try:
+            with Image.open(path) as image:
+                image.load()
+                array = to_array(ImageOps.exif_transpose(image), int(d.image_size), int(d.channels))
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+            raise DataError(f"cannot read image {path}: {err}; fix or remove the file") from err
+        return array.astype(np.float32) / 255.0
+
+    def _as_input(self, images: np.ndarray) -> np.ndarray:
+        """uint8 or [0, 1] float (N, H, W, C) images as float32, checked against the input."""
+        images = np.asarray(images)
+        if images.ndim == 3:
+            images = images[..., None]
+        if images.ndim != 4 or images.shape[1:] != self.input_shape:
+            raise DataError(
+                f"expected images of shape (N, {', '.join(map(str, self.input_shape))}) for this "
+                f"model, got {images.shape}; pass file paths to have them resized"
+            )
+        if images.dtype == np.uint8:
+            return images.astype(np.float32) / 255.0
+        return images.astype(np.float32)
+
+    # -- embedding -----------------------------------------------------------------------------
+
+    def embed_all(self, images: np.ndarray, batch_size: int = 256) -> dict[str, np.ndarray]:
+        """Every embedding of the run (``{name: (N, dim)}``), in fixed-size jitted batches."""
+        images = self._as_input(images)
+        n = len(images)
+        parts: dict[str, list[np.ndarray]] = {}
+        size = max(1, min(batch_size, n))
+        for start in range(0, n, size):
+            chunk = images[start : start + size]
+            valid = len(chunk)
+            if valid < size:  # pad the last batch: one compiled shape
+                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], size - valid, axis=0)])
+            out = self._embed_all(self._params, self._batch_stats, jnp.asarray(chunk))
+            for name, emb in out.items():
+                parts.setdefault(name, []).append(np.asarray(emb)[:valid])
+        return {name: np.concatenate(chunks) for name, chunks in parts.items()}
+
+    def embed_set(
+        self, data: ImageSet, batch_size: int = 256, progress: bool = False
+    ) -> dict[str, np.ndarray]:
+        """Every embedding of a split of images (``data.eval_images`` batch by batch, so a large
+        photo dataset never sits in memory whole), with a progress bar if asked."""
+        batches = eval_batches(data, batch_size)
+        total = math.ceil(len(data) / batch_size)
+        parts: dict[str, list[np.ndarray]] = {}
+        for images, valid in tqdm(batches, total=total, unit="batch", disable=not progress):
+            for name, emb in self.embed_all(images, batch_size).items():
+                parts.setdefault(name, []).append(emb[:valid])
+        return {name: np.concatenate(chunks) for name, chunks in parts.items()}
+
+    def select(self, embeddings: dict[str, np.ndarray]) -> np.ndarray:
+        """The model's embedding (``self.embedding``) from all of the run's embeddings."""
+        if self._combine is None:
+            return embeddings[self.embedding]
+        return np.asarray(combine_heads(embeddings, self._combine))
+
+    def embed(
+        self,
+        images: np.ndarray | Sequence[str | Path],
+        batch_size: int = 256,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """The model's embedding (``self.embedding``) of images or image files, float32 (N, D).
+
+        Args:
+          images: (N, H, W, C) uint8 or [0, 1] float images at the input size, or file paths
+            (read batch by batch, so a large folder never sits in memory whole).
+          batch_size: images per jitted call.
+          progress: show a progress bar (files only).
+        """
+        if isinstance(images, np.ndarray):
+            return self.select(self.embed_all(images, batch_size))
+        files = [str(p) for p in images]
+        chunks = range(0, len(files), batch_size)
+        parts = [
+            self.select(
+                self.embed_all(np.stack([self.read_image(f) for f in files[i : i + batch_size]]))
+            )
+            for i in tqdm(chunks, unit="batch", disable=not progress or len(chunks) < 2)
+        ]
+        return np.concatenate(parts)
+
+    def index(
+        self,
+        images: np.ndarray | Sequence[str | Path],
+        *,
+        labels: Sequence[int] | np.ndarray | None = None,
+        names: Sequence[str] | None = None,
+        class_names: Sequence[str] = (),
+        batch_size: int = 256,
+        progress: bool = False,
+    ) -> Index:
+        """Embeds a collection into an :class:`Index` (names default to the paths or
+        ``#<i>``; labels to -1)."""
+        if names is None:
+            names = (
+                [f"#{i}" for i in range(len(images))]
+                if isinstance(images, np.ndarray)
+                else [str(p) for p in images]
+            )
+        embeddings = self.embed(images, batch_size, progress)
+        labels = np.full(len(embeddings), -1) if labels is None else np.asarray(labels)
+        return Index(
+            embeddings=embeddings,
+            labels=labels.astype(np.int64),
+            names=tuple(names),
+            class_names=tuple(class_names),
+            fingerprint=dict(self.fingerprint),
+            distance=str(self.config.eval.distance),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Index:
+    """Embeddings of a collection with their labels and names, and the fingerprint of the model
+    that embedded them.
+
+    Attributes:
+      embeddings: float32 (N, D).
+      labels: int64 (N,), -1 where unknown.
+      names: one name per item (the file path, or ``#<i>``).
+      class_names: the name of each label, if known.
+      fingerprint: the building model's :attr:`Model.fingerprint`.
+      distance: "euclidean" or "cosine", the run's evaluation distance.
+    """
+
+    embeddings: np.ndarray
+    labels: np.ndarray
+    names: tuple[str, ...]
+    fingerprint: dict[str, Any]
+    distance: str = "euclidean"
+    class_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        n = len(self.embeddings)
+        if self.embeddings.ndim != 2 or len(self.labels) != n or len(self.names) != n:
+            raise IndexFileError(
+                f"an index needs (N, D) embeddings with N labels and names, got "
+                f"{self.embeddings.shape}, {len(self.labels)} labels, {len(self.names)} names"
+            )
+
+    def __len__(self) -> int:
+        return len(self.embeddings)
+
+    def check_compatible(self, fingerprint: dict[str, Any]) -> None:
+        """Raises :class:`IndexMismatchError` unless ``fingerprint`` embeds into this index's
+        space (the same model, weights and embedding)."""
+        differ = [
+            k
+            for k in ("model", "weights", "embedding")
+            if fingerprint.get(k) != self.fingerprint.get(k)
+        ]
+        if not differ:
+            return
+
+        def where(f: dict[str, Any]) -> str:
+            return (
+                f"{f.get('workdir')} ({f.get('checkpoint')}, step {f.get('step')}, "
+                f"embedding {f.get('embedding')!r})"
+            )
+
+        raise IndexMismatchError(
+            f"this index was built by {where(self.fingerprint)}, but the queries were embedded "
+            f"by {where(fingerprint)}: their {', '.join(differ)} differ, so distances between "
+            "them mean nothing. Embed the queries with the index's checkpoint and embedding, or "
+            "rebuild the index with this one (python -m jdml embed ...)"
+        )
+
+    def search(
+        self, queries: np.ndarray, k: int = 5, *, fingerprint: dict[str, Any] | None = None
+    ) -> list[list[Hit]]:
+        """The k nearest items of each query embedding (exact, jitted; ties by lower index).
+
+        Args:
+          queries: (Q, D) query embeddings.
+          k: neighbours per query (at most the index size).
+          fingerprint: the fingerprint of the model that embedded the queries; checked
+            against the index's (pass ``model.fingerprint``).
+        """
+        if fingerprint is not None:
+            self.check_compatible(fingerprint)
+        queries = np.asarray(queries, np.float32)
+        if queries.ndim != 2 or queries.shape[1] != self.embeddings.shape[1]:
+            raise IndexMismatchError(
+                f"queries of shape {queries.shape} do not match the index's "
+                f"{self.embeddings.shape[1]}-dimensional embeddings"
+            )
+        k = min(k, len(self))
+        distances, indices = knn(
+            queries, self.embeddings, k, exclude_self=False, distance=self.distance
+        )
+        distances, indices = np.asarray(distances), np.asarray(indices)
+        return [
+            [
+                Hit(rank + 1, int(i), self.names[i], int(self.labels[i]), float(d))
+                for rank, (i, d) in enumerate(zip(row_i, row_d, strict=True))
+            ]
+            for row_i, row_d in zip(indices, distances, strict=True)
+        ]
+
+    def save(self, path: str | Path) -> None:
+        """Writes the index as an ``.npz`` (no pickled objects), atomically."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.npz")
+        np.savez(
+            tmp,
+            embeddings=self.embeddings.astype(np.float32),
+            labels=self.labels.astype(np.int64),
+            names=np.asarray(self.names, dtype=np.str_),
+            class_names=np.asarray(self.class_names, dtype=np.str_),
+            meta=np.asarray(
+                json.dumps({"fingerprint": self.fingerprint, "distance": self.distance})
+            ),
+        )
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Index:
+        """Reads an index written by :meth:`save` (never unpickles anything)."""
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                meta = json.loads(str(npz["meta"]))
+                index = cls(
+                    embeddings=npz["embeddings"].astype(np.float32),
+                    labels=npz["labels"],
+                    names=tuple(str(n) for n in npz["names"]),
+                    class_names=tuple(str(n) for n in npz["class_names"]),
+                    fingerprint=dict(meta["fingerprint"]),
+                    distance=str(meta["distance"]),
+                )
+        except FileNotFoundError:
+            raise IndexFileError(
+                f"no index file at {path}; build one with python -m jdml embed"
+            ) from None
+        except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+            raise IndexFileError(
+                f"{path} is not a readable jdml index ({e}); rebuild it with python -m jdml embed"
+            ) from None
+        if index.fingerprint.get("format") != INDEX_FORMAT:
+            raise IndexFileError(
+                f"{path} has index format {index.fingerprint.get('format')!r}, expected "
+                f"{INDEX_FORMAT!r}; rebuild it with python -m jdml embed"
+            )
+        return index
+
+
+def load(
+    workdir: str | Path, checkpoint: str | int = "best", embedding: str | None = None
+) -> Model:
+    """Loads a trained model from a run directory.
+
+    Args:
+      workdir: a training run directory (with ``config.json`` and checkpoints).
+      checkpoint: "best", "latest" or a step number.
+      embedding: a head name, ``concat:<weights>`` over ``eval.heads``, or ``ensemble`` for a
+        cohort; default the run's main head (a cohort's first member).
+
+    Returns:
+      The :class:`Model`.
+
+    Raises:
+      CheckpointError: no such run or checkpoint, or an unreadable one.
+      ConfigError: an unknown embedding.
+    """
+    from jdml.evaluate import load_config
+
+    workdir = str(workdir)
+    config = load_config(workdir)
+    state, step = _restore_raw(workdir, checkpoint)
+    return Model(workdir, config, state, step, checkpoint, embedding)
