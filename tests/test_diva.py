@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from PIL import Image
 
 from configs.diva import AUX_HEADS
 from configs.diva import get_config as diva_config
@@ -233,3 +234,29 @@ def test_checkpoint_evaluation_covers_every_head(full_run):
     assert set(out["embeddings"]["test"]) == {*AUX_HEADS, "concat:0.5,1,1,1"}
     best = summary["best"]["test"]["recall@1"]
     assert out["results"]["test"]["recall@1"] == pytest.approx(best, abs=1e-6)
+
+
+def test_loaded_concatenation_and_one_map_per_head(full_run, tmp_path):
+    """``jdml.load`` with a DiVA concatenation embeds as the evaluation did, and ``look`` draws
+    one embedding-map panel per head."""
+    import jdml
+    from jdml.data.loading import load_splits
+    from jdml.evaluation.evaluator import evaluate_embeddings
+    from jdml.look import LookOptions, look
+    from jdml.visualize import embedding_maps_size
+
+    workdir, _ = full_run
+    model = jdml.load(workdir, embedding="concat:0.5,1,1,1")
+    test = load_splits(model.config.data)["test"]
+    got = evaluate_embeddings(model.embed(test.images), test.labels, ["recall@1"])
+    records = [
+        r
+        for r in read_metrics(f"{workdir}/metrics.jsonl")
+        if r.get("embedding") == "concat:0.5,1,1,1" and r["step"] == model.step
+    ]
+    assert got["recall@1"] == pytest.approx(records[-1]["recall@1"], abs=1e-6)
+    out = look(
+        workdir, out=str(tmp_path), options=LookOptions(method="pca", queries=2, neighbours=3)
+    )
+    with Image.open(out["embedding_map"]) as image:
+        assert image.size == embedding_maps_size(4, legend=True)
