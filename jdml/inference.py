@@ -238,6 +238,9 @@ class Model:
         checkpoint: str | int,
         embedding: str | None = None,
     ) -> None:
+        # The checkpoint holds the trained weights: the ImageNet file is neither read nor needed.
+        config = ml_collections.ConfigDict(config.to_dict())
+        config.model.pretrained = ""
         self.workdir, self.config, self.step = workdir, config, step
         method = Method(config, num_classes=2)  # class counts only size loss parameters
         self.cohort_size = int(config.cohort.size)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from jdml.data.arrays import QueryGallery
 from jdml.data.loading import load_splits
 from jdml.evaluation.knn import knn
 from jdml.inference import Model, load
@@ -49,10 +50,14 @@ class LookOptions:
     seed: int = 0
 
 
-def _neighbours(embeddings: np.ndarray, queries: np.ndarray, k: int, distance: str) -> np.ndarray:
-    """(Q, k) indices of each query's k nearest other items (the query itself excluded)."""
-    _, found = knn(embeddings[queries], embeddings, k + 1, exclude_self=False, distance=distance)
-    found = np.asarray(found)
+def _neighbours(
+    embeddings: np.ndarray, queries: np.ndarray, references: np.ndarray, k: int, distance: str
+) -> np.ndarray:
+    """(Q, k) indices of each query's k nearest ``references`` (the query itself excluded)."""
+    _, found = knn(
+        embeddings[queries], embeddings[references], k + 1, exclude_self=False, distance=distance
+    )
+    found = references[np.asarray(found)]
     rows = [row[row != q][:k] for row, q in zip(found, queries, strict=True)]
     return np.stack(rows)
 
@@ -60,11 +65,16 @@ def _neighbours(embeddings: np.ndarray, queries: np.ndarray, k: int, distance: s
 def draw_retrieval_grid(
     model: Model, data: Any, embeddings: np.ndarray, path: str, options: LookOptions
 ) -> str:
-    """The retrieval grid of ``options.queries`` random items of ``data`` (a split)."""
+    """The retrieval grid of ``options.queries`` random items of ``data`` (a split) among the
+    other items; for a query/gallery split, random queries among the gallery."""
+    if isinstance(data, QueryGallery):
+        pool, references = np.arange(data.num_queries), np.arange(data.num_queries, len(data))
+    else:
+        pool = references = np.arange(len(data))
     rng = np.random.default_rng(options.seed)
-    queries = np.sort(rng.choice(len(data), min(options.queries, len(data)), replace=False))
-    k = min(options.neighbours, len(data) - 1)
-    found = _neighbours(embeddings, queries, k, str(model.config.eval.distance))
+    queries = np.sort(rng.choice(pool, min(options.queries, len(pool)), replace=False))
+    k = min(options.neighbours, len(references) - 1)
+    found = _neighbours(embeddings, queries, references, k, str(model.config.eval.distance))
     labels = np.asarray(data.labels)
     neighbour_images = data.eval_images(found.reshape(-1)).reshape(*found.shape, *model.input_shape)
     return retrieval_grid(

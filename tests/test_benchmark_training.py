@@ -14,8 +14,10 @@ from jdml.data.loading import load_splits
 from jdml.data.sources import DataError
 from jdml.evaluation.evaluator import evaluate_embeddings
 from jdml.evaluation.runner import evaluate_split
+from jdml.look import LookOptions, look
 from jdml.metric_writer import read_metrics
 from jdml.trainer import train_and_evaluate
+from jdml.visualize import retrieval_grid_size
 from tests import benchmark_trees as trees
 from tests.helpers import tiny_config
 
@@ -132,6 +134,11 @@ def test_trains_and_evaluates_inshop_query_against_gallery(inshop, tmp_path):
     records = read_metrics(str(workdir / "metrics.jsonl"))
     tests = [r for r in records if r.get("split") == "test" and "recall@1" in r]
     assert tests and all(0.0 <= r["recall@1"] <= 1.0 for r in tests)
+    # look: queries from the query images, neighbours from the gallery.
+    options = LookOptions(method="pca", queries=2, neighbours=3)
+    out = look(str(workdir), out=str(tmp_path / "look"), options=options)
+    with Image.open(out["retrieval_grid"]) as grid:
+        assert grid.size == retrieval_grid_size(2, 3, title=True)
 
 
 def test_inshop_evaluation_uses_the_gallery_protocol(inshop):
