@@ -54,6 +54,7 @@ from jdml.evaluation.evaluator import combine_heads
 from jdml.evaluation.knn import knn
 from jdml.methods import Method
 from jdml.methods.cohort import member_name, over_members
+from jdml.methods.method import input_normalization
 
 INDEX_FORMAT = "jdml-index-1"
 ENSEMBLE = "ensemble"
@@ -317,7 +318,13 @@ class Model:
     def input_spec(self) -> dict[str, Any]:
         """How images become the network's input (part of the fingerprint)."""
         d = self.config.data
-        spec = {"size": int(d.image_size), "channels": int(d.channels)}
+        mean, std = input_normalization(self.config)
+        spec = {
+            "size": int(d.image_size),
+            "channels": int(d.channels),
+            "mean": np.asarray(mean).tolist(),
+            "std": np.asarray(std).tolist(),
+        }
         if d.name in BENCHMARKS:
             spec["resize"] = int(d.resize)  # photos: short side resized, centre crop
         return spec
