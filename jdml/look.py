@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from jdml.config import ConfigError
 from jdml.data.arrays import QueryGallery
 from jdml.data.loading import load_splits
 from jdml.evaluation.knn import knn
@@ -140,7 +141,9 @@ def look(
     model = load(workdir, checkpoint, embedding)
     splits = load_splits(model.config.data)
     if options.split not in splits:
-        raise ValueError(f"split {options.split!r} does not exist; available: {sorted(splits)}")
+        raise ConfigError(
+            f"split {options.split!r} does not exist for this run; choose one of {sorted(splits)}"
+        )
     data = splits[options.split]
     out = out or os.path.join(workdir, "look")
     os.makedirs(out, exist_ok=True)

@@ -152,6 +152,10 @@ def test_look_writes_the_pictures_and_the_report(run_dir, tmp_path, capsys):
             assert image.size == size, name
     html = (out / "report.html").read_text()
     assert html.count('<img src="data:image/png;base64,') >= 3
+    with pytest.raises(SystemExit) as exit_info:
+        jdml_main(["look", run_dir, "--split", "val"])
+    assert exit_info.value.code == 2
+    assert "split 'val' does not exist for this run" in capsys.readouterr().err
 
 
 def test_readme_python_example_runs(run_dir, capsys):
