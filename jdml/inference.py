@@ -17,9 +17,9 @@ incompatible model are refused.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +30,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
-from PIL import Image, ImageOps
 from tqdm import tqdm
 
 from jdml.checkpoint import CheckpointError, Checkpoints
@@ -38,20 +37,21 @@ from jdml.config import ConfigError
 from jdml.data.arrays import ImageSet
 from jdml.data.benchmarks import BENCHMARKS
 from jdml.data.benchmarks.images import decode_image
-from jdml.data.pipeline import eval_batches
 from jdml.data.sources import (
     IMAGE_SUFFIXES,
     NPZ_LAYOUT,
     DataError,
+    image_files,
     npz_arrays,
     npz_images,
     npz_labels,
+    read_image,
     resize_images,
-    to_array,
 )
 from jdml.data.transforms import eval_view
 from jdml.evaluation.evaluator import combine_heads
 from jdml.evaluation.knn import knn
+from jdml.evaluation.runner import embed_split
 from jdml.methods import Method
 from jdml.methods.cohort import member_name, over_members
 from jdml.methods.method import input_normalization
@@ -103,15 +103,6 @@ class Collection:
     class_names: tuple[str, ...] = ()
 
 
-def _image_files(folder: Path) -> list[Path]:
-    """The image files directly in ``folder``, sorted by name."""
-    return sorted(
-        f
-        for f in folder.iterdir()
-        if f.is_file() and not f.name.startswith(".") and f.suffix.lower() in IMAGE_SUFFIXES
-    )
-
-
 def _npz_collection(path: Path, model: Model) -> Collection:
     arrays = npz_arrays(path)
     if "images" not in arrays:
@@ -153,13 +144,13 @@ def collect_images(
     if folder.is_file():
         return Collection([str(folder)], None, [str(folder)])
     classes = sorted(d for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
-    per_class = [(d, _image_files(d)) for d in classes]
+    per_class = [(d, image_files(d)) for d in classes]
     per_class = [(d, files) for d, files in per_class if files]
     if per_class:
         files = [str(f) for _, fs in per_class for f in fs]
         labels = np.repeat(np.arange(len(per_class)), [len(fs) for _, fs in per_class])
         return Collection(files, labels, files, tuple(d.name for d, _ in per_class))
-    files = [str(f) for f in _image_files(folder)]
+    files = [str(f) for f in image_files(folder)]
     if not files:
         raise DataError(
             f"{folder} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}) and no class "
@@ -265,14 +256,20 @@ class Model:
         self.heads = self._head_names(method)
         self.embedding = embedding or main
         self._combine = self._parse_embedding(self.embedding)
-        self.fingerprint = {
+        self._checkpoint = str(checkpoint)
+
+    @functools.cached_property
+    def fingerprint(self) -> dict[str, Any]:
+        """What an index records about the model that built it (the weights are hashed on
+        first use, not at load)."""
+        return {
             "format": INDEX_FORMAT,
-            "model": _digest(config.model.to_dict(), self.input_spec, self.cohort_size),
+            "model": _digest(self.config.model.to_dict(), self.input_spec, self.cohort_size),
             "weights": _weights_digest((self._params, self._batch_stats)),
             "embedding": self.embedding,
-            "workdir": os.path.abspath(workdir),
-            "checkpoint": str(checkpoint),
-            "step": int(step),
+            "workdir": os.path.abspath(self.workdir),
+            "checkpoint": self._checkpoint,
+            "step": int(self.step),
         }
 
     # -- the embedding spec --------------------------------------------------------------------
@@ -344,13 +341,7 @@ class Model:
         d = self.config.data
         if d.name in BENCHMARKS:
             return eval_view(decode_image(str(path)), int(d.resize), int(d.image_size)) / 255.0
-        try:
-            with Image.open(path) as image:
-                image.load()
-                array = to_array(ImageOps.exif_transpose(image), int(d.image_size), int(d.channels))
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-            raise DataError(f"cannot read image {path}: {err}; fix or remove the file") from err
-        return array.astype(np.float32) / 255.0
+        return read_image(path, int(d.image_size), int(d.channels)).astype(np.float32) / 255.0
 
     def _as_input(self, images: np.ndarray) -> np.ndarray:
         """uint8 or [0, 1] float (N, H, W, C) images as float32, checked against the input."""
@@ -387,15 +378,11 @@ class Model:
     def embed_set(
         self, data: ImageSet, batch_size: int = 256, progress: bool = False
     ) -> dict[str, np.ndarray]:
-        """Every embedding of a split of images (``data.eval_images`` batch by batch, so a large
-        photo dataset never sits in memory whole), with a progress bar if asked."""
-        batches = eval_batches(data, batch_size)
-        total = math.ceil(len(data) / batch_size)
-        parts: dict[str, list[np.ndarray]] = {}
-        for images, valid in tqdm(batches, total=total, unit="batch", disable=not progress):
-            for name, emb in self.embed_all(images, batch_size).items():
-                parts.setdefault(name, []).append(emb[:valid])
-        return {name: np.concatenate(chunks) for name, chunks in parts.items()}
+        """Every embedding of a split of images, as the evaluation embeds it
+        (:func:`jdml.evaluation.runner.embed_split`), with a progress bar if asked."""
+        return embed_split(
+            self._embed_all, self._params, self._batch_stats, data, batch_size, progress
+        )
 
     def select(self, embeddings: dict[str, np.ndarray]) -> np.ndarray:
         """The model's embedding (``self.embedding``) from all of the run's embeddings."""

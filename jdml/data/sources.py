@@ -168,9 +168,9 @@ def _class_folders(root: Path) -> list[Path]:
     return folders
 
 
-def _image_files(folder: Path) -> list[Path]:
-    """The non-hidden image files of a class folder, sorted by name."""
-    files = sorted(
+def image_files(folder: Path) -> list[Path]:
+    """The non-hidden image files directly in ``folder``, sorted by name (maybe none)."""
+    return sorted(
         (
             f
             for f in folder.iterdir()
@@ -178,6 +178,11 @@ def _image_files(folder: Path) -> list[Path]:
         ),
         key=lambda f: f.name,
     )
+
+
+def _image_files(folder: Path) -> list[Path]:
+    """The image files of a class folder, which must hold some."""
+    files = image_files(folder)
     if not files:
         suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
         raise DataError(
@@ -187,17 +192,18 @@ def _image_files(folder: Path) -> list[Path]:
     return files
 
 
-def _read_image(file: Path, size: int, channels: int) -> np.ndarray:
-    """Decodes one image file (EXIF orientation applied); errors name the file."""
+def read_image(file: Path | str, size: int, channels: int, hint: str = "") -> np.ndarray:
+    """Decodes one image file (EXIF orientation applied) into the (size, size, channels) square;
+    errors name the file (and end with ``hint``)."""
     try:
         with Image.open(file) as image:
             image.load()
             return to_array(ImageOps.exif_transpose(image), size, channels)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-        raise DataError(
-            f"cannot read image {file}: {err}; fix or delete the file "
-            "(or pass skip_unreadable=True to skip unreadable files with a warning)"
-        ) from err
+        raise DataError(f"cannot read image {file}: {err}; fix or delete the file{hint}") from err
+
+
+SKIP_HINT = " (or pass skip_unreadable=True to skip unreadable files with a warning)"
 
 
 @DATASETS.register("folder")
@@ -223,7 +229,7 @@ def load_folder(
         count = 0
         for file in _image_files(folder):
             try:
-                images.append(_read_image(file, image_size, channels))
+                images.append(read_image(file, image_size, channels, SKIP_HINT))
             except DataError as err:
                 if not skip_unreadable:
                     raise

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
+from tqdm import tqdm
 
 from jdml.data.arrays import ImageSet, QueryGallery
 from jdml.data.pipeline import eval_batches
@@ -17,14 +19,22 @@ EmbedFn = Callable[[Any, Any, jax.Array], dict[str, jax.Array]]
 
 
 def embed_split(
-    embed_fn: EmbedFn, params: Any, batch_stats: Any, data: ImageSet, batch_size: int
+    embed_fn: EmbedFn,
+    params: Any,
+    batch_stats: Any,
+    data: ImageSet,
+    batch_size: int,
+    progress: bool = False,
 ) -> dict[str, np.ndarray]:
     """Embeds every image of ``data`` with a jitted ``embed_fn``; returns ``{head: (N, dim)}``.
 
-    Batches have a fixed shape (the last one padded), so ``embed_fn`` compiles once.
+    Batches have a fixed shape (the last one padded), so ``embed_fn`` compiles once; the images
+    are read batch by batch, so a large photo split never sits in memory whole.
     """
     parts: dict[str, list[np.ndarray]] = {}
-    for images, valid in eval_batches(data, batch_size):
+    batches = eval_batches(data, batch_size)
+    total = math.ceil(len(data) / batch_size)
+    for images, valid in tqdm(batches, total=total, unit="batch", disable=not progress):
         out = embed_fn(params, batch_stats, images)
         for head, emb in out.items():
             parts.setdefault(head, []).append(np.asarray(emb)[:valid])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jdml.models.resnet50 import global_pool
+from jdml.models.resnet50 import batch_norm, global_pool
 
 # (repeats, kernel, stride, expansion, in_channels, out_channels) per stage.
 LITE0_STAGES: tuple[tuple[int, int, int, int, int, int], ...] = (
@@ -41,13 +41,7 @@ STD = 128.0 / 255.0
 
 def _batch_norm(train_bn: bool, dtype: jnp.dtype, name: str) -> nn.BatchNorm:
     """The weights' BatchNorm (eps 1e-3, PyTorch momentum 0.01); frozen unless ``train_bn``."""
-    return nn.BatchNorm(
-        use_running_average=not train_bn,
-        momentum=BN_MOMENTUM,
-        epsilon=BN_EPS,
-        dtype=dtype,
-        name=name,
-    )
+    return batch_norm(train_bn, BN_EPS, dtype, name, momentum=BN_MOMENTUM)
 
 
 class MBConv(nn.Module):

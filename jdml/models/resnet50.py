@@ -54,12 +54,15 @@ def global_pool(x: jnp.ndarray, pooling: str) -> jnp.ndarray:
     return pooled
 
 
-def batch_norm(train_bn: bool, eps: float, dtype: jnp.dtype, name: str) -> nn.BatchNorm:
-    """A BatchNorm with PyTorch's momentum 0.1; frozen (running statistics, never updated)
-    unless ``train_bn``. Scale and bias are params either way, so they stay trainable."""
+def batch_norm(
+    train_bn: bool, eps: float, dtype: jnp.dtype, name: str, momentum: float = BN_MOMENTUM
+) -> nn.BatchNorm:
+    """A BatchNorm with PyTorch's momentum 0.1 (Flax ``momentum`` 0.9) unless told; frozen
+    (running statistics, never updated) unless ``train_bn``. Scale and bias are params either
+    way, so they stay trainable."""
     return nn.BatchNorm(
         use_running_average=not train_bn,
-        momentum=BN_MOMENTUM,
+        momentum=momentum,
         epsilon=eps,
         dtype=dtype,
         name=name,

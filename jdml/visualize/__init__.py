@@ -1,7 +1,8 @@
 """Looking at what a model learned: retrieval grids, embedding maps, training curves, spectra
 and a self-contained HTML report of a run.
 
-Everything works on numpy arrays and run directories (no JAX); matplotlib is imported lazily.
+Everything works on numpy arrays and run directories; matplotlib is imported lazily, and the
+metric registry (for which metrics are percentages) when a table or axis needs it.
 """
 
 from __future__ import annotations

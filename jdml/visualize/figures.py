@@ -47,7 +47,6 @@ _CORRECT_COLOUR = "#2ca02c"
 _WRONG_COLOUR = "#d62728"
 _CORRECT_TEXT = "#16701a"
 _WRONG_TEXT = "#b01a1c"
-_NON_PERCENT_PREFIXES = ("rho_spectrum", "dists@")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,11 +55,10 @@ _NON_PERCENT_PREFIXES = ("rho_spectrum", "dists@")
 
 
 def is_fraction_metric(name: str) -> bool:
-    """Whether a metric is a fraction in [0, 1], shown in percent.
-
-    Mirrors ``jdml.evaluation.evaluator.is_percent`` without importing JAX: the spectral decay
-    (``rho_spectrum*``) and the class distances (``dists@*``) are shown as they are, every other
-    metric (recall@k, map@r, nmi, f1, ...) in percent.
+    """Whether a metric is a fraction in [0, 1], shown in percent: the metric registry's
+    ``percent`` flag (:func:`jdml.evaluation.evaluator.is_percent`; unknown names: yes). The
+    spectral decay (``rho_spectrum*``) and the class distances (``dists@*``) are shown as they
+    are, every other metric (recall@k, map@r, nmi, f1, ...) in percent.
 
     Args:
       name: a metric name such as ``"recall@1"``.
@@ -68,7 +66,9 @@ def is_fraction_metric(name: str) -> bool:
     Returns:
       True if the metric should be multiplied by 100 for display.
     """
-    return not name.startswith(_NON_PERCENT_PREFIXES)
+    from jdml.evaluation.evaluator import is_percent  # the registry (imports JAX) on first use
+
+    return is_percent(name)
 
 
 def _number(value: Any) -> float | None:
