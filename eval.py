@@ -19,15 +19,19 @@ def main(argv: list[str]) -> None:
     del argv
 
     def run() -> None:
-        from jdml.evaluate import evaluate_checkpoint
+        from jdml.evaluate import evaluate_checkpoint, load_config, save_evaluation
         from jdml.evaluation.evaluator import format_table
+        from jdml.workdir import check_writable
 
-        out = evaluate_checkpoint(_WORKDIR.value, _CHECKPOINT.value, _SPLIT.value)
+        load_config(_WORKDIR.value)  # a workdir that is not a run is named first
+        check_writable(_WORKDIR.value)
+        out = evaluate_checkpoint(_WORKDIR.value, _CHECKPOINT.value, _SPLIT.value, write=False)
         label = f"{out['checkpoint']} (step {out['step']})"
         rows = {f"{label} {s}": v for s, v in out["results"].items()}
         for split, embeddings in out.get("embeddings", {}).items():
             rows.update({f"{label} {split} {name}": v for name, v in embeddings.items()})
-        print(format_table(rows))
+        print(format_table(rows), flush=True)  # shown even if the results cannot be written
+        print(f"results: {save_evaluation(_WORKDIR.value, out)}")
 
     run_cli(run)
 

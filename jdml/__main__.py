@@ -11,7 +11,21 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
+
+
+def _count(least: int):
+    """An argparse type: an integer of at least ``least``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    return parse
 
 
 def _report(args: argparse.Namespace) -> None:
@@ -68,7 +82,7 @@ def _search(args: argparse.Namespace) -> None:
     hits = index.search(model.embed(queries.images), args.k, fingerprint=model.fingerprint)
     print(hits_table(queries.names, hits, index.class_names))
     if args.json:
-        from jdml.trainer import atomic_write
+        from jdml.workdir import atomic_write
 
         results = [
             {"query": q, "neighbours": [h.as_dict(index.class_names) for h in row]}
@@ -79,8 +93,12 @@ def _search(args: argparse.Namespace) -> None:
 
 
 def _look(args: argparse.Namespace) -> None:
-    from jdml.look import LookOptions, look
+    import os
 
+    from jdml.look import LookOptions, look
+    from jdml.workdir import check_writable
+
+    check_writable(args.out or os.path.join(args.workdir, "look"), "output folder")
     options = LookOptions(
         split=args.split,
         queries=args.queries,
@@ -153,7 +171,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("workdir", help="a training run directory")
     e.add_argument("images", help="image folder or .npz")
     e.add_argument("--out", required=True, help="the index file to write (.npz)")
-    e.add_argument("--batch-size", type=int, default=256)
+    e.add_argument("--batch-size", type=_count(1), default=256)
     _model_arguments(e, "best")
     e.set_defaults(func=_embed)
 
@@ -165,7 +183,7 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument("index", help="an index file written by `jdml embed`")
     s.add_argument("queries", nargs="+", help="query image files (or an .npz of images)")
-    s.add_argument("-k", type=int, default=5, help="neighbours per query (default 5)")
+    s.add_argument("-k", type=_count(1), default=5, help="neighbours per query (default 5)")
     s.add_argument("--json", help="write the results to this JSON file")
     s.add_argument("--workdir", help="the run to embed queries with (default: the index's)")
     _model_arguments(s, None)
@@ -182,10 +200,10 @@ def parser() -> argparse.ArgumentParser:
     lk.add_argument("workdir", help="a training run directory")
     lk.add_argument("--out", help="output folder (default <workdir>/look)")
     lk.add_argument("--split", default="test", help="split to look at (default test)")
-    lk.add_argument("--queries", type=int, default=6, help="queries in the grid (default 6)")
-    lk.add_argument("-k", type=int, default=6, help="neighbours per query (default 6)")
+    lk.add_argument("--queries", type=_count(1), default=6, help="queries in the grid (default 6)")
+    lk.add_argument("-k", type=_count(1), default=6, help="neighbours per query (default 6)")
     lk.add_argument(
-        "--classes", type=int, default=20, help="classes in the map (default 20, 0 = all)"
+        "--classes", type=_count(0), default=20, help="classes in the map (default 20, 0 = all)"
     )
     lk.add_argument(
         "--method",
@@ -193,24 +211,20 @@ def parser() -> argparse.ArgumentParser:
         default="auto",
         help="2-D projection (auto: UMAP if installed, else t-SNE, PCA for many points)",
     )
-    lk.add_argument("--seed", type=int, default=0)
+    lk.add_argument("--seed", type=_count(0), default=0)
     _model_arguments(lk, "best")
     lk.set_defaults(func=_look)
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
-    from jdml.cli import known_errors
+    from jdml.cli import run_cli
     from jdml.inference import IndexFileError, IndexMismatchError
     from jdml.report import ReportError
 
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    try:
-        args.func(args)
-    except (ReportError, IndexFileError, IndexMismatchError, *known_errors()) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(lambda: args.func(args), extra=(ReportError, IndexFileError, IndexMismatchError))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,23 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing or cannot be restored; the message names it and the fix."""
 
 
+def saved_steps(workdir: str, which: str = "latest") -> list[int]:
+    """The steps of the finished latest (``checkpoints/``) or best (``best/``) checkpoints.
+
+    Reads directory names only, without opening a checkpoint manager; a save cut short by a
+    kill leaves a temporary directory, which does not count.
+    """
+    folder = os.path.join(workdir, "checkpoints" if which == "latest" else "best")
+    if not os.path.isdir(folder):
+        return []
+    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+
+
+def has_checkpoints(workdir: str) -> bool:
+    """True if ``workdir`` holds a finished latest or best checkpoint."""
+    return bool(saved_steps(workdir, "latest") or saved_steps(workdir, "best"))
+
+
 def _manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep,
@@ -65,7 +82,10 @@ class Checkpoints:
             return self.best
         if which == "latest":
             return self.latest
-        raise ValueError(f"unknown checkpoint set {which!r}")
+        raise CheckpointError(
+            f"unknown checkpoint {which!r}: use best, latest or a step number (steps here: "
+            f"latest {self.steps('latest')}, best {self.steps('best')})"
+        )
 
     def resolve(self, which: str | int) -> tuple[ocp.CheckpointManager, int]:
         """Maps 'best', 'latest' or a step number onto a manager and step."""

@@ -14,7 +14,10 @@ EXIT_USAGE = 2
 
 def known_errors() -> tuple[type[BaseException], ...]:
     from jdml.data.sources import DataError
+    from jdml.models.pretrained.convert import WeightMismatchError
+    from jdml.models.pretrained.torch_io import WeightFileError
     from jdml.trainer import NonFiniteLossError
+    from jdml.workdir import WorkdirError
 
     return (
         ConfigError,
@@ -22,19 +25,37 @@ def known_errors() -> tuple[type[BaseException], ...]:
         CheckpointError,
         UnknownNameError,
         NonFiniteLossError,
+        WorkdirError,
+        WeightFileError,
+        WeightMismatchError,
         FileNotFoundError,
     )
 
 
-def run_cli(fn: Callable[[], None]) -> None:
-    """Runs ``fn``; an expected failure prints ``error: <message>`` and exits with status 2."""
+def error_line(error: BaseException) -> str:
+    """The one ``error:`` line for an expected failure (a write that failed names its file)."""
+    from jdml.workdir import describe_os_error
+
+    if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
+        return f"error: {describe_os_error(error, 'a file')}"
+    return f"error: {error}"
+
+
+def run_cli(fn: Callable[[], None], extra: tuple[type[BaseException], ...] = ()) -> None:
+    """Runs ``fn``; an expected failure prints ``error: <message>`` and exits with status 2.
+
+    Expected failures are the library's own errors (bad config, data, checkpoints, weights, a
+    workdir in use), ``extra`` ones, and files that cannot be written (permissions, a full disk).
+    """
     from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.WARNING)  # checkpoint libraries log every file write
     try:
         fn()
-    except known_errors() as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (*known_errors(), *extra, OSError) as e:
+        if type(e) is OSError and e.errno is None:  # not a file-system error: a real bug
+            raise
+        print(error_line(e), file=sys.stderr)
         sys.exit(EXIT_USAGE)
 
 
@@ -86,15 +107,68 @@ def _load_config_file(argv: list[str], flag: str):
         return None
 
 
+def _config_file_error(message: str) -> str:
+    """The message of an error raised inside a config file's ``get_config`` (ml_collections
+    embeds the whole traceback in it): its last line, without the exception's module path."""
+    if "Error whilst parsing config file" not in message:
+        return message
+    last = [line.strip() for line in message.splitlines() if line.strip()][-1]
+    name, sep, text = last.partition(": ")
+    if sep and name.rsplit(".", 1)[-1] in ("ConfigError", "UnknownNameError"):
+        return text
+    return f"the config file failed: {last}"
+
+
+def saved_config_argv(argv: list[str], flag: str = "config") -> list[str]:
+    """Maps ``--config <file>.json`` (a run's stored config.json) onto ``configs/saved.py``, the
+    config file that reads it as JSON (nothing in it is executed)."""
+    import configs.saved
+
+    def mapped(value: str) -> str:
+        return f"{configs.saved.__file__}:{value}" if value.endswith(".json") else value
+
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg.startswith(f"--{flag}="):
+            out[i] = f"--{flag}=" + mapped(arg.split("=", 1)[1])
+        elif arg == f"--{flag}" and i + 1 < len(out):
+            out[i + 1] = mapped(out[i + 1])
+    return out
+
+
+def _missing_config_file(argv: list[str], flag: str = "config") -> str | None:
+    """A message if the ``--config`` file does not exist (ml_collections defers that error)."""
+    import os
+
+    for i, arg in enumerate(argv):
+        value = None
+        if arg.startswith(f"--{flag}="):
+            value = arg.split("=", 1)[1]
+        elif arg == f"--{flag}" and i + 1 < len(argv):
+            value = argv[i + 1]
+        if value is not None and not os.path.isfile(value.split(":", 1)[0]):
+            return (
+                f"config file {value.split(':', 1)[0]} does not exist; use a method config "
+                "(configs/revisiting.py, configs/diva.py, configs/sharing.py, configs/dm2.py) or "
+                "a run's config.json"
+            )
+    return None
+
+
 def flags_parser(config_flag_name: str = "config") -> Callable[[list[str]], list[str]]:
     """An ``absl.app.run`` flags parser that reports bad config overrides in one clear line."""
     from absl import flags
 
     def parse(argv: list[str]) -> list[str]:
+        missing = _missing_config_file(argv, config_flag_name)
+        if missing:
+            print(f"error: {missing}", file=sys.stderr)
+            sys.exit(EXIT_USAGE)
+        argv = saved_config_argv(argv, config_flag_name)
         try:
             return flags.FLAGS(argv)
         except flags.Error as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {_config_file_error(str(e))}", file=sys.stderr)
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             config_value = _load_config_file(argv, config_flag_name)
             print(f"error: {explain_override_error(argv, config_value, e)}", file=sys.stderr)

@@ -11,7 +11,7 @@ from jdml.checkpoint import CheckpointError, Checkpoints
 from jdml.config import ConfigError, saved_config
 from jdml.evaluation.runner import SPECTRUM
 from jdml.run import Run
-from jdml.trainer import atomic_write
+from jdml.workdir import atomic_write, check_writable
 
 
 def load_config(workdir: str):
@@ -32,7 +32,11 @@ def load_config(workdir: str):
 
 
 def evaluate_checkpoint(
-    workdir: str, checkpoint: str | int = "best", splits: Sequence[str] = ("test",)
+    workdir: str,
+    checkpoint: str | int = "best",
+    splits: Sequence[str] = ("test",),
+    *,
+    write: bool = True,
 ) -> dict[str, Any]:
     """Restores a checkpoint of a workdir and evaluates it on the given splits.
 
@@ -40,26 +44,32 @@ def evaluate_checkpoint(
       workdir: a training workdir.
       checkpoint: 'best', 'latest' or a step number.
       splits: any of 'train', 'val', 'test'.
+      write: write the results to the workdir (see :func:`save_evaluation`); the workdir is
+        checked to be writable before anything is computed.
 
     Returns:
       ``{"checkpoint": ..., "step": ..., "results": {split: {metric: value}}}``, also written to
-      ``workdir/eval_<checkpoint>_step<step>.json``.
+      ``workdir/eval_<checkpoint>_step<step>.json`` with ``write``.
     """
     workdir = os.path.abspath(workdir)
     config = load_config(workdir)
-    run = Run(config)
-    missing = [s for s in splits if s not in run.splits]
-    if missing:
-        raise ConfigError(
-            f"split(s) {missing} do not exist for this run; available: {sorted(run.splits)}"
-            + (
+    if write:
+        check_writable(workdir)
+    ckpts = Checkpoints(workdir)
+    try:
+        ckpts.resolve(checkpoint)  # a wrong name or step fails before the data is loaded
+        run = Run(config)
+        missing = [s for s in splits if s not in run.splits]
+        if missing:
+            hint = (
                 " (set data.val_fraction > 0 when training to get 'val')"
                 if "val" in missing
                 else ""
             )
-        )
-    ckpts = Checkpoints(workdir)
-    try:
+            raise ConfigError(
+                f"split(s) {missing} do not exist for this run; available: "
+                f"{sorted(run.splits)}{hint}"
+            )
         state, meta = ckpts.restore(checkpoint, run.initial_state)
     finally:
         ckpts.close()
@@ -70,6 +80,16 @@ def evaluate_checkpoint(
     spectra = {s: v[SPECTRUM].tolist() for s, v in vectors.items() if SPECTRUM in v}
     if spectra:
         out["spectra"] = spectra  # normalised singular values of the embeddings, descending
-    name = f"eval_{checkpoint}_step{int(state.step)}.json"
-    atomic_write(os.path.join(workdir, name), json.dumps(out, indent=2))
+    if write:
+        save_evaluation(workdir, out)
     return out
+
+
+def save_evaluation(workdir: str, out: dict[str, Any]) -> str:
+    """Writes an :func:`evaluate_checkpoint` result to ``workdir/eval_<checkpoint>_step<step>.json``
+    and returns the file's path."""
+    path = os.path.join(
+        os.path.abspath(workdir), f"eval_{out['checkpoint']}_step{out['step']}.json"
+    )
+    atomic_write(path, json.dumps(out, indent=2))
+    return path

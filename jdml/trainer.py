@@ -8,8 +8,10 @@ method-specific (heads, miners, losses and their weights) lives in the method ob
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -21,7 +23,7 @@ import ml_collections
 import numpy as np
 from tqdm.auto import tqdm
 
-from jdml.checkpoint import Checkpoints
+from jdml.checkpoint import Checkpoints, has_checkpoints, saved_steps
 from jdml.config import (
     ConfigError,
     base_config,
@@ -40,6 +42,7 @@ from jdml.run import Run
 from jdml.samplers.memory import epoch_sampler
 from jdml.state import TrainState
 from jdml.step import StepFn
+from jdml.workdir import atomic_write, check_writable, run_lock
 
 log = logging.getLogger("jdml")
 
@@ -50,50 +53,65 @@ class NonFiniteLossError(FloatingPointError):
     """Training produced a NaN/inf loss or gradient; the message says when and what to try."""
 
 
-def atomic_write(path: str, text: str) -> None:
-    """Writes ``text`` to ``path`` via a temporary file, so a kill never leaves half a file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+def check_workdir_config(config: ml_collections.ConfigDict, workdir: str) -> bool:
+    """Checks that ``config`` may continue the run stored in ``workdir``; reads, writes nothing.
+
+    A workdir whose ``config.json`` differs in keys that change the model or the training run is
+    refused once it holds a checkpoint. Without one (a start that failed or was stopped before
+    its first checkpoint) the new config simply replaces the old one.
+
+    Returns:
+      True if the stored config differs and is to be replaced (nothing was trained with it).
+
+    Raises:
+      ConfigError: if ``workdir/config.json`` is unreadable, or differs and a checkpoint exists
+        (the message lists the differences and the fixes).
+    """
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return False
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(
+            f"{path} is unreadable ({e}); it does not describe this workdir's checkpoints. "
+            "Use a new --workdir, or restore the file"
+        ) from None
+    defaults = flatten_config(json.loads(to_json(base_config())))
+    diffs = incompatible_keys(old, json.loads(to_json(config)), defaults=defaults)
+    if not diffs:
+        return False
+    if not has_checkpoints(workdir):
+        return True
+    raise ConfigError(
+        f"workdir {workdir} holds a run with a different config; resuming it with this "
+        "config would mix two experiments. Differences:\n  "
+        + "\n  ".join(diffs)
+        + "\nUse a new --workdir for the new config, or pass the stored config "
+        f"(python train.py --config {path} --workdir {workdir}) to resume the old run"
+    )
 
 
 def prepare_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
     """Creates the workdir, refusing one written by an incompatible config, and writes config.json.
 
     Raises:
-      ConfigError: if ``workdir/config.json`` exists and differs in keys that change the model or
-        the training run (the message lists them).
+      ConfigError: see :func:`check_workdir_config`.
     """
+    replaced = check_workdir_config(config, workdir)
     os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "config.json")
-    if os.path.exists(path):
-        try:
-            with open(path) as f:
-                old = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(
-                f"{path} is unreadable ({e}); it does not describe this workdir's checkpoints. "
-                "Use a new --workdir, or restore the file"
-            ) from None
-        defaults = flatten_config(json.loads(to_json(base_config())))
-        diffs = incompatible_keys(old, json.loads(to_json(config)), defaults=defaults)
-        if diffs:
-            raise ConfigError(
-                f"workdir {workdir} holds a run with a different config; resuming it with this "
-                "config would mix two experiments. Differences:\n  "
-                + "\n  ".join(diffs)
-                + "\nUse a new --workdir for the new config, or pass the stored config "
-                f"(python train.py --config {path} ...) to resume the old run"
-            )
     barrier("jdml:workdir-checked")  # every process has read the old config before it changes
     if is_main_process():
-        atomic_write(path, to_json(config))
+        if replaced:
+            log.info("The workdir holds no checkpoint: its config.json is replaced by this one")
+        atomic_write(os.path.join(workdir, "config.json"), to_json(config))
     barrier("jdml:workdir-ready")
 
 
-def setup_logging(workdir: str) -> None:
-    """Logs to the console and to ``workdir/train.log`` (console lines do not break the bar).
+def setup_logging(workdir: str | None) -> None:
+    """Logs to the console and to ``workdir/train.log`` (console lines do not break the bar;
+    ``workdir=None``: the console only, until the workdir may be written).
 
     In a multi-process run only process 0 logs (the others print warnings and errors only).
     """
@@ -109,7 +127,7 @@ def setup_logging(workdir: str) -> None:
         h.close()
     fmt = logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S")
     handlers: list[logging.Handler] = [_TqdmHandler()]
-    if is_main_process():
+    if is_main_process() and workdir is not None:
         handlers.append(logging.FileHandler(os.path.join(workdir, "train.log")))
     else:
         log.setLevel(logging.WARNING)
@@ -171,9 +189,40 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     """
     workdir = os.path.abspath(workdir)
     validate(config)
-    prepare_workdir(config, workdir)
-    setup_logging(workdir)
-    run = Run(config)
+    setup_logging(None)
+    with contextlib.ExitStack() as stack:
+        # Everything that can fail on a user's input (config, data, model) fails before the
+        # workdir is touched; a second process on the same workdir stops before loading data.
+        main = is_main_process()
+        if main:
+            check_writable(workdir)
+            if os.path.isdir(workdir):
+                stack.enter_context(run_lock(workdir))
+        check_workdir_config(config, workdir)
+        run = Run(config)
+        _check_not_past_the_end(run, workdir)
+        if main and not os.path.isdir(workdir):
+            os.makedirs(workdir, exist_ok=True)
+            stack.enter_context(run_lock(workdir))
+        prepare_workdir(config, workdir)
+        setup_logging(workdir)
+        return _train(config, workdir, run)
+
+
+def _check_not_past_the_end(run: Run, workdir: str) -> None:
+    """Refuses a ``train.epochs`` that ends before the step the workdir's run has reached."""
+    steps = max(saved_steps(workdir), default=0)
+    if steps > run.total_steps:
+        epochs = steps / run.steps_per_epoch
+        raise ConfigError(
+            f"the run in {workdir} has trained {steps} steps ({epochs:g} epochs), more than "
+            f"train.epochs={run.config.train.epochs} allows; set --config.train.epochs to at "
+            f"least {math.ceil(epochs)} to continue it, or use another --workdir"
+        )
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, run: Run) -> dict[str, Any]:
+    """The body of :func:`train_and_evaluate` once the workdir is prepared and locked."""
     ckpts = Checkpoints(workdir)
     state = run.initial_state
     start = 0
@@ -181,8 +230,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         state, _ = ckpts.restore("latest", state)
         start = int(state.step)
         log.info("Resuming from the checkpoint at step %d in %s", start, workdir)
+    # Records after the checkpoint resumed from (all of them without one, the untrained
+    # evaluation included) are recomputed, so they are dropped first.
+    resume_step = start if ckpts.latest.latest_step() is not None else -1
     writer = MetricWriter(
-        os.path.join(workdir, "metrics.jsonl"), resume_step=start, enabled=is_main_process()
+        os.path.join(workdir, "metrics.jsonl"), resume_step=resume_step, enabled=is_main_process()
     )
     records = read_metrics(writer.path) if os.path.exists(writer.path) else []
     selection = _selection_split(run.splits)

@@ -61,6 +61,7 @@ def test_workdir_with_other_config_is_refused_and_left_intact(tmp_path):
     npz = make_npz(str(tmp_path / "d.npz"))
     workdir = str(tmp_path / "w")
     prepare_workdir(tiny_config(npz), workdir)
+    os.makedirs(os.path.join(workdir, "checkpoints", "2"))  # a trained step is on disk
     with open(os.path.join(workdir, "config.json")) as f:
         before = f.read()
     with pytest.raises(ConfigError, match=r"loss.name: 'margin' -> 'triplet'"):
@@ -68,6 +69,18 @@ def test_workdir_with_other_config_is_refused_and_left_intact(tmp_path):
     with open(os.path.join(workdir, "config.json")) as f:
         assert f.read() == before
     prepare_workdir(tiny_config(npz, **{"train.epochs": 9}), workdir)  # extending is allowed
+
+
+def test_workdir_without_checkpoint_takes_the_new_config(tmp_path):
+    """A start that failed or stopped before its first checkpoint trained nothing: the
+    corrected command replaces its config instead of being refused."""
+    npz = make_npz(str(tmp_path / "d.npz"))
+    workdir = str(tmp_path / "w")
+    prepare_workdir(tiny_config(npz), workdir)
+    os.makedirs(os.path.join(workdir, "checkpoints", "4.orbax-checkpoint-tmp-1"))  # cut short
+    prepare_workdir(tiny_config(npz, **{"loss.name": "triplet"}), workdir)
+    with open(os.path.join(workdir, "config.json")) as f:
+        assert '"name": "triplet"' in f.read()
 
 
 def _train_cli(*args, cwd=REPO):

@@ -203,8 +203,12 @@ def test_glyphs_source_uses_the_cache(glyph_cache_dir: Path, glyph_data: ImageAr
     data = DATASETS.get("glyphs")(path="", image_size=32, cache_dir=str(glyph_cache_dir))
     assert data.class_names == glyph_data.class_names
     assert np.array_equal(data.labels, glyph_data.labels)
-    with pytest.raises(DataError, match="grayscale"):
-        DATASETS.get("glyphs")(path="", image_size=32, cache_dir=None, channels=3)
+    # RGB for RGB-pretrained backbones: the gray value repeated over the three channels.
+    rgb = DATASETS.get("glyphs")(path="", image_size=32, cache_dir=str(glyph_cache_dir), channels=3)
+    assert rgb.images.shape == (*glyph_data.images.shape[:3], 3)
+    assert np.array_equal(rgb.images, np.repeat(glyph_data.images, 3, axis=-1))
+    with pytest.raises(DataError, match="channels must be 1"):
+        DATASETS.get("glyphs")(path="", image_size=32, cache_dir=None, channels=2)
     with pytest.raises(DataError, match="32 to 64 px"):
         DATASETS.get("glyphs")(path="", image_size=16, cache_dir=None)
 

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import ml_collections
+import numpy as np
 
 from jdml.data.arrays import ImageSet, QueryGallery
 from jdml.data.benchmarks import BENCHMARKS, read_benchmark
 from jdml.data.sources import DATASETS, DataError
 from jdml.data.splits import hold_out_validation, split_by_class
+
+log = logging.getLogger("jdml")
+
+_SHOWN_NAMES = 10  # singleton classes named in the warning
 
 
 def load_splits(cfg: ml_collections.ConfigDict) -> dict[str, ImageSet]:
@@ -20,14 +26,48 @@ def load_splits(cfg: ml_collections.ConfigDict) -> dict[str, ImageSet]:
     test splits, read as file lists whose photos are decoded as batches are drawn; In-Shop's
     test split is its queries ranked against its gallery (a :class:`QueryGallery`).
     """
-    if cfg.name in BENCHMARKS:
-        return _benchmark_splits(cfg)
+    splits = _benchmark_splits(cfg) if cfg.name in BENCHMARKS else _array_splits(cfg)
+    for name, split in splits.items():
+        if name != "train" and not isinstance(split, QueryGallery):
+            warn_singleton_classes(name, split)
+    return splits
+
+
+def singleton_classes(split: ImageSet) -> list[str]:
+    """The names of the classes with exactly one image in ``split``."""
+    counts = np.bincount(split.labels, minlength=split.num_classes)
+    return [split.class_names[c] for c in np.flatnonzero(counts == 1)]
+
+
+def warn_singleton_classes(name: str, split: ImageSet) -> None:
+    """Warns about classes of an evaluation split with a single image: in leave-one-out
+    retrieval such an image has no relevant item, so it is never retrieved correctly and lowers
+    Recall@k and every other retrieval metric (pytorch-metric-learning drops these "lone"
+    queries; the Revisiting reference, and jdml, keep them)."""
+    lone = singleton_classes(split)
+    if not lone:
+        return
+    shown = ", ".join(repr(c) for c in lone[:_SHOWN_NAMES])
+    more = f" and {len(lone) - _SHOWN_NAMES} more" if len(lone) > _SHOWN_NAMES else ""
+    log.warning(
+        "The %s split has %d class(es) with a single image (%s%s): their images can never be "
+        "retrieved correctly and lower Recall@k; add images of these classes or remove them",
+        name,
+        len(lone),
+        shown,
+        more,
+    )
+
+
+def _array_splits(cfg: ml_collections.ConfigDict) -> dict[str, ImageSet]:
+    """The in-memory sources (``DATASETS``), cut into class halves."""
     loader = DATASETS.get(cfg.name)
     data = loader(
         path=cfg.path,
         image_size=cfg.image_size,
         cache_dir=cfg.cache_dir or None,
         channels=cfg.channels,
+        skip_unreadable=cfg.skip_unreadable,
     )
     return split_by_class(data, val_fraction=cfg.val_fraction, seed=cfg.split_seed)
 

@@ -2,7 +2,7 @@
 
 Every loader in :data:`DATASETS` is called with keyword arguments only::
 
-    DATASETS.get(name)(path=..., image_size=..., cache_dir=..., channels=1)
+    DATASETS.get(name)(path=..., image_size=..., cache_dir=..., channels=1, skip_unreadable=False)
 
 ``glyphs``
   The embedded default dataset (see :mod:`jdml.data.glyphs`); ``path`` is ignored and the
@@ -10,6 +10,9 @@ Every loader in :data:`DATASETS` is called with keyword arguments only::
 ``folder``
   An image folder ``path/<class name>/<image files>``: the classes are the subfolder names
   in sorted order, the images every non-hidden file with an image suffix (sorted by name).
+  Symbolic links are followed, both for class folders and for image files (a tree of links
+  into another copy of the images works); a link whose target is missing is reported as an
+  unreadable image. ``skip_unreadable`` skips undecodable files with a warning.
 ``npz``
   An ``.npz`` file with ``images`` (N, H, W) or (N, H, W, C) uint8, ``labels`` (N,) int and
   optionally ``class_names`` (K,) strings.
@@ -21,6 +24,7 @@ raises :class:`DataError` with a message naming the problem and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -31,6 +35,7 @@ from PIL import Image, ImageOps
 
 from jdml.data.arrays import ImageArrays
 from jdml.data.glyphs import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, MissingFontsError, load_glyphs
+from jdml.data.pixels import to_8bit
 from jdml.registry import Registry
 
 Loader = Callable[..., ImageArrays]
@@ -84,9 +89,10 @@ def fit_square(image: Image.Image, size: int) -> Image.Image:
 
 
 def to_array(image: Image.Image, size: int, channels: int) -> np.ndarray:
-    """A Pillow image as a (size, size, channels) uint8 array (alpha is dropped)."""
+    """A Pillow image of any mode as a (size, size, channels) uint8 array: high bit depths are
+    scaled to 8 bits and transparent pixels composited onto white (see ``jdml.data.pixels``)."""
     mode = "L" if channels == 1 else "RGB"
-    array = np.asarray(fit_square(image.convert(mode), size), dtype=np.uint8)
+    array = np.asarray(fit_square(to_8bit(image).convert(mode), size), dtype=np.uint8)
     return array.reshape(size, size, channels)
 
 
@@ -109,24 +115,32 @@ def resize_images(images: np.ndarray, size: int, channels: int) -> np.ndarray:
 
 @DATASETS.register("glyphs")
 def load_glyphs_source(
-    *, path: str = "", image_size: int = 32, cache_dir: str | None = None, channels: int = 1
+    *,
+    path: str = "",
+    image_size: int = 32,
+    cache_dir: str | None = None,
+    channels: int = 1,
+    skip_unreadable: bool = False,
 ) -> ImageArrays:
-    """The embedded glyph dataset (``path`` is ignored; grayscale only).
+    """The embedded glyph dataset (``path`` is ignored). The glyphs are grayscale; with
+    ``channels=3`` the gray value is repeated over R, G and B (for RGB-pretrained backbones).
 
     Missing font packages and a bad ``image_size`` are reported as :class:`DataError`.
     """
-    del path
-    if channels != 1:
-        raise DataError(f"the glyphs dataset is grayscale: use channels=1, not {channels}")
+    del path, skip_unreadable  # rendered here: nothing to skip
+    _check_channels(channels)
     if not isinstance(image_size, int) or not MIN_IMAGE_SIZE <= image_size <= MAX_IMAGE_SIZE:
         raise DataError(
             f"the glyphs dataset renders {MIN_IMAGE_SIZE} to {MAX_IMAGE_SIZE} px images; "
             f"image_size {image_size!r} is outside that range"
         )
     try:
-        return load_glyphs(image_size, cache_dir or None)
+        data = load_glyphs(image_size, cache_dir or None)
     except MissingFontsError as err:
         raise DataError(str(err)) from err
+    if channels == 1:
+        return data
+    return dataclasses.replace(data, images=np.repeat(data.images, channels, axis=-1))
 
 
 # --------------------------------------------------------------------------- folder
@@ -174,7 +188,9 @@ def image_files(folder: Path) -> list[Path]:
         (
             f
             for f in folder.iterdir()
-            if f.is_file() and _visible(f) and f.suffix.lower() in IMAGE_SUFFIXES
+            if (f.is_file() or f.is_symlink())
+            and _visible(f)
+            and f.suffix.lower() in IMAGE_SUFFIXES
         ),
         key=lambda f: f.name,
     )
@@ -203,7 +219,7 @@ def read_image(file: Path | str, size: int, channels: int, hint: str = "") -> np
         raise DataError(f"cannot read image {file}: {err}; fix or delete the file{hint}") from err
 
 
-SKIP_HINT = " (or pass skip_unreadable=True to skip unreadable files with a warning)"
+SKIP_HINT = " (or set --config.data.skip_unreadable=True to skip unreadable files with a warning)"
 
 
 @DATASETS.register("folder")
@@ -331,10 +347,15 @@ def _npz_class_names(
 
 @DATASETS.register("npz")
 def load_npz(
-    *, path: str = "", image_size: int = 32, cache_dir: str | None = None, channels: int = 1
+    *,
+    path: str = "",
+    image_size: int = 32,
+    cache_dir: str | None = None,
+    channels: int = 1,
+    skip_unreadable: bool = False,
 ) -> ImageArrays:
     """Labelled images from an ``.npz`` file (see the module docstring)."""
-    del cache_dir
+    del cache_dir, skip_unreadable  # arrays: a damaged file is refused as a whole
     _check_channels(channels)
     _check_image_size(image_size)
     file = _existing_path(path, NPZ_LAYOUT, "npz")

@@ -13,6 +13,7 @@ input sizes; ``SmallResNet`` checks this at trace time and refuses layouts that 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import flax.linen as nn
@@ -49,6 +50,29 @@ class BasicBlock(nn.Module):
         if x.shape[-1] != self.features or self.strides != 1:
             x = norm("proj_bn")(conv(self.features, 1, self.strides, "proj")(x))
         return nn.relu(x + y)
+
+
+def smallest_map(image_size: int, stem_strides: int, stage_strides: Sequence[int]) -> int:
+    """The side of the smallest feature map a ``SmallResNet`` computes on ``image_size`` inputs
+    (SAME padding: every stride divides the side, rounding up)."""
+    side = -(-image_size // stem_strides)
+    for stride in stage_strides:
+        side = -(-side // stride)
+    return side
+
+
+def check_map_sizes(image_size: int, stem_strides: int, stage_strides: Sequence[int]) -> None:
+    """Raises ``ValueError`` if a stage would convolve a map smaller than 3x3 (see
+    ``_MIN_CONV_MAP``); the message names the keys to change."""
+    side = smallest_map(image_size, stem_strides, stage_strides)
+    if side < _MIN_CONV_MAP:
+        raise ValueError(
+            f"with data.image_size={image_size}, model.stem_strides={stem_strides} and "
+            f"model.stage_strides={tuple(stage_strides)} the last stage would run 3x3 "
+            f"convolutions on a {side}x{side} map (very slow on XLA CPU and wasteful elsewhere): "
+            f"use images of at least {_MIN_CONV_MAP * stem_strides * math.prod(stage_strides)} "
+            "px, or fewer/smaller strides"
+        )
 
 
 class SmallResNet(nn.Module):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 from PIL import Image, ImageOps
 
+from jdml.data.pixels import to_8bit
 from jdml.data.sources import DataError
 
 if TYPE_CHECKING:  # common.py imports this module (FileList decodes with it)
@@ -23,16 +24,12 @@ _DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError
 
 
 def _to_rgb(image: Image.Image) -> np.ndarray:
-    """An opened image as a (H, W, 3) uint8 RGB array with its EXIF orientation applied."""
-    image = ImageOps.exif_transpose(image)
-    if image.mode.startswith("I"):
-        # 16/32-bit grayscale: convert("RGB") would clip to 255 instead of scaling.
-        gray = np.asarray(image, dtype=np.float64) * (255.0 / 65535.0)
-        gray = np.clip(np.rint(gray), 0, 255).astype(np.uint8)
-        return np.repeat(gray[..., None], 3, axis=-1)
-    if image.mode in ("P", "PA"):
-        # Through RGBA so that palette transparency is dropped without a Pillow warning.
-        image = image.convert("RGBA")
+    """An opened image as a (H, W, 3) uint8 RGB array with its EXIF orientation applied.
+
+    High bit depths are scaled to 8 bits; alpha is dropped, as torchvision's PIL loader does
+    (see ``jdml.data.pixels``).
+    """
+    image = to_8bit(ImageOps.exif_transpose(image), alpha="drop")
     return np.array(image.convert("RGB"), dtype=np.uint8)
 
 
