@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -111,6 +112,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.image_size = 32  # photo datasets: the crop size (224)
     c.data.resize = 256  # photo datasets: short side before the evaluation's centre crop
     c.data.verify_counts = True  # benchmarks: check the image and class counts of the copy
+    c.data.skip_unreadable = False  # folder source: skip undecodable images with a warning
     c.data.channels = 1
     c.data.val_fraction = 0.0  # fraction of training classes held out for model selection
     c.data.split_seed = 0
@@ -172,6 +174,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.metrics = ("recall@1", "recall@2", "recall@4", "recall@8", "map@r", "map@c", "nmi")
     c.eval.selection_metric = "recall@1"
     c.eval.distance = "euclidean"
+    # The k-means of nmi / f1: "k-means++" (k-means++ seeding, then 20 Lloyd steps), "random"
+    # (uniform seeding) or "reference" (faiss's k-means as the Revisiting-DML evaluation runs
+    # it, fixed seed 1234; the ImageNet benchmark presets use it to compare with the papers).
+    c.eval.kmeans = "k-means++"
     c.eval.batch_size = 500
     c.eval.splits = ("test",)  # 'val' is added automatically when data.val_fraction > 0
     # Measured on the training split at every evaluation (with its singular-value spectrum, for
@@ -289,14 +295,146 @@ def decorrelation_section() -> ml_collections.ConfigDict:
     return d
 
 
-def _validate_model(m: ml_collections.ConfigDict) -> None:
-    """Pooling and pretrained weights of the ``model`` section."""
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a numeric key accepts: ``low <= x <= high`` (``low < x`` with ``open_low``),
+    integers only with ``integer``; every value must be finite."""
+
+    low: float | None = None
+    high: float | None = None
+    integer: bool = False
+    open_low: bool = False
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is refused (e.g. "must be at least 1"), or None if it is accepted."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return "must be a number"
+        if self.integer and not isinstance(value, int):
+            return "must be an integer"
+        if not math.isfinite(value):
+            return "must be finite"
+        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
+            return f"must be {'above' if self.open_low else 'at least'} {self.low:g}"
+        if self.high is not None and value > self.high:
+            return f"must be at most {self.high:g}"
+        return None
+
+
+_COUNT = Range(1, integer=True)
+_NON_NEGATIVE_INT = Range(0, integer=True)
+_NON_NEGATIVE = Range(0)
+_POSITIVE = Range(0, open_low=True)
+
+#: The numeric keys of the base config and the values each accepts (sequences: every element).
+NUMERIC_KEYS: dict[str, Range] = {
+    "seed": _NON_NEGATIVE_INT,
+    "data.image_size": Range(8, 4096, integer=True),
+    "data.resize": Range(8, 8192, integer=True),
+    "data.channels": Range(1, 3, integer=True),
+    "data.val_fraction": Range(0, 0.95),
+    "data.split_seed": _NON_NEGATIVE_INT,
+    "data.mean": Range(),
+    "data.std": _POSITIVE,
+    "data.num_threads": _COUNT,
+    "data.prefetch": _COUNT,
+    "data.num_workers": _NON_NEGATIVE_INT,
+    "model.stem_features": _COUNT,
+    "model.stem_strides": _COUNT,
+    "model.stage_features": _COUNT,
+    "model.stage_blocks": _COUNT,
+    "model.stage_strides": _COUNT,
+    "model.embed_dim": _COUNT,
+    "sampler.samples_per_class": _COUNT,
+    "optim.lr": _POSITIVE,
+    "optim.weight_decay": _NON_NEGATIVE,
+    "optim.milestones": _NON_NEGATIVE,
+    "optim.gamma": _POSITIVE,
+    "optim.warmup_epochs": _NON_NEGATIVE,
+    "train.batch_size": Range(2, integer=True),
+    "train.epochs": _COUNT,
+    "train.steps_per_epoch": _NON_NEGATIVE_INT,
+    "train.log_every_steps": _COUNT,
+    "train.checkpoint_every_steps": _COUNT,
+    "eval.every_epochs": _COUNT,
+    "eval.batch_size": _COUNT,
+    "cohort.size": _COUNT,
+    "cohort.mutual_weight": _NON_NEGATIVE,
+    "cohort.warmup_epochs": _NON_NEGATIVE,
+    "cohort.devices": _NON_NEGATIVE_INT,
+    "cohort.data_devices": _COUNT,
+    "decorrelation.weights": _NON_NEGATIVE,
+    "decorrelation.hidden": _COUNT,
+    "decorrelation.lr": _NON_NEGATIVE,
+    "decorrelation.weight_decay": _NON_NEGATIVE,
+}
+
+#: The numeric keys of every auxiliary term (``aux.<term>.<key>``; DaNCE's only where present).
+AUX_NUMERIC_KEYS: dict[str, Range] = {
+    "dim": _NON_NEGATIVE_INT,
+    "weight": _NON_NEGATIVE,
+    "temperature": _POSITIVE,
+    "momentum": Range(0, 1),
+    "queue_batches": _COUNT,
+    "lower_cutoff": _NON_NEGATIVE,
+    "upper_cutoff": _POSITIVE,
+}
+
+
+def _check_number(key: str, value: Any, allowed: Range) -> None:
+    values = value if isinstance(value, tuple | list) else (value,)
+    for v in values:
+        problem = allowed.problem(v)
+        if problem:
+            which = f" (each entry {problem})" if len(values) > 1 else f" {problem}"
+            shown = tuple(value) if isinstance(value, tuple | list) else value
+            raise ConfigError(f"{key}={shown!r}{which.rstrip()}; change --config.{key}")
+
+
+def _validate_numbers(c: ml_collections.ConfigDict) -> None:
+    """Range checks of every numeric key (see ``NUMERIC_KEYS``), of the auxiliary terms', and
+    finiteness of the selected components' numeric hyperparameters."""
+    flat = flatten_config(c.to_dict())
+    for key, allowed in NUMERIC_KEYS.items():
+        _check_number(key, flat[key], allowed)
+    for name, term in c.aux.items():
+        for key, allowed in AUX_NUMERIC_KEYS.items():
+            if term.get(key) is not None:
+                _check_number(f"aux.{name}.{key}", term[key], allowed)
+    for key, value in selected_only(flat).items():
+        parts = key.split(".")
+        component = any(p in _COMPONENT_SECTIONS for p in parts[:-2])
+        if component and isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value!r} must be finite; change --config.{key}")
+    m = c.model
+    if not len(m.stage_features) == len(m.stage_blocks) == len(m.stage_strides):
+        raise ConfigError(
+            "model.stage_features, model.stage_blocks and model.stage_strides need one entry per "
+            f"stage; got {len(m.stage_features)}, {len(m.stage_blocks)} and "
+            f"{len(m.stage_strides)}"
+        )
+    if m.backbone == "small_resnet":
+        from jdml.models.resnet import check_map_sizes
+
+        try:
+            check_map_sizes(c.data.image_size, m.stem_strides, m.stage_strides)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _validate_model(m: ml_collections.ConfigDict, channels: int) -> None:
+    """Pooling and pretrained weights of the ``model`` section (``channels``: data.channels)."""
     from jdml.models.pretrained.backbones import CONVERTERS, weight_path
 
     if m.pooling not in ("avg", "avg+max"):
         raise ConfigError(f"model.pooling={m.pooling!r}; choose avg or avg+max")
     if not m.pretrained:
         return
+    if channels != 3:
+        raise ConfigError(
+            f"model.pretrained loads ImageNet weights of {m.backbone}, which take RGB images, but "
+            f"data.channels={channels}: set --config.data.channels=3 (grayscale images are then "
+            "repeated over the three channels)"
+        )
     if m.pretrained == "required":
         raise ConfigError(
             f"this preset fine-tunes ImageNet weights of {m.backbone}: give their file with "
@@ -355,7 +493,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     from jdml.data.benchmarks import BENCHMARKS
     from jdml.data.sources import DATASETS
     from jdml.evaluation.evaluator import check_metric_names
-    from jdml.losses import LOSSES, check_compatible
+    from jdml.evaluation.kmeans import KMEANS_MODES
+    from jdml.losses import LOSSES
     from jdml.miners import MINERS
     from jdml.models import BACKBONES
     from jdml.samplers import SAMPLERS
@@ -376,28 +515,20 @@ def validate(c: ml_collections.ConfigDict) -> None:
             f"data.name={c.data.name!r} is not a known dataset; choose one of: "
             + ", ".join(sorted([*DATASETS.names(), *BENCHMARKS.names()]))
         )
-    loss_cls = LOSSES.get(c.loss.name)
     miner = c.miner.name or None
     if miner is not None and miner not in MINERS:
         raise ConfigError(
             f"miner.name={miner!r} is not a known miner; choose one of: "
             + ", ".join(MINERS.names())
         )
-    try:
-        check_compatible(c.loss.name, miner if loss_cls.needs_miner else None)
-    except ValueError as e:
-        raise ConfigError(f"{e} (set --config.miner.name=...)") from None
+    _check_miner("", c.loss.name, miner)
+    _validate_numbers(c)
     bs, spc = c.train.batch_size, c.sampler.samples_per_class
-    if spc < 1 or bs % spc:
+    if bs % spc:
         raise ConfigError(
             f"train.batch_size={bs} is not divisible by sampler.samples_per_class={spc}; "
             f"choose a batch size that is a multiple of {spc} (e.g. {max(spc, bs - bs % spc)})"
         )
-    if not 0.0 <= c.data.val_fraction < 1.0:
-        raise ConfigError(f"data.val_fraction={c.data.val_fraction} must be in [0, 1)")
-    for key, least in (("num_threads", 1), ("prefetch", 1), ("num_workers", 0)):
-        if c.data[key] < least:
-            raise ConfigError(f"data.{key}={c.data[key]} must be at least {least}")
     if c.eval.selection_metric not in c.eval.metrics:
         raise ConfigError(
             f"eval.selection_metric={c.eval.selection_metric!r} is not among eval.metrics "
@@ -408,6 +539,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
             check_metric_names(list(c.eval[key]))
         except ValueError as e:
             raise ConfigError(f"eval.{key}: {e}") from None
+    if c.eval.kmeans not in KMEANS_MODES:
+        raise ConfigError(
+            f"eval.kmeans={c.eval.kmeans!r}; choose one of: {', '.join(KMEANS_MODES)}"
+        )
     if c.optim.schedule not in ("constant", "multistep", "cosine"):
         raise ConfigError(
             f"optim.schedule={c.optim.schedule!r}; choose constant, multistep or cosine"
@@ -417,7 +552,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     for split in c.eval.splits:
         if split not in ("train", "val", "test"):
             raise ConfigError(f"eval.splits has {split!r}; choose from train, val, test")
-    _validate_model(c.model)
+    _validate_model(c.model, c.data.channels)
     _validate_normalization(c)
     _validate_photos(c.data)
     _validate_aux(c)
@@ -434,25 +569,44 @@ def validate(c: ml_collections.ConfigDict) -> None:
             )
 
 
+def _check_miner(prefix: str, loss: str, miner: str | None) -> None:
+    """A loss that mines its own pairs takes no miner; every other one a compatible miner.
+
+    Args:
+      prefix: where the section sits (``""`` or ``aux.<term>.``), for the message.
+      loss: the loss name.
+      miner: the miner name, or None for none.
+    """
+    from jdml.losses import LOSSES, compatible_miners
+
+    if not LOSSES.get(loss).needs_miner:
+        if miner is not None:
+            raise ConfigError(
+                f"{prefix}loss.name={loss} mines its own pairs and takes no miner, but "
+                f"{prefix}miner.name={miner}; set --config.{prefix}miner.name=''"
+            )
+        return
+    allowed = compatible_miners(loss)
+    if miner not in allowed:
+        got = f"{prefix}miner.name={miner}" if miner else f"no miner ({prefix}miner.name='')"
+        raise ConfigError(
+            f"{prefix}loss.name={loss} cannot be trained with {got}; set "
+            f"--config.{prefix}miner.name to one of: {', '.join(allowed)}"
+        )
+
+
 def _validate_cohort(c: ml_collections.ConfigDict) -> None:
     from jdml.losses.mutual import RELATIONS
 
     k = c.cohort
-    if k.size < 1:
-        raise ConfigError(f"cohort.size={k.size}; use 1 for one model or L > 1 for a cohort")
     if k.relation not in RELATIONS:
         raise ConfigError(f"cohort.relation={k.relation!r}; choose one of {', '.join(RELATIONS)}")
     if k.member_loop not in ("unroll", "vmap"):
         raise ConfigError(f"cohort.member_loop={k.member_loop!r}; choose unroll or vmap")
-    if k.data_devices < 1 or c.train.batch_size % k.data_devices:
+    if c.train.batch_size % k.data_devices:
         raise ConfigError(
-            f"cohort.data_devices={k.data_devices} must be >= 1 and divide train.batch_size="
+            f"cohort.data_devices={k.data_devices} must divide train.batch_size="
             f"{c.train.batch_size}"
-        )
-    if k.mutual_weight < 0 or k.warmup_epochs < 0 or k.devices < 0:
-        raise ConfigError(
-            "cohort.mutual_weight, cohort.warmup_epochs and cohort.devices must be >= 0 (got "
-            f"{k.mutual_weight}, {k.warmup_epochs}, {k.devices})"
         )
     if k.size > 1 and c.phases:
         raise ConfigError(
@@ -462,7 +616,7 @@ def _validate_cohort(c: ml_collections.ConfigDict) -> None:
 
 
 def _validate_aux(c: ml_collections.ConfigDict) -> None:
-    from jdml.losses import LOSSES, check_compatible
+    from jdml.losses import LOSSES
     from jdml.miners import MINERS
 
     heads = {c.model.head}
@@ -482,11 +636,7 @@ def _validate_aux(c: ml_collections.ConfigDict) -> None:
                     f"{where}.miner.name={miner!r} is not a known miner; choose one of: "
                     + ", ".join(MINERS.names())
                 )
-            needs = LOSSES.get(t.loss.name).needs_miner
-            try:
-                check_compatible(t.loss.name, miner if needs else None)
-            except ValueError as e:
-                raise ConfigError(f"{where}: {e}") from None
+            _check_miner(f"{where}.", t.loss.name, miner)
         elif t.normalize not in ("anchor", "batch"):
             raise ConfigError(f"{where}.normalize={t.normalize!r}; choose anchor or batch")
         heads.add(t.head)
