@@ -23,7 +23,13 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.revisiting import BENCHMARK_PRESETS, PRESETS, apply_overrides, parse_arg
+from configs.revisiting import (
+    BENCHMARK_PRESETS,
+    PRESETS,
+    apply_overrides,
+    parse_arg,
+    reference_loss_overrides,
+)
 from jdml.config import ConfigError, base_config, dance_term, metric_term
 
 AUX_HEADS = ("selfsimilarity", "shared", "intra")
@@ -105,6 +111,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.aux.selfsimilarity.queue_batches = int(s["keys"])
     c.aux.shared = metric_term("margin", "random_distance", head="shared", weight=s["alpha"])
     c.aux.intra = metric_term("margin", "intra_random", head="intra", weight=s["alpha"])
+    for section in ("loss", "aux.shared.loss", "aux.intra.loss"):
+        apply_overrides(c, reference_loss_overrides(section, data))  # the reference's divisor
     c.decorrelation.pairs = tuple((head, "discriminative") for head in AUX_HEADS)
     c.decorrelation.weights = (s["rho"],) * len(AUX_HEADS)
     c.optim.milestones = (int(s["milestone"]),)

@@ -87,6 +87,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     known = sorted(set(PRESETS) | set(DATASET_SETTINGS))
     if data not in known:
         raise ConfigError(f"unknown data preset {data!r}; choose one of: {', '.join(known)}")
+    # Members run their method's preset, including its loss options on the benchmarks (the
+    # margin loss's reference divisor: REFERENCE_LOSS_OPTIONS in configs/revisiting.py).
     if method == "revisiting":
         c = revisiting_config(f"loss={loss},data={data}")
     elif method == "diva":

@@ -23,7 +23,13 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.revisiting import BENCHMARK_PRESETS, PRESETS, apply_overrides, parse_arg
+from configs.revisiting import (
+    BENCHMARK_PRESETS,
+    PRESETS,
+    apply_overrides,
+    parse_arg,
+    reference_loss_overrides,
+)
 from jdml.config import ConfigError, base_config, metric_term
 
 # gamma of the reference runs (runs/shared_features.sh; its flag default is 500) and epochs.
@@ -64,6 +70,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.aux.shared = metric_term(
         "margin", "shared_neg_distance", head="shared", weight=s["shared_weight"]
     )
+    for section in ("loss", "aux.shared.loss"):
+        apply_overrides(c, reference_loss_overrides(section, data))  # the reference's divisor
     c.decorrelation.pairs = (("shared", "class"),)
     c.decorrelation.weights = (s["gamma"],)
     c.decorrelation.renormalize = False

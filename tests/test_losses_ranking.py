@@ -63,7 +63,33 @@ def np_contrastive(x, labels, tup, *, pos_margin=0.0, neg_margin=1.0, hadsell_sq
     return _mean(pos) + _mean(neg)
 
 
+def np_quadruplet_reference(x, tup, *, m1=0.2, m2=0.2):
+    """The reference's broadcast: the second mean runs over pairs (t, t') of triplets, n4_t' the
+    sample at the first later triplet position (cyclic) with another n; plain norms."""
+    x = np.asarray(x, np.float64)
+    a, p, n, valid = tup
+    t_count = len(a)
+    fourth = {}
+    for s in range(t_count):
+        for step in range(1, t_count + 1):
+            j = (s + step) % t_count
+            if valid[s] and valid[j] and n[j] != n[s]:
+                fourth[s] = j
+                break
+    norm = lambda u, v: math.sqrt(float(np.sum((u - v) ** 2)))  # noqa: E731
+    trip, quad = [], []
+    for t in range(t_count):
+        if not valid[t]:
+            continue
+        d_ap = norm(x[a[t]], x[p[t]])
+        trip.append(max(d_ap - norm(x[a[t]], x[n[t]]) + m1, 0.0))
+        quad += [max(d_ap - norm(x[n[t]], x[j]) + m2, 0.0) for j in fourth.values()]
+    return _mean(trip) + _mean(quad)
+
+
 def np_quadruplet(x, labels, tup, *, m1=0.2, m2=0.2, reference_fourth_negative=False):
+    if reference_fourth_negative:
+        return np_quadruplet_reference(x, tup, m1=m1, m2=m2)
     x = np.asarray(x, np.float64)
     a, p, n, valid = tup
     b, t_count = len(x), len(a)
@@ -73,19 +99,12 @@ def np_quadruplet(x, labels, tup, *, m1=0.2, m2=0.2, reference_fourth_negative=F
             continue
         d_ap = _dist(x[a[t]], x[p[t]])
         trip.append(max(d_ap - _dist(x[a[t]], x[n[t]]) + m1, 0.0))
-        fourth = None
-        if reference_fourth_negative:  # first later triplet position (cyclic) with another n
-            for step in range(1, t_count + 1):
-                j = (t + step) % t_count
-                if valid[j] and n[j] != n[t]:
-                    fourth = a[j]
-                    break
-        else:  # first later sample (cyclic from n) of a third class
-            for step in range(1, b + 1):
-                j = (n[t] + step) % b
-                if labels[j] != labels[a[t]] and labels[j] != labels[n[t]]:
-                    fourth = j
-                    break
+        fourth = None  # first later sample (cyclic from n) of a third class
+        for step in range(1, b + 1):
+            j = (n[t] + step) % b
+            if labels[j] != labels[a[t]] and labels[j] != labels[n[t]]:
+                fourth = j
+                break
         if fourth is not None:
             quad.append(max(d_ap - _dist(x[n[t]], x[fourth]) + m2, 0.0))
     return _mean(trip) + _mean(quad)
@@ -570,10 +589,11 @@ def test_quadruplet_hand_computed():
     (loss, metrics), _ = run("quadruplet", x, labels, tup)
     np.testing.assert_allclose(loss, 0.1 + 0.7, rtol=1e-6)
     np.testing.assert_allclose(metrics["quadruplet_fraction"], 1.0)
-    # reference: n4 = sample of the other triplet position (0 <-> 1): d(2, 1) = sqrt(2) and
-    # d(3, 0) = 1.5 put both quadruplet hinges at 0.
+    # reference: n4 = the sample at the other triplet position (0 <-> 1), so {n4} = {1, 0}, and
+    # the second mean runs over all (n, n4) pairs: d(2, 1) = sqrt(2), d(2, 0) = 1 -> one hinge
+    # [1 - 1 + 0.2] = 0.2; d(3, 1) = sqrt(3.25), d(3, 0) = 1.5 -> 0. Mean over 4 pairs: 0.05.
     (loss, _), _ = run("quadruplet", x, labels, tup, reference_fourth_negative=True)
-    np.testing.assert_allclose(loss, 0.1, rtol=1e-6)
+    np.testing.assert_allclose(loss, 0.1 + 0.05, rtol=1e-6)
     # with two classes only, no third-class n4 exists: that term drops out
     (loss, metrics), _ = run("quadruplet", x, np.array([0, 0, 1, 1]), tup)
     np.testing.assert_allclose(loss, 0.1, rtol=1e-6)

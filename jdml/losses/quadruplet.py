@@ -16,6 +16,7 @@ from jdml.losses.base import (
     register_loss,
     require_tuples,
     safe_divide,
+    squared_distance,
 )
 from jdml.miners.base import Tuples
 
@@ -58,16 +59,18 @@ def third_class_negatives(labels: jax.Array, tuples: Tuples) -> tuple[jax.Array,
 
 
 def reference_fourth_negatives(tuples: Tuples) -> tuple[jax.Array, jax.Array]:
-    """The reference's fourth sample: the batch index of a triplet with a different negative.
+    """The reference's fourth sample: a batch index j whose triplet has a different negative.
 
     The reference draws, per triplet t, a position j uniformly among the triplets whose negative
-    index differs from t's and uses sample j of the batch (its miners return one triplet per
-    anchor in batch order, so sample j is triplet j's anchor). Losses take no PRNG key, so this
-    picks the first such valid j after t in cyclic order and returns ``anchors[j]`` (= j for those
-    miners). Nothing keeps n4 out of the anchor's or n's class.
+    index differs from t's and uses *sample* j of the batch as n4 (it indexes the batch with j
+    itself; its miners return one triplet per batch sample, so j is a batch index). Losses take
+    no PRNG key, so this picks the first such valid j after t in cyclic order and returns j, like
+    the reference a batch index: for miners with ``anchors = arange(B)`` it is triplet j's
+    anchor, for the random miner an unrelated sample. Nothing keeps n4 out of the anchor's or
+    n's class, and n4 can be n itself.
 
     Args:
-      tuples: mined triplets, (B_t,) each.
+      tuples: mined triplets, (B_t,) each, with B_t <= B (the reference needs B_t = B).
 
     Returns:
       ``(fourth, found)``: int32 (B_t,) batch indices and bool (B_t,) whether a position j exists.
@@ -75,8 +78,51 @@ def reference_fourth_negatives(tuples: Tuples) -> tuple[jax.Array, jax.Array]:
     negatives = tuples.negatives
     candidates = (negatives[None, :] != negatives[:, None]) & tuples.valid[None, :]
     positions = jnp.arange(negatives.shape[0], dtype=jnp.int32)
-    j, found = _first_cyclic(candidates, positions + 1)
-    return tuples.anchors[j], found
+    return _first_cyclic(candidates, positions + 1)
+
+
+def norm_distance(a: jax.Array, b: jax.Array) -> jax.Array:
+    """Euclidean distance |a - b| without an epsilon, with gradient 0 at a = b.
+
+    This is ``torch.norm(a - b, p=2, dim=-1)`` of the reference, including PyTorch's zero
+    subgradient at a zero difference.
+
+    Args:
+      a: (..., D) float.
+      b: (..., D) float, broadcastable against ``a``.
+
+    Returns:
+      (...) float distances.
+    """
+    sq = squared_distance(a, b)
+    nonzero = sq > 0
+    return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, sq, 1.0)), 0.0)
+
+
+def reference_quadruplet_terms(
+    d_ap: jax.Array, negatives: jax.Array, fourth: jax.Array, margin: float
+) -> jax.Array:
+    """The reference's second term, broadcast over every pair of triplets (t, t').
+
+    The reference gathers n with a (B, 1) index array, (B, 1, D), and n4 with a flat list,
+    (B, D), so ``negative - fourth_negative`` broadcasts to (B, B, D) and its hinge is
+
+        q[t, t'] = [d(a_t, p_t) - |n_t - n4_{t'}| + margin]_+.
+
+    Args:
+      d_ap: (B_t,) float anchor-positive distances.
+      negatives: (B_t, D) float embeddings of the negatives n_t.
+      fourth: (B_t, D) float embeddings of the fourth samples n4_{t'}.
+      margin: alpha_2.
+
+    Returns:
+      (B_t, B_t) float hinge terms q[t, t'].
+
+    References:
+      Roth et al., ICML 2020, reference ``criteria/quadruplet.py``.
+    """
+    d_nn4 = norm_distance(negatives[:, None, :], fourth[None, :, :])
+    return jax.nn.relu(d_ap[:, None] - d_nn4 + margin)
 
 
 @register_loss
@@ -90,16 +136,29 @@ class QuadrupletLoss(Loss):
 
     Chen et al. draw n4 from a class different from both the anchor's and n's class. By default
     n4 is such a sample (see ``third_class_negatives``; triplets without one drop out of the
-    second mean). The reference instead takes an effectively random batch sample whose class is
-    unconstrained (it can even be the anchor's or n itself); ``reference_fourth_negative`` does
-    that deterministically (see ``reference_fourth_negatives``). As in the Revisiting study, the
-    first negative comes from the configured miner rather than Chen et al.'s own sampling.
+    second mean). As in the Revisiting study, the first negative comes from the configured miner
+    rather than Chen et al.'s own sampling.
+
+    ``reference_fourth_negative`` reproduces the Revisiting reference instead, which differs in
+    three ways:
+
+    * n4 is an effectively random batch sample, class unconstrained (it can be in the anchor's
+      class, or n itself): the reference draws it at random, here it is chosen deterministically
+      (see ``reference_fourth_negatives``);
+    * the second term is not per triplet. The reference indexes a, p and n with (B, 1) arrays but
+      n4 with a flat list, so ``n - n4`` broadcasts to (B, B, D) and the term is the mean over all
+      pairs of triplets (t, t') of [d(a_t, p_t) - |n_t - n4_{t'}| + alpha_2]_+ (see
+      ``reference_quadruplet_terms``); here over the pairs with t valid and t' valid with an
+      n4. The first term is a plain mean over triplets, as by default;
+    * distances are ``torch.norm`` without the 1e-8 guard (see ``norm_distance``), which matters
+      in the broadcast term where n_t and n4_{t'} are often the same sample.
 
     Attributes:
       margin_alpha_1: margin alpha_1 of the triplet term (0.2).
       margin_alpha_2: margin alpha_2 of the anchor-positive vs. negative-n4 term (0.2).
-      reference_fourth_negative: choose n4 like the reference (class unconstrained) instead of
-        from a third class.
+      reference_fourth_negative: compute the second term as the reference does (class
+        unconstrained n4, broadcast over all pairs of triplets) instead of Chen et al.'s
+        per-triplet term with a third-class n4.
 
     References:
       Chen, Chen, Zhang, Huang, "Beyond Triplet Loss: a Deep Quadruplet Network for Person
@@ -124,19 +183,21 @@ class QuadrupletLoss(Loss):
         Args:
           embeddings: (B, D) float (any float dtype; computed in float32).
           labels: (B,) int (used to pick n4 from a third class).
-          tuples: mined triplets, (B_t,) each.
+          tuples: mined triplets, (B_t,) each; B_t <= B with ``reference_fourth_negative``.
 
         Returns:
           (loss, {"active_fraction", "quadruplet_fraction", "valid_fraction"}): scalar float32
-          loss; the fraction of the two terms of the valid triplets / quadruplets that are
-          non-zero; the fraction of valid triplets that found an n4; the fraction of valid
-          triplets.
+          loss; the fraction of the terms of both means that are non-zero; the fraction of valid
+          triplets that found an n4; the fraction of valid triplets.
+
+        Raises:
+          ValueError: with ``reference_fourth_negative`` and more triplets than samples (its
+            fourth samples are triplet positions used as batch indices).
         """
         tuples = require_tuples(self.loss_name, tuples)
         if self.reference_fourth_negative:
-            fourth, found = reference_fourth_negatives(tuples)
-        else:
-            fourth, found = third_class_negatives(labels, tuples)
+            return self._reference(embeddings, tuples)
+        fourth, found = third_class_negatives(labels, tuples)
         a, p, n = gather_triplets(embeddings, tuples)
         n4 = embeddings.astype(jnp.float32)[fourth]
         valid = tuples.valid
@@ -154,6 +215,47 @@ class QuadrupletLoss(Loss):
         metrics = {
             "active_fraction": safe_divide(num_active.astype(jnp.float32), num_valid + num_quad),
             "quadruplet_fraction": safe_divide(num_quad.astype(jnp.float32), num_valid),
+            "valid_fraction": jnp.mean(valid.astype(jnp.float32)),
+        }
+        return loss, metrics
+
+    def _reference(self, embeddings: jax.Array, tuples: Tuples) -> LossOutput:
+        """The reference's loss: plain triplet mean plus the broadcast second term.
+
+        Args:
+          embeddings: (B, D) float.
+          tuples: mined triplets, (B_t,) each, B_t <= B.
+
+        Returns:
+          (loss, metrics) as ``__call__``; ``active_fraction`` counts the B_t x B_t pair terms.
+        """
+        num_rows, batch_size = tuples.valid.shape[0], embeddings.shape[0]
+        if num_rows > batch_size:
+            raise ValueError(
+                f"reference_fourth_negative uses triplet positions as batch indices: {num_rows} "
+                f"triplets for a batch of {batch_size}"
+            )
+        fourth, found = reference_fourth_negatives(tuples)
+        a, p, n = gather_triplets(embeddings, tuples)
+        n4 = embeddings.astype(jnp.float32)[fourth]
+        valid = tuples.valid
+        has_fourth = valid & found
+        d_ap = norm_distance(a, p)
+        triplet = jnp.where(
+            valid, jax.nn.relu(d_ap - norm_distance(a, n) + self.margin_alpha_1), 0.0
+        )
+        pairs = valid[:, None] & has_fourth[None, :]
+        quadruplet = jnp.where(
+            pairs, reference_quadruplet_terms(d_ap, n, n4, self.margin_alpha_2), 0.0
+        )
+        num_valid, num_pairs = jnp.sum(valid), jnp.sum(pairs)
+        loss = safe_divide(jnp.sum(triplet), num_valid) + safe_divide(
+            jnp.sum(quadruplet), num_pairs
+        )
+        num_active = jnp.sum(triplet > 0) + jnp.sum(quadruplet > 0)
+        metrics = {
+            "active_fraction": safe_divide(num_active.astype(jnp.float32), num_valid + num_pairs),
+            "quadruplet_fraction": safe_divide(jnp.sum(has_fourth).astype(jnp.float32), num_valid),
             "valid_fraction": jnp.mean(valid.astype(jnp.float32)),
         }
         return loss, metrics
