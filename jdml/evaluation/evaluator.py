@@ -99,9 +99,11 @@ def _requirements(
       embeddings: (N, D) float32 embeddings.
       labels: (N,) labels.
       distance: "euclidean" or "cosine".
-      seed: seed of the k-means initialisation.
+      seed: seed of the k-means initialisation (not used by the "reference" k-means, which
+        always uses faiss's seed 1234).
       block_size: queries per search block.
-      kmeans_init: k-means initialisation, "k-means++" or "random".
+      kmeans_init: the k-means, "k-means++", "random" or "reference" (see
+        :func:`jdml.evaluation.kmeans.kmeans`).
 
     Returns:
       The shared :class:`Requirements`.
@@ -133,7 +135,10 @@ def _requirements(
 
     assignments = None
     if any(m.needs_clusters for m in specs):
-        result = kmeans(points, num_classes, seed=seed, init=kmeans_init)
+        # The reference k-means keeps faiss's fixed seed: the clustering of given embeddings
+        # does not depend on the run's seed, as in the reference.
+        kmeans_seed = None if kmeans_init == "reference" else seed
+        result = kmeans(points, num_classes, seed=kmeans_seed, init=kmeans_init)
         assignments = np.asarray(result.assignments)
     spectrum = singular_values(points) if any(m.needs_spectrum for m in specs) else None
     distances = None
@@ -277,12 +282,14 @@ def evaluate_embeddings(
       labels: (N,) integer class labels.
       metrics: metric names (see :mod:`jdml.evaluation.metrics`).
       distance: "euclidean" or "cosine".
-      seed: seed of the k-means initialisation.
+      seed: seed of the k-means initialisation ("k-means++" and "random" only).
       block_size: queries per search block.
       return_vectors: also return the vector-valued metrics (``rho_spectrum@0``). Without it,
         those are skipped with a warning, so the result is always {name: float}.
-      kmeans_init: "k-means++" (default) or "random" (faiss' initialisation; much faster
-        with very many classes).
+      kmeans_init: "k-means++" (default), "random" (K uniformly drawn samples, then Lloyd;
+        much faster with very many classes) or "reference" (faiss's k-means as the
+        Revisiting-DML evaluation runs it: its seeded random initialisation, 20 iterations,
+        its empty-cluster split, seed 1234 whatever ``seed``).
       gallery: (M, D) gallery embeddings the queries are ranked against, or None for
         leave-one-out retrieval.
       gallery_labels: (M,) labels of the gallery, in the same label space as ``labels``.

@@ -1,4 +1,6 @@
-"""Jitted k-means (Lloyd's algorithm, k-means++ seeding) for the clustering metrics (NMI, F1).
+"""Jitted k-means (Lloyd's algorithm) for the clustering metrics (NMI, F1), in two flavours.
+
+``init="k-means++"`` (the default) and ``init="random"``:
 
 * Initialisation (default): greedy k-means++ (Arthur & Vassilvitskii, "k-means++: the
   advantages of careful seeding", SODA 2007): the first centre is a uniformly drawn sample;
@@ -6,15 +8,32 @@
   proportional to the squared distance to the closest centre so far, keeping the candidate
   that most reduces the total squared distance. All randomness comes from one ``jax.random``
   key (fixed seed). Memory O(N) per step, never O(k N). Alternatively ``init="random"``: k
-  distinct samples drawn uniformly (faiss' initialisation), much faster for large k.
+  distinct samples drawn uniformly with ``jax.random`` (much faster for large k).
 * Iterations: a fixed number of Lloyd steps (assign every point to its nearest centroid, move
   every centroid to the mean of its points). A cluster that receives no point keeps its previous
   centroid, so the result is deterministic.
-* Assignments are computed block by block over the points, so memory is
-  O(block_size * num_clusters) rather than O(N * num_clusters).
+* The data is centred (the mean is subtracted, and added back to the centroids) to reduce the
+  rounding error of the Gram expansion ``|x - c|^2 = |x|^2 + |c|^2 - 2 x.c``.
 
-The data is centred (the mean is subtracted, and added back to the centroids) to reduce the
-rounding error of the Gram expansion ``|x - c|^2 = |x|^2 + |c|^2 - 2 x.c``.
+``init="reference"`` (:func:`reference_kmeans`) is the k-means of faiss's ``Clustering`` as
+the Revisiting-DML evaluation runs it (``niter=20``, no subsampling, ``nredo=1``, default seed
+1234), step for step:
+
+* Initialisation: the centroids are the points ``perm[0..K-1]`` of a Fisher-Yates permutation
+  drawn with a Mersenne Twister (MT19937, ``std::mt19937``) seeded with ``seed + 1``: for
+  i = 0, 1, ..., swap positions i and ``i + u_i mod (N - i)``, u_i its i-th 32-bit output
+  (:func:`reference_permutation`). Computed on the host with NumPy's MT19937, which is seeded
+  like ``std::mt19937``. With N == K the centroids are the points in order and no iteration
+  runs.
+* Each iteration assigns every point to its nearest centroid (ties to the lower index), sets
+  every centroid to the float32 sum of its points times ``1 / count`` (jitted), then splits
+  clusters to fill the empty ones (:func:`split_empty_clusters`, on the host, only in an
+  iteration that leaves a cluster empty). The data is not centred, so the arithmetic is that of
+  the original coordinates (centring would also change what the split's scaling perturbs).
+* The points are finally assigned to the nearest of the final centroids.
+
+In every mode, assignments are computed block by block over the points, so memory is
+O(block_size * num_clusters) rather than O(N * num_clusters).
 """
 
 from __future__ import annotations
@@ -29,6 +48,13 @@ import numpy as np
 
 DEFAULT_NUM_ITERS = 20
 DEFAULT_BLOCK_SIZE = 4096
+# The clustering seed of the reference mode (faiss's default ClusteringParameters.seed), and the
+# fixed seed of its empty-cluster split.
+REFERENCE_SEED = 1234
+# Relative perturbation of the two halves of a split cluster (1/1024).
+SPLIT_EPS = 1.0 / 1024.0
+# Mersenne-Twister outputs drawn at a time by the split's rejection scan (at least K).
+_DRAW_BLOCK = 1 << 16
 
 
 class KMeansResult(NamedTuple):
@@ -148,7 +174,7 @@ def _kmeans_plus_plus(x: jax.Array, num_clusters: int, key: jax.Array) -> jax.Ar
 
 
 def _random_init(x: jax.Array, num_clusters: int, key: jax.Array) -> jax.Array:
-    """K distinct points drawn uniformly, the initialisation of faiss' k-means.
+    """K distinct points drawn uniformly with ``jax.random``.
 
     Args:
       x: (N, D) points.
@@ -162,6 +188,8 @@ def _random_init(x: jax.Array, num_clusters: int, key: jax.Array) -> jax.Array:
 
 
 INITS = {"k-means++": _kmeans_plus_plus, "random": _random_init}
+# Every mode of :func:`kmeans`: the jitted initialisations, and faiss's algorithm.
+KMEANS_MODES = (*INITS, "reference")
 
 
 @functools.partial(jax.jit, static_argnames=("num_clusters", "num_iters", "block_size", "init"))
@@ -197,29 +225,326 @@ def _kmeans(
     return KMeansResult(centroids + mean, assignments[:n], jnp.sum(sq[:n]))
 
 
+# ---------------------------------------------------------------------------------------------
+# The reference mode: faiss's Clustering (random initialisation, Lloyd, empty-cluster split).
+
+
+class _MersenneStream:
+    """The 32-bit outputs of MT19937 seeded like ``std::mt19937(seed)``, read in order.
+
+    ``np.random.RandomState(seed)`` seeds MT19937 with the same ``init_genrand`` as the C++
+    ``std::mt19937(seed)``, and ``randint(0, 2**32, dtype=uint32)`` returns its raw outputs.
+    Outputs are drawn in blocks and can be looked at ahead of the read position.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self._state = np.random.RandomState(seed % 2**32)
+        self._outputs = np.empty((0,), np.uint32)
+        self._position = 0
+
+    def peek(self, start: int, count: int) -> np.ndarray:
+        """The outputs ``start .. start + count - 1`` after the read position, unread.
+
+        Args:
+          start: offset from the read position.
+          count: number of outputs.
+
+        Returns:
+          (count,) uint32.
+        """
+        end = self._position + start + count
+        if end > len(self._outputs):
+            fresh = self._state.randint(
+                0, 2**32, size=max(end - len(self._outputs), _DRAW_BLOCK), dtype=np.uint32
+            )
+            self._outputs = np.concatenate([self._outputs[self._position :], fresh])
+            end -= self._position
+            self._position = 0
+        return self._outputs[end - count : end]
+
+    def read(self, count: int) -> np.ndarray:
+        """The next ``count`` outputs, consumed.
+
+        Args:
+          count: number of outputs.
+
+        Returns:
+          (count,) uint32.
+        """
+        out = self.peek(0, count)
+        self._position += count
+        return out
+
+
+def mt19937_outputs(seed: int, count: int) -> np.ndarray:
+    """The first ``count`` 32-bit outputs of ``std::mt19937(seed)``.
+
+    Args:
+      seed: the generator's seed (taken modulo 2**32, like ``(unsigned int) seed``).
+      count: number of outputs.
+
+    Returns:
+      (count,) uint32.
+    """
+    return _MersenneStream(seed).read(count)
+
+
+def _unit_floats(outputs: np.ndarray) -> np.ndarray:
+    """faiss's ``RandomGenerator::rand_float``: an output divided by ``float(mt.max())``.
+
+    The output is rounded to float32 and ``float(2**32 - 1)`` is 2**32, so the division is
+    exact: the result is in [0, 1] (1 when the output rounds up to 2**32).
+
+    Args:
+      outputs: (M,) uint32 MT19937 outputs.
+
+    Returns:
+      (M,) float32.
+    """
+    return outputs.astype(np.float32) / np.float32(2.0**32)
+
+
+def reference_permutation(num_points: int, count: int, seed: int) -> np.ndarray:
+    """The first ``count`` entries of faiss's ``rand_perm(perm, num_points, seed)``.
+
+    Fisher-Yates over ``0 .. N - 1``: for i = 0 .. N - 2, swap positions i and
+    ``i + u_i mod (N - i)``, u_i the i-th output of ``std::mt19937(seed)`` (faiss's
+    ``RandomGenerator::rand_int(max)``, ``mt() % max`` up to faiss 1.15.1 at least; later faiss
+    sources use a multiply-shift, which draws other points). Step i only touches positions
+    >= i, so the first ``count`` entries are final after ``count`` steps.
+
+    Args:
+      num_points: N.
+      count: how many leading entries to return, 0 <= count <= N.
+      seed: seed of the Mersenne Twister.
+
+    Returns:
+      (count,) int64 distinct indices in [0, N).
+    """
+    steps = min(count, num_points - 1)
+    outputs = mt19937_outputs(seed, steps).astype(np.int64)
+    targets = np.arange(steps) + outputs % (num_points - np.arange(steps))
+    perm = list(range(num_points))
+    for i, j in enumerate(targets.tolist()):
+        perm[i], perm[j] = perm[j], perm[i]
+    return np.asarray(perm[:count], np.int64)
+
+
+def _split_probabilities(counts: np.ndarray, surplus: int) -> np.ndarray:
+    """faiss's probability of splitting a cluster of (float) size h: ``(h - 1.0) / float(N -
+    K)``, evaluated in double precision and rounded to float32.
+
+    Args:
+      counts: (M,) float32 cluster sizes.
+      surplus: N - K, the number of points minus the number of clusters.
+
+    Returns:
+      (M,) float32 (negative for an empty cluster, 0 for a singleton: never chosen).
+    """
+    denominator = np.float64(np.float32(surplus))
+    return ((counts.astype(np.float64) - 1.0) / denominator).astype(np.float32)
+
+
+class SplitResult(NamedTuple):
+    """Output of :func:`split_empty_clusters`.
+
+    Attributes:
+      centroids: (K, D) float32 centroids with every empty cluster filled.
+      counts: (K,) float32 cluster sizes after the splits (halves of the split clusters).
+      sources: (E,) int64 for each of the E empty clusters, in increasing order, the cluster it
+        was split from.
+    """
+
+    centroids: np.ndarray
+    counts: np.ndarray
+    sources: np.ndarray
+
+
+def split_empty_clusters(
+    centroids: np.ndarray, counts: np.ndarray, num_points: int, seed: int = REFERENCE_SEED
+) -> SplitResult:
+    """Fills the empty clusters by splitting others, as faiss's ``split_clusters``.
+
+    A fresh ``std::mt19937(seed)`` per call. For each empty cluster ci in increasing order, the
+    candidates cj = 0, 1, 2, ... are scanned cyclically, each drawing r = ``rand_float`` (see
+    :func:`_unit_floats`), until r < p_cj (:func:`_split_probabilities`: proportional to the
+    cluster's size minus one). Then ci takes cj's centroid, and the two are pushed apart
+    symmetrically: in even dimensions ci is multiplied by 1 + eps and cj by 1 - eps, in odd
+    dimensions the other way round (eps = :data:`SPLIT_EPS`); ci gets half of cj's size
+    (float32), cj keeps the rest. The scan is vectorised over one cycle of K candidates at a time.
+
+    Args:
+      centroids: (K, D) float32 centroids (rows of empty clusters are overwritten).
+      counts: (K,) cluster sizes (0 = empty); they sum to ``num_points``.
+      num_points: N > K, the number of clustered points.
+      seed: seed of the Mersenne Twister (faiss always uses 1234).
+
+    Returns:
+      :class:`SplitResult` (new arrays; the inputs are not modified).
+    """
+    num_clusters = len(counts)
+    if num_points <= num_clusters:
+        raise ValueError(f"splitting needs more points ({num_points}) than clusters")
+    centroids = np.array(centroids, np.float32)
+    counts = np.array(counts, np.float32)
+    surplus = num_points - num_clusters
+    probabilities = _split_probabilities(counts, surplus)
+    up = np.where(np.arange(centroids.shape[1]) % 2 == 0, 1 + SPLIT_EPS, 1 - SPLIT_EPS)
+    up = up.astype(np.float32)
+    down = (2.0 - up).astype(np.float32)  # 1 - eps where up is 1 + eps, and vice versa
+    stream = _MersenneStream(seed)
+    sources = []
+    for ci in np.flatnonzero(counts == 0).tolist():
+        cycle = 0
+        while True:
+            draws = _unit_floats(stream.peek(cycle * num_clusters, num_clusters))
+            hits = np.flatnonzero(draws < probabilities)
+            if len(hits):
+                cj = int(hits[0])
+                stream.read(cycle * num_clusters + cj + 1)
+                break
+            cycle += 1
+        source = centroids[cj].copy()
+        centroids[ci] = source * up
+        centroids[cj] = source * down
+        counts[ci] = counts[cj] / np.float32(2.0)
+        counts[cj] -= counts[ci]
+        probabilities[[ci, cj]] = _split_probabilities(counts[[ci, cj]], surplus)
+        sources.append(cj)
+    return SplitResult(centroids, counts, np.asarray(sources, np.int64))
+
+
+def _point_blocks(x: np.ndarray, block_size: int) -> jax.Array:
+    """(N, D) points zero-padded and cut into (M, block_size, D) blocks, on the device."""
+    n, dim = x.shape
+    num_blocks = math.ceil(n / block_size)
+    padded = np.zeros((num_blocks * block_size, dim), np.float32)
+    padded[:n] = x
+    return jnp.asarray(padded.reshape(num_blocks, block_size, dim))
+
+
+@functools.partial(jax.jit, static_argnames=("num_points",))
+def _reference_update(
+    blocks: jax.Array, centroids: jax.Array, *, num_points: int
+) -> tuple[jax.Array, jax.Array]:
+    """One Lloyd update of the reference mode, before the empty-cluster split.
+
+    Every point goes to its nearest centroid (ties to the lower index); every centroid becomes
+    the float32 sum of its points multiplied by the float32 ``1 / count`` (faiss's
+    ``compute_centroids``); an empty cluster's centroid becomes 0 (it is filled by the split).
+
+    Args:
+      blocks: (M, B, D) points, zero-padded to M * B >= N rows.
+      centroids: (K, D) current centroids.
+      num_points: N, the number of real (unpadded) points.
+
+    Returns:
+      (K, D) float32 new centroids and (K,) float32 cluster sizes.
+    """
+    num_clusters, dim = centroids.shape
+    assignments = _assign(blocks, centroids)[0][:num_points]
+    x = blocks.reshape(-1, dim)[:num_points]
+    sums = jax.ops.segment_sum(x, assignments, num_segments=num_clusters)
+    counts = jax.ops.segment_sum(
+        jnp.ones((num_points,), jnp.float32), assignments, num_segments=num_clusters
+    )
+    scale = jnp.where(counts > 0, 1.0 / jnp.maximum(counts, 1.0), 0.0)
+    return sums * scale[:, None], counts
+
+
+@functools.partial(jax.jit, static_argnames=("num_points",))
+def _final_assignment(
+    blocks: jax.Array, centroids: jax.Array, *, num_points: int
+) -> tuple[jax.Array, jax.Array]:
+    """(N,) int32 nearest centroid of every point (ties to the lower index) and the inertia."""
+    assignments, sq = _assign(blocks, centroids)
+    return assignments[:num_points], jnp.sum(sq[:num_points])
+
+
+def reference_kmeans(
+    x: jax.Array | np.ndarray,
+    num_clusters: int,
+    *,
+    num_iters: int = DEFAULT_NUM_ITERS,
+    seed: int = REFERENCE_SEED,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> KMeansResult:
+    """k-means as faiss's ``Clustering`` computes it, then each point's nearest centroid.
+
+    Follows ``faiss.Clustering(D, K)`` with ``niter=num_iters``, ``seed``, ``nredo=1`` and no
+    subsampling (``max_points_per_centroid`` above N), trained on an exact L2 index, then an
+    exact L2 search of the points among the final centroids (the Revisiting-DML evaluation):
+
+    1. N == K: the centroids are the points, in order (no iteration). Otherwise the initial
+       centroids are the points ``reference_permutation(N, K, seed + 1)``.
+    2. ``num_iters`` times: assign, recompute the means (:func:`_reference_update`, jitted)
+       and, if a cluster is empty, :func:`split_empty_clusters` (host).
+    3. Final assignment to the nearest centroid.
+
+    Float32 throughout; the distances use the Gram expansion with the original (uncentred)
+    coordinates as faiss does, and the sums run over the points in order, so on CPU the
+    result equals faiss's (bit for bit in the tests) unless a point lies within rounding of
+    halfway between two centroids, where the two BLAS roundings may decide differently.
+    Splits make such points more common: the two halves differ by 2/1024 relative, and by
+    about 1e-6 after a cluster is split twice in one iteration. Exact ties (e.g. coinciding
+    centroids) go to the lower index, as in faiss.
+
+    Args:
+      x: (N, D) float32 points.
+      num_clusters: K, 1 <= K <= N.
+      num_iters: number of iterations (faiss's ``niter``; the reference uses 20).
+      seed: faiss's clustering seed (its default 1234); the split always uses 1234, as faiss.
+      block_size: points per block when computing assignments.
+
+    Returns:
+      A :class:`KMeansResult` with (K, D) centroids, (N,) assignments and the inertia.
+    """
+    x = np.asarray(x, np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"expected (N, D) points, got shape {x.shape}")
+    n = x.shape[0]
+    if not 1 <= num_clusters <= n:
+        raise ValueError(f"num_clusters={num_clusters} must be in [1, {n}]")
+    blocks = _point_blocks(x, min(block_size, n))
+    if n == num_clusters:
+        centroids = jnp.asarray(x)
+    else:
+        centroids = jnp.asarray(x[reference_permutation(n, num_clusters, seed + 1)])
+        for _ in range(num_iters):
+            centroids, counts = _reference_update(blocks, centroids, num_points=n)
+            counts = np.asarray(counts)
+            if np.any(counts == 0):
+                split = split_empty_clusters(np.asarray(centroids), counts, n)
+                centroids = jnp.asarray(split.centroids)
+    assignments, inertia = _final_assignment(blocks, centroids, num_points=n)
+    return KMeansResult(centroids, assignments, inertia)
+
+
 def kmeans(
     x: jax.Array | np.ndarray,
     num_clusters: int,
     *,
     num_iters: int = DEFAULT_NUM_ITERS,
-    seed: int = 0,
+    seed: int | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
     init: str = "k-means++",
 ) -> KMeansResult:
-    """k-means clustering: greedy k-means++ seeding then ``num_iters`` Lloyd iterations.
+    """k-means clustering: an initialisation, then ``num_iters`` Lloyd iterations.
 
     Memory is O(N * D + block_size * K + K * D) (never N x K): assignments are computed
-    ``block_size`` points at a time, and the seeding holds O(N) per step.
+    ``block_size`` points at a time, and the k-means++ seeding holds O(N) per step.
 
     Args:
       x: (N, D) float32 points.
       num_clusters: K, 1 <= K <= N.
       num_iters: number of Lloyd iterations (fixed, no early stopping).
-      seed: seed of the ``jax.random`` key used by the k-means++ seeding.
+      seed: seed of the initialisation; None for the mode's default: 0 (a ``jax.random`` key)
+        for "k-means++" and "random", faiss's 1234 (:data:`REFERENCE_SEED`) for "reference".
       block_size: points per block when computing assignments.
-      init: "k-means++" (greedy k-means++ seeding, the default) or "random" (K distinct points
-        drawn uniformly, like faiss; much faster for large K, as the seeding costs K passes
-        over the data).
+      init: "k-means++" (greedy k-means++ seeding, the default), "random" (K distinct points
+        drawn uniformly; much faster for large K, as the seeding costs K passes over the data)
+        or "reference" (faiss's k-means as the Revisiting-DML evaluation runs it, see
+        :func:`reference_kmeans`).
 
     Returns:
       A :class:`KMeansResult` with (K, D) centroids, (N,) assignments and the inertia.
@@ -229,11 +554,19 @@ def kmeans(
         raise ValueError(f"expected (N, D) points, got shape {x.shape}")
     if not 1 <= num_clusters <= x.shape[0]:
         raise ValueError(f"num_clusters={num_clusters} must be in [1, {x.shape[0]}]")
-    if init not in INITS:
-        raise ValueError(f"unknown init {init!r}; expected one of {tuple(INITS)}")
+    if init not in KMEANS_MODES:
+        raise ValueError(f"unknown init {init!r}; expected one of {KMEANS_MODES}")
+    if init == "reference":
+        return reference_kmeans(
+            x,
+            num_clusters,
+            num_iters=num_iters,
+            seed=REFERENCE_SEED if seed is None else seed,
+            block_size=block_size,
+        )
     return _kmeans(
         x,
-        jax.random.key(seed),
+        jax.random.key(0 if seed is None else seed),
         num_clusters=num_clusters,
         num_iters=num_iters,
         block_size=min(block_size, x.shape[0]),

@@ -87,6 +87,20 @@ def split_metrics(
     return out
 
 
+def _options(cfg: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
+    """The evaluator's options from the ``eval`` config section: the distance, the k-means
+    (``eval.kmeans``) and the seed of its initialisation (unused by the reference k-means).
+
+    Args:
+      cfg: the ``eval`` config section.
+      seed: the run's seed.
+
+    Returns:
+      Keyword arguments of :func:`jdml.evaluation.evaluator.evaluate_embeddings`.
+    """
+    return {"distance": cfg.distance, "seed": seed, "kmeans_init": cfg.kmeans}
+
+
 def combination_name(weights: Sequence[float]) -> str:
     """The record name of a weighted concatenation, e.g. ``concat:0.75,1.25,1.25,1.25``."""
     return "concat:" + ",".join(f"{float(w):g}" for w in weights)
@@ -125,9 +139,8 @@ def evaluate_splits(
             embeddings[head],
             data,
             metrics[name],
-            distance=cfg.distance,
-            seed=seed,
             return_vectors=True,
+            **_options(cfg, seed),
         )
         if name not in full or not cfg.heads:
             continue
@@ -136,7 +149,7 @@ def evaluate_splits(
             heads = dict(zip(cfg.heads, weights, strict=True))
             rows[combination_name(weights)] = combine_heads(embeddings, heads)
         extra[name] = {
-            row: evaluate_split(emb, data, cfg.metrics, distance=cfg.distance, seed=seed)
+            row: evaluate_split(emb, data, cfg.metrics, **_options(cfg, seed))
             for row, emb in rows.items()
         }
     return scalars, vectors, extra
@@ -149,5 +162,5 @@ def evaluate_raw_pixels(
     out = {}
     for name, data in splits.items():
         x = data.eval_images(np.arange(len(data))).reshape(len(data), -1)
-        out[name] = evaluate_split(x, data, cfg.metrics, distance=cfg.distance, seed=seed)
+        out[name] = evaluate_split(x, data, cfg.metrics, **_options(cfg, seed))
     return out
