@@ -85,11 +85,10 @@ def check_workdir_config(config: ml_collections.ConfigDict, workdir: str) -> boo
     if not has_checkpoints(workdir):
         return True
     raise ConfigError(
-        f"workdir {workdir} holds a run with a different config; resuming it with this "
-        "config would mix two experiments. Differences:\n  "
-        + "\n  ".join(diffs)
-        + "\nUse a new --workdir for the new config, or pass the stored config "
-        f"(python train.py --config {path} --workdir {workdir}) to resume the old run"
+        f"workdir {workdir} holds a run with a different config ({'; '.join(diffs)}); resuming "
+        "it with this config would mix two experiments. Use a new --workdir for the new config, "
+        f"or resume the old run with its stored config: python train.py --config {path} "
+        f"--workdir {workdir}"
     )
 
 

@@ -65,13 +65,14 @@ def check_map_sizes(image_size: int, stem_strides: int, stage_strides: Sequence[
     """Raises ``ValueError`` if a stage would convolve a map smaller than 3x3 (see
     ``_MIN_CONV_MAP``); the message names the keys to change."""
     side = smallest_map(image_size, stem_strides, stage_strides)
+    least = _MIN_CONV_MAP * stem_strides * math.prod(stage_strides)
     if side < _MIN_CONV_MAP:
         raise ValueError(
             f"with data.image_size={image_size}, model.stem_strides={stem_strides} and "
             f"model.stage_strides={tuple(stage_strides)} the last stage would run 3x3 "
             f"convolutions on a {side}x{side} map (very slow on XLA CPU and wasteful elsewhere): "
-            f"use images of at least {_MIN_CONV_MAP * stem_strides * math.prod(stage_strides)} "
-            "px, or fewer/smaller strides"
+            f"set --config.data.image_size={least} or more, or fewer/smaller "
+            "--config.model.stage_strides"
         )
 
 

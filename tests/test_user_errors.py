@@ -1,0 +1,548 @@
+"""Mistakes a user makes, typed as a user would: each ends in one ``error:`` line naming the problem
+and the fix, a non-zero exit, and every file already in the run directory byte-identical.
+
+The commands run as subprocesses of ``train.py``, ``eval.py`` and ``python -m jdml`` on a tiny
+npz dataset; a finished tiny run (module fixture) is the workdir most cases are tried on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import REPO, TINY_OVERRIDES, make_npz
+
+TIMEOUT = 300
+
+
+def _flag(key: str, value: object) -> str:
+    if isinstance(value, tuple):
+        value = "(" + ",".join(str(v) for v in value) + ")"
+    return f"--config.{key}={value}"
+
+
+TINY_FLAGS = [_flag(k, v) for k, v in TINY_OVERRIDES.items() if k != "data.name"]
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Runs ``python <args>`` in the repository, as a user would type it."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def train_args(npz: str, workdir: str | Path, *extra: str) -> list[str]:
+    return [
+        "train.py",
+        "--config",
+        "configs/revisiting.py:data=npz",
+        f"--config.data.path={npz}",
+        *TINY_FLAGS,
+        *extra,
+        "--workdir",
+        str(workdir),
+    ]
+
+
+def snapshot(folder: str | Path) -> dict[str, str]:
+    """sha256 of every file under ``folder`` (relative paths)."""
+    out = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def assert_refused(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+    """A refusal: non-zero exit, no traceback, exactly one ``error:`` line holding
+    ``fragments``; returns that line."""
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") or ": error: " in lines[0], lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def npz(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_npz(str(tmp_path_factory.mktemp("data") / "tiny.npz"))
+
+
+@pytest.fixture(scope="module")
+def finished(npz: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny run (2 epochs of 3 steps)."""
+    workdir = tmp_path_factory.mktemp("runs") / "done"
+    proc = run(*train_args(npz, workdir))
+    assert proc.returncode == 0, proc.stderr
+    return workdir
+
+
+def unchanged_after(workdir: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    before = snapshot(workdir)
+    proc = run(*args, **kwargs)
+    assert snapshot(workdir) == before, "the command changed files of the run directory"
+    return proc
+
+
+# ----------------------------------------------------------------- 1. two processes, one workdir
+
+HOLD_LOCK = """
+import sys, time
+from jdml.workdir import run_lock
+with run_lock(sys.argv[1]):
+    print("locked", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_second_process_on_a_locked_workdir_is_refused(
+    npz: str, finished: Path, tmp_path: Path
+) -> None:
+    finished = Path(shutil.copytree(finished, tmp_path / "run"))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(finished)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = snapshot(finished)
+        proc = run(*train_args(npz, finished))
+        line = assert_refused(proc, "in use by another training process", f"pid {holder.pid}")
+        assert "started" in line and f"kill {holder.pid}" in line
+        assert snapshot(finished) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder died without releasing anything: the lock is stale, and the run goes on.
+    proc = run(*train_args(npz, finished, "--config.train.epochs=3"))
+    assert proc.returncode == 0, proc.stderr
+    assert "ended without releasing it" in proc.stdout + proc.stderr
+
+
+def test_two_train_processes_leave_one_consistent_run(npz: str, tmp_path: Path) -> None:
+    workdir = tmp_path / "race"
+    slow = ["--config.train.epochs=40", "--config.eval.every_epochs=20"]
+    first = subprocess.Popen(
+        [sys.executable, *train_args(npz, workdir, *slow)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        lock = workdir / ".jdml.lock"
+        deadline = time.time() + TIMEOUT
+        while not (lock.exists() and lock.read_text()):
+            assert first.poll() is None, first.stderr.read()
+            assert time.time() < deadline
+            time.sleep(0.2)
+        assert json.loads(lock.read_text())["pid"] == first.pid
+        second = run(*train_args(npz, workdir, *slow))
+        assert_refused(second, f"pid {first.pid}")
+    finally:
+        first.kill()
+        first.wait()
+    finished = run(*train_args(npz, workdir, *slow))  # takes over the killed run's lock
+    assert finished.returncode == 0, finished.stderr
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    keys = [(r["kind"], r["step"], r.get("split"), r.get("embedding")) for r in records]
+    assert len(keys) == len(set(keys)), "metrics.jsonl holds a record twice"
+    assert [k[1] for k in keys] == sorted(k[1] for k in keys)
+
+
+# ----------------------------------------------------------------- 3. the fixes we print work
+
+
+def test_the_stored_config_resumes_its_run(npz: str, finished: Path) -> None:
+    """The refusal of a changed config suggests ``--config <workdir>/config.json``."""
+    proc = unchanged_after(finished, *train_args(npz, finished, "--config.loss.name=triplet"))
+    line = assert_refused(proc, "different config", "loss.name: 'margin' -> 'triplet'")
+    # The next line of the message is the command it suggests: run it.
+    suggested = f"--config {finished}/config.json --workdir {finished}"
+    assert line.endswith(suggested)
+    proc = run("train.py", "--config", f"{finished}/config.json", "--workdir", str(finished))
+    assert proc.returncode == 0, proc.stderr + line
+    assert "results:" in proc.stdout
+
+
+def _suggestions() -> set[str]:
+    """Every ``--config.<key>`` and ``<section>.<key>=`` the program's messages suggest."""
+    import ast
+    import re
+
+    sections = "data|model|train|eval|optim|loss|miner|sampler|cohort|decorrelation"
+    pattern = re.compile(rf"(?:--config\.|\b)((?:{sections})\.[a-z_0-9.]*[a-z_0-9])\s*=")
+    found = set()
+    roots = [Path(REPO, "jdml"), Path(REPO, "configs")]
+    files = [p for root in roots for p in root.rglob("*.py")]
+    files += [Path(REPO, "train.py"), Path(REPO, "eval.py")]
+    for file in files:
+        tree = ast.parse(file.read_text())
+        docstrings = {  # they may show a misspelt key on purpose; messages are what is checked
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        for node in ast.walk(tree):
+            text = isinstance(node, ast.Constant) and isinstance(node.value, str)
+            if text and id(node) not in docstrings:
+                found.update(pattern.findall(node.value))
+    return found
+
+
+def test_every_suggested_config_key_exists() -> None:
+    from configs.diva import get_config
+
+    keys = _suggestions()
+    assert "data.skip_unreadable" in keys and "data.channels" in keys  # the scan finds them
+    config = get_config()  # the base schema plus DiVA's auxiliary terms
+    unknown = []
+    for key in sorted(keys):
+        node = config
+        for part in key.split("."):
+            if not hasattr(node, "keys") or part not in node:
+                unknown.append(key)
+                break
+            node = node[part]
+    assert not unknown, f"messages suggest keys the config does not have: {unknown}"
+
+
+def test_unreadable_image_hint_is_a_working_flag(tmp_path: Path) -> None:
+    from PIL import Image
+
+    root = tmp_path / "imgs"
+    for c in range(4):
+        (root / f"c{c}").mkdir(parents=True)
+        for i in range(6):
+            Image.fromarray(np.full((8, 8), 40 * c + i, np.uint8)).save(root / f"c{c}/{i}.png")
+    (root / "c0" / "broken.png").write_bytes(b"not a png")
+    args = [
+        "train.py",
+        "--config",
+        "configs/revisiting.py:data=folder",
+        f"--config.data.path={root}",
+        *[f for f in TINY_FLAGS if "data.path" not in f],
+        "--config.train.batch_size=4",
+        "--config.train.epochs=1",
+    ]
+    line = assert_refused(run(*args, "--workdir", str(tmp_path / "w")), "broken.png")
+    assert "--config.data.skip_unreadable=True" in line
+    assert not (tmp_path / "w").exists()
+    proc = run(*args, "--config.data.skip_unreadable=True", "--workdir", str(tmp_path / "w"))
+    assert proc.returncode == 0, proc.stderr
+    assert "skipping" in proc.stderr and "broken.png" in proc.stderr
+
+
+# ----------------------------------------------------------------- 4. a failed start, corrected
+
+
+def test_failed_starts_write_nothing_and_the_corrected_command_runs(
+    npz: str, tmp_path: Path
+) -> None:
+    workdir = tmp_path / "fresh"
+    missing = str(tmp_path / "nowhere.npz")
+    for extra, fragment in (
+        ([f"--config.data.path={missing}"], "nowhere.npz does not exist"),
+        (["--config.data.image_size=7"], "data.image_size=7 must be at least 8"),
+        (["--config.model.embed_dim=0"], "model.embed_dim=0 must be at least 1"),
+    ):
+        assert_refused(run(*train_args(npz, workdir, *extra)), fragment)
+        assert not workdir.exists()
+    # A run stopped before its first checkpoint trained nothing: a changed config takes over.
+    from jdml.config import to_json
+    from tests.helpers import tiny_config
+
+    workdir.mkdir()
+    (workdir / "config.json").write_text(to_json(tiny_config(npz, **{"loss.name": "triplet"})))
+    proc = run(*train_args(npz, workdir, "--config.train.epochs=1"))
+    assert proc.returncode == 0, proc.stderr
+    assert '"name": "margin"' in (workdir / "config.json").read_text()
+
+
+# ----------------------------------------------------------------- 5. numbers out of range
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("train.epochs=-1", "train.epochs=-1 must be at least 1"),
+        ("sampler.samples_per_class=0", "sampler.samples_per_class=0 must be at least 1"),
+        ("model.embed_dim=0", "model.embed_dim=0 must be at least 1"),
+        ("data.image_size=7", "data.image_size=7 must be at least 8"),
+        ("data.image_size=8", "--config.data.image_size=12 or more"),
+        ("optim.lr=nan", "optim.lr=nan must be finite"),
+        ("optim.lr=-0.1", "optim.lr=-0.1 must be above 0"),
+        ("loss.margin.beta=inf", "loss.margin.beta=inf must be finite"),
+        ("eval.batch_size=0", "eval.batch_size=0 must be at least 1"),
+    ],
+)
+def test_out_of_range_numbers_leave_a_finished_run_intact(
+    npz: str, finished: Path, override: str, fragment: str
+) -> None:
+    proc = unchanged_after(finished, *train_args(npz, finished, f"--config.{override}"))
+    assert_refused(proc, fragment, f"--config.{override.split('=')[0]}")
+
+
+def test_fewer_epochs_than_trained_are_refused(npz: str, finished: Path) -> None:
+    proc = unchanged_after(finished, *train_args(npz, finished, "--config.train.epochs=1"))
+    assert_refused(proc, "has trained 6 steps (2 epochs)", "--config.train.epochs")
+
+
+# ----------------------------------------------------------------- 6. read-only and full workdirs
+
+
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """Makes ``folder`` and everything in it unwritable, even for root (immutable attribute)."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-R", "+i", str(folder)], check=True)
+    else:
+        subprocess.run(["chmod", "-R", "a-w", str(folder)], check=True)
+    try:
+        with pytest.raises(OSError):
+            (folder / "probe").write_text("x")
+        yield
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-R", "-i", str(folder)], check=True)
+        else:
+            subprocess.run(["chmod", "-R", "u+w", str(folder)], check=True)
+
+
+def test_read_only_workdir(npz: str, finished: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "ro"
+    shutil.copytree(finished, copy)
+    with read_only(copy):
+        for args, fragment in (
+            (train_args(npz, copy, "--config.train.epochs=3"), "workdir"),
+            (["eval.py", "--workdir", str(copy)], "workdir"),
+            (["-m", "jdml", "look", str(copy)], "output folder"),
+        ):
+            proc = unchanged_after(copy, *args)
+            assert_refused(proc, fragment, str(copy), "permission denied", "another")
+
+
+@contextlib.contextmanager
+def full_disk(tmp_path: Path, payload: Path):
+    """A copy of ``payload`` on a filesystem with no space left (a small tmpfs when this user
+    may mount one; otherwise a file-size limit of 0 set in the child processes)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    mounted = (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True
+        ).returncode
+        == 0
+    )
+    try:
+        copy = mount / "run"
+        shutil.copytree(payload, copy)
+        if mounted:
+            with contextlib.suppress(OSError), open(mount / "filler", "wb") as f:
+                while True:
+                    f.write(b"\0" * 4096)
+                    f.flush()
+        yield copy, mounted
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(mount)], check=True)
+
+
+def _no_file_growth() -> None:
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+
+def test_full_disk(npz: str, finished: Path, tmp_path: Path) -> None:
+    with full_disk(tmp_path, finished) as (copy, mounted):
+        for args in (
+            train_args(npz, copy, "--config.train.epochs=3"),
+            ["eval.py", "--workdir", str(copy)],
+            ["-m", "jdml", "look", str(copy)],
+        ):
+            before = snapshot(copy)
+            if mounted:
+                proc = run(*args)
+            else:
+                proc = subprocess.run(
+                    [sys.executable, *args],
+                    cwd=REPO,
+                    capture_output=True,
+                    text=True,
+                    timeout=TIMEOUT,
+                    preexec_fn=_no_file_growth,
+                )
+            assert snapshot(copy) == before
+            assert_refused(proc, str(copy), "space" if mounted else "cannot write")
+
+
+def test_eval_prints_its_results_before_writing_them(finished: Path, tmp_path: Path) -> None:
+    """If the results cannot be written after the work, they are still shown."""
+    copy = tmp_path / "late"
+    shutil.copytree(finished, copy)
+    script = tmp_path / "eval_then_fail.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import errno, runpy, sys
+            import jdml.evaluate as ev
+            def refuse(workdir, out):
+                raise OSError(errno.ENOSPC, "No space left on device", f"{{workdir}}/eval.json")
+            ev.save_evaluation = refuse
+            sys.argv = ["eval.py", "--workdir", {str(copy)!r}]
+            runpy.run_path({os.path.join(REPO, "eval.py")!r}, run_name="__main__")
+            """
+        )
+    )
+    proc = unchanged_after(copy, str(script))
+    assert_refused(proc, "no space left", "eval.json")
+    assert "recall@1" in proc.stdout
+
+
+# ----------------------------------------------------------------- 7. tracebacks for mistakes
+
+
+def test_unknown_checkpoint_name(finished: Path) -> None:
+    proc = unchanged_after(finished, "eval.py", "--workdir", str(finished), "--checkpoint", "bestt")
+    assert_refused(proc, "unknown checkpoint 'bestt'", "best, latest or a step number")
+
+
+@pytest.mark.parametrize("k", ["0", "-3"])
+def test_search_needs_a_positive_k(finished: Path, npz: str, tmp_path: Path, k: str) -> None:
+    index = tmp_path / "index.npz"
+    assert run("-m", "jdml", "embed", str(finished), npz, "--out", str(index)).returncode == 0
+    proc = unchanged_after(finished, "-m", "jdml", "search", str(index), npz, "-k", k)
+    assert_refused(proc, "argument -k", "must be at least 1")
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_unsafe_weight_file_is_refused_in_one_line(npz: str, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    evil = tmp_path / "evil.pth"
+    with zipfile.ZipFile(evil, "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps({"w": _Payload(marker)}, protocol=2))
+    args = train_args(
+        npz,
+        tmp_path / "w",
+        "--config.model.backbone=efficientnet_lite0",
+        f"--config.model.pretrained={evil}",
+        "--config.data.channels=3",
+        "--config.data.image_size=32",
+    )
+    line = assert_refused(run(*args), str(evil), f"{os.system.__module__}.system")
+    assert "safetensors" in line
+    assert not marker.exists() and not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("configs/revisiting.py:loss=foo", "unknown loss 'foo'; choose one of: angular"),
+        ("configs/revisiting.py:data=foo", "unknown data preset 'foo'; choose one of: glyphs"),
+        ("configs/nowhere.py", "config file configs/nowhere.py does not exist"),
+    ],
+)
+def test_config_argument_errors_are_one_line(spec: str, fragment: str, tmp_path: Path) -> None:
+    proc = run("train.py", "--config", spec, "--workdir", str(tmp_path / "w"))
+    assert_refused(proc, fragment)
+
+
+# --------------------------------------------------------------- 8. a miner for a loss without one
+
+
+def test_miner_for_a_loss_that_mines_its_own_pairs(npz: str, tmp_path: Path) -> None:
+    args = train_args(npz, tmp_path / "w", "--config.loss.name=softmax")  # miner stays distance
+    assert_refused(run(*args), "loss.name=softmax", "--config.miner.name=''")
+    assert not (tmp_path / "w").exists()
+
+
+# ----------------------------------------------------------------- 10. a class of one test image
+
+
+def test_single_image_test_class_is_named(tmp_path: Path) -> None:
+    path = make_npz(str(tmp_path / "lone.npz"))
+    with np.load(path) as f:
+        images, labels = f["images"], f["labels"]
+    keep = (labels != 11) | (np.arange(len(labels)) == np.flatnonzero(labels == 11)[0])
+    np.savez(
+        path,
+        images=images[keep],
+        labels=labels[keep],
+        class_names=np.array([f"shape{c}" for c in range(12)]),
+    )
+    proc = run(*train_args(path, tmp_path / "w", "--config.train.epochs=1"))
+    assert proc.returncode == 0, proc.stderr
+    assert "test split has 1 class(es) with a single image ('shape11')" in proc.stdout
+
+
+# ----------------------------------------------------------------- 11. gray data, RGB weights
+
+
+def test_grayscale_data_with_rgb_pretrained_backbone(npz: str, tmp_path: Path) -> None:
+    args = train_args(
+        npz,
+        tmp_path / "w",
+        "--config.model.backbone=efficientnet_lite0",
+        "--config.model.pretrained=packaged",
+        "--config.data.image_size=32",
+    )
+    assert_refused(run(*args), "take RGB images", "--config.data.channels=3")
+    assert not (tmp_path / "w").exists()
+    # The fix it names is accepted, and repeats the gray channel.
+    from configs.revisiting import apply_overrides, get_config
+    from jdml.config import validate
+    from jdml.data.loading import load_splits
+
+    config = get_config("data=npz")
+    apply_overrides(
+        config,
+        {
+            "data.path": npz,
+            "data.channels": 3,
+            "data.image_size": 32,
+            "model.backbone": "efficientnet_lite0",
+            "model.pretrained": "packaged",
+        },
+    )
+    validate(config)
+    train = load_splits(config.data)["train"]
+    rgb = train.eval_images(np.arange(4))
+    assert rgb.shape == (4, 32, 32, 3)
+    np.testing.assert_array_equal(rgb[..., 0], rgb[..., 2])
