@@ -546,3 +546,92 @@ def test_grayscale_data_with_rgb_pretrained_backbone(npz: str, tmp_path: Path) -
     rgb = train.eval_images(np.arange(4))
     assert rgb.shape == (4, 32, 32, 3)
     np.testing.assert_array_equal(rgb[..., 0], rgb[..., 2])
+
+
+# ----------------------------------------------------------------- 9. a kill at any moment
+
+KILLER = """
+import os, runpy, signal, sys
+
+point, nth = os.environ["KILL_AT"].split(":")
+nth = int(nth)
+calls = []
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def count(tag):
+    calls.append(tag)
+    return calls.count(tag) == nth
+
+
+import jdml.checkpoint as ckpt
+import jdml.metric_writer as mw
+
+save, write = ckpt.Checkpoints.save, mw.MetricWriter.write
+
+
+def patched_save(self, state, meta, *, best=False):
+    if point == "before_save" and count("save"):
+        die()  # e.g. after the untrained evaluation, before the first checkpoint
+    if point == "after_best" and not best and calls[-1:] == ["best"]:
+        die()  # the best checkpoint is on disk, the latest of the same step is not
+    if best:
+        calls.append("best")
+    save(self, state, meta, best=best)
+    if point == "after_save" and count("saved"):
+        die()
+
+
+def patched_write(self, record):
+    if point == "mid_line" and record.get("kind") == "train" and count("train"):
+        with open(self.path, "a") as f:
+            f.write('{"kind": "train", "step": ')  # half a line
+            f.flush()
+        die()
+    write(self, record)
+
+
+ckpt.Checkpoints.save, mw.MetricWriter.write = patched_save, patched_write
+
+if point == "commit":  # inside orbax: the files are written, the rename that commits them is not
+    from orbax.checkpoint._src.path import async_path
+
+    rename = async_path.rename
+
+    async def patched_rename(src, dst):
+        if "tmp" in str(src) and count("commit"):
+            die()
+        return await rename(src, dst)
+
+    async_path.rename = patched_rename
+
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def _records(workdir: Path) -> list[dict]:
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "img_s"} for line in lines]
+
+
+@pytest.mark.parametrize(
+    "kill_at",
+    ["before_save:1", "mid_line:2", "commit:2", "after_best:1", "after_save:3"],
+)
+def test_killed_run_resumes_to_the_uninterrupted_metrics(
+    npz: str, finished: Path, tmp_path: Path, kill_at: str
+) -> None:
+    workdir = tmp_path / "killed"
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    killed = run(str(script), *train_args(npz, workdir)[1:], env={"KILL_AT": kill_at})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr  # the kill happened
+    resumed = run(*train_args(npz, workdir))
+    assert resumed.returncode == 0, resumed.stderr
+    assert _records(workdir) == _records(finished)
+    results = json.loads((workdir / "results.json").read_text())
+    assert results == json.loads((finished / "results.json").read_text())
