@@ -21,6 +21,8 @@ from typing import Any
 
 import ml_collections
 
+from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
+
 # Keys of a component's signature that the library fills in itself.
 _RUNTIME_ARGS = frozenset(
     {
@@ -295,35 +297,10 @@ def decorrelation_section() -> ml_collections.ConfigDict:
     return d
 
 
-@dataclasses.dataclass(frozen=True)
-class Range:
-    """The values a numeric key accepts: ``low <= x <= high`` (``low < x`` with ``open_low``),
-    integers only with ``integer``; every value must be finite."""
-
-    low: float | None = None
-    high: float | None = None
-    integer: bool = False
-    open_low: bool = False
-
-    def problem(self, value: Any) -> str | None:
-        """Why ``value`` is refused (e.g. "must be at least 1"), or None if it is accepted."""
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return "must be a number"
-        if self.integer and not isinstance(value, int):
-            return "must be an integer"
-        if not math.isfinite(value):
-            return "must be finite"
-        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
-            return f"must be {'above' if self.open_low else 'at least'} {self.low:g}"
-        if self.high is not None and value > self.high:
-            return f"must be at most {self.high:g}"
-        return None
-
-
-_COUNT = Range(1, integer=True)
+_COUNT = COUNT
 _NON_NEGATIVE_INT = Range(0, integer=True)
-_NON_NEGATIVE = Range(0)
-_POSITIVE = Range(0, open_low=True)
+_NON_NEGATIVE = NON_NEGATIVE
+_POSITIVE = POSITIVE
 
 #: The numeric keys of the base config and the values each accepts (sequences: every element).
 NUMERIC_KEYS: dict[str, Range] = {
@@ -390,9 +367,27 @@ def _check_number(key: str, value: Any, allowed: Range) -> None:
             raise ConfigError(f"{key}={shown!r}{which.rstrip()}; change --config.{key}")
 
 
+def _component_sections(c: ml_collections.ConfigDict):
+    """(key prefix, section, registry) of every selected loss, miner and sampler, the auxiliary
+    terms' included."""
+    from jdml.losses import LOSSES
+    from jdml.miners import MINERS
+    from jdml.samplers import SAMPLERS
+
+    out = [("loss", c.loss, LOSSES), ("miner", c.miner, MINERS), ("sampler", c.sampler, SAMPLERS)]
+    for name, term in c.aux.items():
+        if term.get("kind") == "metric":
+            out += [
+                (f"aux.{name}.loss", term.loss, LOSSES),
+                (f"aux.{name}.miner", term.miner, MINERS),
+            ]
+    return [(p, section, r) for p, section, r in out if section.name and section.name in r]
+
+
 def _validate_numbers(c: ml_collections.ConfigDict) -> None:
-    """Range checks of every numeric key (see ``NUMERIC_KEYS``), of the auxiliary terms', and
-    finiteness of the selected components' numeric hyperparameters."""
+    """Range checks of every numeric key: the base config's (``NUMERIC_KEYS``), the auxiliary
+    terms' (``AUX_NUMERIC_KEYS``) and the selected components' (their registries' ranges; any
+    other numeric hyperparameter must at least be finite)."""
     flat = flatten_config(c.to_dict())
     for key, allowed in NUMERIC_KEYS.items():
         _check_number(key, flat[key], allowed)
@@ -400,11 +395,14 @@ def _validate_numbers(c: ml_collections.ConfigDict) -> None:
         for key, allowed in AUX_NUMERIC_KEYS.items():
             if term.get(key) is not None:
                 _check_number(f"aux.{name}.{key}", term[key], allowed)
-    for key, value in selected_only(flat).items():
-        parts = key.split(".")
-        component = any(p in _COMPONENT_SECTIONS for p in parts[:-2])
-        if component and isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{key}={value!r} must be finite; change --config.{key}")
+    for prefix, section, registry in _component_sections(c):
+        ranges = registry.ranges(section.name)
+        for key, value in section[section.name].items():
+            where = f"{prefix}.{section.name}.{key}"
+            if key in ranges and value is not None:
+                _check_number(where, value, ranges[key])
+            elif isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{where}={value!r} must be finite; change --config.{where}")
     m = c.model
     if not len(m.stage_features) == len(m.stage_blocks) == len(m.stage_strides):
         raise ConfigError(

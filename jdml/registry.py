@@ -2,10 +2,43 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Generic, TypeVar
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a numeric setting accepts: ``low <= x <= high`` (``low < x`` with
+    ``open_low``), integers only with ``integer``; every value must be finite."""
+
+    low: float | None = None
+    high: float | None = None
+    integer: bool = False
+    open_low: bool = False
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is refused (e.g. "must be at least 1"), or None if it is accepted."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return "must be a number"
+        if self.integer and not isinstance(value, int):
+            return "must be an integer"
+        if not math.isfinite(value):
+            return "must be finite"
+        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
+            return f"must be {'above' if self.open_low else 'at least'} {self.low:g}"
+        if self.high is not None and value > self.high:
+            return f"must be at most {self.high:g}"
+        return None
+
+
+COUNT = Range(1, integer=True)
+NON_NEGATIVE = Range(0)
+POSITIVE = Range(0, open_low=True)
+PROBABILITY = Range(0, 1)
 
 
 class UnknownNameError(KeyError):
@@ -25,17 +58,29 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._ranges: dict[str, dict[str, Range]] = {}
 
-    def register(self, name: str) -> Callable[[T], T]:
-        """Decorator registering ``obj`` under ``name``; a duplicate name is an error."""
+    def register(self, name: str, *, ranges: Mapping[str, Range] | None = None) -> Callable[[T], T]:
+        """Decorator registering ``obj`` under ``name``; a duplicate name is an error.
+
+        Args:
+          name: the reference's name of the component.
+          ranges: the values each numeric hyperparameter accepts (checked with the config).
+        """
 
         def deco(obj: T) -> T:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._items[name] = obj
+            self._ranges[name] = dict(ranges or {})
             return obj
 
         return deco
+
+    def ranges(self, name: str) -> dict[str, Range]:
+        """The declared ranges of ``name``'s numeric hyperparameters (possibly none)."""
+        self.get(name)
+        return self._ranges[name]
 
     def get(self, name: str) -> T:
         """Returns the component named ``name`` or raises an error listing the known names."""

@@ -178,3 +178,57 @@ def test_unselected_components_do_not_block_resuming():
     assert incompatible_keys(old, new) == []
     new["loss"]["margin"]["beta"] = 0.6
     assert incompatible_keys(old, new) == ["loss.margin.beta: 1.2 -> 0.6"]
+
+
+def test_declared_ranges_name_real_hyperparameters_and_accept_the_defaults():
+    from jdml.config import component_defaults
+    from jdml.losses import LOSSES
+    from jdml.miners import MINERS
+    from jdml.samplers import SAMPLERS
+
+    declared = 0
+    for registry in (LOSSES, MINERS, SAMPLERS):
+        for name in registry.names():
+            defaults = component_defaults(registry.get(name))
+            for key, allowed in registry.ranges(name).items():
+                assert key in defaults, (name, key)
+                declared += 1
+                if defaults[key] is not None:
+                    assert allowed.problem(defaults[key]) is None, (name, key, defaults[key])
+    assert declared > 40
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"loss.name": "softtriplet", "miner.name": "", "loss.softtriplet.n_centroids": 0},
+            r"loss\.softtriplet\.n_centroids=0 must be at least 1",
+        ),
+        (
+            {"loss.name": "histogram", "miner.name": "", "loss.histogram.num_bins": 1},
+            r"loss\.histogram\.num_bins=1 must be at least 2",
+        ),
+        (
+            {"miner.name": "rho_distance", "miner.rho_distance.push_prob": 1.5},
+            r"push_prob=1\.5 must be at most 1",
+        ),
+        (
+            {"sampler.name": "greedy_coreset", "sampler.greedy_coreset.bigbs": 0},
+            r"sampler\.greedy_coreset\.bigbs=0 must be at least 1",
+        ),
+        ({"train.batch_size": 1}, r"train\.batch_size=1 must be at least 2"),
+        ({"model.stage_features": (8, 0)}, r"each entry must be at least 1"),
+        ({"data.std": 0.0}, r"data\.std=0\.0 must be above 0"),
+    ],
+)
+def test_component_and_base_ranges_are_checked(overrides, message):
+    c = base_config()
+    for key, value in overrides.items():
+        node = c
+        *path, last = key.split(".")
+        for part in path:
+            node = node[part]
+        node[last] = value
+    with pytest.raises(ConfigError, match=message):
+        validate(c)

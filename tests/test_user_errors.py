@@ -323,6 +323,8 @@ def test_failed_starts_write_nothing_and_the_corrected_command_runs(
         ("optim.lr=-0.1", "optim.lr=-0.1 must be above 0"),
         ("loss.margin.beta=inf", "loss.margin.beta=inf must be finite"),
         ("eval.batch_size=0", "eval.batch_size=0 must be at least 1"),
+        ("loss.margin.margin=-0.2", "loss.margin.margin=-0.2 must be at least 0"),
+        ("miner.distance.lower_cutoff=-1.0", "miner.distance.lower_cutoff=-1.0 must be at least 0"),
     ],
 )
 def test_out_of_range_numbers_leave_a_finished_run_intact(

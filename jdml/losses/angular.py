@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jdml.losses.base import Loss, LossOutput, register_loss, require_tuples, safe_divide
 from jdml.losses.npair import l2_norms, log1p_sum_exp, npair_terms, other_label_mask
 from jdml.miners.base import Tuples
+from jdml.registry import NON_NEGATIVE, Range
 
 # Smallest norm divided by in the normalisation (that of torch.nn.functional.normalize).
 _NORMALIZE_EPS = 1e-12
@@ -81,6 +82,11 @@ class AngularLoss(Loss):
     allowed_miners: ClassVar[tuple[str, ...] | None] = ("npair",)
     needs_miner: ClassVar[bool] = True
     param_lr: ClassVar[str | None] = None
+    param_ranges: ClassVar[dict[str, Range]] = {
+        "alpha": Range(0, 90, open_low=True),
+        "angular_weight": NON_NEGATIVE,
+        "l2_weight": NON_NEGATIVE,
+    }
 
     _: dataclasses.KW_ONLY
     alpha: float = 45.0

@@ -18,6 +18,7 @@ from jdml.losses.softmax import (
     symmetric_uniform,
 )
 from jdml.miners.base import Tuples
+from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 # The reference's lower clamp of the cosines (it zeroes every negative cosine).
 REFERENCE_COS_MIN = 1e-10
@@ -103,6 +104,12 @@ class ArcFaceLoss(Loss):
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "class_lr_multiplier"
+    param_ranges: ClassVar[dict[str, Range]] = {
+        "class_lr_multiplier": NON_NEGATIVE,
+        "eps": POSITIVE,
+        "margin": NON_NEGATIVE,
+        "scale": POSITIVE,
+    }
     param_lr_is_multiplier: ClassVar[bool] = True
 
     _: dataclasses.KW_ONLY

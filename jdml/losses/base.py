@@ -20,6 +20,7 @@ declare them.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import ClassVar, TypeVar
 
 import flax.linen as nn
@@ -27,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from jdml.miners.base import MINERS, Tuples
-from jdml.registry import Registry
+from jdml.registry import Range, Registry
 
 LossOutput = tuple[jax.Array, dict[str, jax.Array]]
 """(scalar float32 loss, {metric name: scalar}) with a fixed set of metric names per loss."""
@@ -47,6 +48,8 @@ class Loss(nn.Module):
     # True when the ``param_lr`` field multiplies the network's learning rate (the reference's
     # ``--loss_<name>_lrmulti`` flags) rather than giving the learning rate itself.
     param_lr_is_multiplier: ClassVar[bool] = False
+    # The values each numeric hyperparameter accepts (checked with the config).
+    param_ranges: ClassVar[Mapping[str, Range]] = {}
 
     def __call__(
         self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None
@@ -68,7 +71,10 @@ def register_loss(cls: LossT) -> LossT:
     fields = {f.name for f in dataclasses.fields(cls)}
     if cls.param_lr is not None and cls.param_lr not in fields:
         raise ValueError(f"{cls.__name__}.param_lr={cls.param_lr!r} is not one of its fields")
-    LOSSES.register(cls.loss_name)(cls)
+    unknown = set(cls.param_ranges) - fields
+    if unknown:
+        raise ValueError(f"{cls.__name__}.param_ranges names no field: {sorted(unknown)}")
+    LOSSES.register(cls.loss_name, ranges=cls.param_ranges)(cls)
     return cls
 
 

@@ -18,6 +18,7 @@ from jdml.losses.base import (
     safe_divide,
 )
 from jdml.miners.base import Tuples
+from jdml.registry import NON_NEGATIVE, Range
 
 
 @register_loss
@@ -58,6 +59,10 @@ class ContrastiveLoss(Loss):
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = True
     param_lr: ClassVar[str | None] = None
+    param_ranges: ClassVar[dict[str, Range]] = {
+        "neg_margin": NON_NEGATIVE,
+        "pos_margin": NON_NEGATIVE,
+    }
 
     _: dataclasses.KW_ONLY
     pos_margin: float = 0.0

@@ -12,6 +12,7 @@ import numpy as np
 
 from jdml.losses.base import Loss, LossOutput, register_loss, safe_divide
 from jdml.miners.base import Tuples
+from jdml.registry import Range
 
 # Only grid indices k in [-1, R - 1] can match a bin in the reference binning; the emulation clips
 # k into [_K_LOW, R] = [-2, R], whose end entries of the tables below match nothing.
@@ -147,6 +148,7 @@ class HistogramLoss(Loss):
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = None
+    param_ranges: ClassVar[dict[str, Range]] = {"num_bins": Range(2, integer=True)}
 
     _: dataclasses.KW_ONLY
     num_bins: int = 65

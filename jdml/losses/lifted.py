@@ -23,6 +23,7 @@ from jdml.losses.npair import (
     same_label_others_mask,
 )
 from jdml.miners.base import Tuples
+from jdml.registry import NON_NEGATIVE, Range
 
 
 @register_loss
@@ -62,6 +63,10 @@ class LiftedLoss(Loss):
     allowed_miners: ClassVar[tuple[str, ...] | None] = ("lifted",)
     needs_miner: ClassVar[bool] = True
     param_lr: ClassVar[str | None] = None
+    param_ranges: ClassVar[dict[str, Range]] = {
+        "l2_weight": NON_NEGATIVE,
+        "neg_margin": NON_NEGATIVE,
+    }
 
     _: dataclasses.KW_ONLY
     neg_margin: float = 1.0

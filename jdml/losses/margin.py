@@ -28,6 +28,7 @@ from jdml.losses.base import (
     safe_divide,
 )
 from jdml.miners.base import Tuples
+from jdml.registry import NON_NEGATIVE, Range
 
 
 def active_term_count(pos: jax.Array, neg: jax.Array) -> jax.Array:
@@ -114,6 +115,12 @@ class MarginLoss(Loss):
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = True
     param_lr: ClassVar[str | None] = "beta_lr"
+    param_ranges: ClassVar[dict[str, Range]] = {
+        "margin": NON_NEGATIVE,
+        "beta": NON_NEGATIVE,
+        "beta_lr": NON_NEGATIVE,
+        "nu": NON_NEGATIVE,
+    }
 
     _: dataclasses.KW_ONLY
     num_classes: int

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jdml.losses.base import Loss, LossOutput, register_loss, safe_divide
 from jdml.losses.npair import log1p_sum_exp
 from jdml.miners.base import Tuples, positive_mask, same_label
+from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 
 def mine_pairs(
@@ -71,6 +72,12 @@ class MultiSimilarityLoss(Loss):
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = None
+    param_ranges: ClassVar[dict[str, Range]] = {
+        "margin": NON_NEGATIVE,
+        "neg_weight": POSITIVE,
+        "pos_weight": POSITIVE,
+        "thresh": Range(-1, 1),
+    }
 
     _: dataclasses.KW_ONLY
     pos_weight: float = 2.0

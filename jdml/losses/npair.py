@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from jdml.losses.base import Loss, LossOutput, register_loss, require_tuples, safe_divide
 from jdml.miners.base import Tuples
+from jdml.registry import NON_NEGATIVE, Range
 
 
 def masked_logsumexp(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -113,6 +114,7 @@ class NPairLoss(Loss):
     allowed_miners: ClassVar[tuple[str, ...] | None] = ("npair",)
     needs_miner: ClassVar[bool] = True
     param_lr: ClassVar[str | None] = None
+    param_ranges: ClassVar[dict[str, Range]] = {"l2_weight": NON_NEGATIVE}
 
     _: dataclasses.KW_ONLY
     l2_weight: float = 0.005

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jdml.losses.base import Loss, LossOutput, register_loss
 from jdml.losses.softmax import batch_accuracy, l2_normalize
 from jdml.miners.base import Tuples
+from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 
 def proxy_squared_distances(x: jax.Array, proxies: jax.Array, scale: float) -> jax.Array:
@@ -63,6 +64,10 @@ class ProxyNCALoss(Loss):
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "proxy_lr_multiplier"
+    param_ranges: ClassVar[dict[str, Range]] = {
+        "proxy_lr_multiplier": NON_NEGATIVE,
+        "scale": POSITIVE,
+    }
     param_lr_is_multiplier: ClassVar[bool] = True
 
     _: dataclasses.KW_ONLY

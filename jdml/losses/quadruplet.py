@@ -19,6 +19,7 @@ from jdml.losses.base import (
     squared_distance,
 )
 from jdml.miners.base import Tuples
+from jdml.registry import NON_NEGATIVE, Range
 
 
 def _first_cyclic(candidates: jax.Array, start: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -169,6 +170,10 @@ class QuadrupletLoss(Loss):
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = True
     param_lr: ClassVar[str | None] = None
+    param_ranges: ClassVar[dict[str, Range]] = {
+        "margin_alpha_1": NON_NEGATIVE,
+        "margin_alpha_2": NON_NEGATIVE,
+    }
 
     _: dataclasses.KW_ONLY
     margin_alpha_1: float = 0.2

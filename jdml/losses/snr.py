@@ -17,6 +17,7 @@ from jdml.losses.base import (
     safe_divide,
 )
 from jdml.miners.base import Tuples
+from jdml.registry import NON_NEGATIVE, Range
 
 # Floor of the anchor's signal variance: an anchor with all coordinates equal has none.
 _SIGNAL_VARIANCE_EPS = 1e-12
@@ -63,6 +64,7 @@ class SNRLoss(Loss):
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = True
     param_lr: ClassVar[str | None] = None
+    param_ranges: ClassVar[dict[str, Range]] = {"margin": NON_NEGATIVE, "reg_lambda": NON_NEGATIVE}
 
     _: dataclasses.KW_ONLY
     margin: float = 0.2

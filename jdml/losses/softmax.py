@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from jdml.losses.base import Loss, LossOutput, register_loss
 from jdml.miners.base import Tuples
+from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 # Smallest norm a vector is divided by in ``l2_normalize`` (as PyTorch's ``F.normalize``).
 NORMALIZE_EPS = 1e-12
@@ -110,6 +111,10 @@ class NormSoftmaxLoss(Loss):
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "class_lr_multiplier"
+    param_ranges: ClassVar[dict[str, Range]] = {
+        "class_lr_multiplier": NON_NEGATIVE,
+        "temperature": POSITIVE,
+    }
     param_lr_is_multiplier: ClassVar[bool] = True
 
     _: dataclasses.KW_ONLY

@@ -19,6 +19,7 @@ from jdml.losses.softmax import (
     symmetric_uniform,
 )
 from jdml.miners.base import Tuples
+from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
 
 # Added under the square root of the regulariser: sqrt(2 + 1e-5 - 2 w.w') (paper and reference).
 REG_SQRT_EPS = 1e-5
@@ -121,6 +122,14 @@ class SoftTripleLoss(Loss):
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "centroid_lr_multiplier"
+    param_ranges: ClassVar[dict[str, Range]] = {
+        "centroid_lr_multiplier": NON_NEGATIVE,
+        "gamma": POSITIVE,
+        "lam": POSITIVE,
+        "margin_delta": NON_NEGATIVE,
+        "n_centroids": COUNT,
+        "reg_weight": NON_NEGATIVE,
+    }
     param_lr_is_multiplier: ClassVar[bool] = True
 
     _: dataclasses.KW_ONLY

@@ -18,6 +18,7 @@ from jdml.losses.base import (
     squared_distance,
 )
 from jdml.miners.base import Tuples
+from jdml.registry import NON_NEGATIVE, Range
 
 
 @register_loss
@@ -39,6 +40,7 @@ class TripletLoss(Loss):
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = True
     param_lr: ClassVar[str | None] = None
+    param_ranges: ClassVar[dict[str, Range]] = {"margin": NON_NEGATIVE}
 
     _: dataclasses.KW_ONLY
     margin: float = 0.2

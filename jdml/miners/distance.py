@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from jdml.miners.base import MINERS, Tuples, pairwise_distances, same_label, sample_positives
+from jdml.registry import NON_NEGATIVE, POSITIVE
 
 MAX_DISTANCE = 2.0 - 1e-4
 """Distances are clamped below 2 so that log(1 - d^2/4) stays finite for antipodal points."""
@@ -74,7 +75,7 @@ def negative_log_weights(
     return jnp.where(has_allowed, log_w, uniform_fallback)
 
 
-@MINERS.register("distance")
+@MINERS.register("distance", ranges={"lower_cutoff": NON_NEGATIVE, "upper_cutoff": POSITIVE})
 def distance_weighted(
     key: jax.Array,
     embeddings: jax.Array,

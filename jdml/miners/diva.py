@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from jdml.miners.base import MINERS, Tuples, same_label, sample_rows
 from jdml.miners.distance import distance_weighted, negative_log_weights
+from jdml.registry import NON_NEGATIVE, POSITIVE
 
 
 def first_occurrences(labels: jax.Array) -> jax.Array:
@@ -94,7 +95,7 @@ def random_distance_labels(key: jax.Array, labels: jax.Array) -> jax.Array:
     return labels[jax.random.permutation(key_perm, labels.shape[0])]
 
 
-@MINERS.register("random_distance")
+@MINERS.register("random_distance", ranges={"lower_cutoff": NON_NEGATIVE, "upper_cutoff": POSITIVE})
 def random_distance(
     key: jax.Array,
     embeddings: jax.Array,
@@ -177,7 +178,9 @@ def _shared_triplets(
     return Tuples(anchors, positives, negatives, has_negative & has_positive)
 
 
-@MINERS.register("shared_neg_distance")
+@MINERS.register(
+    "shared_neg_distance", ranges={"lower_cutoff": NON_NEGATIVE, "upper_cutoff": POSITIVE}
+)
 def shared_neg_distance(
     key: jax.Array,
     embeddings: jax.Array,
@@ -223,7 +226,9 @@ def shared_neg_distance(
     )
 
 
-@MINERS.register("shared_full_distance")
+@MINERS.register(
+    "shared_full_distance", ranges={"lower_cutoff": NON_NEGATIVE, "upper_cutoff": POSITIVE}
+)
 def shared_full_distance(
     key: jax.Array,
     embeddings: jax.Array,

@@ -14,6 +14,7 @@ from jdml.miners.base import (
     sample_positives,
     sample_rows,
 )
+from jdml.registry import NON_NEGATIVE
 
 
 def prefer(preferred: jax.Array, fallback: jax.Array) -> jax.Array:
@@ -29,7 +30,7 @@ def prefer(preferred: jax.Array, fallback: jax.Array) -> jax.Array:
     return jnp.where(jnp.any(preferred, axis=-1, keepdims=True), preferred, fallback)
 
 
-@MINERS.register("semihard")
+@MINERS.register("semihard", ranges={"margin": NON_NEGATIVE})
 def semihard(
     key: jax.Array, embeddings: jax.Array, labels: jax.Array, *, margin: float = 0.2
 ) -> Tuples:

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from jdml.miners.base import MINERS, Tuples, sample_positives
 from jdml.miners.distance import negative_log_weights
+from jdml.registry import NON_NEGATIVE, POSITIVE, PROBABILITY
 
 RHO_MIN_DISTANCE = 1e-2
 """The reference clamps squared distances at 1e-4 before the square root, i.e. d >= 0.01."""
@@ -29,7 +30,10 @@ def push_mask(tuples: Tuples, labels: jax.Array) -> jax.Array:
     return tuples.valid & (labels[tuples.negatives] == labels[tuples.anchors])
 
 
-@MINERS.register("rho_distance")
+@MINERS.register(
+    "rho_distance",
+    ranges={"lower_cutoff": NON_NEGATIVE, "upper_cutoff": POSITIVE, "push_prob": PROBABILITY},
+)
 def rho_distance(
     key: jax.Array,
     embeddings: jax.Array,

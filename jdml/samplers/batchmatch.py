@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import eigh_tridiagonal
 
+from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
 from jdml.samplers.base import SAMPLERS
 from jdml.samplers.embedded import (
     STEPS_PER_CHUNK,
@@ -140,7 +141,16 @@ class _BatchMatchSampler(MemorySampler):
         """(steps, ncomps) costs of the candidate positions ``cands`` in the big batches."""
 
 
-@SAMPLERS.register("disthist_batchmatch")
+@SAMPLERS.register(
+    "disthist_batchmatch",
+    ranges={
+        "bigbs": COUNT,
+        "hist_bins": COUNT,
+        "hist_weight": NON_NEGATIVE,
+        "lowproj_dim": Range(-1, integer=True),
+        "ncomps": COUNT,
+    },
+)
 class DistHistBatchMatchSampler(_BatchMatchSampler):
     """DDM: the candidate batch that best preserves the big batch's distance distribution.
 
@@ -216,7 +226,15 @@ class DistHistBatchMatchSampler(_BatchMatchSampler):
         )
 
 
-@SAMPLERS.register("fid_batchmatch")
+@SAMPLERS.register(
+    "fid_batchmatch",
+    ranges={
+        "bigbs": COUNT,
+        "fid_eps": POSITIVE,
+        "lowproj_dim": Range(-1, integer=True),
+        "ncomps": COUNT,
+    },
+)
 class FidBatchMatchSampler(_BatchMatchSampler):
     """FRD: the candidate batch with the smallest Frechet distance to the big batch.
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdml.registry import COUNT, NON_NEGATIVE, Range
 from jdml.samplers.base import SAMPLERS
 from jdml.samplers.embedded import (
     STEPS_PER_CHUNK,
@@ -104,7 +105,9 @@ class _CoresetSampler(MemorySampler):
         """(steps, batch_size / n) anchor positions within each step's big batch ``big``."""
 
 
-@SAMPLERS.register("greedy_coreset")
+@SAMPLERS.register(
+    "greedy_coreset", ranges={"bigbs": COUNT, "lowproj_dim": Range(-1, integer=True)}
+)
 class GreedyCoresetSampler(_CoresetSampler):
     """Greedy coreset (k-center greedy) batches distilled from a random big batch.
 
@@ -160,7 +163,10 @@ class GreedyCoresetSampler(_CoresetSampler):
         )
 
 
-@SAMPLERS.register("d2_coreset")
+@SAMPLERS.register(
+    "d2_coreset",
+    ranges={"bigbs": COUNT, "d2_lambda": NON_NEGATIVE, "lowproj_dim": Range(-1, integer=True)},
+)
 class D2CoresetSampler(_CoresetSampler):
     """D2 coreset batches: density-weighted distance sampling from a random big batch.
 
