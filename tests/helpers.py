@@ -69,3 +69,28 @@ def write_tiny_config_file(directory: str, npz_path: str, **overrides) -> str:
     with open(path, "w") as f:
         f.write(textwrap.dedent(body))
     return path
+
+
+def central_differences(fn, x, *, eps: float = 1e-6) -> np.ndarray:
+    """The gradient of a scalar NumPy function by central differences (float64)."""
+    x = np.asarray(x, np.float64)
+    grad = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        hi, lo = x.copy(), x.copy()
+        hi[idx] += eps
+        lo[idx] -= eps
+        grad[idx] = (fn(hi) - fn(lo)) / (2 * eps)
+    return grad
+
+
+def tree_digest(root: str) -> dict[str, str]:
+    """sha256 of every file under ``root``, keyed by relative path."""
+    import hashlib
+
+    out = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+    return out

@@ -18,6 +18,7 @@ import pytest
 from jdml.losses import LOSSES
 from jdml.losses.histogram import reference_bin_tables
 from jdml.miners import Tuples
+from tests.helpers import central_differences
 
 EPS_D = 1e-8  # the distance guard sqrt(|x - y|^2 + eps) of the losses
 
@@ -407,17 +408,6 @@ def run(name, x, labels, tup, **fields):
     _, _, value_and_grad = loss_fns(name, **fields)
     t = None if tup is None else _tuples(*tup)
     return value_and_grad(jnp.asarray(x), jnp.asarray(labels), t)
-
-
-def central_differences(fn, x, *, eps: float = 1e-6) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    grad = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        hi, lo = x.copy(), x.copy()
-        hi[idx] += eps
-        lo[idx] -= eps
-        grad[idx] = (fn(hi) - fn(lo)) / (2 * eps)
-    return grad
 
 
 def assert_finite(loss, grad) -> None:

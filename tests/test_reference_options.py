@@ -20,6 +20,7 @@ from jdml.losses import LOSSES
 from jdml.losses.margin import MarginLoss
 from jdml.methods.terms import _loss_kwargs
 from jdml.miners import Tuples
+from tests.helpers import central_differences
 
 NUM_CLASSES = 5
 EPS_D = 1e-8  # the margin loss's distance guard sqrt(|x - y|^2 + eps)
@@ -28,17 +29,6 @@ EPS_D = 1e-8  # the margin loss's distance guard sqrt(|x - y|^2 + eps)
 def _tuples(a, p, n, valid) -> Tuples:
     i32 = lambda v: jnp.asarray(v, jnp.int32)  # noqa: E731
     return Tuples(i32(a), i32(p), i32(n), jnp.asarray(valid, bool))
-
-
-def central_differences(fn, x, *, eps: float = 1e-6) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    grad = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        hi, lo = x.copy(), x.copy()
-        hi[idx] += eps
-        lo[idx] -= eps
-        grad[idx] = (fn(hi) - fn(lo)) / (2 * eps)
-    return grad
 
 
 # ----------------------------------------------------------------------------- margin

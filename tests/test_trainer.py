@@ -20,7 +20,7 @@ from jdml.metric_writer import read_metrics
 from jdml.report import report
 from jdml.run import Run
 from jdml.trainer import NonFiniteLossError, train_and_evaluate
-from tests.helpers import REPO, make_npz, tiny_config, write_tiny_config_file
+from tests.helpers import REPO, make_npz, tiny_config, tree_digest, write_tiny_config_file
 
 EPOCHS = 6  # 3 steps per epoch on the tiny data: long enough to kill a run midway
 
@@ -180,27 +180,16 @@ def test_eval_cli(full_run):
 
 
 def test_nan_loss_stops_with_clear_error_and_keeps_state_finite(npz, tmp_path):
-    config = tiny_config(npz, **{"optim.lr": float("inf"), "eval.at_start": False})
+    # A finite learning rate too large for float32: the first update overflows the weights.
+    config = tiny_config(npz, **{"optim.lr": 1e38, "eval.at_start": False})
     with pytest.raises(NonFiniteLossError, match="NaN/inf"):
         train_and_evaluate(config, str(tmp_path))
     assert not os.listdir(tmp_path / "checkpoints")  # nothing saved after a bad step
 
 
-def _tree_digest(root):
-    import hashlib
-
-    out = {}
-    for d, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(d, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
-    return out
-
-
 def test_refused_runs_leave_workdir_intact(full_run, npz, tmp_path):
     workdir, _ = full_run
-    before = _tree_digest(workdir)
+    before = tree_digest(workdir)
     other = write_tiny_config_file(str(tmp_path), npz, **{"loss.name": "triplet"})
     base = [sys.executable, "train.py", f"--workdir={workdir}"]
     for extra in ([f"--config={other}"], [f"--config={other}", "--config.optim.lrr=1"]):
@@ -208,7 +197,7 @@ def test_refused_runs_leave_workdir_intact(full_run, npz, tmp_path):
         assert res.returncode == 2, res.stderr[-2000:]
         assert "Traceback" not in res.stderr
     assert "different config" in res.stderr or "unknown config key" in res.stderr
-    assert _tree_digest(workdir) == before
+    assert tree_digest(workdir) == before
 
 
 def test_glyph_dataset_trains_through_the_pipeline(glyph_cache_dir, tmp_path):

@@ -8,7 +8,6 @@ npz dataset; a finished tiny run (module fixture) is the workdir most cases are 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import pickle
@@ -24,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, TINY_OVERRIDES, make_npz
+from tests.helpers import REPO, TINY_OVERRIDES, make_npz, tree_digest
 
 TIMEOUT = 300
 
@@ -82,17 +81,6 @@ def train_args(npz: str, workdir: str | Path, *extra: str) -> list[str]:
     ]
 
 
-def snapshot(folder: str | Path) -> dict[str, str]:
-    """sha256 of every file under ``folder`` (relative paths)."""
-    out = {}
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
-    return out
-
-
 def assert_refused(proc: subprocess.CompletedProcess, *fragments: str) -> str:
     """A refusal: non-zero exit, no traceback, exactly one ``error:`` line holding
     ``fragments``; returns that line."""
@@ -121,9 +109,9 @@ def finished(npz: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def unchanged_after(workdir: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
-    before = snapshot(workdir)
+    before = tree_digest(workdir)
     proc = run(*args, **kwargs)
-    assert snapshot(workdir) == before, "the command changed files of the run directory"
+    assert tree_digest(workdir) == before, "the command changed files of the run directory"
     return proc
 
 
@@ -151,11 +139,11 @@ def test_second_process_on_a_locked_workdir_is_refused(
     )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        before = snapshot(finished)
+        before = tree_digest(finished)
         proc = run(*train_args(npz, finished))
         line = assert_refused(proc, "in use by another training process", f"pid {holder.pid}")
         assert "started" in line and f"kill {holder.pid}" in line
-        assert snapshot(finished) == before
+        assert tree_digest(finished) == before
     finally:
         holder.kill()
         holder.wait()
@@ -413,7 +401,7 @@ def test_full_disk(npz: str, finished: Path, tmp_path: Path) -> None:
             ["eval.py", "--workdir", str(copy)],
             ["-m", "jdml", "look", str(copy)],
         ):
-            before = snapshot(copy)
+            before = tree_digest(copy)
             if mounted:
                 proc = run(*args)
             else:
@@ -426,7 +414,7 @@ def test_full_disk(npz: str, finished: Path, tmp_path: Path) -> None:
                     env=child_env(),
                     preexec_fn=_no_file_growth,
                 )
-            assert snapshot(copy) == before
+            assert tree_digest(copy) == before
             assert_refused(proc, str(copy), "space" if mounted else "cannot write")
 
 
