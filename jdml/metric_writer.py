@@ -21,7 +21,9 @@ class MetricWriter:
       path: the JSON-lines file.
       resume_step: when resuming from a checkpoint at this step, records of later steps (written
         by the interrupted run after its last checkpoint, and about to be recomputed identically)
-        are dropped first, so the file reads as one uninterrupted run.
+        are dropped first, so the file reads as one uninterrupted run; -1 when starting without
+        a checkpoint (every record of an earlier start, its untrained evaluation included, is
+        dropped).
       enabled: False in the processes of a multi-process run other than process 0 (they write
         nothing; process 0 writes the one file).
     """

@@ -126,10 +126,10 @@ def setup_logging(workdir: str | None) -> None:
         h.close()
     fmt = logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S")
     handlers: list[logging.Handler] = [_TqdmHandler()]
-    if is_main_process() and workdir is not None:
-        handlers.append(logging.FileHandler(os.path.join(workdir, "train.log")))
-    else:
+    if not is_main_process():
         log.setLevel(logging.WARNING)
+    elif workdir is not None:
+        handlers.append(logging.FileHandler(os.path.join(workdir, "train.log")))
     for handler in handlers:
         handler.setFormatter(fmt)
         log.addHandler(handler)
