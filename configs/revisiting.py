@@ -63,6 +63,13 @@ PRESETS: dict[str, dict[str, object]] = {
     "glyphs": {},
     "folder": {"data.name": "folder", "data.image_size": 64},
     "npz": {"data.name": "npz"},
+    # Emoji drawn by several designs (`python -m jdml data fetch emoji` builds it first).
+    "emoji": {
+        "data.name": "emoji",
+        "data.channels": 3,
+        "data.image_size": 64,
+        "data.augment": "affine",  # no flips: some emoji are mirror images of others
+    },
     "cub200": {**IMAGENET_PROTOCOL, "data.name": "cub200", "train.epochs": 150},
     "cars196": {**IMAGENET_PROTOCOL, "data.name": "cars196", "train.epochs": 150},
     "sop": {

@@ -3,7 +3,8 @@
 * ``jdml report RUN_DIR... [--out DIR]``: tables and plots over runs, mean and std over seeds;
 * ``jdml embed RUN IMAGES --out INDEX``: embed an image folder or .npz into an index file;
 * ``jdml search INDEX QUERY...``: the nearest neighbours of query images in an index;
-* ``jdml look RUN``: retrieval grid, embedding map, training curves and ``report.html``.
+* ``jdml look RUN``: retrieval grid, embedding map, training curves and ``report.html``;
+* ``jdml data fetch emoji``: fetch the pinned emoji packages and build the emoji dataset.
 """
 
 from __future__ import annotations
@@ -117,6 +118,12 @@ def _look(args: argparse.Namespace) -> None:
     print("wrote " + ", ".join(out.values()))
 
 
+def _data_fetch(args: argparse.Namespace) -> None:
+    from jdml.data import emoji
+
+    emoji.run(args)
+
+
 def _model_arguments(p: argparse.ArgumentParser, checkpoint_default: str | None) -> None:
     p.add_argument(
         "--checkpoint",
@@ -214,6 +221,15 @@ def parser() -> argparse.ArgumentParser:
     lk.add_argument("--seed", type=_count(0), default=0)
     _model_arguments(lk, "best")
     lk.set_defaults(func=_look)
+
+    d = sub.add_parser("data", help="fetch and build downloadable datasets")
+    fetch = d.add_subparsers(dest="action", required=True).add_parser(
+        "fetch", help="fetch a dataset's pinned sources and build its cache"
+    )
+    fetch.add_argument("dataset", choices=("emoji",))
+    fetch.add_argument("--cache-dir", help="default: $JDML_CACHE/emoji or ~/.cache/jdml/emoji")
+    fetch.add_argument("--sheet", help="also write a contact sheet PNG here")
+    fetch.set_defaults(func=_data_fetch)
     return p
 
 
