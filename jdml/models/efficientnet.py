@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jdml.models.resnet50 import batch_norm, global_pool
+from jdml.nn.depthwise import DepthwiseConv, Impl
 
 # (repeats, kernel, stride, expansion, in_channels, out_channels) per stage.
 LITE0_STAGES: tuple[tuple[int, int, int, int, int, int], ...] = (
@@ -54,6 +55,8 @@ class MBConv(nn.Module):
       expansion: hidden channels = expansion x input channels (1: no expansion convolution).
       train_bn: BatchNorm in training mode.
       dtype: computation dtype.
+      depthwise_impl: the depthwise convolution's implementation (see
+        :func:`jdml.nn.depthwise.depthwise_conv2d`; None: its backend-dependent default).
     """
 
     out_channels: int
@@ -62,6 +65,7 @@ class MBConv(nn.Module):
     expansion: int
     train_bn: bool = False
     dtype: jnp.dtype = jnp.float32
+    depthwise_impl: Impl | None = None
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -71,15 +75,9 @@ class MBConv(nn.Module):
         if self.expansion != 1:
             y = nn.Conv(hidden, (1, 1), use_bias=False, dtype=self.dtype, name="expand_conv")(y)
             y = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn0")(y))
-        y = nn.Conv(
-            hidden,
-            (self.kernel, self.kernel),
-            (self.stride, self.stride),
-            padding="SAME",
-            feature_group_count=hidden,
-            use_bias=False,
-            dtype=self.dtype,
-            name="depthwise_conv",
+        # A grouped nn.Conv computes the same, but XLA's CPU depthwise convolution is slow.
+        y = DepthwiseConv(
+            self.kernel, self.stride, self.dtype, self.depthwise_impl, name="depthwise_conv"
         )(y)
         y = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn1")(y))
         y = nn.Conv(
@@ -101,6 +99,8 @@ class EfficientNetLite0(nn.Module):
       pooling: ``"avg"`` (the default) or ``"avg+max"`` (the sum of both, as the reference's
         ``double`` pooling option).
       dtype: computation dtype (params stay float32).
+      depthwise_impl: the depthwise convolutions' implementation (None: the fast one for the
+        backend, see :mod:`jdml.nn.depthwise`); the parameters are the same either way.
 
     Input: normalised images (B, H, W, 3): ``(x - MEAN) / STD`` for pixels x in [0, 1].
     """
@@ -109,6 +109,7 @@ class EfficientNetLite0(nn.Module):
     num_classes: int = 0
     pooling: str = "avg"
     dtype: jnp.dtype = jnp.float32
+    depthwise_impl: Impl | None = None
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -128,6 +129,7 @@ class EfficientNetLite0(nn.Module):
                     expansion,
                     self.train_bn,
                     self.dtype,
+                    self.depthwise_impl,
                     name=f"blocks_{index}",
                 )(x)
                 index += 1

@@ -1,0 +1,202 @@
+"""EfficientNet-Lite0 on CPU: XLA's grouped depthwise convolution against the shifted sum.
+
+Three sections, each timing the implementations of ``jdml.nn.depthwise`` in alternating rounds
+(so that the load of a shared machine affects them alike) and printing medians:
+
+* ``layers``: forward+backward (value and gradients w.r.t. input and kernel) of each distinct
+  depthwise layer of Lite0 at ``--size`` px, batch ``--batch``;
+* ``step``: the whole Lite0 train step, frozen BatchNorm, a 128-d linear embedding head, a
+  softmax pair loss over the batch's cosine similarities (two images per class), Adam;
+* ``embed``: forward-only pooled features at batch ``--embed-batch`` for each of ``--sizes``.
+
+Usage: python bench/bench_depthwise.py [--sections layers,step,embed] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jdml.models.efficientnet import LITE0_STAGES, STEM_CHANNELS, EfficientNetLite0
+from jdml.nn.depthwise import depthwise_conv2d, same_padding
+
+# The implementations compared by default, the reference first (--impls).
+IMPLS = ("xla", "shifted")
+
+
+def lite0_depthwise_layers(size: int) -> list[tuple[int, int, int, int, int]]:
+    """Lite0's depthwise layers at a square input of ``size`` px, in order:
+    (height, width, channels, kernel, stride) of each layer's input."""
+    side = same_padding(size, 3, 2)[0]  # after the stride-2 stem
+    channels = STEM_CHANNELS
+    layers = []
+    for repeats, kernel, stride, expansion, _, out in LITE0_STAGES:
+        for r in range(repeats):
+            s = stride if r == 0 else 1
+            layers.append((side, side, channels * expansion, kernel, s))
+            side = same_padding(side, kernel, s)[0]
+            channels = out
+    return layers
+
+
+def _rounds(contenders: dict[str, Callable[[], None]], repeats: int, steps: int):
+    for fn in contenders.values():  # warm-up (compilation)
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            times[name].append((time.perf_counter() - start) / steps)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def bench_layers(impls: tuple[str, ...], size: int, batch: int, repeats: int) -> None:
+    rng = np.random.default_rng(0)
+    layers = lite0_depthwise_layers(size)
+    print(f"\nDepthwise layers of Lite0 at {size} px, batch {batch}: forward+backward ms")
+    print(f"{'input HxWxC':>14s} {'k':>2s} {'s':>2s} {'count':>5s}", end="")
+    print("".join(f" {impl:>9s}" for impl in impls) + f" {'speed-up':>9s}")
+    totals = dict.fromkeys(impls, 0.0)
+    for layer in sorted(set(layers), key=layers.index):
+        h, w, c, k, s = layer
+        x = jnp.asarray(rng.normal(size=(batch, h, w, c)), jnp.float32)
+        kernel = jnp.asarray(rng.normal(size=(k, k, 1, c)), jnp.float32)
+        contenders = {}
+        for impl in impls:
+
+            def loss(x, kernel, impl=impl, s=s):
+                return jnp.sum(jnp.square(depthwise_conv2d(x, kernel, s, impl)))
+
+            grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+            contenders[impl] = lambda grad=grad, x=x, kernel=kernel: jax.block_until_ready(
+                grad(x, kernel)
+            )
+        t = _rounds(contenders, repeats, 2)
+        count = layers.count(layer)
+        for impl in impls:
+            totals[impl] += count * t[impl]
+        print(f"{f'{h}x{w}x{c}':>14s} {k:2d} {s:2d} {count:5d}", end="")
+        print("".join(f" {1e3 * t[i]:9.1f}" for i in impls), end="")
+        print(f" {t[impls[0]] / t[impls[-1]]:8.1f}x")
+    print(f"{'all layers':>14s} {'':2s} {'':2s} {len(layers):5d}", end="")
+    print("".join(f" {1e3 * totals[i]:9.1f}" for i in impls), end="")
+    print(f" {totals[impls[0]] / totals[impls[-1]]:8.1f}x")
+
+
+class _Embedder(nn.Module):
+    impl: str
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        features = EfficientNetLite0(depthwise_impl=self.impl, name="backbone")(x)
+        return nn.Dense(128, name="head")(features)
+
+
+def _pair_loss(embeddings: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
+    """Softmax over each row's cosine similarities (temperature 0.1), the other image of the
+    same class as the target."""
+    z = embeddings / jnp.linalg.norm(embeddings, axis=-1, keepdims=True)
+    sim = z @ z.T / 0.1
+    sim = jnp.where(jnp.eye(len(z), dtype=bool), -1e9, sim)
+    positive = (labels[:, None] == labels[None, :]) & ~jnp.eye(len(z), dtype=bool)
+    logp = jax.nn.log_softmax(sim, axis=-1)
+    return -jnp.mean(jnp.sum(jnp.where(positive, logp, 0.0), axis=-1))
+
+
+def bench_step(
+    impls: tuple[str, ...], sizes: list[int], batch: int, repeats: int, steps: int
+) -> None:
+    print(f"\nLite0 train step (frozen BN, Adam, pair loss), batch {batch}: ms/step, images/s")
+    labels = jnp.repeat(jnp.arange(batch // 2), 2)
+    tx = optax.adam(1e-4)
+    for size in sizes:
+        images = jnp.asarray(
+            np.random.default_rng(0).normal(size=(batch, size, size, 3)), jnp.float32
+        )
+        contenders = {}
+        for impl in impls:
+            model = _Embedder(impl)
+            variables = model.init(jax.random.PRNGKey(0), images[:1])
+            params, stats = variables["params"], variables["batch_stats"]
+
+            @jax.jit
+            def update(params, opt_state, model=model, stats=stats, images=images):
+                def loss_fn(p):
+                    out = model.apply({"params": p, "batch_stats": stats}, images)
+                    return _pair_loss(out, labels)
+
+                loss, grads = jax.value_and_grad(loss_fn)(params)
+                updates, opt_state = tx.update(grads, opt_state, params)
+                return optax.apply_updates(params, updates), opt_state, loss
+
+            state = [(params, tx.init(params))]
+
+            def step(update=update, state=state) -> None:
+                p, o, loss = update(*state[0])
+                state[0] = (p, o)
+                jax.block_until_ready(loss)
+
+            contenders[impl] = step
+        t = _rounds(contenders, repeats, steps)
+        print(f"{size:4d} px", end="")
+        print("".join(f"  {i}: {1e3 * t[i]:7.0f} ms {batch / t[i]:6.0f} im/s" for i in impls))
+
+
+def bench_embed(
+    impls: tuple[str, ...], sizes: list[int], batch: int, repeats: int, steps: int
+) -> None:
+    print(f"\nLite0 forward only (pooled features), batch {batch}: ms/batch, images/s")
+    for size in sizes:
+        images = jnp.asarray(
+            np.random.default_rng(0).normal(size=(batch, size, size, 3)), jnp.float32
+        )
+        contenders = {}
+        for impl in impls:
+            model = EfficientNetLite0(depthwise_impl=impl)
+            variables = model.init(jax.random.PRNGKey(0), images[:1])
+            apply = jax.jit(model.apply)
+            contenders[impl] = lambda apply=apply, v=variables, x=images: jax.block_until_ready(
+                apply(v, x)
+            )
+        t = _rounds(contenders, repeats, steps)
+        print(f"{size:4d} px", end="")
+        print("".join(f"  {i}: {1e3 * t[i]:7.0f} ms {batch / t[i]:6.0f} im/s" for i in impls))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sections", default="layers,step,embed")
+    parser.add_argument("--size", type=int, default=64, help="image size of the layer table")
+    parser.add_argument("--sizes", default="64,96,128", help="image sizes of step and embed")
+    parser.add_argument("--batch", type=int, default=112)
+    parser.add_argument("--embed-batch", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--impls", default=",".join(IMPLS), help="the reference first")
+    args = parser.parse_args()
+    impls = tuple(args.impls.split(","))
+    sections = args.sections.split(",")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"backend {jax.default_backend()}, {jax.device_count()} device(s); medians of "
+          f"{args.repeats} alternating rounds (xla = grouped lax convolution, shifted = "
+          "jdml.nn.depthwise)")  # fmt: skip
+    if "layers" in sections:
+        bench_layers(impls, args.size, args.batch, args.repeats)
+    if "step" in sections:
+        bench_step(impls, sizes, args.batch, args.repeats, args.steps)
+    if "embed" in sections:
+        bench_embed(impls, sizes, args.embed_batch, args.repeats, args.steps)
+
+
+if __name__ == "__main__":
+    main()
