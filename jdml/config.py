@@ -588,8 +588,8 @@ def _check_miner(prefix: str, loss: str, miner: str | None) -> None:
     if miner not in allowed:
         got = f"{prefix}miner.name={miner}" if miner else f"no miner ({prefix}miner.name='')"
         raise ConfigError(
-            f"{prefix}loss.name={loss} cannot be trained with {got}; set "
-            f"--config.{prefix}miner.name to one of: {', '.join(allowed)}"
+            f"{prefix}loss.name={loss} cannot be trained with {got}; compatible miners: "
+            f"{', '.join(allowed)} (set --config.{prefix}miner.name to one of them)"
         )
 
 
