@@ -11,6 +11,7 @@ import pytest
 
 from jdml.losses.dance import dance_loss, distance_weights
 from jdml.methods.momentum import KeyQueue, ema_update, insertion_order, ordered, push, valid_mask
+from tests.helpers import central_differences
 
 B, D, N = 4, 6, 10  # every loss call uses these shapes, so each configuration compiles once
 TAU = 0.5
@@ -74,17 +75,6 @@ def _np_infonce(q, k, bank, tau):
         negs = sum(np.exp(float(q[i] @ bank[j]) / tau) for j in range(len(bank)))
         out.append(-np.log(pos / (pos + negs)))
     return float(np.mean(out))
-
-
-def _fd_grad(fn, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    x = x.astype(np.float64)
-    grad = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        up, down = x.copy(), x.copy()
-        up[idx] += eps
-        down[idx] -= eps
-        grad[idx] = (fn(up) - fn(down)) / (2 * eps)
-    return grad
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -205,12 +195,12 @@ def test_gradient_treats_weights_as_constants(grads, data, normalize):
     q, k, bank = data
     gq, gk = grads[normalize](q, k, bank, TAU)
     w0 = _np_weights(q, bank, upper=1.4, normalize=normalize)
-    fd_q = _fd_grad(lambda x: _np_loss(x, k, bank, TAU, w0), q)
-    fd_k = _fd_grad(lambda x: _np_loss(q, x, bank, TAU, w0), k)
+    fd_q = central_differences(lambda x: _np_loss(x, k, bank, TAU, w0), q)
+    fd_k = central_differences(lambda x: _np_loss(q, x, bank, TAU, w0), k)
     np.testing.assert_allclose(np.asarray(gq), fd_q, rtol=1e-4, atol=2e-5)
     np.testing.assert_allclose(np.asarray(gk), fd_k, rtol=1e-4, atol=2e-5)
     # differentiating through the weights would give a visibly different gradient
-    fd_full = _fd_grad(lambda x: _np_dance(x, k, bank, TAU, normalize=normalize), q)
+    fd_full = central_differences(lambda x: _np_dance(x, k, bank, TAU, normalize=normalize), q)
     assert np.abs(fd_full - fd_q).max() > 1e-3
 
 

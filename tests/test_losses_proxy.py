@@ -15,6 +15,7 @@ from jdml.losses.arcface import ArcFaceLoss
 from jdml.losses.proxynca import ProxyNCALoss
 from jdml.losses.softmax import NormSoftmaxLoss
 from jdml.losses.softtriplet import SoftTripleLoss
+from tests.helpers import central_differences
 
 NUM_CLASSES = 4
 DIM = 4
@@ -176,17 +177,6 @@ def _random_params(name: str, fns, x, labels, seed: int = 0) -> dict:
     return init(jax.random.key(seed), jnp.asarray(x), jnp.asarray(labels))
 
 
-def _numeric_grad(f, v: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    v = np.asarray(v, np.float64)
-    out = np.zeros_like(v)
-    for idx in np.ndindex(v.shape):
-        hi, lo = v.copy(), v.copy()
-        hi[idx] += eps
-        lo[idx] -= eps
-        out[idx] = (f(hi) - f(lo)) / (2 * eps)
-    return out
-
-
 def _assert_grad_close(got, want) -> None:
     got = np.asarray(got, np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5 * max(np.abs(want).max(), 1.0))
@@ -216,8 +206,8 @@ def test_gradients_match_finite_differences(fns, batch, name):
     x, labels = batch
     value = np.asarray(_random_params(name, fns, x, labels, seed=1)["params"][case.param])
     dparams, dx = grad(_params(name, value), jnp.asarray(x), labels)
-    want_dx = _numeric_grad(lambda v: case.np_loss(v, labels, value), x)
-    want_dp = _numeric_grad(lambda v: case.np_loss(x, labels, v), value)
+    want_dx = central_differences(lambda v: case.np_loss(v, labels, value), x)
+    want_dp = central_differences(lambda v: case.np_loss(x, labels, v), value)
     assert np.any(want_dx != 0) and np.any(want_dp != 0)
     _assert_grad_close(dx, want_dx)
     _assert_grad_close(dparams["params"][case.param], want_dp)

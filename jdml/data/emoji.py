@@ -76,7 +76,7 @@ import numpy as np
 from PIL import Image
 
 from jdml.data.arrays import ImageArrays
-from jdml.data.glyphs import _atomic_write
+from jdml.data.glyphs import _atomic_write, sha256_file
 from jdml.data.sources import DATASETS, DataError, _check_channels, _check_image_size, resize_images
 
 FORMAT_VERSION = 1
@@ -193,14 +193,6 @@ def cache_paths(cache_dir: str | os.PathLike[str] | None = None) -> tuple[Path, 
     """The array file and the manifest in the cache folder."""
     root = _root(cache_dir)
     return root / "emoji.npz", root / "manifest.json"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------- fetch
