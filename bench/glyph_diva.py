@@ -26,6 +26,7 @@ from collections.abc import Callable
 import ml_collections
 
 from configs.diva import get_config as diva_config
+from configs.diva import keep_aux_terms, split_embedding
 from configs.revisiting import get_config as revisiting_config
 from configs.sharing import get_config as sharing_config
 from jdml.evaluation.runner import combination_name
@@ -36,39 +37,15 @@ TOTAL_DIM = 512
 METRICS = ("recall@1", "map@r", "nmi")
 
 
-def _drop_aux(c: ml_collections.ConfigDict, keep: tuple[str, ...]) -> None:
-    """Keeps the auxiliary terms in ``keep`` and the decorrelation pairs between kept heads."""
-    heads = {c.model.head, *(c.aux[name].head for name in keep)}
-    with c.unlocked():
-        for name in list(c.aux):
-            if name not in keep:
-                del c.aux[name]
-    pairs = [(p, w) for p, w in zip(c.decorrelation.pairs, c.decorrelation.weights, strict=True)]
-    pairs = [(p, w) for p, w in pairs if set(p) <= heads]
-    c.decorrelation.pairs = tuple(p for p, _ in pairs)
-    c.decorrelation.weights = tuple(w for _, w in pairs)
-
-
-def _split_dims(c: ml_collections.ConfigDict) -> None:
-    """Gives every head TOTAL_DIM / (number of heads) dimensions; evaluates their concatenation."""
-    heads = [c.model.head, *(t.head for t in c.aux.values())]
-    dim = TOTAL_DIM // len(heads)
-    c.model.embed_dim = dim
-    for t in c.aux.values():
-        t.dim = dim
-    c.eval.heads = tuple(heads)
-    c.eval.combinations = ((1.0,) * len(heads),) if len(heads) > 1 else ()
-
-
 def _diva(
     keep: tuple[str, ...], decorrelate: bool = True
 ) -> Callable[[], ml_collections.ConfigDict]:
     def build() -> ml_collections.ConfigDict:
         c = diva_config()
-        _drop_aux(c, keep)
+        keep_aux_terms(c, keep)
         if not decorrelate:
             c.decorrelation.pairs, c.decorrelation.weights = (), ()
-        _split_dims(c)
+        split_embedding(c, TOTAL_DIM)
         return c
 
     return build
@@ -89,7 +66,7 @@ def _sharing(decorrelate: bool) -> Callable[[], ml_collections.ConfigDict]:
         c = sharing_config()
         if not decorrelate:
             c.decorrelation.pairs, c.decorrelation.weights = (), ()
-        _split_dims(c)
+        split_embedding(c, TOTAL_DIM)
         return c
 
     return build

@@ -122,3 +122,30 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.combinations = EVAL_WEIGHTS.get(data, EVAL_WEIGHTS["default"])
     c.lock()
     return c
+
+
+def keep_aux_terms(c: ml_collections.ConfigDict, keep: tuple[str, ...]) -> None:
+    """Keeps the auxiliary terms named in ``keep`` (DiVA's ablation rows, its Tab. 2) and the
+    decorrelation pairs between the heads that remain."""
+    heads = {c.model.head, *(c.aux[name].head for name in keep)}
+    with c.unlocked():
+        for name in list(c.aux):
+            if name not in keep:
+                del c.aux[name]
+    pairs = [(p, w) for p, w in zip(c.decorrelation.pairs, c.decorrelation.weights, strict=True)]
+    pairs = [(p, w) for p, w in pairs if set(p) <= heads]
+    c.decorrelation.pairs = tuple(p for p, _ in pairs)
+    c.decorrelation.weights = tuple(w for _, w in pairs)
+
+
+def split_embedding(c: ml_collections.ConfigDict, total_dim: int) -> None:
+    """Gives every head ``total_dim / (number of heads)`` dimensions, so that rows with different
+    heads compare at one total size, and evaluates each head and their equal-weight
+    concatenation."""
+    heads = [c.model.head, *(t.head for t in c.aux.values())]
+    dim = total_dim // len(heads)
+    c.model.embed_dim = dim
+    for t in c.aux.values():
+        t.dim = dim
+    c.eval.heads = tuple(heads)
+    c.eval.combinations = ((1.0,) * len(heads),) if len(heads) > 1 else ()

@@ -136,6 +136,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.stage_blocks = (1, 1, 1)
     c.model.stage_strides = (1, 2, 2)
     c.model.frozen_bn = False  # running statistics fixed, affine parameters trained
+    # Partial fine-tuning (pretrained backbones): -1 trains every stage (the papers); k freezes
+    # the stem and the first k stages (no gradient, no update), see jdml.models.freeze.
+    c.model.frozen_stages = -1
     c.model.embed_dim = 128
     c.model.normalize = True  # L2-normalise the embedding (the reference's *_normalize archs)
     c.model.head = "discriminative"
@@ -321,6 +324,7 @@ NUMERIC_KEYS: dict[str, Range] = {
     "model.stage_blocks": _COUNT,
     "model.stage_strides": _COUNT,
     "model.embed_dim": _COUNT,
+    "model.frozen_stages": Range(-1, integer=True),
     "sampler.samples_per_class": _COUNT,
     "optim.lr": _POSITIVE,
     "optim.weight_decay": _NON_NEGATIVE,
@@ -421,10 +425,15 @@ def _validate_numbers(c: ml_collections.ConfigDict) -> None:
 
 def _validate_model(m: ml_collections.ConfigDict, channels: int) -> None:
     """Pooling and pretrained weights of the ``model`` section (``channels``: data.channels)."""
+    from jdml.models.embedding import frozen_backbone_modules
     from jdml.models.pretrained.backbones import CONVERTERS, weight_path
 
     if m.pooling not in ("avg", "avg+max"):
         raise ConfigError(f"model.pooling={m.pooling!r}; choose avg or avg+max")
+    try:
+        frozen_backbone_modules(m)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if not m.pretrained:
         return
     if channels != 3:

@@ -8,9 +8,10 @@ learning rate and no weight decay. Both schedules are applied per epoch, as its 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
@@ -68,6 +69,7 @@ def make_optimizer(
     *,
     steps_per_epoch: int,
     total_steps: int,
+    frozen: Callable[[tuple[str, ...]], bool] | None = None,
 ) -> optax.GradientTransformation:
     """Builds the optimiser for params shaped ``{group_name: subtree, ...}``.
 
@@ -76,7 +78,24 @@ def make_optimizer(
       groups: learning rate and weight decay per top-level key of the params tree.
       steps_per_epoch: optimiser steps per epoch (schedules are stated in epochs).
       total_steps: steps of the whole run (for the cosine schedule).
+      frozen: a leaf's path of dict keys -> whether it stays fixed (zero update, no weight
+        decay, no optimiser state); None freezes nothing.
     """
     multiplier = lr_multiplier(cfg, steps_per_epoch, total_steps)
     transforms = {name: _group_tx(cfg, g, multiplier) for name, g in groups.items()}
-    return optax.multi_transform(transforms, lambda params: {name: name for name in params})
+    if frozen is None:
+        return optax.multi_transform(transforms, lambda params: {name: name for name in params})
+    transforms[FROZEN] = optax.set_to_zero()
+
+    def labels(params):
+        def label(path, _):
+            keys = tuple(str(getattr(k, "key", k)) for k in path)
+            return FROZEN if frozen(keys) else keys[0]
+
+        return jax.tree_util.tree_map_with_path(label, params)
+
+    return optax.multi_transform(transforms, labels)
+
+
+#: The label of frozen leaves (not a params group name: those are dict keys of the model).
+FROZEN = "__frozen__"

@@ -67,6 +67,7 @@ class Run:
             self.method.param_groups(),
             steps_per_epoch=self.steps_per_epoch,
             total_steps=self.total_steps,
+            frozen=self.method.frozen_params(),
         )
         # Two images shape the parameters as well as a batch does (the state is identical);
         # a whole batch would cost eager forward passes: 49 s instead of 17 s for ResNet-50

@@ -15,6 +15,7 @@ The trainer only sees ``init``, ``init_method_state``, ``loss_fn``, ``update_met
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -27,6 +28,7 @@ from jdml.losses.decorrelation import Decorrelation
 from jdml.methods.momentum import ema_update, push
 from jdml.methods.terms import DanceTerm, Metrics, MetricTerm
 from jdml.models import INPUT_NORMALIZATION, build_model
+from jdml.models.embedding import frozen_backbone_modules
 from jdml.models.pretrained.backbones import load_backbone
 from jdml.optim import Group
 
@@ -196,6 +198,13 @@ class Method:
             d = self.config.decorrelation
             groups["decorrelation"] = Group(d.lr, d.weight_decay)
         return groups
+
+    def frozen_params(self) -> Callable[[tuple[str, ...]], bool] | None:
+        """``model.frozen_stages``: params path -> whether the optimiser leaves it fixed."""
+        names = frozen_backbone_modules(self.config.model)
+        if not names:
+            return None
+        return lambda path: path[:2] == ("model", "backbone") and len(path) > 2 and path[2] in names
 
     # -- the step -------------------------------------------------------------------------------
 

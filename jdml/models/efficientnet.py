@@ -14,9 +14,12 @@ uses eps 1e-3. Module and parameter names follow the PyTorch weight names (``blo
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import flax.linen as nn
 import jax.numpy as jnp
 
+from jdml.models.freeze import NOT_FROZEN, cut_after
 from jdml.models.resnet50 import batch_norm, global_pool
 from jdml.nn.depthwise import DepthwiseConv, Impl
 
@@ -30,6 +33,17 @@ LITE0_STAGES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (4, 5, 2, 6, 112, 192),
     (1, 3, 1, 6, 192, 320),
 )
+
+
+def _stage_modules() -> tuple[tuple[str, ...], ...]:
+    """Submodule names per stage, the stem first (for ``model.frozen_stages``)."""
+    stages, index = [("conv_stem", "bn0")], 0
+    for repeats, *_ in LITE0_STAGES:
+        stages.append(tuple(f"blocks_{index + r}" for r in range(repeats)))
+        index += repeats
+    return tuple(stages)
+
+
 STEM_CHANNELS = 32
 HEAD_CHANNELS = 1280
 BN_EPS = 1e-3
@@ -101,6 +115,8 @@ class EfficientNetLite0(nn.Module):
       dtype: computation dtype (params stay float32).
       depthwise_impl: the depthwise convolutions' implementation (None: the fast one for the
         backend, see :mod:`jdml.nn.depthwise`); the parameters are the same either way.
+      frozen_stages: the gradient stops after the stem (0) or after that many of the 7 stages
+        (see :mod:`jdml.models.freeze`); -1 lets it through everywhere.
 
     Input: normalised images (B, H, W, 3): ``(x - MEAN) / STD`` for pixels x in [0, 1].
     """
@@ -110,6 +126,10 @@ class EfficientNetLite0(nn.Module):
     pooling: str = "avg"
     dtype: jnp.dtype = jnp.float32
     depthwise_impl: Impl | None = None
+    frozen_stages: int = NOT_FROZEN
+
+    #: Submodule names per stage, the stem first.
+    STAGE_MODULES: ClassVar[tuple[tuple[str, ...], ...]] = _stage_modules()
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -119,8 +139,9 @@ class EfficientNetLite0(nn.Module):
             name="conv_stem",
         )(x)  # fmt: skip
         x = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn0")(x))
+        x = cut_after(x, 0, self.frozen_stages)
         index = 0
-        for repeats, kernel, stride, expansion, _, out in LITE0_STAGES:
+        for stage, (repeats, kernel, stride, expansion, _, out) in enumerate(LITE0_STAGES, 1):
             for r in range(repeats):
                 x = MBConv(
                     out,
@@ -133,6 +154,7 @@ class EfficientNetLite0(nn.Module):
                     name=f"blocks_{index}",
                 )(x)
                 index += 1
+            x = cut_after(x, stage, self.frozen_stages)
         x = nn.Conv(HEAD_CHANNELS, (1, 1), use_bias=False, dtype=self.dtype, name="conv_head")(x)
         x = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn1")(x))
         pooled = global_pool(x, self.pooling)

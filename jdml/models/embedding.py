@@ -14,6 +14,7 @@ from jdml.models import googlenet as googlenet_module
 from jdml.models import resnet50 as resnet50_module
 from jdml.models.bninception import BNInception
 from jdml.models.efficientnet import EfficientNetLite0
+from jdml.models.freeze import NOT_FROZEN, frozen_modules
 from jdml.models.googlenet import GoogLeNet
 from jdml.models.resnet import SmallResNet
 from jdml.models.resnet50 import ResNet50
@@ -51,7 +52,10 @@ def efficientnet_lite0(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Mod
     """EfficientNet-Lite0 (1280-d pooled features; ImageNet weights with
     ``model.pretrained=packaged``, see ``jdml.models.efficientnet``)."""
     return EfficientNetLite0(
-        train_bn=train and not cfg.frozen_bn, pooling=cfg.pooling, dtype=jnp.dtype(cfg.dtype)
+        train_bn=train and not cfg.frozen_bn,
+        pooling=cfg.pooling,
+        dtype=jnp.dtype(cfg.dtype),
+        frozen_stages=cfg.frozen_stages,
     )
 
 
@@ -60,7 +64,10 @@ def resnet50(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
     """ResNet-50, torchvision layout (2048-d pooled features; weights from torchvision, timm or
     Cadene files, see ``jdml.models.resnet50``)."""
     return ResNet50(
-        train_bn=train and not cfg.frozen_bn, pooling=cfg.pooling, dtype=jnp.dtype(cfg.dtype)
+        train_bn=train and not cfg.frozen_bn,
+        pooling=cfg.pooling,
+        dtype=jnp.dtype(cfg.dtype),
+        frozen_stages=cfg.frozen_stages,
     )
 
 
@@ -80,6 +87,30 @@ def bninception(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
     return BNInception(
         train_bn=train and not cfg.frozen_bn, pooling=cfg.pooling, dtype=jnp.dtype(cfg.dtype)
     )
+
+
+def frozen_backbone_modules(cfg: ml_collections.ConfigDict) -> frozenset[str]:
+    """Names of the backbone submodules whose parameters ``model.frozen_stages`` freezes.
+
+    Raises:
+      ValueError: for a backbone without stages to freeze, or a value out of its range.
+    """
+    if cfg.frozen_stages == NOT_FROZEN:
+        return frozenset()
+    stages = _stage_modules(cfg, cfg.backbone)
+    if stages is None:
+        able = [n for n in BACKBONES.names() if _stage_modules(cfg, n) is not None]
+        raise ValueError(
+            f"model.frozen_stages={cfg.frozen_stages}, but backbone {cfg.backbone!r} has no "
+            f"stages to freeze; backbones with them: {', '.join(able)} (or set it to -1)"
+        )
+    return frozen_modules(stages, cfg.frozen_stages)
+
+
+def _stage_modules(cfg: ml_collections.ConfigDict, backbone: str) -> tuple | None:
+    """The ``STAGE_MODULES`` a backbone's module declares (None: it declares none)."""
+    module = BACKBONES.get(backbone)(cfg, train=False)
+    return getattr(type(module), "STAGE_MODULES", None)
 
 
 def l2_normalize(x: jnp.ndarray, eps: float = 1e-12) -> jnp.ndarray:

@@ -19,8 +19,12 @@ CPU backend runs about 90x slower (see ``jdml.models.resnet``).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import flax.linen as nn
 import jax.numpy as jnp
+
+from jdml.models.freeze import NOT_FROZEN, cut_after
 
 # ImageNet statistics in RGB order on [0, 1] pixels (torchvision's, timm's and Cadene's).
 MEAN = (0.485, 0.456, 0.406)
@@ -121,6 +125,8 @@ class ResNet50(nn.Module):
         freezes it: running statistics used and never updated, scale and bias still trained.
       pooling: ``"avg"`` or ``"avg+max"`` (see :func:`global_pool`).
       dtype: computation dtype (params stay float32).
+      frozen_stages: the gradient stops after the stem (0) or after that many of the 4 stages
+        (see :mod:`jdml.models.freeze`); -1 lets it through everywhere.
 
     Input: normalised images (B, H, W, 3), see the module docstring for MEAN / STD.
     """
@@ -128,6 +134,13 @@ class ResNet50(nn.Module):
     train_bn: bool = False
     pooling: str = "avg"
     dtype: jnp.dtype = jnp.float32
+    frozen_stages: int = NOT_FROZEN
+
+    #: Submodule names per stage, the stem first (for ``model.frozen_stages``).
+    STAGE_MODULES: ClassVar[tuple[tuple[str, ...], ...]] = (
+        ("conv1", "bn1"),
+        *(tuple(f"layer{s}_{i}" for i in range(n)) for s, (n, _, _) in enumerate(STAGES, 1)),
+    )
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -135,6 +148,7 @@ class ResNet50(nn.Module):
         x = conv(64, 7, 2, 3, self.dtype, "conv1", False)(x)
         x = nn.relu(batch_norm(self.train_bn, BN_EPS, self.dtype, "bn1")(x))
         x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+        x = cut_after(x, 0, self.frozen_stages)
         for stage, (blocks, width, stride) in enumerate(STAGES, start=1):
             for i in range(blocks):
                 x = Bottleneck(
@@ -144,4 +158,5 @@ class ResNet50(nn.Module):
                     self.dtype,
                     name=f"layer{stage}_{i}",
                 )(x)
+            x = cut_after(x, stage, self.frozen_stages)
         return global_pool(x, self.pooling)

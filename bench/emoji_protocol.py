@@ -1,0 +1,376 @@
+"""The papers' protocol on the emoji set: ImageNet features, raw pixels, fine-tuning and ablations.
+
+Every trained row fine-tunes the ImageNet-pretrained EfficientNet-Lite0 of the ``data=emoji``
+preset (frozen BatchNorm, batch 112 with SPC-2, Adam, 64 px) for ``--epochs`` epochs on the
+first half of the classes minus the 15 % held out for validation, evaluates on the validation
+classes after every epoch, keeps the checkpoint with the best validation Recall@1 and evaluates
+only that one on the test classes (the second half, unseen). Runs go to
+``<out>/<row>/seed<seed>`` and resume; a finished run (its ``eval_best_step*.json`` exists) is
+skipped. Tables (mean ± std over seeds) are printed and written to ``<out>/<table>.md``:
+
+* ``protocol``: raw pixels and ImageNet features (no training) against the fine-tuned margin
+  baseline (Revisiting's Tab. 1 analogue);
+* ``rho``: margin against R-margin (rho-regularisation), with the train spectra plotted to
+  ``<out>/rho_spectrum.png``;
+* ``diva``: DiVA's Tab. 2 rows at one total dimension (512), with the concatenation;
+* ``dm2``: DM2's Table 1 (cohorts of ``--cohort`` members; member 1 and the ensemble);
+* ``sharing``: Sharing Matters' class / class + shared / decorrelated;
+* ``losses`` and ``samplers``: the wider Revisiting comparison.
+
+``--frozen-stages k`` trains only the last stages (``model.frozen_stages``): those runs go to
+``<row>-frozen<k>`` directories and their tables say so.
+
+Usage: python bench/emoji_protocol.py [--tables protocol,rho] [--epochs 20] [--seeds 0 1 2]
+           [--out runs/emoji] [--frozen-stages -1] [--report-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import ml_collections
+import numpy as np
+
+from configs.diva import get_config as diva_config
+from configs.diva import keep_aux_terms, split_embedding
+from configs.dm2 import get_config as dm2_config
+from configs.revisiting import get_config as revisiting_config
+from configs.sharing import get_config as sharing_config
+from jdml.evaluate import evaluate_checkpoint
+from jdml.evaluation.evaluator import evaluate_embeddings
+from jdml.models.efficientnet import MEAN, STD, EfficientNetLite0
+from jdml.models.pretrained.backbones import load_backbone
+from jdml.run import Run
+from jdml.trainer import atomic_write, train_and_evaluate
+
+METRICS = ("recall@1", "map@r", "nmi")
+DATA = "data=emoji"
+DIVA_DIM = 512  # DiVA's total embedding dimension, split over the heads of each row
+
+Build = Callable[[], ml_collections.ConfigDict]
+
+
+def revisiting(spec: str, **overrides: object) -> Build:
+    """A Revisiting row: ``configs/revisiting.py:<spec>,data=emoji`` plus dotted overrides."""
+
+    def build() -> ml_collections.ConfigDict:
+        c = revisiting_config(f"{spec},{DATA}")
+        with c.unlocked():
+            for key, value in overrides.items():
+                section, name = key.rsplit(".", 1)
+                c[section][name] = value
+        return c
+
+    return build
+
+
+def diva(keep: tuple[str, ...], decorrelate: bool = True) -> Build:
+    """A DiVA row: the discriminative head with the auxiliary terms in ``keep``."""
+
+    def build() -> ml_collections.ConfigDict:
+        c = diva_config(DATA)
+        keep_aux_terms(c, keep)
+        if not decorrelate:
+            c.decorrelation.pairs, c.decorrelation.weights = (), ()
+        split_embedding(c, DIVA_DIM)
+        return c
+
+    return build
+
+
+def sharing(decorrelate: bool) -> Build:
+    def build() -> ml_collections.ConfigDict:
+        c = sharing_config(DATA)
+        if not decorrelate:
+            c.decorrelation.pairs, c.decorrelation.weights = (), ()
+        split_embedding(c, c.model.embed_dim + sum(t.dim for t in c.aux.values()))
+        return c
+
+    return build
+
+
+def dm2(diversity: str, size: int) -> Build:
+    def build() -> ml_collections.ConfigDict:
+        c = dm2_config(f"size={size},diversity={diversity},{DATA}")
+        c.cohort.warmup_epochs = 1.0  # lambda at full weight after one of the few epochs
+        return c
+
+    return build
+
+
+# Row id -> (table label, builder). Ids name the run directories; a row shared by two tables
+# (the margin baseline) is trained once.
+ROWS: dict[str, tuple[str, Build]] = {
+    "margin": ("margin (distance miner)", revisiting("loss=margin")),
+    "R-margin": ("R-margin (rho-regularised)", revisiting("loss=margin,miner=rho_distance")),
+    "diva-D": ("margin, one 512-d head", diva(())),
+    "diva-DS": ("D+S", diva(("shared",))),
+    "diva-DI": ("D+I", diva(("intra",))),
+    "diva-DDa": ("D+Da", diva(("selfsimilarity",))),
+    "diva": ("DiVA (D+Da+S+I)", diva(("selfsimilarity", "shared", "intra"))),
+    "diva-nodecor": (
+        "DiVA without decorrelation",
+        diva(("selfsimilarity", "shared", "intra"), decorrelate=False),
+    ),
+    "sharing-class": ("class only", revisiting("loss=margin", **{"sampler.samples_per_class": 4})),
+    "sharing": ("class + shared", sharing(decorrelate=False)),
+    "sharing-decor": ("class + shared, decorrelated", sharing(decorrelate=True)),
+    "triplet": ("triplet", revisiting("loss=triplet")),
+    "contrastive": ("contrastive", revisiting("loss=contrastive")),
+    "multisimilarity": ("multisimilarity", revisiting("loss=multisimilarity")),
+    "proxynca": ("proxynca", revisiting("loss=proxynca")),
+    "R-triplet": ("R-triplet", revisiting("loss=triplet,miner=rho_distance")),
+}
+SAMPLERS = (
+    "class_random",
+    "full_random",
+    "greedy_coreset",
+    "semi_greedy_coreset",
+    "disthist_batchmatch",
+    "d2_coreset",
+)
+for _name in SAMPLERS[1:]:
+    ROWS[f"sampler-{_name}"] = (_name, revisiting("loss=margin", **{"sampler.name": _name}))
+DM2_ROWS = {
+    "Independent": "independent",
+    "MD": "md",
+    "MD+TD": "md+td",
+    "MD+VD": "md+vd",
+    "MD+TD+VD": "md+td+vd",
+}
+
+TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "protocol": ("ImageNet features, raw pixels and fine-tuning", ("margin",)),
+    "rho": ("Revisiting: rho-regularisation", ("margin", "R-margin")),
+    "diva": (
+        "DiVA, Tab. 2",
+        ("diva-D", "diva-DS", "diva-DI", "diva-DDa", "diva", "diva-nodecor"),
+    ),
+    "dm2": ("DM2, Table 1", ()),  # rows added per cohort size in main()
+    "sharing": ("Sharing Matters", ("sharing-class", "sharing", "sharing-decor")),
+    "losses": (
+        "Revisiting: losses",
+        (
+            "margin",
+            "triplet",
+            "contrastive",
+            "multisimilarity",
+            "proxynca",
+            "R-margin",
+            "R-triplet",
+        ),
+    ),
+    "samplers": (
+        "Revisiting: batch samplers with margin",
+        ("margin", *(f"sampler-{s}" for s in SAMPLERS[1:])),
+    ),
+}
+# Rows whose train rho (spectral decay, eval.train_metrics) is measured after every epoch.
+RHO_ROWS = frozenset({"margin", "R-margin", "triplet", "R-triplet"})
+
+
+def run_dir(out: str, row: str, seed: int, frozen: int) -> str:
+    suffix = "" if frozen < 0 else f"-frozen{frozen}"
+    return os.path.join(out, row + suffix, f"seed{seed}")
+
+
+def finished(workdir: str) -> str | None:
+    """The test evaluation of the best checkpoint, if the run has one."""
+    found = sorted(glob.glob(os.path.join(workdir, "eval_best_step*.json")))
+    return found[-1] if found else None
+
+
+def configure(c: ml_collections.ConfigDict, seed: int, epochs: int, frozen: int, rho: bool):
+    """The shared budget: epochs, seed, validation-only evaluation during training."""
+    with c.unlocked():
+        c.seed = seed
+        c.train.epochs = epochs
+        c.train.progress_bar = False
+        c.model.frozen_stages = frozen
+        c.eval.splits = ()  # validation only; the test split sees the selected checkpoint
+        c.eval.metrics = METRICS
+        c.eval.train_metrics = ("rho_spectrum@1",) if rho else ()
+    return c
+
+
+def train_row(row: str, seed: int, args: argparse.Namespace) -> None:
+    workdir = run_dir(args.out, row, seed, args.frozen_stages)
+    if finished(workdir):
+        return
+    print(f"== {row} seed {seed}", flush=True)
+    start = time.perf_counter()
+    rho = row in RHO_ROWS
+    c = configure(ROWS[row][1](), seed, args.epochs, args.frozen_stages, rho)
+    train_and_evaluate(c, workdir)
+    splits = ("test", "train") if rho else ("test",)
+    out = evaluate_checkpoint(workdir, "best", splits)
+    best = out["meta"].get("epoch")
+    r1 = 100 * out["results"]["test"]["recall@1"]
+    print(f"   {time.perf_counter() - start:.0f} s, best epoch {best}, test R@1 {r1:.2f}")
+
+
+# -- rows without training ----------------------------------------------------------------------
+
+
+def baselines(out: str, seeds: list[int]) -> dict[str, dict[str, list[float]]]:
+    """Test metrics of raw pixels, pooled ImageNet features and the untrained 128-d head (one
+    value per seed: the head's random init), cached in ``<out>/baselines.json``."""
+    path = os.path.join(out, "baselines.json")
+    cached = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            cached = json.load(f)
+    if cached.get("seeds") == seeds:
+        return cached["rows"]
+    c = revisiting_config(DATA)
+    run = Run(c)
+    test = run.splits["test"]
+    images = test.eval_images(np.arange(len(test)))  # float32 in [0, 1]
+    pixels = images.reshape(len(test), -1)
+    images = (images - MEAN) / STD  # the Lite0 weights' input range
+    rows: dict[str, dict[str, list[float]]] = {}
+
+    def add(name: str, x: np.ndarray, seed: int = 0) -> None:
+        result = evaluate_embeddings(np.asarray(x, np.float32), test.labels, METRICS, seed=seed)
+        for m in METRICS:
+            rows.setdefault(name, {}).setdefault(m, []).append(float(result[m]))
+
+    add("raw pixels (64 x 64 x 3)", pixels)
+    model = EfficientNetLite0()
+    variables = model.init(jax.random.PRNGKey(0), images[:1])
+    wrapped = {k: {"backbone": v} for k, v in variables.items()}
+    variables = {k: v["backbone"] for k, v in load_backbone("efficientnet_lite0", "packaged")(
+        wrapped).items()}  # fmt: skip
+    apply = jax.jit(model.apply)
+    feats = np.concatenate(
+        [np.asarray(apply(variables, images[i : i + 500])) for i in range(0, len(images), 500)]
+    )
+    add("ImageNet features (pooled, 1280-d)", feats)
+    for seed in seeds:
+        c = revisiting_config(DATA)
+        with c.unlocked():
+            c.seed = seed
+        run = Run(c)
+        results, _, _ = run.evaluate(run.initial_state, {"test": test})
+        for m in METRICS:
+            rows.setdefault("ImageNet features, random 128-d head", {}).setdefault(m, []).append(
+                float(results["test"][m])
+            )
+    atomic_write(path, json.dumps({"seeds": seeds, "rows": rows}, indent=2))
+    return rows
+
+
+# -- tables -------------------------------------------------------------------------------------
+
+
+def _cell(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    a = 100 * np.asarray(xs)
+    return f"{a.mean():.2f} ± {a.std():.2f}" if len(a) > 1 else f"{a[0]:.2f}"
+
+
+def _row_results(row: str, args: argparse.Namespace) -> list[dict]:
+    out = []
+    for seed in args.seeds:
+        path = finished(run_dir(args.out, row, seed, args.frozen_stages))
+        if path:
+            with open(path) as f:
+                out.append(json.load(f))
+    return out
+
+
+def _concat_name(c: ml_collections.ConfigDict) -> str | None:
+    if c.cohort.size > 1:
+        return "concat:" + ",".join(["1"] * c.cohort.size)
+    if c.eval.combinations:
+        return "concat:" + ",".join(f"{float(w):g}" for w in c.eval.combinations[0])
+    return None
+
+
+def table(name: str, rows: tuple[str, ...], args: argparse.Namespace) -> str:
+    title, _ = TABLES[name]
+    rho = any(r in RHO_ROWS for r in rows)
+    header = ["row", "seeds", "best epoch", *METRICS]
+    multi = any(_concat_name(ROWS[r][1]()) for r in rows)
+    if multi:
+        header += [f"concat {m}" for m in METRICS]
+    if rho:
+        header.append("rho (train)")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    if name == "protocol":
+        for label, values in baselines(args.out, args.seeds).items():
+            cells = [label, "-", "-", *(_cell(values[m]) for m in METRICS)]
+            cells += ["-"] * (len(header) - len(cells))
+            lines.append("| " + " | ".join(cells) + " |")
+    for row in rows:
+        label, build = ROWS[row]
+        results = _row_results(row, args)
+        test = [r["results"]["test"] for r in results]
+        epochs = [str(r["meta"].get("epoch", "?")) for r in results]
+        cells = [label, str(len(results)), ",".join(epochs) or "-"]
+        cells += [_cell([t[m] for t in test]) for m in METRICS]
+        if multi:
+            concat = _concat_name(build())
+            extra = [r.get("embeddings", {}).get("test", {}).get(concat or "", {}) for r in results]
+            cells += [_cell([e[m] for e in extra if m in e]) for m in METRICS]
+        if rho:
+            values = [r["results"]["train"]["rho_spectrum@1"] for r in results if row in RHO_ROWS]
+            cells.append(_cell(values))
+        lines.append("| " + " | ".join(cells) + " |")
+    frozen = (
+        ""
+        if args.frozen_stages < 0
+        else f", only the stages after {args.frozen_stages} trained (model.frozen_stages)"
+    )
+    command = shlex.join(["python", "bench/emoji_protocol.py", *sys.argv[1:]])
+    return (
+        f"## {title}\n\n"
+        + "\n".join(lines)
+        + f"\n\nemoji test classes (unseen), %; {args.epochs} epochs{frozen}, checkpoint selected "
+        f"on validation Recall@1, mean ± std over seeds {', '.join(map(str, args.seeds))}. "
+        f"Command: `{command}`\n"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tables", default="protocol,rho", help=", ".join(TABLES))
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", default="runs/emoji")
+    parser.add_argument("--frozen-stages", type=int, default=-1)
+    parser.add_argument("--cohort", type=int, default=3, help="DM2 cohort size")
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args()
+    names = [t.strip() for t in args.tables.split(",") if t.strip()]
+    unknown = [t for t in names if t not in TABLES]
+    if unknown:
+        raise SystemExit(f"error: unknown table(s) {unknown}; choose from {', '.join(TABLES)}")
+    for label, diversity in DM2_ROWS.items():
+        ROWS[f"dm2-{args.cohort}-{diversity}"] = (label, dm2(diversity, args.cohort))
+    tables = {n: TABLES[n][1] for n in names}
+    tables["dm2"] = tuple(f"dm2-{args.cohort}-{d}" for d in DM2_ROWS.values())
+    os.makedirs(args.out, exist_ok=True)
+    for name in names:
+        rows = tables[name]
+        if not args.report_only:
+            for row in rows:
+                for seed in args.seeds:
+                    train_row(row, seed, args)
+        text = table(name, rows, args)
+        print(text, flush=True)
+        suffix = "" if args.frozen_stages < 0 else f"-frozen{args.frozen_stages}"
+        atomic_write(os.path.join(args.out, f"{name}{suffix}.md"), text)
+
+
+if __name__ == "__main__":
+    main()
