@@ -1,15 +1,20 @@
-"""EfficientNet-Lite0 on CPU: XLA's grouped depthwise convolution against the shifted sum.
+"""EfficientNet-Lite0 on CPU: XLA's convolutions against jdml's depthwise and pointwise forms.
 
-Three sections, each timing the implementations of ``jdml.nn.depthwise`` in alternating rounds
-(so that the load of a shared machine affects them alike) and printing medians:
+Four sections, each timing the implementations in alternating rounds (so that the load of a
+shared machine affects them alike) and printing medians:
 
 * ``layers``: forward+backward (value and gradients w.r.t. input and kernel) of each distinct
-  depthwise layer of Lite0 at ``--size`` px, batch ``--batch``;
+  depthwise layer of Lite0 at ``--size`` px, batch ``--batch``, for the implementations of
+  ``jdml.nn.depthwise``;
+* ``pointwise``: the same for Lite0's 1x1 convolutions, XLA's convolution against
+  ``jdml.nn.pointwise`` (a matmul);
 * ``step``: the whole Lite0 train step, frozen BatchNorm, a 128-d linear embedding head, a
   softmax pair loss over the batch's cosine similarities (two images per class), Adam;
 * ``embed``: forward-only pooled features at batch ``--embed-batch`` for each of ``--sizes``.
 
-Usage: python bench/bench_depthwise.py [--sections layers,step,embed] [--repeats 3]
+The whole network (``step``, ``embed``) uses ``jdml.nn.pointwise`` for its 1x1 convolutions.
+
+Usage: python bench/bench_depthwise.py [--sections layers,pointwise,step,embed] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -24,9 +29,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax import lax
 
-from jdml.models.efficientnet import LITE0_STAGES, STEM_CHANNELS, EfficientNetLite0
+from jdml.models.efficientnet import (
+    HEAD_CHANNELS,
+    LITE0_STAGES,
+    STEM_CHANNELS,
+    EfficientNetLite0,
+)
 from jdml.nn.depthwise import depthwise_conv2d, same_padding
+from jdml.nn.pointwise import pointwise_conv
+
+NHWC = ("NHWC", "HWIO", "NHWC")
 
 # The implementations compared by default, the reference first (--impls).
 IMPLS = ("xla", "shifted")
@@ -89,6 +103,61 @@ def bench_layers(impls: tuple[str, ...], size: int, batch: int, repeats: int) ->
         print("".join(f" {1e3 * t[i]:9.1f}" for i in impls), end="")
         print(f" {t[impls[0]] / t[impls[-1]]:8.1f}x")
     print(f"{'all layers':>14s} {'':2s} {'':2s} {len(layers):5d}", end="")
+    print("".join(f" {1e3 * totals[i]:9.1f}" for i in impls), end="")
+    print(f" {totals[impls[0]] / totals[impls[-1]]:8.1f}x")
+
+
+def lite0_pointwise_layers(size: int) -> list[tuple[int, int, int, int]]:
+    """Lite0's 1x1 convolutions at ``size`` px, in order: (height, width, in, out channels)."""
+    side = same_padding(size, 3, 2)[0]
+    channels, layers = STEM_CHANNELS, []
+    for repeats, kernel, stride, expansion, _, out in LITE0_STAGES:
+        for r in range(repeats):
+            hidden = channels * expansion
+            if expansion != 1:
+                layers.append((side, side, channels, hidden))
+            side = same_padding(side, kernel, stride if r == 0 else 1)[0]
+            layers.append((side, side, hidden, out))
+            channels = out
+    layers.append((side, side, channels, HEAD_CHANNELS))
+    return layers
+
+
+def bench_pointwise(size: int, batch: int, repeats: int) -> None:
+    """Lite0's 1x1 convolutions, forward+backward: XLA's convolution against a matmul."""
+    rng = np.random.default_rng(0)
+    layers = lite0_pointwise_layers(size)
+    impls = ("xla conv", "matmul")
+    print(f"\nPointwise (1x1) layers of Lite0 at {size} px, batch {batch}: forward+backward ms")
+    print(f"{'input HxWxC':>14s} {'out':>5s} {'count':>5s}", end="")
+    print("".join(f" {impl:>9s}" for impl in impls) + f" {'speed-up':>9s}")
+    totals = dict.fromkeys(impls, 0.0)
+
+    def xla(x, kernel):
+        return lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=NHWC)
+
+    for layer in sorted(set(layers), key=layers.index):
+        h, w, c, out = layer
+        x = jnp.asarray(rng.normal(size=(batch, h, w, c)), jnp.float32)
+        kernel = jnp.asarray(rng.normal(size=(1, 1, c, out)) / np.sqrt(c), jnp.float32)
+        contenders = {}
+        for impl, fn in zip(impls, (xla, pointwise_conv), strict=True):
+
+            def loss(x, kernel, fn=fn):
+                return jnp.sum(jnp.square(fn(x, kernel)))
+
+            grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+            contenders[impl] = lambda grad=grad, x=x, kernel=kernel: jax.block_until_ready(
+                grad(x, kernel)
+            )
+        t = _rounds(contenders, repeats, 2)
+        count = layers.count(layer)
+        for impl in impls:
+            totals[impl] += count * t[impl]
+        print(f"{f'{h}x{w}x{c}':>14s} {out:5d} {count:5d}", end="")
+        print("".join(f" {1e3 * t[i]:9.1f}" for i in impls), end="")
+        print(f" {t[impls[0]] / t[impls[-1]]:8.1f}x")
+    print(f"{'all layers':>14s} {'':5s} {len(layers):5d}", end="")
     print("".join(f" {1e3 * totals[i]:9.1f}" for i in impls), end="")
     print(f" {totals[impls[0]] / totals[impls[-1]]:8.1f}x")
 
@@ -175,7 +244,7 @@ def bench_embed(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sections", default="layers,step,embed")
+    parser.add_argument("--sections", default="layers,pointwise,step,embed")
     parser.add_argument("--size", type=int, default=64, help="image size of the layer table")
     parser.add_argument("--sizes", default="64,96,128", help="image sizes of step and embed")
     parser.add_argument("--batch", type=int, default=112)
@@ -192,6 +261,8 @@ def main() -> None:
           "jdml.nn.depthwise)")  # fmt: skip
     if "layers" in sections:
         bench_layers(impls, args.size, args.batch, args.repeats)
+    if "pointwise" in sections:
+        bench_pointwise(args.size, args.batch, args.repeats)
     if "step" in sections:
         bench_step(impls, sizes, args.batch, args.repeats, args.steps)
     if "embed" in sections:

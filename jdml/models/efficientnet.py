@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jdml.models.freeze import NOT_FROZEN, cut_after
 from jdml.models.resnet50 import batch_norm, global_pool
 from jdml.nn.depthwise import DepthwiseConv, Impl
+from jdml.nn.pointwise import PointwiseConv
 
 # (repeats, kernel, stride, expansion, in_channels, out_channels) per stage.
 LITE0_STAGES: tuple[tuple[int, int, int, int, int, int], ...] = (
@@ -85,18 +86,16 @@ class MBConv(nn.Module):
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         channels = x.shape[-1]
         hidden = channels * self.expansion
+        # nn.Conv computes the same 1x1 and grouped convolutions, but slowly on XLA's CPU backend.
         y = x
         if self.expansion != 1:
-            y = nn.Conv(hidden, (1, 1), use_bias=False, dtype=self.dtype, name="expand_conv")(y)
+            y = PointwiseConv(hidden, self.dtype, name="expand_conv")(y)
             y = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn0")(y))
-        # A grouped nn.Conv computes the same, but XLA's CPU depthwise convolution is slow.
         y = DepthwiseConv(
             self.kernel, self.stride, self.dtype, self.depthwise_impl, name="depthwise_conv"
         )(y)
         y = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn1")(y))
-        y = nn.Conv(
-            self.out_channels, (1, 1), use_bias=False, dtype=self.dtype, name="project_conv"
-        )(y)
+        y = PointwiseConv(self.out_channels, self.dtype, name="project_conv")(y)
         y = _batch_norm(self.train_bn, self.dtype, "bn2")(y)
         if self.stride == 1 and channels == self.out_channels:
             y = y + x
@@ -155,7 +154,7 @@ class EfficientNetLite0(nn.Module):
                 )(x)
                 index += 1
             x = cut_after(x, stage, self.frozen_stages)
-        x = nn.Conv(HEAD_CHANNELS, (1, 1), use_bias=False, dtype=self.dtype, name="conv_head")(x)
+        x = PointwiseConv(HEAD_CHANNELS, self.dtype, name="conv_head")(x)
         x = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn1")(x))
         pooled = global_pool(x, self.pooling)
         if self.num_classes:
