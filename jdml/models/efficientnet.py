@@ -55,7 +55,7 @@ MEAN = 127.0 / 255.0
 STD = 128.0 / 255.0
 
 
-def _batch_norm(train_bn: bool, dtype: jnp.dtype, name: str) -> nn.BatchNorm:
+def _batch_norm(train_bn: bool, dtype: jnp.dtype, name: str) -> nn.Module:
     """The weights' BatchNorm (eps 1e-3, PyTorch momentum 0.01); frozen unless ``train_bn``."""
     return batch_norm(train_bn, BN_EPS, dtype, name, momentum=BN_MOMENTUM)
 

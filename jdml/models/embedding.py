@@ -55,7 +55,7 @@ def efficientnet_lite0(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Mod
         train_bn=train and not cfg.frozen_bn,
         pooling=cfg.pooling,
         dtype=jnp.dtype(cfg.dtype),
-        frozen_stages=cfg.frozen_stages,
+        frozen_stages=cfg.get("frozen_stages", NOT_FROZEN),
     )
 
 
@@ -67,7 +67,7 @@ def resnet50(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
         train_bn=train and not cfg.frozen_bn,
         pooling=cfg.pooling,
         dtype=jnp.dtype(cfg.dtype),
-        frozen_stages=cfg.frozen_stages,
+        frozen_stages=cfg.get("frozen_stages", NOT_FROZEN),
     )
 
 
@@ -95,16 +95,17 @@ def frozen_backbone_modules(cfg: ml_collections.ConfigDict) -> frozenset[str]:
     Raises:
       ValueError: for a backbone without stages to freeze, or a value out of its range.
     """
-    if cfg.frozen_stages == NOT_FROZEN:
+    frozen_stages = cfg.get("frozen_stages", NOT_FROZEN)
+    if frozen_stages == NOT_FROZEN:
         return frozenset()
     stages = _stage_modules(cfg, cfg.backbone)
     if stages is None:
         able = [n for n in BACKBONES.names() if _stage_modules(cfg, n) is not None]
         raise ValueError(
-            f"model.frozen_stages={cfg.frozen_stages}, but backbone {cfg.backbone!r} has no "
+            f"model.frozen_stages={frozen_stages}, but backbone {cfg.backbone!r} has no "
             f"stages to freeze; backbones with them: {', '.join(able)} (or set it to -1)"
         )
-    return frozen_modules(stages, cfg.frozen_stages)
+    return frozen_modules(stages, frozen_stages)
 
 
 def _stage_modules(cfg: ml_collections.ConfigDict, backbone: str) -> tuple | None:

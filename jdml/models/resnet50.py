@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jdml.models.freeze import NOT_FROZEN, cut_after
+from jdml.nn.frozen_bn import FrozenBatchNorm
 
 # ImageNet statistics in RGB order on [0, 1] pixels (torchvision's, timm's and Cadene's).
 MEAN = (0.485, 0.456, 0.406)
@@ -60,10 +61,13 @@ def global_pool(x: jnp.ndarray, pooling: str) -> jnp.ndarray:
 
 def batch_norm(
     train_bn: bool, eps: float, dtype: jnp.dtype, name: str, momentum: float = BN_MOMENTUM
-) -> nn.BatchNorm:
+) -> nn.Module:
     """A BatchNorm with PyTorch's momentum 0.1 (Flax ``momentum`` 0.9) unless told; frozen
-    (running statistics, never updated) unless ``train_bn``. Scale and bias are params either
-    way, so they stay trainable."""
+    (running statistics, never updated; computed as one multiply-add, see
+    :mod:`jdml.nn.frozen_bn`) unless ``train_bn``. Scale and bias are params either way, so they
+    stay trainable."""
+    if not train_bn:
+        return FrozenBatchNorm(epsilon=eps, dtype=dtype, name=name)
     return nn.BatchNorm(
         use_running_average=not train_bn,
         momentum=momentum,
