@@ -220,8 +220,9 @@ def train_row(row: str, seed: int, args: argparse.Namespace) -> None:
 
 
 def baselines(out: str, seeds: list[int]) -> dict[str, dict[str, list[float]]]:
-    """Test metrics of raw pixels, pooled ImageNet features and the untrained 128-d head (one
-    value per seed: the head's random init), cached in ``<out>/baselines.json``."""
+    """Test metrics of raw pixels and pooled ImageNet features (both L2-normalised, as the
+    trained embeddings are) and of the untrained network's 128-d head (one value per seed: the
+    head's random init), cached in ``<out>/baselines.json``."""
     path = os.path.join(out, "baselines.json")
     cached = {}
     if os.path.exists(path):
@@ -238,11 +239,13 @@ def baselines(out: str, seeds: list[int]) -> dict[str, dict[str, list[float]]]:
     rows: dict[str, dict[str, list[float]]] = {}
 
     def add(name: str, x: np.ndarray, seed: int = 0) -> None:
-        result = evaluate_embeddings(np.asarray(x, np.float32), test.labels, METRICS, seed=seed)
+        x = np.asarray(x, np.float32)
+        x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # as the embeddings
+        result = evaluate_embeddings(x, test.labels, METRICS, seed=seed)
         for m in METRICS:
             rows.setdefault(name, {}).setdefault(m, []).append(float(result[m]))
 
-    add("raw pixels (64 x 64 x 3)", pixels)
+    add("raw pixels (64 x 64 x 3, L2-normalised)", pixels)
     model = EfficientNetLite0()
     variables = model.init(jax.random.PRNGKey(0), images[:1])
     wrapped = {k: {"backbone": v} for k, v in variables.items()}
@@ -252,7 +255,7 @@ def baselines(out: str, seeds: list[int]) -> dict[str, dict[str, list[float]]]:
     feats = np.concatenate(
         [np.asarray(apply(variables, images[i : i + 500])) for i in range(0, len(images), 500)]
     )
-    add("ImageNet features (pooled, 1280-d)", feats)
+    add("ImageNet features (pooled 1280-d, L2-normalised)", feats)
     for seed in seeds:
         c = revisiting_config(DATA)
         with c.unlocked():
