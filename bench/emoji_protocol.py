@@ -48,6 +48,7 @@ from jdml.evaluate import evaluate_checkpoint
 from jdml.evaluation.evaluator import evaluate_embeddings
 from jdml.models.efficientnet import MEAN, STD, EfficientNetLite0
 from jdml.models.pretrained.backbones import load_backbone
+from jdml.report import load_run, plot_spectra, summarize_group
 from jdml.run import Run
 from jdml.trainer import atomic_write, train_and_evaluate
 
@@ -333,7 +334,8 @@ def table(name: str, rows: tuple[str, ...], args: argparse.Namespace) -> str:
         if args.frozen_stages < 0
         else f", only the stages after {args.frozen_stages} trained (model.frozen_stages)"
     )
-    command = shlex.join(["python", "bench/emoji_protocol.py", *sys.argv[1:]])
+    argv = [a for a in sys.argv[1:] if a != "--report-only"]  # the command that trains them
+    command = shlex.join(["python", "bench/emoji_protocol.py", *argv])
     return (
         f"## {title}\n\n"
         + "\n".join(lines)
@@ -372,6 +374,20 @@ def main() -> None:
         print(text, flush=True)
         suffix = "" if args.frozen_stages < 0 else f"-frozen{args.frozen_stages}"
         atomic_write(os.path.join(args.out, f"{name}{suffix}.md"), text)
+        if name == "rho":
+            plot_rho(rows, args, os.path.join(args.out, f"rho_spectrum{suffix}.png"))
+
+
+def plot_rho(rows: tuple[str, ...], args: argparse.Namespace, path: str) -> None:
+    """The train embeddings' spectra at the selected checkpoints, mean over seeds, per row."""
+    summaries = []
+    for row in rows:
+        workdirs = [run_dir(args.out, row, s, args.frozen_stages) for s in args.seeds]
+        runs = [load_run(w) for w in workdirs if finished(w)]
+        if runs:
+            summaries.append(summarize_group(ROWS[row][0], runs, "val"))
+    if plot_spectra(summaries, "val", path):
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":
