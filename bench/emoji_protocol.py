@@ -274,11 +274,12 @@ def baselines(out: str, seeds: list[int]) -> dict[str, dict[str, list[float]]]:
 # -- tables -------------------------------------------------------------------------------------
 
 
-def _cell(xs: list[float]) -> str:
+def _cell(xs: list[float], scale: float = 100.0, digits: int = 2) -> str:
+    """mean ± std of ``scale * xs`` (percent by default)."""
     if not xs:
         return "-"
-    a = 100 * np.asarray(xs)
-    return f"{a.mean():.2f} ± {a.std():.2f}" if len(a) > 1 else f"{a[0]:.2f}"
+    a = scale * np.asarray(xs)
+    return f"{a.mean():.{digits}f} ± {a.std():.{digits}f}" if len(a) > 1 else f"{a[0]:.{digits}f}"
 
 
 def _row_results(row: str, args: argparse.Namespace) -> list[dict]:
@@ -327,7 +328,7 @@ def table(name: str, rows: tuple[str, ...], args: argparse.Namespace) -> str:
             cells += [_cell([e[m] for e in extra if m in e]) for m in METRICS]
         if rho:
             values = [r["results"]["train"]["rho_spectrum@1"] for r in results if row in RHO_ROWS]
-            cells.append(_cell(values))
+            cells.append(_cell(values, scale=1.0, digits=4))
         lines.append("| " + " | ".join(cells) + " |")
     frozen = (
         ""
