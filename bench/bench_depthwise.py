@@ -74,37 +74,68 @@ def _rounds(contenders: dict[str, Callable[[], None]], repeats: int, steps: int)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def bench_layers(impls: tuple[str, ...], size: int, batch: int, repeats: int) -> None:
-    rng = np.random.default_rng(0)
-    layers = lite0_depthwise_layers(size)
-    print(f"\nDepthwise layers of Lite0 at {size} px, batch {batch}: forward+backward ms")
-    print(f"{'input HxWxC':>14s} {'k':>2s} {'s':>2s} {'count':>5s}", end="")
-    print("".join(f" {impl:>9s}" for impl in impls) + f" {'speed-up':>9s}")
-    totals = dict.fromkeys(impls, 0.0)
+def _gradient_table(
+    title: str,
+    columns: str,
+    layers: list[tuple],
+    describe: Callable[[tuple], str],
+    inputs: Callable[[tuple], tuple[jnp.ndarray, jnp.ndarray]],
+    impls: dict[str, Callable[[tuple], Callable]],
+    repeats: int,
+) -> None:
+    """Times forward+backward (gradients w.r.t. input and kernel) of each distinct layer for
+    every implementation, in alternating rounds; prints ms per layer, totals and the speed-up
+    of the last implementation over the first."""
+    print(f"\n{title}: forward+backward ms")
+    print(columns + "".join(f" {impl:>9s}" for impl in impls) + f" {'speed-up':>9s}")
+    names = list(impls)
+    totals = dict.fromkeys(names, 0.0)
     for layer in sorted(set(layers), key=layers.index):
-        h, w, c, k, s = layer
-        x = jnp.asarray(rng.normal(size=(batch, h, w, c)), jnp.float32)
-        kernel = jnp.asarray(rng.normal(size=(k, k, 1, c)), jnp.float32)
+        x, kernel = inputs(layer)
         contenders = {}
-        for impl in impls:
+        for name, make in impls.items():
+            fn = make(layer)
 
-            def loss(x, kernel, impl=impl, s=s):
-                return jnp.sum(jnp.square(depthwise_conv2d(x, kernel, s, impl)))
+            def loss(x, kernel, fn=fn):
+                return jnp.sum(jnp.square(fn(x, kernel)))
 
             grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-            contenders[impl] = lambda grad=grad, x=x, kernel=kernel: jax.block_until_ready(
+            contenders[name] = lambda grad=grad, x=x, kernel=kernel: jax.block_until_ready(
                 grad(x, kernel)
             )
         t = _rounds(contenders, repeats, 2)
         count = layers.count(layer)
-        for impl in impls:
-            totals[impl] += count * t[impl]
-        print(f"{f'{h}x{w}x{c}':>14s} {k:2d} {s:2d} {count:5d}", end="")
-        print("".join(f" {1e3 * t[i]:9.1f}" for i in impls), end="")
-        print(f" {t[impls[0]] / t[impls[-1]]:8.1f}x")
-    print(f"{'all layers':>14s} {'':2s} {'':2s} {len(layers):5d}", end="")
-    print("".join(f" {1e3 * totals[i]:9.1f}" for i in impls), end="")
-    print(f" {totals[impls[0]] / totals[impls[-1]]:8.1f}x")
+        for name in names:
+            totals[name] += count * t[name]
+        print(f"{describe(layer)} {count:5d}", end="")
+        print("".join(f" {1e3 * t[n]:9.1f}" for n in names), end="")
+        print(f" {t[names[0]] / t[names[-1]]:8.1f}x")
+    print(f"{'all layers':<{len(columns) - 6}s} {len(layers):5d}", end="")
+    print("".join(f" {1e3 * totals[n]:9.1f}" for n in names), end="")
+    print(f" {totals[names[0]] / totals[names[-1]]:8.1f}x")
+
+
+def bench_layers(impls: tuple[str, ...], size: int, batch: int, repeats: int) -> None:
+    """Lite0's depthwise layers for the implementations of ``jdml.nn.depthwise``."""
+    rng = np.random.default_rng(0)
+
+    def inputs(layer):
+        h, w, c, k, _ = layer
+        x = jnp.asarray(rng.normal(size=(batch, h, w, c)), jnp.float32)
+        return x, jnp.asarray(rng.normal(size=(k, k, 1, c)), jnp.float32)
+
+    def implementation(impl):
+        return lambda layer: lambda x, kernel: depthwise_conv2d(x, kernel, layer[4], impl)
+
+    _gradient_table(
+        f"Depthwise layers of Lite0 at {size} px, batch {batch}",
+        f"{'input HxWxC':>14s} {'k':>2s} {'s':>2s} {'count':>5s}",
+        lite0_depthwise_layers(size),
+        lambda layer: f"{'x'.join(map(str, layer[:3])):>14s} {layer[3]:2d} {layer[4]:2d}",
+        inputs,
+        {impl: implementation(impl) for impl in impls},
+        repeats,
+    )
 
 
 def lite0_pointwise_layers(size: int) -> list[tuple[int, int, int, int]]:
@@ -126,40 +157,24 @@ def lite0_pointwise_layers(size: int) -> list[tuple[int, int, int, int]]:
 def bench_pointwise(size: int, batch: int, repeats: int) -> None:
     """Lite0's 1x1 convolutions, forward+backward: XLA's convolution against a matmul."""
     rng = np.random.default_rng(0)
-    layers = lite0_pointwise_layers(size)
-    impls = ("xla conv", "matmul")
-    print(f"\nPointwise (1x1) layers of Lite0 at {size} px, batch {batch}: forward+backward ms")
-    print(f"{'input HxWxC':>14s} {'out':>5s} {'count':>5s}", end="")
-    print("".join(f" {impl:>9s}" for impl in impls) + f" {'speed-up':>9s}")
-    totals = dict.fromkeys(impls, 0.0)
+
+    def inputs(layer):
+        h, w, c, out = layer
+        x = jnp.asarray(rng.normal(size=(batch, h, w, c)), jnp.float32)
+        return x, jnp.asarray(rng.normal(size=(1, 1, c, out)) / np.sqrt(c), jnp.float32)
 
     def xla(x, kernel):
         return lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=NHWC)
 
-    for layer in sorted(set(layers), key=layers.index):
-        h, w, c, out = layer
-        x = jnp.asarray(rng.normal(size=(batch, h, w, c)), jnp.float32)
-        kernel = jnp.asarray(rng.normal(size=(1, 1, c, out)) / np.sqrt(c), jnp.float32)
-        contenders = {}
-        for impl, fn in zip(impls, (xla, pointwise_conv), strict=True):
-
-            def loss(x, kernel, fn=fn):
-                return jnp.sum(jnp.square(fn(x, kernel)))
-
-            grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-            contenders[impl] = lambda grad=grad, x=x, kernel=kernel: jax.block_until_ready(
-                grad(x, kernel)
-            )
-        t = _rounds(contenders, repeats, 2)
-        count = layers.count(layer)
-        for impl in impls:
-            totals[impl] += count * t[impl]
-        print(f"{f'{h}x{w}x{c}':>14s} {out:5d} {count:5d}", end="")
-        print("".join(f" {1e3 * t[i]:9.1f}" for i in impls), end="")
-        print(f" {t[impls[0]] / t[impls[-1]]:8.1f}x")
-    print(f"{'all layers':>14s} {'':5s} {len(layers):5d}", end="")
-    print("".join(f" {1e3 * totals[i]:9.1f}" for i in impls), end="")
-    print(f" {totals[impls[0]] / totals[impls[-1]]:8.1f}x")
+    _gradient_table(
+        f"Pointwise (1x1) layers of Lite0 at {size} px, batch {batch}",
+        f"{'input HxWxC':>14s} {'out':>5s} {'count':>5s}",
+        lite0_pointwise_layers(size),
+        lambda layer: f"{'x'.join(map(str, layer[:3])):>14s} {layer[3]:5d}",
+        inputs,
+        {"xla conv": lambda _: xla, "matmul": lambda _: pointwise_conv},
+        repeats,
+    )
 
 
 class _Embedder(nn.Module):

@@ -39,8 +39,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from configs.diva import get_config as diva_config
-from configs.diva import keep_aux_terms, split_embedding
+from configs.diva import ablation_config
 from configs.dm2 import get_config as dm2_config
 from configs.revisiting import get_config as revisiting_config
 from configs.sharing import get_config as sharing_config
@@ -50,6 +49,7 @@ from jdml.models.efficientnet import MEAN, STD, EfficientNetLite0
 from jdml.models.pretrained.backbones import load_backbone
 from jdml.report import load_run, plot_spectra, summarize_group
 from jdml.run import Run
+from jdml.samplers import SAMPLERS as SAMPLER_REGISTRY
 from jdml.trainer import atomic_write, train_and_evaluate
 
 METRICS = ("recall@1", "map@r", "nmi")
@@ -76,15 +76,7 @@ def revisiting(spec: str, **overrides: object) -> Build:
 def diva(keep: tuple[str, ...], decorrelate: bool = True) -> Build:
     """A DiVA row: the discriminative head with the auxiliary terms in ``keep``."""
 
-    def build() -> ml_collections.ConfigDict:
-        c = diva_config(DATA)
-        keep_aux_terms(c, keep)
-        if not decorrelate:
-            c.decorrelation.pairs, c.decorrelation.weights = (), ()
-        split_embedding(c, DIVA_DIM)
-        return c
-
-    return build
+    return lambda: ablation_config("emoji", keep, decorrelate=decorrelate, total_dim=DIVA_DIM)
 
 
 def sharing(decorrelate: bool) -> Build:
@@ -129,14 +121,8 @@ ROWS: dict[str, tuple[str, Build]] = {
     "proxynca": ("proxynca", revisiting("loss=proxynca")),
     "R-triplet": ("R-triplet", revisiting("loss=triplet,miner=rho_distance")),
 }
-SAMPLERS = (
-    "class_random",
-    "full_random",
-    "greedy_coreset",
-    "d2_coreset",
-    "disthist_batchmatch",
-    "fid_batchmatch",
-)
+# Every registered batch sampler, the default (the margin row) first.
+SAMPLERS = ("class_random", *(n for n in SAMPLER_REGISTRY.names() if n != "class_random"))
 for _name in SAMPLERS[1:]:
     ROWS[f"sampler-{_name}"] = (_name, revisiting("loss=margin", **{"sampler.name": _name}))
 DM2_ROWS = {

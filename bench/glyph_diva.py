@@ -25,8 +25,7 @@ from collections.abc import Callable
 
 import ml_collections
 
-from configs.diva import get_config as diva_config
-from configs.diva import keep_aux_terms, split_embedding
+from configs.diva import ablation_config, split_embedding
 from configs.revisiting import get_config as revisiting_config
 from configs.sharing import get_config as sharing_config
 from jdml.evaluation.runner import combination_name
@@ -40,15 +39,7 @@ METRICS = ("recall@1", "map@r", "nmi")
 def _diva(
     keep: tuple[str, ...], decorrelate: bool = True
 ) -> Callable[[], ml_collections.ConfigDict]:
-    def build() -> ml_collections.ConfigDict:
-        c = diva_config()
-        keep_aux_terms(c, keep)
-        if not decorrelate:
-            c.decorrelation.pairs, c.decorrelation.weights = (), ()
-        split_embedding(c, TOTAL_DIM)
-        return c
-
-    return build
+    return lambda: ablation_config("glyphs", keep, decorrelate=decorrelate, total_dim=TOTAL_DIM)
 
 
 def _margin(miner: str = "distance", spc: int = 2) -> Callable[[], ml_collections.ConfigDict]:

@@ -160,3 +160,16 @@ def split_embedding(c: ml_collections.ConfigDict, total_dim: int) -> None:
         t.dim = dim
     c.eval.heads = tuple(heads)
     c.eval.combinations = ((1.0,) * len(heads),) if len(heads) > 1 else ()
+
+
+def ablation_config(
+    data: str, keep: tuple[str, ...], *, decorrelate: bool = True, total_dim: int = 512
+) -> ml_collections.ConfigDict:
+    """A row of DiVA's Tab. 2 on ``data``: the discriminative head with the auxiliary terms in
+    ``keep`` (decorrelated from it unless told otherwise), all heads sharing ``total_dim``."""
+    c = get_config(f"data={data}")
+    keep_aux_terms(c, keep)
+    if not decorrelate:
+        c.decorrelation.pairs, c.decorrelation.weights = (), ()
+    split_embedding(c, total_dim)
+    return c
