@@ -69,7 +69,7 @@ def batch_norm(
     if not train_bn:
         return FrozenBatchNorm(epsilon=eps, dtype=dtype, name=name)
     return nn.BatchNorm(
-        use_running_average=not train_bn,
+        use_running_average=False,
         momentum=momentum,
         epsilon=eps,
         dtype=dtype,
