@@ -1,6 +1,6 @@
 """EfficientNet-Lite0 on CPU: XLA's convolutions against jdml's depthwise and pointwise forms.
 
-Four sections, each timing the implementations in alternating rounds (so that the load of a
+Four timing sections, each timing the implementations in alternating rounds (so that the load of a
 shared machine affects them alike) and printing medians:
 
 * ``layers``: forward+backward (value and gradients w.r.t. input and kernel) of each distinct
@@ -10,7 +10,9 @@ shared machine affects them alike) and printing medians:
   ``jdml.nn.pointwise`` (a matmul);
 * ``step``: the whole Lite0 train step, frozen BatchNorm, a 128-d linear embedding head, a
   softmax pair loss over the batch's cosine similarities (two images per class), Adam;
-* ``embed``: forward-only pooled features at batch ``--embed-batch`` for each of ``--sizes``.
+* ``embed``: forward-only pooled features at batch ``--embed-batch`` for each of ``--sizes``;
+* ``profile`` (not in the default selection): the ``step`` of the last of ``--impls`` traced
+  with ``jax.profiler``, its time summed per kind of XLA op (fusion names without numbers).
 
 The whole network (``step``, ``embed``) uses ``jdml.nn.pointwise`` for its 1x1 convolutions.
 
@@ -20,7 +22,13 @@ Usage: python bench/bench_depthwise.py [--sections layers,pointwise,step,embed] 
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
+import gzip
+import json
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -44,6 +52,8 @@ NHWC = ("NHWC", "HWIO", "NHWC")
 
 # The implementations compared by default, the reference first (--impls).
 IMPLS = ("xla", "shifted")
+# Trace events of the host and the runtime rather than of XLA ops.
+HOST_EVENTS = ("$", "Thunk", "Pjit", "Slinky", "CommonPjRt", "ParseArguments")
 
 
 def lite0_depthwise_layers(size: int) -> list[tuple[int, int, int, int, int]]:
@@ -197,43 +207,71 @@ def _pair_loss(embeddings: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
     return -jnp.mean(jnp.sum(jnp.where(positive, logp, 0.0), axis=-1))
 
 
+def _train_step(impl: str, size: int, batch: int) -> Callable[[], None]:
+    """One jitted Lite0 train step (frozen BN, 128-d head, pair loss, Adam) on a fixed random
+    batch of ``size`` px, the depthwise layers in ``impl``; each call advances the state."""
+    labels = jnp.repeat(jnp.arange(batch // 2), 2)
+    tx = optax.adam(1e-4)
+    images = jnp.asarray(np.random.default_rng(0).normal(size=(batch, size, size, 3)), jnp.float32)
+    model = _Embedder(impl)
+    variables = model.init(jax.random.PRNGKey(0), images[:1])
+    params, stats = variables["params"], variables["batch_stats"]
+
+    @jax.jit
+    def update(params, opt_state):
+        def loss_fn(p):
+            out = model.apply({"params": p, "batch_stats": stats}, images)
+            return _pair_loss(out, labels)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    state = [(params, tx.init(params))]
+
+    def step() -> None:
+        p, o, loss = update(*state[0])
+        state[0] = (p, o)
+        jax.block_until_ready(loss)
+
+    return step
+
+
 def bench_step(
     impls: tuple[str, ...], sizes: list[int], batch: int, repeats: int, steps: int
 ) -> None:
     print(f"\nLite0 train step (frozen BN, Adam, pair loss), batch {batch}: ms/step, images/s")
-    labels = jnp.repeat(jnp.arange(batch // 2), 2)
-    tx = optax.adam(1e-4)
     for size in sizes:
-        images = jnp.asarray(
-            np.random.default_rng(0).normal(size=(batch, size, size, 3)), jnp.float32
-        )
-        contenders = {}
-        for impl in impls:
-            model = _Embedder(impl)
-            variables = model.init(jax.random.PRNGKey(0), images[:1])
-            params, stats = variables["params"], variables["batch_stats"]
-
-            @jax.jit
-            def update(params, opt_state, model=model, stats=stats, images=images):
-                def loss_fn(p):
-                    out = model.apply({"params": p, "batch_stats": stats}, images)
-                    return _pair_loss(out, labels)
-
-                loss, grads = jax.value_and_grad(loss_fn)(params)
-                updates, opt_state = tx.update(grads, opt_state, params)
-                return optax.apply_updates(params, updates), opt_state, loss
-
-            state = [(params, tx.init(params))]
-
-            def step(update=update, state=state) -> None:
-                p, o, loss = update(*state[0])
-                state[0] = (p, o)
-                jax.block_until_ready(loss)
-
-            contenders[impl] = step
+        contenders = {impl: _train_step(impl, size, batch) for impl in impls}
         t = _rounds(contenders, repeats, steps)
         print(f"{size:4d} px", end="")
         print("".join(f"  {i}: {1e3 * t[i]:7.0f} ms {batch / t[i]:6.0f} im/s" for i in impls))
+
+
+def profile_step(impl: str, size: int, batch: int, steps: int, top: int = 12) -> None:
+    """The train step's time per kind of XLA op, from a ``jax.profiler`` trace of ``steps``
+    steps (ms per step; a kind is a fusion's name without its number, e.g. every
+    ``clamp_pad_fusion.N``; ops that overlap on several threads are each counted)."""
+    step = _train_step(impl, size, batch)
+    step(), step()  # compile and warm up
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder):
+            for _ in range(steps):
+                step()
+        (path,) = glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)
+        with gzip.open(path) as f:
+            events = json.load(f)["traceEvents"]
+    kinds: dict[str, float] = collections.Counter()
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") != "X" or "dur" not in e or name.startswith(HOST_EVENTS):
+            continue
+        kinds[name.split(".")[0]] += e["dur"] / 1e3 / steps
+    total = sum(kinds.values())
+    print(f"\nLite0 train step at {size} px, batch {batch}, {impl}: XLA ops, ms per step")
+    for kind, ms in kinds.most_common(top):
+        print(f"  {kind:<28s} {ms:7.1f}  {100 * ms / total:5.1f} %")
+    print(f"  {'all ops':<28s} {total:7.1f}")
 
 
 def bench_embed(
@@ -282,6 +320,9 @@ def main() -> None:
         bench_step(impls, sizes, args.batch, args.repeats, args.steps)
     if "embed" in sections:
         bench_embed(impls, sizes, args.embed_batch, args.repeats, args.steps)
+    if "profile" in sections:
+        for size in sizes:
+            profile_step(impls[-1], size, args.batch, max(args.steps, 3))
 
 
 if __name__ == "__main__":

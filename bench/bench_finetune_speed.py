@@ -106,7 +106,9 @@ def _torch_lite0(frozen: int):
             if expansion != 1:
                 self._expand_conv, self._bn0 = nn.Conv2d(cin, mid, 1, bias=False), bn(mid)
             self.kernel, self.stride, self.residual = kernel, stride, stride == 1 and cin == cout
-            self._depthwise_conv = nn.Conv2d(mid, mid, kernel, stride, groups=mid, bias=False)
+            # Stride 1: SAME is the symmetric k // 2 inside the conv; stride 2 pads explicitly.
+            pad = kernel // 2 if stride == 1 else 0
+            self._depthwise_conv = nn.Conv2d(mid, mid, kernel, stride, pad, groups=mid, bias=False)
             self._bn1 = bn(mid)
             self._project_conv, self._bn2 = nn.Conv2d(mid, cout, 1, bias=False), bn(cout)
 
@@ -114,7 +116,7 @@ def _torch_lite0(frozen: int):
             y = x
             if hasattr(self, "_expand_conv"):
                 y = F.relu6(self._bn0(self._expand_conv(y)))
-            y = self._depthwise_conv(same_pad(y, self.kernel, self.stride))
+            y = self._depthwise_conv(y if self.stride == 1 else same_pad(y, self.kernel, 2))
             y = self._bn2(self._project_conv(F.relu6(self._bn1(y))))
             return y + x if self.residual else y
 
