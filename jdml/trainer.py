@@ -289,11 +289,23 @@ def _train(config: ml_collections.ConfigDict, workdir: str, run: Run) -> dict[st
     _Loop(run, train_step, writer, ckpts, evaluate)(state, start)
     done = read_metrics(writer.path) if os.path.exists(writer.path) else []
     summary = summarize(done, selection, metric)
-    summary["train_step_compiles"] = train_step._cache_size()  # type: ignore[attr-defined]
+    compiles = train_step._cache_size()  # type: ignore[attr-defined]
+    # A finished run run again takes no step: it keeps the count of the process that trained.
+    summary["train_step_compiles"] = compiles or _previous_compiles(workdir)
     if is_main_process():
         atomic_write(os.path.join(workdir, "results.json"), json.dumps(summary, indent=2))
     ckpts.close()
     return summary
+
+
+def _previous_compiles(workdir: str) -> int:
+    """``train_step_compiles`` of the workdir's ``results.json``; 0 if absent or unreadable."""
+    try:
+        with open(os.path.join(workdir, "results.json")) as f:
+            value = json.load(f).get("train_step_compiles", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return value if isinstance(value, int) else 0
 
 
 def _epoch_batches(run: Run, state: TrainState, epoch: int, first_step: int):

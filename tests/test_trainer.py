@@ -47,6 +47,18 @@ def _latest_state(workdir, config):
     return state
 
 
+def test_running_a_finished_run_again_leaves_its_results(full_run, npz, tmp_path):
+    import shutil
+
+    workdir = str(tmp_path / "again")
+    shutil.copytree(full_run[0], workdir)
+    results = tmp_path / "again" / "results.json"
+    before = results.read_text()
+    summary = train_and_evaluate(tiny_config(npz, **{"train.epochs": EPOCHS}), workdir)
+    assert summary["train_step_compiles"] == 1  # no step ran here: the training process's
+    assert results.read_text() == before
+
+
 def test_run_writes_results_and_compiles_once(full_run):
     workdir, summary = full_run
     assert summary["train_step_compiles"] == 1
