@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from sklearn.cluster import KMeans
@@ -9,9 +11,10 @@ from sklearn.datasets import make_blobs
 from sklearn.metrics import normalized_mutual_info_score
 
 from jdml.evaluation import evaluator
+from jdml.evaluation import knn as knn_module
 from jdml.evaluation.evaluator import check_metric_names, evaluate_embeddings, format_table
 from jdml.evaluation.kmeans import kmeans
-from jdml.evaluation.knn import knn
+from jdml.evaluation.knn import knn, sortable_key, top_k_indices
 from jdml.evaluation.metrics import METRICS, UnknownMetricError, get_metric
 
 # ---------------------------------------------------------------------------------------------
@@ -111,13 +114,21 @@ def labelled_results(labelled: tuple[np.ndarray, np.ndarray]) -> dict[str, float
 # kNN.
 
 
+@pytest.fixture(params=["xla", "host"])
+def selection(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a kNN test with the top-k taken by XLA and again with the host selection (the CPU
+    path for large k), whatever the k."""
+    monkeypatch.setattr(knn_module, "HOST_SELECTION_MIN_K", 10**9 if request.param == "xla" else 1)
+    return request.param
+
+
 @pytest.mark.parametrize(
     ("k", "block_size", "chunk_size"),
     [(5, 16, 24), (10, 4, 8), (52, 1024, 8192)],
     ids=["blocks-not-dividing-n", "k-larger-than-block-and-chunk", "all-neighbours"],
 )
 def test_knn_matches_brute_force_exclude_self(
-    points: np.ndarray, k: int, block_size: int, chunk_size: int
+    selection: str, points: np.ndarray, k: int, block_size: int, chunk_size: int
 ) -> None:
     dist, idx = knn(
         points, points, k, exclude_self=True, block_size=block_size, chunk_size=chunk_size
@@ -127,7 +138,7 @@ def test_knn_matches_brute_force_exclude_self(
     np.testing.assert_allclose(np.asarray(dist), ref_dist, atol=1e-5)
 
 
-def test_knn_separate_queries(points: np.ndarray) -> None:
+def test_knn_separate_queries(selection: str, points: np.ndarray) -> None:
     queries, references = points[:19], points[19:]
     dist, idx = knn(queries, references, 7, exclude_self=False, block_size=8, chunk_size=16)
     ref_dist, ref_idx = brute_force_knn(queries, references, 7, False, "euclidean")
@@ -135,14 +146,14 @@ def test_knn_separate_queries(points: np.ndarray) -> None:
     np.testing.assert_allclose(np.asarray(dist), ref_dist, atol=1e-5)
 
 
-def test_knn_cosine(points: np.ndarray) -> None:
+def test_knn_cosine(selection: str, points: np.ndarray) -> None:
     dist, idx = knn(points, points, 6, exclude_self=True, distance="cosine", block_size=16)
     ref_dist, ref_idx = brute_force_knn(points, points, 6, True, "cosine")
     np.testing.assert_array_equal(np.asarray(idx), ref_idx)
     np.testing.assert_allclose(np.asarray(dist), ref_dist, atol=1e-5)
 
 
-def test_knn_excludes_self_by_index_with_duplicates(points: np.ndarray) -> None:
+def test_knn_excludes_self_by_index_with_duplicates(selection: str, points: np.ndarray) -> None:
     x = points[:20].copy()
     x[7] = x[3]
     x[12] = x[3]  # 3, 7, 12 coincide: for query 12, naive order puts 3 (not 12) first
@@ -160,7 +171,7 @@ def test_knn_excludes_self_by_index_with_duplicates(points: np.ndarray) -> None:
 
 @pytest.mark.parametrize("grid", [3, 21])
 @pytest.mark.parametrize("chunk_size", [8192, 512], ids=["one-chunk", "two-chunks"])
-def test_knn_ties_lower_index_first(chunk_size: int, grid: int) -> None:
+def test_knn_ties_lower_index_first(selection: str, chunk_size: int, grid: int) -> None:
     """Many exact ties (points on a small integer grid): the order must be (distance, index).
 
     With a 3 x 3 grid the ties are mostly at distance 0, with a 21 x 21 grid mostly at
@@ -171,6 +182,28 @@ def test_knn_ties_lower_index_first(chunk_size: int, grid: int) -> None:
     ref_dist, ref_idx = brute_force_knn(x, x, 3, True, "euclidean")
     np.testing.assert_array_equal(np.asarray(idx), ref_idx)
     np.testing.assert_allclose(np.asarray(dist), ref_dist, atol=1e-6)
+
+
+@pytest.mark.parametrize("k", [1, 2, 7, 40])
+def test_top_k_indices_matches_lax_top_k_with_ties(k: int) -> None:
+    rng = np.random.default_rng(3)
+    scores = rng.integers(-4, 4, (64, 40)).astype(np.float32)  # every row full of ties
+    scores[0] = 1.0  # one row entirely tied
+    scores[1, ::3] = -0.5
+    expected = np.asarray(jax.lax.top_k(jnp.asarray(scores), k)[1])
+    chosen = top_k_indices(scores, k)
+    np.testing.assert_array_equal(np.sort(chosen, axis=1), np.sort(expected, axis=1))
+
+
+def test_sortable_key_orders_value_then_index() -> None:
+    values = np.array([0.5, -2.0, -0.25, 3.0, 0.5, -np.inf, np.inf, 0.0, -2.0], np.float32)
+    indices = np.array([4, 9, 1, 0, 2, 3, 5, 8, 7], np.int32)
+    order = np.argsort(sortable_key(values, indices))
+    expected = sorted(range(len(values)), key=lambda i: (values[i], indices[i]))
+    np.testing.assert_array_equal(order, expected)
+    back_values, back_indices = knn_module._from_key(np.sort(sortable_key(values, indices)))
+    np.testing.assert_array_equal(back_values, values[expected])
+    np.testing.assert_array_equal(back_indices, indices[expected])
 
 
 def test_knn_rejects_bad_k(points: np.ndarray) -> None:

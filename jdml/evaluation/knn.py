@@ -36,8 +36,10 @@ are broken towards the lower reference index, deterministically.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import math
+import os
 from typing import NamedTuple
 
 import jax
@@ -254,6 +256,165 @@ def _knn_block(
     return distances, indices
 
 
+# ---------------------------------------------------------------------------------------------
+# Large k on the CPU backend: exact selection on the host.
+#
+# XLA's CPU top_k costs about O(n log k) per row with a large constant (a (512, 20,000) block:
+# 18 ms at k = 20, 217 ms at k = 1,065), and its sort is slower still; numpy's introselect
+# (``np.argpartition``) takes 31 ms for the same block whatever k. For large k on CPU the block's
+# scores are therefore computed by XLA (the same augmented matmul) and selected on the host,
+# while XLA already computes the next block's scores. Other backends keep ``lax.top_k``.
+
+# Smallest k (self included) selected on the host on the CPU backend.
+HOST_SELECTION_MIN_K = 64
+# Largest (block, N) float32 score matrix of one host-selected block.
+HOST_BLOCK_BYTES = 64 * 2**20
+# Rows selected at once by one host thread. numpy's selection and sort release the GIL, so the
+# rows of a block are split over threads; small pieces also keep numpy's temporaries under the
+# allocator's mmap threshold, which otherwise makes every call page-fault fresh memory.
+HOST_ROWS = 64
+
+
+@functools.cache
+def _host_threads() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads of the host selection, one per CPU core."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+
+
+def _select_on_host(k: int) -> bool:
+    """Whether :func:`knn` selects ``k`` neighbours per query on the host (CPU backend only)."""
+    return k >= HOST_SELECTION_MIN_K and jax.default_backend() == "cpu"
+
+
+def sortable_key(values: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """int64 keys ordered as the (float32 value, index) pairs, for one integer sort.
+
+    The float's bits are mapped to an int32 of the same order (negative floats have their
+    magnitude bits flipped) and put above the non-negative int32 index.
+
+    Args:
+      values: float32 array (no NaN).
+      indices: non-negative int32 array of the same shape.
+
+    Returns:
+      int64 array: key(a) < key(b) iff (value, index) of a < that of b.
+    """
+    bits = np.ascontiguousarray(values, np.float32).view(np.int32)
+    ordered = np.where(bits < 0, bits ^ np.int32(0x7FFFFFFF), bits).astype(np.int64)
+    return (ordered << 32) | indices.astype(np.int64)
+
+
+def _from_key(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (float32 values, int32 indices) of :func:`sortable_key`'s keys."""
+    ordered = (keys >> 32).astype(np.int32)
+    bits = np.where(ordered < 0, ordered ^ np.int32(0x7FFFFFFF), ordered)
+    return bits.view(np.float32), (keys & 0xFFFFFFFF).astype(np.int32)
+
+
+def top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
+    """Exact indices of the k largest scores of each row, ties towards the lower index.
+
+    ``np.argpartition`` puts the k largest last in any order; where the k-th largest value
+    also occurs outside them (a tie across the cut, which one pass of comparisons finds) the
+    row's selection is redone from its strictly larger entries plus the lowest-indexed equal
+    ones, as ``lax.top_k`` chooses.
+
+    Args:
+      scores: (B, N) float32 scores (no NaN).
+      k: 1 <= k <= N.
+
+    Returns:
+      (B, k) int64 indices, in no particular order.
+    """
+    n = scores.shape[1]
+    if k == n:
+        return np.broadcast_to(np.arange(n), scores.shape).copy()
+    chosen = np.argpartition(scores, n - k, axis=1)[:, n - k :]
+    kth = np.take_along_axis(scores, chosen[:, :1], axis=1)  # the k-th largest of each row
+    selected_equal = np.count_nonzero(np.take_along_axis(scores, chosen, axis=1) == kth, axis=1)
+    tied = np.count_nonzero(scores == kth, axis=1) > selected_equal
+    for r in np.flatnonzero(tied):
+        above = np.flatnonzero(scores[r] > kth[r, 0])
+        equal = np.flatnonzero(scores[r] == kth[r, 0])[: k - len(above)]
+        chosen[r] = np.concatenate([above, equal])
+    return chosen
+
+
+@functools.partial(jax.jit, static_argnames=("distance",))
+def _block_scores(
+    queries: jax.Array, references: jax.Array, *, distance: str
+) -> tuple[jax.Array, jax.Array]:
+    """Ranking scores of a query block against all (augmented) references, and ``|q|^2``."""
+    augmented = jnp.concatenate([queries, jnp.ones((queries.shape[0], 1), jnp.float32)], 1)
+    scores = jnp.matmul(augmented, references.T, precision=jax.lax.Precision.HIGHEST)
+    return scores, jnp.sum(queries * queries, axis=-1)
+
+
+def _host_block_neighbours(
+    scores: np.ndarray, q_sq: np.ndarray, first: int, k: int, exclude_self: bool, distance: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest of one block from its (B, N) scores: :func:`_knn_block`'s result."""
+    wanted = k + int(exclude_self)
+    chosen = top_k_indices(scores, wanted)
+    values = np.take_along_axis(scores, chosen, axis=1)
+    if exclude_self:
+        # Drop the query's own index, or else the last of the k + 1 in (score desc, index asc)
+        # order, i.e. the largest key of (-score, index).
+        rows = np.arange(len(chosen))
+        own = chosen == (first + rows)[:, None]
+        last = np.argmax(sortable_key(-values, chosen), axis=1)
+        drop = np.where(own.any(axis=1), own.argmax(axis=1), last)
+        keep = np.ones(chosen.shape, bool)
+        keep[rows, drop] = False
+        chosen, values = chosen[keep].reshape(-1, k), values[keep].reshape(-1, k)
+    if distance == "euclidean":
+        distances = np.sqrt(np.maximum(q_sq[:, None] - values, np.float32(0)))
+    else:
+        distances = np.float32(1) - values
+    keys = sortable_key(distances + np.float32(0), chosen)  # -0.0 + 0.0 = +0.0: one zero
+    keys.sort(axis=1)
+    return _from_key(keys)
+
+
+def _knn_on_host(
+    queries: jax.Array,
+    references: jax.Array,
+    k: int,
+    exclude_self: bool,
+    distance: str,
+    block_size: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`knn` with the selection on the host (see ``HOST_SELECTION_MIN_K``)."""
+    num_queries, num_references = queries.shape[0], references.shape[0]
+    augmented = _augmented_references(references, 1, num_references, distance)[0]
+    block = max(1, min(block_size, num_queries, HOST_BLOCK_BYTES // (4 * num_references)))
+    num_blocks = math.ceil(num_queries / block)
+    padded = jnp.pad(queries, ((0, num_blocks * block - num_queries), (0, 0)))
+
+    def dispatch(b: int) -> tuple[jax.Array, jax.Array]:
+        return _block_scores(padded[b * block : (b + 1) * block], augmented, distance=distance)
+
+    distances = np.empty((num_queries, k), np.float32)
+    indices = np.empty((num_queries, k), np.int32)
+    pending = dispatch(0)
+    for b in range(num_blocks):
+        current, pending = pending, dispatch(b + 1) if b + 1 < num_blocks else None
+        rows = slice(b * block, min((b + 1) * block, num_queries))
+        count = rows.stop - rows.start
+        scores, q_sq = (np.asarray(a)[:count] for a in current)
+
+        def select(start: int, scores=scores, q_sq=q_sq, first=rows.start) -> None:
+            piece = slice(start, min(start + HOST_ROWS, len(scores)))
+            out = slice(first + piece.start, first + piece.stop)
+            distances[out], indices[out] = _host_block_neighbours(
+                scores[piece], q_sq[piece], out.start, k, exclude_self, distance
+            )
+
+        list(_host_threads().map(select, range(0, count, HOST_ROWS)))
+        del current, scores
+    return distances, indices
+
+
 def knn(
     queries: jax.Array | np.ndarray,
     references: jax.Array | np.ndarray,
@@ -305,6 +466,11 @@ def knn(
 
     if distance == "cosine":
         queries, references = _normalize(queries), _normalize(references)
+    if _select_on_host(k + int(exclude_self)):
+        distances, indices = _knn_on_host(
+            queries, references, k, exclude_self, distance, block_size
+        )
+        return jnp.asarray(distances), jnp.asarray(indices)
     num_chunks, chunk = _chunk_layout(num_references, chunk_size)
     ref_chunks = _augmented_references(references, num_chunks, chunk, distance)
 
