@@ -14,14 +14,25 @@ Every timing is the median of ``--repeats`` runs after one warm-up run (which in
 compilation of the jitted functions; its time is reported separately). The methods compared are
 run in turn, round after round, so that changes in machine load affect them alike.
 
+``--grid`` instead times exact kNN against faiss ``IndexFlatL2`` over N x D x k, leave-one-out
+(``self``) and query against gallery (``gallery``, Q = N), each case in a fresh process, and
+prints the times, their ratio, jdml's peak resident memory (a separate process that runs only
+jdml) and whether the neighbours are equal up to ties.
+
 Usage: python bench/bench_eval.py [--n 10000] [--dim 128] [--k 10] [--repeats 3]
+       python bench/bench_eval.py --grid [--grid-n 1000,20000] [--grid-d 128,1024]
+           [--grid-k 1,16,100,1000] [--grid-modes self,gallery] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -110,6 +121,97 @@ def clustered_embeddings(n: int, dim: int, classes: int, seed: int) -> tuple[np.
     return x.astype(np.float32), labels
 
 
+# ---------------------------------------------------------------------------------------------
+# The kNN grid against faiss (--grid): every case in a fresh process, for its peak memory.
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory so far (MB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def faiss_search(faiss: Any, queries: np.ndarray, gallery: np.ndarray | None, k: int):
+    """faiss exact search: (distances, indices) of the k nearest, self excluded by index when
+    ``gallery`` is None (k + 1 searched, the own index or else the last one dropped)."""
+    references = queries if gallery is None else gallery
+    index = faiss.IndexFlatL2(references.shape[1])
+    index.add(references)
+    if gallery is not None:
+        return index.search(queries, k)
+    d, found = index.search(queries, k + 1)
+    own = found == np.arange(len(queries))[:, None]
+    cut = np.where(own.any(axis=1), own.argmax(axis=1), k)
+    keep = np.arange(k)[None, :]
+    source = keep + (keep >= cut[:, None])
+    return np.take_along_axis(d, source, 1), np.take_along_axis(found, source, 1)
+
+
+def equal_up_to_ties(x: np.ndarray, refs: np.ndarray, a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two (Q, k) neighbour lists hold the same sets, except where float64 distances
+    show the difference is a tie (the same sorted distances to 1e-5 relative)."""
+    differ = np.flatnonzero(np.any(np.sort(a, 1) != np.sort(b, 1), axis=1))
+    for r in differ[:200]:
+        q = x[r].astype(np.float64)
+        da = np.sort(np.linalg.norm(refs[a[r]].astype(np.float64) - q, axis=1))
+        db = np.sort(np.linalg.norm(refs[b[r]].astype(np.float64) - q, axis=1))
+        if not np.allclose(da, db, rtol=1e-5, atol=1e-6):
+            return False
+    return len(differ) <= 200
+
+
+def grid_case(n: int, dim: int, k: int, mode: str, repeats: int, peak_only: bool) -> dict:
+    """One case of the grid: jdml's kNN against faiss, alternating rounds."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    gallery = None if mode == "self" else rng.standard_normal((n, dim)).astype(np.float32)
+    refs = x if gallery is None else gallery
+
+    def ours() -> np.ndarray:
+        _, indices = knn(x, refs, k, exclude_self=gallery is None)
+        return np.asarray(indices)
+
+    if peak_only:
+        before = _peak_rss_mb()
+        ours()
+        return {"peak_mb": _peak_rss_mb() - before}
+    import faiss
+
+    faiss.omp_set_num_threads(os.cpu_count() or 1)
+    timings = timed({"jdml": ours, "faiss": lambda: faiss_search(faiss, x, gallery, k)[1]}, repeats)
+    same = equal_up_to_ties(x, refs, timings["jdml"][2], timings["faiss"][2])
+    return {"jdml_s": timings["jdml"][1], "faiss_s": timings["faiss"][1], "equal": same}
+
+
+def run_grid(args: argparse.Namespace) -> None:
+    grid = (args.grid_n, args.grid_d, args.grid_k)
+    ns, dims, ks = ([int(v) for v in a.split(",")] for a in grid)
+    print(f"jax {jax.__version__} on {jax.devices()[0]}; {os.cpu_count()} CPUs; exact kNN, "
+          f"median of {args.repeats} alternating rounds, each case in a fresh process; peak "
+          "MB: the search's growth of jdml's peak resident memory over the data's")  # fmt: skip
+    print(f"{'mode':<8}{'N':>8}{'D':>6}{'k':>7}{'jdml s':>9}{'faiss s':>9}{'faiss/jdml':>11}"
+          f"{'jdml peak MB':>14}  equal")  # fmt: skip
+    for mode in args.grid_modes.split(","):
+        for n in ns:
+            for dim in dims:
+                for k in ks:
+                    if k > n - 1:
+                        continue
+                    case = [str(n), str(dim), str(k), mode, str(args.repeats)]
+                    timing = _child(case)
+                    peak = _child([*case, "peak"])
+                    print(f"{mode:<8}{n:>8}{dim:>6}{k:>7}{timing['jdml_s']:>9.3f}"
+                          f"{timing['faiss_s']:>9.3f}{timing['faiss_s'] / timing['jdml_s']:>11.2f}"
+                          f"{peak['peak_mb']:>14.0f}  {'yes' if timing['equal'] else 'NO'}",
+                          flush=True)  # fmt: skip
+
+
+def _child(case: list[str]) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--case", *case], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=10_000)
@@ -117,7 +219,20 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--grid", action="store_true", help="the kNN grid against faiss")
+    parser.add_argument("--grid-n", default="1000,20000")
+    parser.add_argument("--grid-d", default="128,1024")
+    parser.add_argument("--grid-k", default="1,16,100,1000")
+    parser.add_argument("--grid-modes", default="self,gallery")
+    parser.add_argument("--case", nargs="+", help=argparse.SUPPRESS)  # one grid case (child)
     args = parser.parse_args()
+    if args.case:
+        n, dim, k, mode, repeats, *peak = args.case
+        print(json.dumps(grid_case(int(n), int(dim), int(k), mode, int(repeats), bool(peak))))
+        return
+    if args.grid:
+        run_grid(args)
+        return
 
     print(f"jax {jax.__version__} on {jax.devices()[0]}; N={args.n} D={args.dim} k={args.k}")
     # Other processes on the machine slow the multi-threaded methods (faiss most): show it.
