@@ -34,3 +34,13 @@ def glyph_data(glyph_cache_dir: Path) -> ImageArrays:
     from jdml.data.glyphs import load_glyphs
 
     return load_glyphs(32, glyph_cache_dir)
+
+
+@pytest.fixture(params=["xla", "host"])
+def selection(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a kNN test with the top-k taken by XLA and again with the host selection (the CPU
+    path for large k, see ``jdml.evaluation.knn.HOST_SELECTION_MIN_K``), whatever the k."""
+    from jdml.evaluation import knn
+
+    monkeypatch.setattr(knn, "HOST_SELECTION_MIN_K", 10**9 if request.param == "xla" else 1)
+    return request.param

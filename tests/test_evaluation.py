@@ -114,14 +114,6 @@ def labelled_results(labelled: tuple[np.ndarray, np.ndarray]) -> dict[str, float
 # kNN.
 
 
-@pytest.fixture(params=["xla", "host"])
-def selection(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Runs a kNN test with the top-k taken by XLA and again with the host selection (the CPU
-    path for large k), whatever the k."""
-    monkeypatch.setattr(knn_module, "HOST_SELECTION_MIN_K", 10**9 if request.param == "xla" else 1)
-    return request.param
-
-
 @pytest.mark.parametrize(
     ("k", "block_size", "chunk_size"),
     [(5, 16, 24), (10, 4, 8), (52, 1024, 8192)],

@@ -259,7 +259,7 @@ def test_known_values_on_six_points_on_a_line() -> None:
 
 
 @pytest.mark.parametrize("block_size", [7, 1000])
-def test_ties_follow_distance_then_index(block_size: int) -> None:
+def test_ties_follow_distance_then_index(selection: str, block_size: int) -> None:
     """Points on a 4 x 4 integer grid: many exact distance ties, broken by the lower index."""
     rng = np.random.default_rng(3)
     x = rng.integers(0, 4, (60, 2)).astype(np.float32)
@@ -288,7 +288,7 @@ def test_classes_of_size_one_and_two() -> None:
     assert only_lone["map"] == 0.0 and only_lone["map@c"] == 0.0
 
 
-def test_full_ranking_blocks_and_classes_larger_than_blocks() -> None:
+def test_full_ranking_blocks_and_classes_larger_than_blocks(selection: str) -> None:
     """Block sizes not dividing N, and a class bigger than a block, give the same sums."""
     rng = np.random.default_rng(4)
     x = rng.standard_normal((90, 5)).astype(np.float32)

@@ -376,6 +376,24 @@ def _host_block_neighbours(
     return _from_key(keys)
 
 
+def _nearest_on_host(distances: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k smallest of each row of (B, P) distances, ordered by (distance, index)."""
+    out_d, out_i = (
+        np.empty((len(distances), k), np.float32),
+        np.empty((len(distances), k), np.int32),
+    )
+
+    def select(start: int) -> None:
+        piece = distances[start : start + HOST_ROWS] + np.float32(0)  # -0.0 + 0.0 = +0.0
+        chosen = top_k_indices(-piece, k)
+        keys = sortable_key(np.take_along_axis(piece, chosen, axis=1), chosen)
+        keys.sort(axis=1)
+        out_d[start : start + HOST_ROWS], out_i[start : start + HOST_ROWS] = _from_key(keys)
+
+    list(_host_threads().map(select, range(0, len(distances), HOST_ROWS)))
+    return out_d, out_i
+
+
 def _knn_on_host(
     queries: jax.Array,
     references: jax.Array,
@@ -722,12 +740,14 @@ def knn_full_ranking(
     num_blocks = math.ceil(num_queries / block)
     padded = jnp.pad(x, ((0, num_blocks * block - num_queries), (0, 0)))
 
+    on_host = _select_on_host(k)  # the k nearest from the host's copy of the distances
+
     def dispatch(b: int) -> tuple[jax.Array, jax.Array, jax.Array]:
         return _full_ranking_block(
             padded[b * block : (b + 1) * block],
             jnp.int32(b * block),
             augmented,
-            k=k,
+            k=0 if on_host else k,
             distance=distance,
             exclude_self=exclude_self,
         )
@@ -740,6 +760,8 @@ def knn_full_ranking(
         current, pending = pending, dispatch(b + 1) if b + 1 < num_blocks else None
         rows = np.arange(b * block, min((b + 1) * block, num_queries))
         full, top_d, top_i = (np.asarray(a)[: len(rows)] for a in current)
+        if on_host:
+            top_d, top_i = _nearest_on_host(full, k)
         distances[rows], indices[rows] = top_d, top_i
         # -0.0 + 0.0 = +0.0: one zero, so that equal distances compare equal everywhere.
         ranks = _positive_ranks(full + 0.0, rows, members, exclude_self)
