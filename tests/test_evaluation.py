@@ -187,6 +187,19 @@ def test_top_k_indices_matches_lax_top_k_with_ties(k: int) -> None:
     np.testing.assert_array_equal(np.sort(chosen, axis=1), np.sort(expected, axis=1))
 
 
+def test_equal_distances_out_of_index_order_are_reordered() -> None:
+    """Different scores can round to one distance; rows must end in (distance, index) order."""
+    d = jnp.asarray([[0.0, 0.0, 1.0], [0.5, 0.5, 0.5]], jnp.float32)
+    i = jnp.asarray([[4, 2, 0], [1, 3, 9]], jnp.int32)
+    got_d, got_i = knn_module._by_distance_then_index(d, i)
+    np.testing.assert_array_equal(np.asarray(got_i), [[2, 4, 0], [1, 3, 9]])
+    np.testing.assert_array_equal(np.asarray(got_d), np.asarray(d))
+    in_order = jnp.asarray([[0, 1, 2], [5, 6, 7]], jnp.int32)
+    np.testing.assert_array_equal(
+        np.asarray(knn_module._by_distance_then_index(d, in_order)[1]), np.asarray(in_order)
+    )
+
+
 def test_sortable_key_orders_value_then_index() -> None:
     values = np.array([0.5, -2.0, -0.25, 3.0, 0.5, -np.inf, np.inf, 0.0, -2.0], np.float32)
     indices = np.array([4, 9, 1, 0, 2, 3, 5, 8, 7], np.int32)

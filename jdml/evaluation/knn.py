@@ -251,9 +251,30 @@ def _knn_block(
     if exclude_self:
         values, indices = _drop_own_index(values, indices, query_ids, k)
     distances = _scores_to_distances(queries, values, distance)
-    # Rounding can map different scores to one distance: restore the (distance, index) order.
-    distances, indices = jax.lax.sort((distances, indices), dimension=1, num_keys=2)
-    return distances, indices
+    return _by_distance_then_index(distances, indices)
+
+
+def _by_distance_then_index(
+    distances: jax.Array, indices: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Rows in (distance, index) order, given rows already in ascending distance order.
+
+    Rounding can map different scores to one distance, and the (score, index) order of the
+    top-k then need not be the (distance, index) order. The sort (slow on CPU) runs only if
+    some row has two equal distances out of index order.
+    """
+    if distances.shape[1] < 2:
+        return distances, indices
+    out_of_order = jnp.any(
+        (distances[:, 1:] == distances[:, :-1]) & (indices[:, 1:] < indices[:, :-1])
+    )
+    return jax.lax.cond(
+        out_of_order,
+        lambda d, i: tuple(jax.lax.sort((d, i), dimension=1, num_keys=2)),
+        lambda d, i: (d, i),
+        distances,
+        indices,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
