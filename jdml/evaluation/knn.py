@@ -84,6 +84,7 @@ def _chunk_layout(num_references: int, chunk_size: int) -> tuple[int, int]:
     return num_chunks, rounded if rounded <= chunk_size else rows
 
 
+@functools.partial(jax.jit, static_argnames=("num_chunks", "chunk", "distance"))
 def _augmented_references(
     references: jax.Array, num_chunks: int, chunk: int, distance: str
 ) -> jax.Array:
@@ -425,7 +426,9 @@ def _knn_on_host(
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`knn` with the selection on the host (see ``HOST_SELECTION_MIN_K``)."""
     num_queries, num_references = queries.shape[0], references.shape[0]
-    augmented = _augmented_references(references, 1, num_references, distance)[0]
+    augmented = _augmented_references(
+        references, num_chunks=1, chunk=num_references, distance=distance
+    )[0]
     block = max(1, min(block_size, num_queries, HOST_BLOCK_BYTES // (4 * num_references)))
     num_blocks = math.ceil(num_queries / block)
     padded = jnp.pad(queries, ((0, num_blocks * block - num_queries), (0, 0)))
@@ -511,7 +514,9 @@ def knn(
         )
         return jnp.asarray(distances), jnp.asarray(indices)
     num_chunks, chunk = _chunk_layout(num_references, chunk_size)
-    ref_chunks = _augmented_references(references, num_chunks, chunk, distance)
+    ref_chunks = _augmented_references(
+        references, num_chunks=num_chunks, chunk=chunk, distance=distance
+    )
 
     block = min(block_size, num_queries)
     num_blocks = math.ceil(num_queries / block)
@@ -753,7 +758,7 @@ def knn_full_ranking(
     if distance == "cosine":
         x, refs = _normalize(x), _normalize(refs)
     width = GROUP_SIZE * math.ceil(n / GROUP_SIZE)
-    augmented = _augmented_references(refs, 1, width, distance)[0]
+    augmented = _augmented_references(refs, num_chunks=1, chunk=width, distance=distance)[0]
     members = _class_members(reference_ids, class_ids)
 
     num_queries = x.shape[0]
