@@ -17,11 +17,14 @@ run in turn, round after round, so that changes in machine load affect them alik
 ``--grid`` instead times exact kNN against faiss ``IndexFlatL2`` over N x D x k, leave-one-out
 (``self``) and query against gallery (``gallery``, Q = N), each case in a fresh process, and
 prints the times, their ratio, jdml's peak resident memory (a separate process that runs only
-jdml) and whether the neighbours are equal up to ties.
+jdml) and whether the neighbours are equal up to ties; then, for each of ``--metric-cases``
+(N x D x class size, clustered embeddings), Recall@1 and MAP@R from ``evaluate_embeddings``
+against faiss search plus NumPy, with the same columns and whether the values agree.
 
 Usage: python bench/bench_eval.py [--n 10000] [--dim 128] [--k 10] [--repeats 3]
        python bench/bench_eval.py --grid [--grid-n 1000,20000] [--grid-d 128,1024]
            [--grid-k 1,16,100,1000] [--grid-modes self,gallery] [--repeats 3]
+           [--metric-cases 20000x128x10,20000x128x1065,35000x1024x7000]
 """
 
 from __future__ import annotations
@@ -182,6 +185,62 @@ def grid_case(n: int, dim: int, k: int, mode: str, repeats: int, peak_only: bool
     return {"jdml_s": timings["jdml"][1], "faiss_s": timings["faiss"][1], "equal": same}
 
 
+def numpy_retrieval(neighbour_labels: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Recall@1 and MAP@R from (N, k) neighbour labels, plain NumPy (what a faiss user writes).
+
+    MAP@R (Musgrave et al., 2020): AP over the R = class size - 1 nearest, averaged over the
+    queries with R >= 1.
+    """
+    sizes = np.bincount(labels)[labels]
+    r = sizes - 1
+    relevant = neighbour_labels == labels[:, None]
+    relevant &= np.arange(relevant.shape[1])[None, :] < r[:, None]
+    precision = np.cumsum(relevant, axis=1) / np.arange(1, relevant.shape[1] + 1)[None, :]
+    ap = np.sum(precision * relevant, axis=1) / np.maximum(r, 1)
+    has = r >= 1
+    recall = float(np.mean(neighbour_labels[:, 0] == labels))
+    return {"recall@1": recall, "map@r": float(np.mean(ap[has]))}
+
+
+def metrics_case(n: int, dim: int, class_size: int, repeats: int) -> dict:
+    """Recall@1 and MAP@R of N clustered embeddings: jdml's evaluator against faiss + NumPy."""
+    x, labels = clustered_embeddings(n, dim, n // class_size, seed=0)
+    k = int(np.bincount(labels).max()) - 1
+
+    def ours() -> dict[str, float]:
+        return evaluate_embeddings(x, labels, ["recall@1", "map@r"])
+
+    def reference() -> dict[str, float]:
+        import faiss
+
+        faiss.omp_set_num_threads(os.cpu_count() or 1)
+        _, found = faiss_search(faiss, x, None, k)
+        return numpy_retrieval(labels[found], labels)
+
+    timings = timed({"jdml": ours, "faiss": reference}, repeats)
+    a, b = timings["jdml"][2], timings["faiss"][2]
+    same = all(abs(a[m] - b[m]) <= 1e-6 for m in a)
+    return {"jdml_s": timings["jdml"][1], "faiss_s": timings["faiss"][1], "equal": same, "k": k}
+
+
+def run_metrics(args: argparse.Namespace) -> None:
+    """The evaluator's retrieval metrics against faiss + NumPy on ``--metric-cases``."""
+    print(f"\nrecall@1 and MAP@R of clustered embeddings (k = largest class - 1 neighbours): "
+          f"jdml evaluate_embeddings against faiss IndexFlatL2 + NumPy, median of "
+          f"{args.repeats}, each case in a fresh process")  # fmt: skip
+    print(f"{'N':>8}{'D':>6}{'class':>7}{'k':>7}{'jdml s':>9}{'faiss s':>9}{'faiss/jdml':>11}"
+          f"{'jdml peak MB':>14}  equal")  # fmt: skip
+    for case in args.metric_cases.split(","):
+        n, dim, size = (int(v) for v in case.split("x"))
+        spec = [str(n), str(dim), str(size), "metrics", str(args.repeats)]
+        timing = _child(spec)
+        peak = _child([*spec, "peak"])
+        print(f"{n:>8}{dim:>6}{size:>7}{timing['k']:>7}{timing['jdml_s']:>9.3f}"
+              f"{timing['faiss_s']:>9.3f}{timing['faiss_s'] / timing['jdml_s']:>11.2f}"
+              f"{peak['peak_mb']:>14.0f}  {'yes' if timing['equal'] else 'NO'}",
+              flush=True)  # fmt: skip
+
+
 def run_grid(args: argparse.Namespace) -> None:
     grid = (args.grid_n, args.grid_d, args.grid_k)
     ns, dims, ks = ([int(v) for v in a.split(",")] for a in grid)
@@ -224,14 +283,29 @@ def main() -> None:
     parser.add_argument("--grid-d", default="128,1024")
     parser.add_argument("--grid-k", default="1,16,100,1000")
     parser.add_argument("--grid-modes", default="self,gallery")
+    parser.add_argument(
+        "--metric-cases",
+        default="20000x128x10,20000x128x1065,35000x1024x7000",
+        help="N x D x class size cases of the metrics table ('' for none)",
+    )
     parser.add_argument("--case", nargs="+", help=argparse.SUPPRESS)  # one grid case (child)
     args = parser.parse_args()
     if args.case:
         n, dim, k, mode, repeats, *peak = args.case
-        print(json.dumps(grid_case(int(n), int(dim), int(k), mode, int(repeats), bool(peak))))
+        if mode != "metrics":
+            print(json.dumps(grid_case(int(n), int(dim), int(k), mode, int(repeats), bool(peak))))
+        elif peak:
+            x, labels = clustered_embeddings(int(n), int(dim), int(n) // int(k), seed=0)
+            before = _peak_rss_mb()
+            evaluate_embeddings(x, labels, ["recall@1", "map@r"])
+            print(json.dumps({"peak_mb": _peak_rss_mb() - before}))
+        else:
+            print(json.dumps(metrics_case(int(n), int(dim), int(k), int(repeats))))
         return
     if args.grid:
         run_grid(args)
+        if args.metric_cases:
+            run_metrics(args)
         return
 
     print(f"jax {jax.__version__} on {jax.devices()[0]}; N={args.n} D={args.dim} k={args.k}")
