@@ -279,7 +279,7 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--grid", action="store_true", help="the kNN grid against faiss")
-    parser.add_argument("--grid-n", default="1000,20000")
+    parser.add_argument("--grid-n", default="1000,20000", help="('' for no kNN grid)")
     parser.add_argument("--grid-d", default="128,1024")
     parser.add_argument("--grid-k", default="1,16,100,1000")
     parser.add_argument("--grid-modes", default="self,gallery")
@@ -303,7 +303,8 @@ def main() -> None:
             print(json.dumps(metrics_case(int(n), int(dim), int(k), int(repeats))))
         return
     if args.grid:
-        run_grid(args)
+        if args.grid_n:
+            run_grid(args)
         if args.metric_cases:
             run_metrics(args)
         return
