@@ -191,12 +191,15 @@ def numpy_retrieval(neighbour_labels: np.ndarray, labels: np.ndarray) -> dict[st
     MAP@R (Musgrave et al., 2020): AP over the R = class size - 1 nearest, averaged over the
     queries with R >= 1.
     """
-    sizes = np.bincount(labels)[labels]
-    r = sizes - 1
-    relevant = neighbour_labels == labels[:, None]
-    relevant &= np.arange(relevant.shape[1])[None, :] < r[:, None]
-    precision = np.cumsum(relevant, axis=1) / np.arange(1, relevant.shape[1] + 1)[None, :]
-    ap = np.sum(precision * relevant, axis=1) / np.maximum(r, 1)
+    r = np.bincount(labels)[labels] - 1
+    ranks = np.arange(1, neighbour_labels.shape[1] + 1)[None, :]
+    ap = np.empty(len(labels))
+    for start in range(0, len(labels), 256):  # row blocks that stay in cache
+        rows = slice(start, start + 256)
+        relevant = neighbour_labels[rows] == labels[rows, None]
+        relevant &= ranks <= r[rows, None]
+        hits = np.cumsum(relevant, axis=1)
+        ap[rows] = np.sum(np.where(relevant, hits / ranks, 0.0), axis=1) / np.maximum(r[rows], 1)
     has = r >= 1
     recall = float(np.mean(neighbour_labels[:, 0] == labels))
     return {"recall@1": recall, "map@r": float(np.mean(ap[has]))}
