@@ -1,0 +1,21 @@
+#!/bin/bash
+# The order in which the emoji ablations are run in the background (README, "Emoji: the papers'
+# protocol on real artwork"): seed 0 of every row of groups 1 and 2 first, then the other
+# seeds, then group 3, so that if the budget runs out, seeds are cut before rows. Every call
+# resumes: finished runs are skipped, interrupted ones continue from their last checkpoint.
+#
+# Usage: nohup bash bench/emoji_queue.sh > runs/emoji/queue.log 2>&1 &
+set -e
+cd "$(dirname "$0")/.."
+run() { python bench/emoji_protocol.py --out runs/emoji "$@"; }
+DM2=(--tables dm2 --frozen-stages 3 --cohort 3)
+run --tables diva --seeds 0
+run "${DM2[@]}" --seeds 0
+run --tables sharing --seeds 0
+run --tables diva --seeds 0 1
+run --tables sharing --seeds 0 1
+run "${DM2[@]}" --seeds 0 1
+run --tables diva --seeds 0 1 2
+run --tables sharing --seeds 0 1 2
+run "${DM2[@]}" --seeds 0 1 2
+run --tables losses,samplers --seeds 0
