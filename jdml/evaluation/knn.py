@@ -22,6 +22,11 @@ Self-exclusion is by index: the k + 1 best references are selected and the query
 is removed from them wherever it is (or the last one if it is not there), so exact duplicates
 of a query, also at distance 0, are kept and ranked by index.
 
+On the CPU backend, from ``HOST_SELECTION_MIN_K`` neighbours on, the references are not
+chunked: each query block (at most ``HOST_BLOCK_BYTES`` of scores) is scored against all of them
+by XLA and its k best are selected on the host with numpy (see "Large k on the CPU backend"
+below), with the same results.
+
 :func:`knn_full_ranking` (leave-one-out only) additionally ranks each query's complete list of
 N - 1 other samples, for the mAP over all neighbours: per query block it computes the distances
 to all references at once (O(block_size * N) memory, the N x N matrix is never formed), takes
@@ -486,7 +491,9 @@ def knn(
 
     Returns:
       distances (Q, k) float32, ascending per row, and indices (Q, k) int32 into ``references``;
-      equal distances are ordered by lower reference index.
+      equal distances are ordered by lower reference index. On CPU with k (plus one with
+      ``exclude_self``) >= ``HOST_SELECTION_MIN_K`` the selection runs on the host, and
+      ``chunk_size`` is not used.
     """
     if distance not in DISTANCES:
         raise ValueError(f"unknown distance {distance!r}; expected one of {DISTANCES}")
