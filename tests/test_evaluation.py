@@ -176,6 +176,23 @@ def test_knn_ties_lower_index_first(selection: str, chunk_size: int, grid: int) 
     np.testing.assert_allclose(np.asarray(dist), ref_dist, atol=1e-6)
 
 
+@pytest.mark.parametrize("exclude_self", [True, False])
+def test_host_selection_over_memory_capped_blocks_and_row_pieces(
+    points: np.ndarray, monkeypatch: pytest.MonkeyPatch, exclude_self: bool
+) -> None:
+    """Blocks capped by HOST_BLOCK_BYTES (5 queries, the last one padded) and rows split into
+    pieces of 2 over the threads give the brute-force neighbours."""
+    monkeypatch.setattr(knn_module, "HOST_SELECTION_MIN_K", 1)
+    monkeypatch.setattr(knn_module, "HOST_BLOCK_BYTES", 4 * len(points) * 5)
+    monkeypatch.setattr(knn_module, "HOST_ROWS", 2)
+    dist, idx = knn(points, points, 9, exclude_self=exclude_self)
+    ref_dist, ref_idx = brute_force_knn(points, points, 9, exclude_self, "euclidean")
+    np.testing.assert_array_equal(np.asarray(idx), ref_idx)
+    # Without exclusion each query finds itself at 0, which the Gram expansion gives only to
+    # sqrt(float32 rounding of |q|^2), about 1e-3 here.
+    np.testing.assert_allclose(np.asarray(dist), ref_dist, atol=1e-5 if exclude_self else 2e-3)
+
+
 @pytest.mark.parametrize("k", [1, 2, 7, 40])
 def test_top_k_indices_matches_lax_top_k_with_ties(k: int) -> None:
     rng = np.random.default_rng(3)
