@@ -89,17 +89,8 @@ def sklearn_knn(x: np.ndarray, k: int) -> np.ndarray:
 
 
 def faiss_knn(faiss: Any, x: np.ndarray, k: int) -> np.ndarray:
-    """(N, k) indices from faiss IndexFlatL2: k + 1 results, then the query's own index removed.
-
-    If the own index is not among the k + 1 results (exact duplicates), the last one is dropped.
-    """
-    index = faiss.IndexFlatL2(x.shape[1])
-    index.add(x)
-    _, found = index.search(x, k + 1)
-    own = found == np.arange(len(x))[:, None]
-    cut = np.where(own.any(axis=1), own.argmax(axis=1), k)
-    keep = np.arange(k)[None, :]
-    return np.take_along_axis(found, keep + (keep >= cut[:, None]), axis=1)
+    """(N, k) indices from faiss IndexFlatL2, self excluded by index (see :func:`faiss_search`)."""
+    return faiss_search(faiss, x, None, k)[1]
 
 
 def exact_neighbours(x: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
@@ -231,17 +222,11 @@ def run_metrics(args: argparse.Namespace) -> None:
     print(f"\nrecall@1 and MAP@R of clustered embeddings (k = largest class - 1 neighbours): "
           f"jdml evaluate_embeddings against faiss IndexFlatL2 + NumPy, median of "
           f"{args.repeats}, each case in a fresh process")  # fmt: skip
-    print(f"{'N':>8}{'D':>6}{'class':>7}{'k':>7}{'jdml s':>9}{'faiss s':>9}{'faiss/jdml':>11}"
-          f"{'jdml peak MB':>14}  equal")  # fmt: skip
+    print(f"{'N':>8}{'D':>6}{'class':>7}{'k':>7}{MEASURED_HEADER}")
     for case in args.metric_cases.split(","):
         n, dim, size = (int(v) for v in case.split("x"))
-        spec = [str(n), str(dim), str(size), "metrics", str(args.repeats)]
-        timing = _child(spec)
-        peak = _child([*spec, "peak"])
-        print(f"{n:>8}{dim:>6}{size:>7}{timing['k']:>7}{timing['jdml_s']:>9.3f}"
-              f"{timing['faiss_s']:>9.3f}{timing['faiss_s'] / timing['jdml_s']:>11.2f}"
-              f"{peak['peak_mb']:>14.0f}  {'yes' if timing['equal'] else 'NO'}",
-              flush=True)  # fmt: skip
+        timing, columns = _measured([str(n), str(dim), str(size), "metrics", str(args.repeats)])
+        print(f"{n:>8}{dim:>6}{size:>7}{timing['k']:>7}{columns}", flush=True)
 
 
 def run_grid(args: argparse.Namespace) -> None:
@@ -250,21 +235,30 @@ def run_grid(args: argparse.Namespace) -> None:
     print(f"jax {jax.__version__} on {jax.devices()[0]}; {os.cpu_count()} CPUs; exact kNN, "
           f"median of {args.repeats} alternating rounds, each case in a fresh process; peak "
           "MB: the search's growth of jdml's peak resident memory over the data's")  # fmt: skip
-    print(f"{'mode':<8}{'N':>8}{'D':>6}{'k':>7}{'jdml s':>9}{'faiss s':>9}{'faiss/jdml':>11}"
-          f"{'jdml peak MB':>14}  equal")  # fmt: skip
+    print(f"{'mode':<8}{'N':>8}{'D':>6}{'k':>7}{MEASURED_HEADER}")
     for mode in args.grid_modes.split(","):
         for n in ns:
             for dim in dims:
                 for k in ks:
                     if k > n - 1:
                         continue
-                    case = [str(n), str(dim), str(k), mode, str(args.repeats)]
-                    timing = _child(case)
-                    peak = _child([*case, "peak"])
-                    print(f"{mode:<8}{n:>8}{dim:>6}{k:>7}{timing['jdml_s']:>9.3f}"
-                          f"{timing['faiss_s']:>9.3f}{timing['faiss_s'] / timing['jdml_s']:>11.2f}"
-                          f"{peak['peak_mb']:>14.0f}  {'yes' if timing['equal'] else 'NO'}",
-                          flush=True)  # fmt: skip
+                    _, columns = _measured([str(n), str(dim), str(k), mode, str(args.repeats)])
+                    print(f"{mode:<8}{n:>8}{dim:>6}{k:>7}{columns}", flush=True)
+
+
+MEASURED_HEADER = f"{'jdml s':>9}{'faiss s':>9}{'faiss/jdml':>11}{'jdml peak MB':>14}  equal"
+
+
+def _measured(case: list[str]) -> tuple[dict, str]:
+    """Runs one case (timing, then jdml's peak memory, each in a fresh process); returns the
+    timing and its columns under ``MEASURED_HEADER``."""
+    timing, peak = _child(case), _child([*case, "peak"])
+    ratio = timing["faiss_s"] / timing["jdml_s"]
+    columns = (
+        f"{timing['jdml_s']:>9.3f}{timing['faiss_s']:>9.3f}{ratio:>11.2f}"
+        f"{peak['peak_mb']:>14.0f}  {'yes' if timing['equal'] else 'NO'}"
+    )
+    return timing, columns
 
 
 def _child(case: list[str]) -> dict:
