@@ -36,11 +36,21 @@ def glyph_data(glyph_cache_dir: Path) -> ImageArrays:
     return load_glyphs(32, glyph_cache_dir)
 
 
+@pytest.fixture(autouse=True)
+def small_query_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Query blocks of exactly the ``block_size`` a test passes, so that the tests' small sets
+    still span several blocks (outside tests, blocks grow while they hold few scores, see
+    ``jdml.evaluation.knn.BLOCK_SCORES``)."""
+    from jdml.evaluation import knn
+
+    monkeypatch.setattr(knn, "BLOCK_SCORES", 1)
+
+
 @pytest.fixture(params=["xla", "host"])
 def selection(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a kNN test with the top-k taken by XLA and again with the host selection (the CPU
-    path for large k, see ``jdml.evaluation.knn.HOST_SELECTION_MIN_K``), whatever the k."""
+    path for most k, see ``jdml.evaluation.knn._select_on_host``), whatever the k."""
     from jdml.evaluation import knn
 
-    monkeypatch.setattr(knn, "HOST_SELECTION_MIN_K", 10**9 if request.param == "xla" else 1)
+    monkeypatch.setattr(knn, "SELECTION", request.param)
     return request.param

@@ -14,7 +14,7 @@ from jdml.evaluation import evaluator
 from jdml.evaluation import knn as knn_module
 from jdml.evaluation.evaluator import check_metric_names, evaluate_embeddings, format_table
 from jdml.evaluation.kmeans import kmeans
-from jdml.evaluation.knn import knn, sortable_key, top_k_indices
+from jdml.evaluation.knn import knn, largest_k, sortable_key
 from jdml.evaluation.metrics import METRICS, UnknownMetricError, get_metric
 
 # ---------------------------------------------------------------------------------------------
@@ -182,9 +182,9 @@ def test_host_selection_over_memory_capped_blocks_and_row_pieces(
 ) -> None:
     """Blocks capped by HOST_BLOCK_BYTES (5 queries, the last one padded) and rows split into
     pieces of 2 over the threads give the brute-force neighbours."""
-    monkeypatch.setattr(knn_module, "HOST_SELECTION_MIN_K", 1)
+    monkeypatch.setattr(knn_module, "SELECTION", "host")
     monkeypatch.setattr(knn_module, "HOST_BLOCK_BYTES", 4 * len(points) * 5)
-    monkeypatch.setattr(knn_module, "HOST_ROWS", 2)
+    monkeypatch.setattr(knn_module, "HOST_PIECE_ELEMENTS", 2 * len(points))
     dist, idx = knn(points, points, 9, exclude_self=exclude_self)
     ref_dist, ref_idx = brute_force_knn(points, points, 9, exclude_self, "euclidean")
     np.testing.assert_array_equal(np.asarray(idx), ref_idx)
@@ -193,15 +193,41 @@ def test_host_selection_over_memory_capped_blocks_and_row_pieces(
     np.testing.assert_allclose(np.asarray(dist), ref_dist, atol=1e-5 if exclude_self else 2e-3)
 
 
+def test_query_blocks_grow_while_they_hold_few_scores(
+    selection: str, points: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside the tests' ``small_query_blocks``: blocks hold up to BLOCK_SCORES scores."""
+    monkeypatch.setattr(knn_module, "BLOCK_SCORES", 2**22)
+    assert knn_module._query_block(1000, 1000, 512) == 1000
+    assert knn_module._query_block(50_000, 20_000, 512) == 512
+    assert knn_module._query_block(50_000, 2_000, 512) == 2**22 // 2_000
+    monkeypatch.setattr(knn_module, "BLOCK_SCORES", 6 * len(points))  # 6 queries per block
+    dist, idx = knn(points, points, 4, exclude_self=True, block_size=2)
+    ref_dist, ref_idx = brute_force_knn(points, points, 4, True, "euclidean")
+    np.testing.assert_array_equal(np.asarray(idx), ref_idx)
+    np.testing.assert_allclose(np.asarray(dist), ref_dist, atol=1e-5)
+
+
 @pytest.mark.parametrize("k", [1, 2, 7, 40])
-def test_top_k_indices_matches_lax_top_k_with_ties(k: int) -> None:
+def test_largest_k_orders_by_score_then_index_with_ties(k: int) -> None:
     rng = np.random.default_rng(3)
     scores = rng.integers(-4, 4, (64, 40)).astype(np.float32)  # every row full of ties
     scores[0] = 1.0  # one row entirely tied
     scores[1, ::3] = -0.5
-    expected = np.asarray(jax.lax.top_k(jnp.asarray(scores), k)[1])
-    chosen = top_k_indices(scores, k)
-    np.testing.assert_array_equal(np.sort(chosen, axis=1), np.sort(expected, axis=1))
+    scores[2, ::2] = -0.0  # -0.0 and +0.0 are one value
+    scores[2, 1::2] = 0.0
+    scores[3] = rng.standard_normal(40)  # no ties: one sort of exactly k keys per row
+    # Python's float comparison, like the distances, has -0.0 == 0.0.
+    expected = [sorted(range(40), key=lambda j, row=row: (-row[j], j))[:k] for row in scores]
+    values, chosen = largest_k(scores, k)
+    np.testing.assert_array_equal(chosen, expected)
+    np.testing.assert_array_equal(values, np.take_along_axis(scores, chosen, axis=1))
+    rows_without_signed_zeros = [0, 1, 3, *range(4, 64)]
+    np.testing.assert_array_equal(  # the order lax.top_k chooses
+        chosen[rows_without_signed_zeros],
+        np.asarray(jax.lax.top_k(jnp.asarray(scores[rows_without_signed_zeros]), k)[1]),
+    )
+    assert chosen.dtype == np.int32 and values.dtype == np.float32
 
 
 def test_equal_distances_out_of_index_order_are_reordered() -> None:

@@ -22,10 +22,11 @@ Self-exclusion is by index: the k + 1 best references are selected and the query
 is removed from them wherever it is (or the last one if it is not there), so exact duplicates
 of a query, also at distance 0, are kept and ranked by index.
 
-On the CPU backend, from ``HOST_SELECTION_MIN_K`` neighbours on, the references are not
-chunked: each query block (at most ``HOST_BLOCK_BYTES`` of scores) is scored against all of them
-by XLA and its k best are selected on the host with numpy (see "Large k on the CPU backend"
-below), with the same results.
+On the CPU backend, from ``HOST_SELECTION_MIN_K`` neighbours on, and for any k >= 2 where the
+two-stage top-k does not apply (few references), the references are not chunked: each query
+block (at most ``HOST_BLOCK_BYTES`` of scores) is scored against all of them by XLA and its k
+best are selected on the host with numpy (see "Selection on the host" below), with the same
+results.
 
 :func:`knn_full_ranking` (leave-one-out only) additionally ranks each query's complete list of
 N - 1 other samples, for the mAP over all neighbours: per query block it computes the distances
@@ -54,6 +55,9 @@ import numpy as np
 DISTANCES = ("euclidean", "cosine")
 DEFAULT_BLOCK_SIZE = 512
 DEFAULT_CHUNK_SIZE = 16384  # with 512-query blocks: 32 MB of float32 scores per block
+# With few references, query blocks grow beyond ``block_size`` up to this many scores (16 MB):
+# at N = 1,000 every query is in one block, and the fixed cost of a call is paid once.
+BLOCK_SCORES = 2**22
 # Width of the groups of the two-stage top-k (see ``_top_k``); chunks are multiples of it.
 GROUP_SIZE = 16
 _INDEX_SENTINEL = np.iinfo(np.int32).max
@@ -70,6 +74,12 @@ def _normalize(x: jax.Array) -> jax.Array:
     """
     norm = jnp.linalg.norm(x, axis=-1, keepdims=True)
     return x / jnp.maximum(norm, 1e-12)
+
+
+def _query_block(num_queries: int, width: int, block_size: int) -> int:
+    """Queries per block: ``block_size``, or more while a block has at most ``BLOCK_SCORES``
+    scores against ``width`` references, and never more than the queries."""
+    return max(1, min(num_queries, max(block_size, BLOCK_SCORES // width)))
 
 
 def _chunk_layout(num_references: int, chunk_size: int) -> tuple[int, int]:
@@ -284,33 +294,65 @@ def _by_distance_then_index(
 
 
 # ---------------------------------------------------------------------------------------------
-# Large k on the CPU backend: exact selection on the host.
+# Selection on the host (CPU backend).
 #
-# XLA's CPU top_k costs about O(n log k) per row with a large constant (a (512, 20,000) block:
-# 18 ms at k = 20, 217 ms at k = 1,065), and its sort is slower still; numpy's introselect
-# (``np.argpartition``) takes 31 ms for the same block whatever k. For large k on CPU the block's
-# scores are therefore computed by XLA (the same augmented matmul) and selected on the host,
-# while XLA already computes the next block's scores. Other backends keep ``lax.top_k``.
+# XLA's CPU top_k costs a fixed amount per row that grows with k (1,000 rows of 1,008 scores:
+# 1.6 ms at k = 2, 5.6 ms at k = 17, 17 ms at k = 65; a (512, 20,000) block: 18 ms at k = 20,
+# 217 ms at k = 1,065), and its sort is slower still. numpy's introselect on the values
+# (``np.partition``) finds each row's k-th largest score at about 1.6 ns per score whatever k,
+# and only the k entries at or above it are then sorted (``largest_k``). Where that is faster
+# (large k, or rows too short for the two-stage ``_top_k``), the block's scores are computed by
+# XLA (the same augmented matmul) and selected on the host, in pieces over threads, while XLA
+# already computes the next block's scores. Other backends keep ``lax.top_k``.
 
-# Smallest k (self included) selected on the host on the CPU backend.
+# Where the k nearest are selected: "auto" (see ``_select_on_host``), "host" or "xla".
+SELECTION = "auto"
+# Smallest k (self included) always selected on the host on the CPU backend.
 HOST_SELECTION_MIN_K = 64
 # Largest (block, N) float32 score matrix of one host-selected block.
 HOST_BLOCK_BYTES = 64 * 2**20
-# Rows selected at once by one host thread. numpy's selection and sort release the GIL, so the
-# rows of a block are split over threads; small pieces also keep numpy's temporaries under the
-# allocator's mmap threshold, which otherwise makes every call page-fault fresh memory.
-HOST_ROWS = 64
+# Largest piece of a block (rows x N scores) selected at once by one host thread. numpy's
+# selection and sort release the GIL, so the rows of a block are split over threads; pieces of
+# at most 4 MB also keep numpy's temporaries under the allocator's mmap threshold, which
+# otherwise makes every call page-fault fresh memory.
+HOST_PIECE_ELEMENTS = 2**20
+
+
+@functools.cache
+def _host_thread_count() -> int:
+    """The CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 @functools.cache
 def _host_threads() -> concurrent.futures.ThreadPoolExecutor:
     """The threads of the host selection, one per CPU core."""
-    return concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    return concurrent.futures.ThreadPoolExecutor(max_workers=_host_thread_count())
 
 
-def _select_on_host(k: int) -> bool:
-    """Whether :func:`knn` selects ``k`` neighbours per query on the host (CPU backend only)."""
-    return k >= HOST_SELECTION_MIN_K and jax.default_backend() == "cpu"
+def _select_on_host(k: int, width: int) -> bool:
+    """Whether :func:`knn` selects ``k`` of ``width`` references per query on the host.
+
+    ``SELECTION`` "auto": on the CPU backend only, from ``HOST_SELECTION_MIN_K`` on, and from
+    k = 2 on wherever the two-stage ``_top_k`` does not apply (rows narrower than
+    ``k * GROUP_SIZE * 8``). "host" and "xla" force one or the other (tests, benchmarks).
+    """
+    if SELECTION != "auto":
+        return SELECTION == "host"
+    if jax.default_backend() != "cpu":
+        return False
+    return k >= HOST_SELECTION_MIN_K or (k >= 2 and k * GROUP_SIZE * 8 > width)
+
+
+def _host_pieces(num_rows: int, width: int) -> range:
+    """First rows of the pieces of a (num_rows, width) block, one thread's work each.
+
+    As many pieces as threads, each at most ``HOST_PIECE_ELEMENTS`` scores.
+    """
+    rows = math.ceil(num_rows / _host_thread_count())
+    return range(0, num_rows, max(1, min(rows, HOST_PIECE_ELEMENTS // width)))
 
 
 def sortable_key(values: np.ndarray, indices: np.ndarray) -> np.ndarray:
@@ -338,33 +380,38 @@ def _from_key(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return bits.view(np.float32), (keys & 0xFFFFFFFF).astype(np.int32)
 
 
-def top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
-    """Exact indices of the k largest scores of each row, ties towards the lower index.
+def largest_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact k largest scores of each row, in (score descending, index ascending) order.
 
-    ``np.argpartition`` puts the k largest last in any order; where the k-th largest value
-    also occurs outside them (a tie across the cut, which one pass of comparisons finds) the
-    row's selection is redone from its strictly larger entries plus the lowest-indexed equal
-    ones, as ``lax.top_k`` chooses.
+    Threshold selection: ``np.partition`` (introselect on the values alone, about twice as fast
+    as ``np.argpartition``) finds each row's k-th largest score t; one comparison pass keeps the
+    entries >= t (exactly k per row unless t is tied), and only those are sorted, by one integer
+    key per entry (:func:`sortable_key` of the negated score and the index). Where t is tied
+    across the cut, the row keeps the lowest-indexed equal entries, as ``lax.top_k`` does.
 
     Args:
-      scores: (B, N) float32 scores (no NaN).
+      scores: (B, N) C-contiguous float32 scores (no NaN).
       k: 1 <= k <= N.
 
     Returns:
-      (B, k) int64 indices, in no particular order.
+      (B, k) float32 scores and (B, k) int32 indices, best first.
     """
-    n = scores.shape[1]
-    if k == n:
-        return np.broadcast_to(np.arange(n), scores.shape).copy()
-    chosen = np.argpartition(scores, n - k, axis=1)[:, n - k :]
-    kth = np.take_along_axis(scores, chosen[:, :1], axis=1)  # the k-th largest of each row
-    selected_equal = np.count_nonzero(np.take_along_axis(scores, chosen, axis=1) == kth, axis=1)
-    tied = np.count_nonzero(scores == kth, axis=1) > selected_equal
-    for r in np.flatnonzero(tied):
-        above = np.flatnonzero(scores[r] > kth[r, 0])
-        equal = np.flatnonzero(scores[r] == kth[r, 0])[: k - len(above)]
-        chosen[r] = np.concatenate([above, equal])
-    return chosen
+    rows_count, n = scores.shape
+    kth = np.partition(scores, n - k, axis=1)[:, n - k]
+    flat = np.flatnonzero(scores >= kth[:, None])
+    rows, columns = np.divmod(flat, n)
+    # -x + 0.0 maps -0.0 and +0.0 to one zero, as equal as the comparisons above find them.
+    keys = sortable_key(-np.ravel(scores)[flat] + np.float32(0), columns.astype(np.int32))
+    if len(flat) == rows_count * k:
+        keys = keys.reshape(rows_count, k)
+        keys.sort(axis=1)
+    else:  # ties at some row's threshold: each row's first k candidates in key order
+        order = np.lexsort((keys, rows))
+        counts = np.bincount(rows, minlength=rows_count)
+        starts = np.cumsum(counts) - counts
+        keys = keys[order[starts[:, None] + np.arange(k)[None, :]]]
+    negated, indices = _from_key(keys)
+    return -negated, indices
 
 
 @functools.partial(jax.jit, static_argnames=("distance",))
@@ -381,16 +428,13 @@ def _host_block_neighbours(
     scores: np.ndarray, q_sq: np.ndarray, first: int, k: int, exclude_self: bool, distance: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest of one block from its (B, N) scores: :func:`_knn_block`'s result."""
-    wanted = k + int(exclude_self)
-    chosen = top_k_indices(scores, wanted)
-    values = np.take_along_axis(scores, chosen, axis=1)
+    values, chosen = largest_k(scores, k + int(exclude_self))
     if exclude_self:
-        # Drop the query's own index, or else the last of the k + 1 in (score desc, index asc)
-        # order, i.e. the largest key of (-score, index).
+        # Drop the query's own index, or else the last of the k + 1, which come in
+        # (score desc, index asc) order.
         rows = np.arange(len(chosen))
         own = chosen == (first + rows)[:, None]
-        last = np.argmax(sortable_key(-values, chosen), axis=1)
-        drop = np.where(own.any(axis=1), own.argmax(axis=1), last)
+        drop = np.where(own.any(axis=1), own.argmax(axis=1), k)
         keep = np.ones(chosen.shape, bool)
         keep[rows, drop] = False
         chosen, values = chosen[keep].reshape(-1, k), values[keep].reshape(-1, k)
@@ -398,6 +442,7 @@ def _host_block_neighbours(
         distances = np.sqrt(np.maximum(q_sq[:, None] - values, np.float32(0)))
     else:
         distances = np.float32(1) - values
+    # Rounding can map different scores to one distance: re-sort by (distance, index).
     keys = sortable_key(distances + np.float32(0), chosen)  # -0.0 + 0.0 = +0.0: one zero
     keys.sort(axis=1)
     return _from_key(keys)
@@ -410,14 +455,14 @@ def _nearest_on_host(distances: np.ndarray, k: int) -> tuple[np.ndarray, np.ndar
         np.empty((len(distances), k), np.int32),
     )
 
-    def select(start: int) -> None:
-        piece = distances[start : start + HOST_ROWS] + np.float32(0)  # -0.0 + 0.0 = +0.0
-        chosen = top_k_indices(-piece, k)
-        keys = sortable_key(np.take_along_axis(piece, chosen, axis=1), chosen)
-        keys.sort(axis=1)
-        out_d[start : start + HOST_ROWS], out_i[start : start + HOST_ROWS] = _from_key(keys)
+    pieces = _host_pieces(*distances.shape)
 
-    list(_host_threads().map(select, range(0, len(distances), HOST_ROWS)))
+    def select(start: int) -> None:
+        piece = slice(start, start + pieces.step)
+        negated, out_i[piece] = largest_k(-distances[piece], k)
+        out_d[piece] = np.float32(0) - negated  # 0 - x: never -0.0
+
+    list(_host_threads().map(select, pieces))
     return out_d, out_i
 
 
@@ -434,7 +479,10 @@ def _knn_on_host(
     augmented = _augmented_references(
         references, num_chunks=1, chunk=num_references, distance=distance
     )[0]
-    block = max(1, min(block_size, num_queries, HOST_BLOCK_BYTES // (4 * num_references)))
+    block = min(
+        _query_block(num_queries, num_references, block_size),
+        max(1, HOST_BLOCK_BYTES // (4 * num_references)),
+    )
     num_blocks = math.ceil(num_queries / block)
     padded = jnp.pad(queries, ((0, num_blocks * block - num_queries), (0, 0)))
 
@@ -450,14 +498,18 @@ def _knn_on_host(
         count = rows.stop - rows.start
         scores, q_sq = (np.asarray(a)[:count] for a in current)
 
-        def select(start: int, scores=scores, q_sq=q_sq, first=rows.start) -> None:
-            piece = slice(start, min(start + HOST_ROWS, len(scores)))
+        pieces = _host_pieces(count, num_references)
+
+        def select(
+            start: int, scores=scores, q_sq=q_sq, first=rows.start, step=pieces.step
+        ) -> None:
+            piece = slice(start, min(start + step, len(scores)))
             out = slice(first + piece.start, first + piece.stop)
             distances[out], indices[out] = _host_block_neighbours(
                 scores[piece], q_sq[piece], out.start, k, exclude_self, distance
             )
 
-        list(_host_threads().map(select, range(0, count, HOST_ROWS)))
+        list(_host_threads().map(select, pieces))
         del current, scores
     return distances, indices
 
@@ -486,7 +538,8 @@ def knn(
         excluded from the neighbours of query i. The exclusion is by index, so exact duplicates
         of a query (also at distance 0) are still returned as neighbours.
       distance: "euclidean" (L2 distance) or "cosine" (1 - cosine similarity).
-      block_size: queries per block (the last block is zero-padded to this size).
+      block_size: queries per block (the last block is zero-padded to this size); with few
+        references, blocks hold more queries, up to ``BLOCK_SCORES`` scores.
       chunk_size: largest number of references scored at once within a block.
 
     Returns:
@@ -515,17 +568,17 @@ def knn(
 
     if distance == "cosine":
         queries, references = _normalize(queries), _normalize(references)
-    if _select_on_host(k + int(exclude_self)):
+    num_chunks, chunk = _chunk_layout(num_references, chunk_size)
+    if _select_on_host(k + int(exclude_self), chunk):
         distances, indices = _knn_on_host(
             queries, references, k, exclude_self, distance, block_size
         )
         return jnp.asarray(distances), jnp.asarray(indices)
-    num_chunks, chunk = _chunk_layout(num_references, chunk_size)
     ref_chunks = _augmented_references(
         references, num_chunks=num_chunks, chunk=chunk, distance=distance
     )
 
-    block = min(block_size, num_queries)
+    block = _query_block(num_queries, chunk, block_size)
     num_blocks = math.ceil(num_queries / block)
     padded_queries = jnp.pad(queries, ((0, num_blocks * block - num_queries), (0, 0)))
     distances, indices = [], []
@@ -773,7 +826,7 @@ def knn_full_ranking(
     num_blocks = math.ceil(num_queries / block)
     padded = jnp.pad(x, ((0, num_blocks * block - num_queries), (0, 0)))
 
-    on_host = _select_on_host(k)  # the k nearest from the host's copy of the distances
+    on_host = _select_on_host(k, width)  # the k nearest from the host's copy of the distances
 
     def dispatch(b: int) -> tuple[jax.Array, jax.Array, jax.Array]:
         return _full_ranking_block(
