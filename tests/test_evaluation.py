@@ -14,8 +14,8 @@ from jdml.evaluation import evaluator
 from jdml.evaluation import knn as knn_module
 from jdml.evaluation.evaluator import check_metric_names, evaluate_embeddings, format_table
 from jdml.evaluation.kmeans import kmeans
-from jdml.evaluation.knn import knn, largest_k, sortable_key
-from jdml.evaluation.metrics import METRICS, UnknownMetricError, get_metric
+from jdml.evaluation.knn import knn, knn_blocks, largest_k, sortable_key
+from jdml.evaluation.metrics import METRICS, Metric, Requirements, UnknownMetricError, get_metric
 
 # ---------------------------------------------------------------------------------------------
 # Brute-force references, written directly from the definitions.
@@ -330,7 +330,7 @@ def test_unknown_metric_name_lists_known_names(
     def fail(*args: object, **kwargs: object) -> None:
         raise AssertionError("names must be validated before any computation")
 
-    monkeypatch.setattr(evaluator, "knn", fail)
+    monkeypatch.setattr(evaluator, "knn_blocks", fail)
     with pytest.raises(UnknownMetricError, match=r"recall@<k>") as info:
         evaluate_embeddings(points, np.zeros(len(points)), ["recall@1", "recal@1"])
     assert "map@r" in str(info.value) and "nmi" in str(info.value)
@@ -352,12 +352,12 @@ def test_knn_computed_once_with_largest_k(
 
     def counting_knn(*args: object, **kwargs: object):
         calls.append(int(args[2]))
-        return knn(*args, **kwargs)
+        return knn_blocks(*args, **kwargs)
 
     def no_kmeans(*args: object, **kwargs: object) -> None:
         raise AssertionError("k-means must only run when nmi is requested")
 
-    monkeypatch.setattr(evaluator, "knn", counting_knn)
+    monkeypatch.setattr(evaluator, "knn_blocks", counting_knn)
     monkeypatch.setattr(evaluator, "kmeans", no_kmeans)
     evaluate_embeddings(x, labels, ["recall@1", "recall@20", "map@r", "map@c"], block_size=16)
     assert calls == [20]  # max(20, largest class 11, 11 - 1)
@@ -417,3 +417,22 @@ def test_format_table() -> None:
     assert lines[2].split() == ["val", "50.00", "12.35", "-"]
     assert lines[3].split() == ["test", "100.00", "-", "90.00"]
     assert len({len(line) for line in lines}) == 1  # fixed width
+
+
+def test_a_metric_without_per_query_values_gets_every_neighbour_list(
+    monkeypatch: pytest.MonkeyPatch, labelled: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """Built-in retrieval metrics are reduced block by block; a registered metric with only
+    ``compute`` still gets the (N, k) neighbour classes, and both agree."""
+
+    def first_neighbour_hits(requirements: Requirements) -> float:
+        first = requirements.neighbour_labels[:, 0]
+        return float(np.mean(first == requirements.labels))
+
+    metric = Metric("first_hits", first_neighbour_hits, num_neighbours=lambda _: 3)
+    monkeypatch.setitem(METRICS._items, "first_hits", metric)
+    x, labels = labelled
+    got = evaluate_embeddings(x, labels, ["first_hits", "recall@1", "map@r"], block_size=16)
+    assert got["first_hits"] == got["recall@1"]
+    alone = evaluate_embeddings(x, labels, ["map@r"], block_size=7)
+    assert alone["map@r"] == pytest.approx(got["map@r"], abs=1e-12)

@@ -24,7 +24,7 @@ from jdml.evaluation.evaluator import (
     format_table,
 )
 from jdml.evaluation.kmeans import kmeans
-from jdml.evaluation.knn import knn, knn_full_ranking
+from jdml.evaluation.knn import full_ranking_blocks, knn, knn_full_ranking
 from jdml.evaluation.metrics import Requirements, UnknownMetricError, f1, get_metric
 
 RETRIEVAL = ["recall@1", "recall@4", "precision@1", "r_precision", "map@r", "map@c"]
@@ -478,28 +478,28 @@ def test_each_requirement_is_computed_once(
     x, labels = labelled
     calls: list[str] = []
     ks: list[int] = []
-    for name in ("knn", "kmeans", "singular_values", "class_distances"):
+    for name in ("knn_blocks", "kmeans", "singular_values", "class_distances"):
         monkeypatch.setattr(evaluator, name, counting(calls, name, getattr(evaluator, name)))
 
     def full(*args: object, **kwargs: object) -> object:
-        calls.append("knn_full_ranking")
+        calls.append("full_ranking_blocks")
         ks.append(int(args[2]))
-        return knn_full_ranking(*args, **kwargs)
+        return full_ranking_blocks(*args, **kwargs)
 
-    monkeypatch.setattr(evaluator, "knn_full_ranking", full)
+    monkeypatch.setattr(evaluator, "full_ranking_blocks", full)
     scalars, _ = evaluate_embeddings(x, labels, [*ALL, "rho_spectrum@0"], return_vectors=True)
     assert sorted(calls) == sorted(
-        ["knn_full_ranking", "kmeans", "singular_values", "class_distances"]
+        ["full_ranking_blocks", "kmeans", "singular_values", "class_distances"]
     )
     assert ks == [len(x) - 1]  # map@1000 clipped to N - 1
     assert len(scalars) == len(ALL)
 
     calls.clear()
     evaluate_embeddings(x, labels, ["recall@1", "map@r", "nmi", "f1", "rho_spectrum@1"])
-    assert sorted(calls) == ["kmeans", "knn", "singular_values"]
+    assert sorted(calls) == ["kmeans", "knn_blocks", "singular_values"]
     calls.clear()
     evaluate_embeddings(x, labels, ["map"])
-    assert calls == ["knn_full_ranking"]
+    assert calls == ["full_ranking_blocks"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdml.evaluation.kmeans import kmeans
-from jdml.evaluation.knn import DEFAULT_BLOCK_SIZE, DISTANCES, knn, knn_full_ranking
+from jdml.evaluation.knn import DEFAULT_BLOCK_SIZE, DISTANCES, full_ranking_blocks, knn_blocks
 from jdml.evaluation.metrics import (
     Metric,
     Requirements,
@@ -78,6 +78,94 @@ def _normalize(x: jax.Array) -> jax.Array:
     return x / jnp.maximum(jnp.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
+def _retrieval_requirements(
+    specs: Sequence[Metric],
+    queries: jax.Array,
+    query_ids: np.ndarray,
+    class_sizes: np.ndarray,
+    gallery: jax.Array | None,
+    gallery_ids: np.ndarray | None,
+    *,
+    distance: str,
+    block_size: int,
+) -> dict[str, Any]:
+    """The retrieval part of the requirements, one block of queries at a time.
+
+    One search with the largest neighbour count any metric needs (the complete ranking if one
+    needs it, see :func:`jdml.evaluation.knn.full_ranking_blocks`); every block of queries is
+    reduced at once to the per-query values of the metrics (:attr:`Metric.per_query`), so the
+    (Q, k) neighbour lists are never all held. Only a metric without per-query values (none of
+    the built-in ones) makes the neighbour classes and precision sums of all queries kept.
+
+    Args:
+      specs: the metrics.
+      queries: (Q, D) queries (the references too without a gallery).
+      query_ids: (Q,) class ids of the queries.
+      class_sizes: (Q,) class sizes as in :class:`Requirements`.
+      gallery: (M, D) references, or None for leave-one-out.
+      gallery_ids: (M,) class ids of the gallery (with ``gallery``).
+      distance: "euclidean" or "cosine".
+      block_size: queries per search block.
+
+    Returns:
+      The keyword arguments ``query_values``, ``neighbour_labels`` and ``precision_sums`` of
+      :class:`Requirements`.
+    """
+    leave_one_out = gallery is None
+    reference_ids = query_ids if leave_one_out else gallery_ids
+    available = len(reference_ids) - int(leave_one_out)
+    wanted = max((m.num_neighbours(class_sizes) for m in specs), default=0)
+    num_neighbours = min(wanted, available)
+    full_ranking = any(m.needs_full_ranking for m in specs)
+    if full_ranking:
+        blocks = full_ranking_blocks(
+            queries,
+            query_ids,
+            num_neighbours,
+            references=gallery,
+            reference_ids=gallery_ids,
+            distance=distance,
+            block_size=block_size,
+        )
+    elif num_neighbours > 0:
+        blocks = knn_blocks(
+            queries,
+            queries if leave_one_out else gallery,
+            num_neighbours,
+            exclude_self=leave_one_out,
+            distance=distance,
+            block_size=block_size,
+        )
+    else:
+        return {}
+    per_query = [m for m in specs if m.per_query is not None]
+    keep_all = any(
+        m.per_query is None and (m.needs_full_ranking or m.num_neighbours(class_sizes) > 0)
+        for m in specs
+    )
+    values = {m.name: np.empty(len(query_ids), np.float64) for m in per_query}
+    all_labels, all_sums = [], []
+    for block in blocks:
+        rows = slice(block.first, block.first + len(block.indices))
+        part = Requirements(
+            labels=query_ids[rows],
+            class_sizes=class_sizes[rows],
+            neighbour_labels=reference_ids[np.asarray(block.indices)],
+            precision_sums=getattr(block, "precision_sums", None),
+            leave_one_out=leave_one_out,
+        )
+        for metric in per_query:
+            values[metric.name][rows] = metric.per_query(part)
+        if keep_all:
+            all_labels.append(part.neighbour_labels)
+            all_sums.append(part.precision_sums)
+    kept = {"query_values": values}
+    if keep_all:
+        kept["neighbour_labels"] = np.concatenate(all_labels)
+        kept["precision_sums"] = np.concatenate(all_sums) if full_ranking else None
+    return kept
+
+
 def _requirements(
     specs: Sequence[Metric],
     embeddings: jax.Array,
@@ -108,30 +196,20 @@ def _requirements(
     Returns:
       The shared :class:`Requirements`.
     """
-    n, dim = embeddings.shape
+    dim = embeddings.shape[1]
     class_ids, class_sizes, num_classes = _class_ids(labels)
     # The points the distance compares: k-means, the SVD and the class means work on them.
     points = _normalize(embeddings) if distance == "cosine" else embeddings
-
-    num_neighbours = min(max((m.num_neighbours(class_sizes) for m in specs), default=0), n - 1)
-    indices, precision_sums = None, None
-    if any(m.needs_full_ranking for m in specs):
-        ranking = knn_full_ranking(
-            embeddings, class_ids, num_neighbours, distance=distance, block_size=block_size
-        )
-        indices, precision_sums = ranking.indices, ranking.precision_sums
-        del ranking  # the (N, k) distances are not needed
-    elif num_neighbours > 0:
-        indices = knn(
-            embeddings,
-            embeddings,
-            num_neighbours,
-            exclude_self=True,
-            distance=distance,
-            block_size=block_size,
-        )[1]
-    neighbour_labels = None if indices is None else class_ids[np.asarray(indices)]
-    del indices
+    retrieval = _retrieval_requirements(
+        specs,
+        embeddings,
+        class_ids,
+        class_sizes,
+        None,
+        None,
+        distance=distance,
+        block_size=block_size,
+    )
 
     assignments = None
     if any(m.needs_clusters for m in specs):
@@ -147,12 +225,11 @@ def _requirements(
     return Requirements(
         labels=class_ids,
         class_sizes=class_sizes,
-        neighbour_labels=neighbour_labels,
         cluster_assignments=assignments,
-        precision_sums=precision_sums,
         singular_values=spectrum,
         dimension=dim,
         class_distances=distances,
+        **retrieval,
     )
 
 
@@ -194,36 +271,22 @@ def _gallery_requirements(
     query_ids = np.searchsorted(classes, query_labels).astype(np.int32)
     gallery_ids = np.searchsorted(classes, gallery_labels).astype(np.int32)
     class_sizes = np.bincount(gallery_ids, minlength=len(classes))[query_ids] + 1
-    wanted = max((m.num_neighbours(class_sizes) for m in specs), default=0)
-    num_neighbours = min(wanted, gallery.shape[0])
-    indices, precision_sums = None, None
-    if any(m.needs_full_ranking for m in specs):
-        ranking = knn_full_ranking(
-            queries,
-            query_ids,
-            num_neighbours,
-            references=gallery,
-            reference_ids=gallery_ids,
-            distance=distance,
-            block_size=block_size,
-        )
-        indices, precision_sums = ranking.indices, ranking.precision_sums
-    elif num_neighbours > 0:
-        indices = knn(
-            queries,
-            gallery,
-            num_neighbours,
-            exclude_self=False,
-            distance=distance,
-            block_size=block_size,
-        )[1]
+    retrieval = _retrieval_requirements(
+        specs,
+        queries,
+        query_ids,
+        class_sizes,
+        gallery,
+        gallery_ids,
+        distance=distance,
+        block_size=block_size,
+    )
     return Requirements(
         labels=query_ids,
         class_sizes=class_sizes,
-        neighbour_labels=None if indices is None else gallery_ids[np.asarray(indices)],
-        precision_sums=precision_sums,
         dimension=queries.shape[1],
         leave_one_out=False,
+        **retrieval,
     )
 
 
@@ -337,10 +400,10 @@ def evaluate_embeddings(
             **options,
         )
         needs = {m.name: union if _is_set_level(m) else ranked for m in specs}
-    scalars = {m.name: float(m.compute(needs[m.name])) for m in specs if not m.vector}
+    scalars = {m.name: float(m.value(needs[m.name])) for m in specs if not m.vector}
     if not return_vectors:
         return scalars
-    return scalars, {m.name: np.asarray(m.compute(needs[m.name])) for m in specs if m.vector}
+    return scalars, {m.name: np.asarray(m.value(needs[m.name])) for m in specs if m.vector}
 
 
 def combine_heads(

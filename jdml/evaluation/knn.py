@@ -46,6 +46,7 @@ import concurrent.futures
 import functools
 import math
 import os
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import jax
@@ -466,15 +467,49 @@ def _nearest_on_host(distances: np.ndarray, k: int) -> tuple[np.ndarray, np.ndar
     return out_d, out_i
 
 
-def _knn_on_host(
+class NeighbourBlock(NamedTuple):
+    """The k nearest references of consecutive queries (see :func:`knn_blocks`).
+
+    Attributes:
+      first: index of the block's first query.
+      distances: (B, k) float32 distances, ascending per row (a numpy array where the host
+        selected them, else a JAX array).
+      indices: (B, k) int32 reference indices; equal distances ordered by lower index.
+    """
+
+    first: int
+    distances: jax.Array | np.ndarray
+    indices: jax.Array | np.ndarray
+
+
+def _select_block(
+    scores: np.ndarray, q_sq: np.ndarray, first: int, k: int, exclude_self: bool, distance: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_host_block_neighbours` of a whole block, in pieces over the host threads."""
+    count = len(scores)
+    distances = np.empty((count, k), np.float32)
+    indices = np.empty((count, k), np.int32)
+    pieces = _host_pieces(count, scores.shape[1])
+
+    def select(start: int) -> None:
+        piece = slice(start, min(start + pieces.step, count))
+        distances[piece], indices[piece] = _host_block_neighbours(
+            scores[piece], q_sq[piece], first + start, k, exclude_self, distance
+        )
+
+    list(_host_threads().map(select, pieces))
+    return distances, indices
+
+
+def _host_blocks(
     queries: jax.Array,
     references: jax.Array,
     k: int,
     exclude_self: bool,
     distance: str,
     block_size: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`knn` with the selection on the host (see ``HOST_SELECTION_MIN_K``)."""
+) -> Iterator[NeighbourBlock]:
+    """:func:`knn_blocks` with the selection on the host (see ``_select_on_host``)."""
     num_queries, num_references = queries.shape[0], references.shape[0]
     augmented = _augmented_references(
         references, num_chunks=1, chunk=num_references, distance=distance
@@ -489,32 +524,18 @@ def _knn_on_host(
     def dispatch(b: int) -> tuple[jax.Array, jax.Array]:
         return _block_scores(padded[b * block : (b + 1) * block], augmented, distance=distance)
 
-    distances = np.empty((num_queries, k), np.float32)
-    indices = np.empty((num_queries, k), np.int32)
     pending = dispatch(0)
     for b in range(num_blocks):
         current, pending = pending, dispatch(b + 1) if b + 1 < num_blocks else None
-        rows = slice(b * block, min((b + 1) * block, num_queries))
-        count = rows.stop - rows.start
+        first = b * block
+        count = min(block, num_queries - first)
         scores, q_sq = (np.asarray(a)[:count] for a in current)
-
-        pieces = _host_pieces(count, num_references)
-
-        def select(
-            start: int, scores=scores, q_sq=q_sq, first=rows.start, step=pieces.step
-        ) -> None:
-            piece = slice(start, min(start + step, len(scores)))
-            out = slice(first + piece.start, first + piece.stop)
-            distances[out], indices[out] = _host_block_neighbours(
-                scores[piece], q_sq[piece], out.start, k, exclude_self, distance
-            )
-
-        list(_host_threads().map(select, pieces))
+        distances, indices = _select_block(scores, q_sq, first, k, exclude_self, distance)
         del current, scores
-    return distances, indices
+        yield NeighbourBlock(first, distances, indices)
 
 
-def knn(
+def knn_blocks(
     queries: jax.Array | np.ndarray,
     references: jax.Array | np.ndarray,
     k: int,
@@ -523,30 +544,19 @@ def knn(
     distance: str = "euclidean",
     block_size: int = DEFAULT_BLOCK_SIZE,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[jax.Array, jax.Array]:
-    """Exact k nearest references of every query, blocked so no Q x N matrix is materialised.
+) -> Iterator[NeighbourBlock]:
+    """:func:`knn`, one block of queries at a time, in query order.
 
-    Brute-force search: every query is compared to every reference, ``block_size`` queries at a
-    time and, within a block, ``chunk_size`` references at a time with a running top-k
-    (memory O(block_size * chunk_size)).
+    The arguments are checked at once (not at the first block). The next block is dispatched
+    before a block is handed out, so the device works while the caller uses it; a caller that
+    reduces each block (e.g. to per-query metric values) never holds all (Q, k) neighbours.
 
     Args:
-      queries: (Q, D) float32 query embeddings.
-      references: (N, D) float32 reference embeddings.
-      k: number of neighbours, 1 <= k <= N (N - 1 with ``exclude_self``).
-      exclude_self: the queries are the references (query i is reference i) and reference i is
-        excluded from the neighbours of query i. The exclusion is by index, so exact duplicates
-        of a query (also at distance 0) are still returned as neighbours.
-      distance: "euclidean" (L2 distance) or "cosine" (1 - cosine similarity).
-      block_size: queries per block (the last block is zero-padded to this size); with few
-        references, blocks hold more queries, up to ``BLOCK_SCORES`` scores.
-      chunk_size: largest number of references scored at once within a block.
+      queries, references, k, exclude_self, distance, block_size, chunk_size: as in
+        :func:`knn`.
 
     Returns:
-      distances (Q, k) float32, ascending per row, and indices (Q, k) int32 into ``references``;
-      equal distances are ordered by lower reference index. On CPU with k (plus one with
-      ``exclude_self``) >= ``HOST_SELECTION_MIN_K`` the selection runs on the host, and
-      ``chunk_size`` is not used.
+      An iterator of :class:`NeighbourBlock`, covering the queries in order.
     """
     if distance not in DISTANCES:
         raise ValueError(f"unknown distance {distance!r}; expected one of {DISTANCES}")
@@ -570,20 +580,16 @@ def knn(
         queries, references = _normalize(queries), _normalize(references)
     num_chunks, chunk = _chunk_layout(num_references, chunk_size)
     if _select_on_host(k + int(exclude_self), chunk):
-        distances, indices = _knn_on_host(
-            queries, references, k, exclude_self, distance, block_size
-        )
-        return jnp.asarray(distances), jnp.asarray(indices)
+        return _host_blocks(queries, references, k, exclude_self, distance, block_size)
     ref_chunks = _augmented_references(
         references, num_chunks=num_chunks, chunk=chunk, distance=distance
     )
-
     block = _query_block(num_queries, chunk, block_size)
     num_blocks = math.ceil(num_queries / block)
     padded_queries = jnp.pad(queries, ((0, num_blocks * block - num_queries), (0, 0)))
-    distances, indices = [], []
-    for b in range(num_blocks):
-        d, i = _knn_block(
+
+    def dispatch(b: int) -> tuple[jax.Array, jax.Array]:
+        return _knn_block(
             padded_queries[b * block : (b + 1) * block],
             jnp.int32(b * block),
             ref_chunks,
@@ -591,11 +597,69 @@ def knn(
             exclude_self=exclude_self,
             distance=distance,
         )
-        distances.append(d)
-        indices.append(i)
+
+    def blocks() -> Iterator[NeighbourBlock]:
+        pending = dispatch(0)
+        for b in range(num_blocks):
+            (d, i), pending = pending, dispatch(b + 1) if b + 1 < num_blocks else None
+            count = min(block, num_queries - b * block)
+            yield NeighbourBlock(b * block, d[:count], i[:count])
+
+    return blocks()
+
+
+def knn(
+    queries: jax.Array | np.ndarray,
+    references: jax.Array | np.ndarray,
+    k: int,
+    *,
+    exclude_self: bool,
+    distance: str = "euclidean",
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[jax.Array, jax.Array]:
+    """Exact k nearest references of every query, blocked so no Q x N matrix is materialised.
+
+    Brute-force search: every query is compared to every reference, ``block_size`` queries at a
+    time and, within a block, ``chunk_size`` references at a time with a running top-k
+    (memory O(block_size * chunk_size)). :func:`knn_blocks` hands out the blocks one by one.
+
+    Args:
+      queries: (Q, D) float32 query embeddings.
+      references: (N, D) float32 reference embeddings.
+      k: number of neighbours, 1 <= k <= N (N - 1 with ``exclude_self``).
+      exclude_self: the queries are the references (query i is reference i) and reference i is
+        excluded from the neighbours of query i. The exclusion is by index, so exact duplicates
+        of a query (also at distance 0) are still returned as neighbours.
+      distance: "euclidean" (L2 distance) or "cosine" (1 - cosine similarity).
+      block_size: queries per block (the last block is zero-padded to this size); with few
+        references, blocks hold more queries, up to ``BLOCK_SCORES`` scores.
+      chunk_size: largest number of references scored at once within a block.
+
+    Returns:
+      distances (Q, k) float32, ascending per row, and indices (Q, k) int32 into ``references``;
+      equal distances are ordered by lower reference index. On CPU, where the selection runs on
+      the host (see ``_select_on_host``), ``chunk_size`` is not used.
+    """
+    blocks = list(
+        knn_blocks(
+            queries,
+            references,
+            k,
+            exclude_self=exclude_self,
+            distance=distance,
+            block_size=block_size,
+            chunk_size=chunk_size,
+        )
+    )
+    if isinstance(blocks[0].distances, np.ndarray):
+        return (
+            jnp.asarray(np.concatenate([b.distances for b in blocks])),
+            jnp.asarray(np.concatenate([b.indices for b in blocks])),
+        )
     return (
-        jnp.concatenate(distances)[:num_queries],
-        jnp.concatenate(indices)[:num_queries],
+        jnp.concatenate([b.distances for b in blocks]),
+        jnp.concatenate([b.indices for b in blocks]),
     )
 
 
@@ -614,6 +678,21 @@ class FullRanking(NamedTuple):
         class and P@k is the precision at rank k (0 for a class with a single sample).
     """
 
+    distances: np.ndarray
+    indices: np.ndarray
+    precision_sums: np.ndarray
+
+
+class RankedBlock(NamedTuple):
+    """One block of queries of :func:`full_ranking_blocks`.
+
+    Attributes:
+      first: index of the block's first query.
+      distances, indices: (B, k) as in :class:`FullRanking`.
+      precision_sums: (B,) as in :class:`FullRanking`.
+    """
+
+    first: int
     distances: np.ndarray
     indices: np.ndarray
     precision_sums: np.ndarray
@@ -749,7 +828,7 @@ def precision_sums_from_ranks(ranks: np.ndarray, valid: np.ndarray) -> np.ndarra
     return np.sum(np.where(valid, position / ranks, 0.0), axis=1)
 
 
-def knn_full_ranking(
+def full_ranking_blocks(
     embeddings: jax.Array | np.ndarray,
     class_ids: np.ndarray,
     k: int,
@@ -758,7 +837,7 @@ def knn_full_ranking(
     reference_ids: np.ndarray | None = None,
     distance: str = "euclidean",
     block_size: int = DEFAULT_BLOCK_SIZE,
-) -> FullRanking:
+) -> Iterator[RankedBlock]:
     """kNN plus the average-precision sums over the complete ranking of the references.
 
     Without ``references`` (leave-one-out) every sample is a query against the N - 1 others;
@@ -788,7 +867,8 @@ def knn_full_ranking(
       block_size: queries per block.
 
     Returns:
-      A :class:`FullRanking` with (Q, k) distances and indices and (Q,) precision sums.
+      An iterator of :class:`RankedBlock`, covering the queries in order (the arguments are
+      checked at once).
     """
     if distance not in DISTANCES:
         raise ValueError(f"unknown distance {distance!r}; expected one of {DISTANCES}")
@@ -838,19 +918,54 @@ def knn_full_ranking(
             exclude_self=exclude_self,
         )
 
-    distances = np.empty((num_queries, k), np.float32)
-    indices = np.empty((num_queries, k), np.int32)
-    sums = np.empty((num_queries,), np.float64)
-    pending = dispatch(0)
-    for b in range(num_blocks):
-        current, pending = pending, dispatch(b + 1) if b + 1 < num_blocks else None
-        rows = np.arange(b * block, min((b + 1) * block, num_queries))
-        full, top_d, top_i = (np.asarray(a)[: len(rows)] for a in current)
-        if on_host:
-            top_d, top_i = _nearest_on_host(full, k)
-        distances[rows], indices[rows] = top_d, top_i
-        # -0.0 + 0.0 = +0.0: one zero, so that equal distances compare equal everywhere.
-        ranks = _positive_ranks(full + 0.0, rows, members, exclude_self)
-        sums[rows] = precision_sums_from_ranks(*ranks)
-        del current, full
-    return FullRanking(distances, indices, sums)
+    def blocks() -> Iterator[RankedBlock]:
+        pending = dispatch(0)
+        for b in range(num_blocks):
+            current, pending = pending, dispatch(b + 1) if b + 1 < num_blocks else None
+            rows = np.arange(b * block, min((b + 1) * block, num_queries))
+            full, top_d, top_i = (np.asarray(a)[: len(rows)] for a in current)
+            if on_host:
+                top_d, top_i = _nearest_on_host(full, k)
+            # -0.0 + 0.0 = +0.0: one zero, so that equal distances compare equal everywhere.
+            ranks = _positive_ranks(full + 0.0, rows, members, exclude_self)
+            del current, full
+            yield RankedBlock(b * block, top_d, top_i, precision_sums_from_ranks(*ranks))
+
+    return blocks()
+
+
+def knn_full_ranking(
+    embeddings: jax.Array | np.ndarray,
+    class_ids: np.ndarray,
+    k: int,
+    *,
+    references: jax.Array | np.ndarray | None = None,
+    reference_ids: np.ndarray | None = None,
+    distance: str = "euclidean",
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> FullRanking:
+    """:func:`full_ranking_blocks` for all queries at once.
+
+    Args:
+      embeddings, class_ids, k, references, reference_ids, distance, block_size: as in
+        :func:`full_ranking_blocks`.
+
+    Returns:
+      A :class:`FullRanking` with (Q, k) distances and indices and (Q,) precision sums.
+    """
+    blocks = list(
+        full_ranking_blocks(
+            embeddings,
+            class_ids,
+            k,
+            references=references,
+            reference_ids=reference_ids,
+            distance=distance,
+            block_size=block_size,
+        )
+    )
+    return FullRanking(
+        np.concatenate([b.distances for b in blocks]),
+        np.concatenate([b.indices for b in blocks]),
+        np.concatenate([b.precision_sums for b in blocks]),
+    )

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple, TypeVar
 
 import jax
@@ -77,6 +77,9 @@ class Requirements:
         queries are ranked against a separate gallery (False, e.g. In-Shop). The class-size
         normaliser of ``map@c`` / ``map@<k>`` / ``map`` is n_c (the query included) in the
         first case and R in the second.
+      query_values: {metric name: (N,) per-query values} of the retrieval metrics, as the
+        evaluator computes them block by block of queries (:attr:`Metric.per_query`) without
+        keeping the neighbour lists; a metric found here is their mean.
     """
 
     labels: np.ndarray
@@ -88,6 +91,7 @@ class Requirements:
     dimension: int = 0
     class_distances: ClassDistances | None = None
     leave_one_out: bool = True
+    query_values: Mapping[str, np.ndarray] | None = None
 
 
 def _no_neighbours(_: np.ndarray) -> int:
@@ -111,6 +115,9 @@ class Metric:
       needs_class_distances: whether the class cosine-distance statistics are needed.
       vector: whether the value is a 1-D array rather than a float.
       percent: whether the value is a fraction in [0, 1], shown in percent in tables.
+      per_query: for a retrieval metric, maps requirements over some queries to their (B,)
+        values (NaN for a query the metric leaves out); the metric is the mean of the others
+        (:func:`query_mean`), so it can be computed block by block of queries.
     """
 
     name: str
@@ -122,6 +129,14 @@ class Metric:
     needs_class_distances: bool = False
     vector: bool = False
     percent: bool = True
+    per_query: Callable[[Requirements], np.ndarray] | None = None
+
+    def value(self, requirements: Requirements) -> float | np.ndarray:
+        """The metric from the requirements, or from their per-query values if computed."""
+        values = requirements.query_values or {}
+        if self.per_query is not None and self.name in values:
+            return query_mean(values[self.name])
+        return self.compute(requirements)
 
 
 METRICS: Registry[Metric] = Registry("metric")
@@ -162,9 +177,19 @@ def recall_at_k(requirements: Requirements, k: int) -> float:
     Returns:
       Recall@k in [0, 1].
     """
+    return query_mean(recall_values(requirements, k))
+
+
+def recall_values(requirements: Requirements, k: int) -> np.ndarray:
+    """Per query of :func:`recall_at_k`: 1.0 for a hit among the k nearest, else 0.0."""
     neighbours = _neighbour_labels(requirements)[:, :k]
-    hits = np.any(neighbours == requirements.labels[:, None], axis=1)
-    return float(np.mean(hits))
+    return np.any(neighbours == requirements.labels[:, None], axis=1).astype(np.float64)
+
+
+def query_mean(values: np.ndarray) -> float:
+    """Mean of per-query values over the queries a metric keeps (not NaN); NaN if none."""
+    kept = ~np.isnan(values)
+    return float(np.mean(values[kept])) if np.any(kept) else float("nan")
 
 
 def _average_precision(relevant: np.ndarray) -> np.ndarray:
@@ -213,13 +238,12 @@ def _blocked_relevance(
     return out
 
 
-def _mean_over_queries_with_positives(requirements: Requirements, values: np.ndarray) -> float:
-    """Mean of per-query values over the queries whose class has another sample (NaN if none).
+def _with_positives(requirements: Requirements, values: np.ndarray) -> np.ndarray:
+    """Per-query values, NaN for the queries whose class has no other sample.
 
     Musgrave et al. exclude such "lone" queries: they have no relevant item.
     """
-    kept = requirements.class_sizes >= 2
-    return float(np.mean(values[kept])) if np.any(kept) else float("nan")
+    return np.where(requirements.class_sizes >= 2, values, np.nan)
 
 
 def precision_at_1(requirements: Requirements) -> float:
@@ -235,8 +259,13 @@ def precision_at_1(requirements: Requirements) -> float:
     Returns:
       Precision@1 in [0, 1].
     """
+    return query_mean(precision_at_1_values(requirements))
+
+
+def precision_at_1_values(requirements: Requirements) -> np.ndarray:
+    """Per query of :func:`precision_at_1` (NaN for a lone query)."""
     first = _neighbour_labels(requirements)[:, 0] == requirements.labels
-    return _mean_over_queries_with_positives(requirements, first.astype(np.float64))
+    return _with_positives(requirements, first.astype(np.float64))
 
 
 def r_precision(requirements: Requirements) -> float:
@@ -251,9 +280,14 @@ def r_precision(requirements: Requirements) -> float:
     Returns:
       R-precision in [0, 1].
     """
+    return query_mean(r_precision_values(requirements))
+
+
+def r_precision_values(requirements: Requirements) -> np.ndarray:
+    """Per query of :func:`r_precision` (NaN for a lone query)."""
     others = requirements.class_sizes - 1
     hits = _blocked_relevance(requirements, others, lambda relevant: np.sum(relevant, axis=1))
-    return _mean_over_queries_with_positives(requirements, hits / np.maximum(others, 1))
+    return _with_positives(requirements, hits / np.maximum(others, 1))
 
 
 def map_at_r(requirements: Requirements) -> float:
@@ -271,9 +305,14 @@ def map_at_r(requirements: Requirements) -> float:
     Returns:
       MAP@R in [0, 1].
     """
+    return query_mean(map_at_r_values(requirements))
+
+
+def map_at_r_values(requirements: Requirements) -> np.ndarray:
+    """Per query of :func:`map_at_r`: AP@R (NaN for a lone query)."""
     others = requirements.class_sizes - 1
     sums = _blocked_relevance(requirements, others, _average_precision)
-    return _mean_over_queries_with_positives(requirements, sums / np.maximum(others, 1))
+    return _with_positives(requirements, sums / np.maximum(others, 1))
 
 
 def _relevant_normaliser(requirements: Requirements) -> np.ndarray:
@@ -305,9 +344,14 @@ def map_at_c(requirements: Requirements) -> float:
     Returns:
       mAP@C in [0, 1).
     """
+    return query_mean(map_at_c_values(requirements))
+
+
+def map_at_c_values(requirements: Requirements) -> np.ndarray:
+    """Per query of :func:`map_at_c`."""
     sizes = _relevant_normaliser(requirements)
     sums = _blocked_relevance(requirements, sizes, _average_precision)
-    return float(np.mean(sums / np.maximum(sizes, 1)))
+    return sums / np.maximum(sizes, 1)
 
 
 def map_at_k(requirements: Requirements, k: int) -> float:
@@ -326,9 +370,14 @@ def map_at_k(requirements: Requirements, k: int) -> float:
     Returns:
       mAP@k in [0, 1).
     """
+    return query_mean(map_at_k_values(requirements, k))
+
+
+def map_at_k_values(requirements: Requirements, k: int) -> np.ndarray:
+    """Per query of :func:`map_at_k`."""
     depth = np.full(len(requirements.labels), k)
     sums = _blocked_relevance(requirements, depth, _average_precision)
-    return float(np.mean(sums / np.maximum(_relevant_normaliser(requirements), 1)))
+    return sums / np.maximum(_relevant_normaliser(requirements), 1)
 
 
 def mean_average_precision(requirements: Requirements) -> float:
@@ -346,8 +395,13 @@ def mean_average_precision(requirements: Requirements) -> float:
     Returns:
       mAP in [0, 1).
     """
+    return query_mean(mean_average_precision_values(requirements))
+
+
+def mean_average_precision_values(requirements: Requirements) -> np.ndarray:
+    """Per query of :func:`mean_average_precision`."""
     sums = _required(requirements.precision_sums, "the full-ranking precision sums")
-    return float(np.mean(sums / np.maximum(_relevant_normaliser(requirements), 1)))
+    return sums / np.maximum(_relevant_normaliser(requirements), 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -606,6 +660,7 @@ def _recall_metric(k: int) -> Metric:
         name=f"recall@{k}",
         compute=lambda requirements: recall_at_k(requirements, k),
         num_neighbours=lambda _: k,
+        per_query=lambda requirements: recall_values(requirements, k),
     )
 
 
@@ -615,6 +670,7 @@ def _map_metric(k: int) -> Metric:
         name=f"map@{k}",
         compute=lambda requirements: map_at_k(requirements, k),
         num_neighbours=lambda _: k,
+        per_query=lambda requirements: map_at_k_values(requirements, k),
     )
 
 
@@ -631,12 +687,20 @@ def _rho_metric(mode: int, truncated: bool) -> Metric:
 
 for _k in (1, 2, 4, 8, 16, 32):
     METRICS.register(f"recall@{_k}")(_recall_metric(_k))
-METRICS.register("precision@1")(Metric("precision@1", precision_at_1, lambda _: 1))
-METRICS.register("r_precision")(Metric("r_precision", r_precision, _max_others))
-METRICS.register("map@r")(Metric("map@r", map_at_r, num_neighbours=_max_others))
-METRICS.register("map@c")(Metric("map@c", map_at_c, num_neighbours=_max_class_size))
-METRICS.register("map@1000")(_map_metric(1000))
-METRICS.register("map")(Metric("map", mean_average_precision, needs_full_ranking=True))
+for _metric in (
+    Metric("precision@1", precision_at_1, lambda _: 1, per_query=precision_at_1_values),
+    Metric("r_precision", r_precision, _max_others, per_query=r_precision_values),
+    Metric("map@r", map_at_r, _max_others, per_query=map_at_r_values),
+    Metric("map@c", map_at_c, _max_class_size, per_query=map_at_c_values),
+    _map_metric(1000),
+    Metric(
+        "map",
+        mean_average_precision,
+        needs_full_ranking=True,
+        per_query=mean_average_precision_values,
+    ),
+):
+    METRICS.register(_metric.name)(_metric)
 METRICS.register("nmi")(Metric("nmi", nmi, needs_clusters=True))
 METRICS.register("f1")(Metric("f1", f1, needs_clusters=True))
 for _m in (0, 1, 2, 10, -1):
