@@ -10,7 +10,8 @@ Times, in the same run and on the same data:
   embeddings in 100 classes, with its two expensive steps (kNN with k = the class size, needed by
   map@r / map@c, and k-means) timed on their own.
 
-Every timing is the median of ``--repeats`` runs after one warm-up run (which includes the
+Every timing is the median of ``--repeats`` runs (at least ``SMALL_REPEATS`` for the grid's
+cases of milliseconds), each after ``PAUSE_S`` idle, after one warm-up run (which includes the
 compilation of the jitted functions; its time is reported separately). The methods compared are
 run in turn, round after round, so that changes in machine load affect them alike.
 
