@@ -13,7 +13,14 @@ Times, in the same process and on the same batch:
 Every figure is the median of ``--repeats`` rounds of ``--steps`` steps after a warm-up, and the
 contenders run in turn so that machine load affects them alike.
 
-Usage: python bench/bench_train.py [--steps 20] [--repeats 3]
+Then the achieved TFLOP/s of the two jitted steps (XLA's flop count) and their fraction of the
+device's peak (``jdml/throughput.py``: a data-sheet figure on known GPUs and TPUs, a measured
+matmul elsewhere); the script runs unchanged on CPU, GPU and TPU.
+
+``--layers`` then times every convolution of the network on its own, forward and backward, in
+XLA and in PyTorch, and prints its GFLOP/s and the fraction of the matmul peak measured here.
+
+Usage: python bench/bench_train.py [--steps 20] [--repeats 3] [--layers]
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +38,10 @@ import optax
 
 from configs.revisiting import get_config
 from jdml.data.pipeline import TrainBatch, train_batches
+from jdml.nn.conv import conv2d
 from jdml.run import Run
 from jdml.step import make_train_step
+from jdml.throughput import compiled_flops, measured_matmul_tflops, throughput_line
 
 
 def _torch_step(config, batch_np: np.ndarray) -> Callable[[], None] | None:
@@ -84,10 +94,139 @@ def _torch_step(config, batch_np: np.ndarray) -> Callable[[], None] | None:
     return step
 
 
+class ConvLayer(NamedTuple):
+    """One convolution of the glyph network: input map size, channels, kernel, stride, how
+    many times it occurs, and whether its input needs a gradient (not for the stem)."""
+
+    name: str
+    size: int
+    cin: int
+    cout: int
+    kernel: int
+    stride: int
+    count: int
+    input_grad: bool
+
+    def flops(self, batch: int) -> float:
+        """Forward and backward flops at ``batch`` (2 per multiply-add; the backward pass is
+        the kernel gradient plus, except for the stem, the input gradient)."""
+        out = self.size // self.stride
+        macs = batch * out * out * self.kernel * self.kernel * self.cin * self.cout
+        return 2.0 * macs * (3 if self.input_grad else 2)
+
+
+def conv_layers(config) -> list[ConvLayer]:
+    """The distinct convolutions of the small ResNet of ``config.model`` (with repeats)."""
+    m = config.model
+    size = config.data.image_size
+    layers = [ConvLayer("stem", size, 1, m.stem_features, 3, m.stem_strides, 1, False)]
+    size //= m.stem_strides
+    cin = m.stem_features
+    for i, (feat, blocks, stride) in enumerate(
+        zip(m.stage_features, m.stage_blocks, m.stage_strides, strict=True)
+    ):
+        name = f"stage{i + 1}"
+        layers.append(ConvLayer(f"{name} conv1", size, cin, feat, 3, stride, 1, True))
+        if stride != 1 or cin != feat:
+            layers.append(ConvLayer(f"{name} projection", size, cin, feat, 1, stride, 1, True))
+        size //= stride
+        layers.append(ConvLayer(f"{name} conv2", size, feat, feat, 3, 1, 1, True))
+        if blocks > 1:
+            layers.append(
+                ConvLayer(f"{name} later convs", size, feat, feat, 3, 1, 2 * blocks - 2, True)
+            )
+        cin = feat
+    return layers
+
+
+def _xla_conv(layer: ConvLayer, batch: int) -> Callable[[], None]:
+    """Forward and backward of one convolution as the jdml model runs it (NHWC,
+    :func:`jdml.nn.conv.conv2d`), jitted."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((batch, layer.size, layer.size, layer.cin)), jnp.float32)
+    w = jnp.asarray(
+        rng.standard_normal((layer.kernel, layer.kernel, layer.cin, layer.cout)), jnp.float32
+    )
+
+    @jax.jit
+    def forward_backward(x, w):
+        out, pull = jax.vjp(lambda x, w: conv2d(x, w, layer.stride), x, w)
+        dx, dw = pull(jnp.ones_like(out))
+        return (dw, dx) if layer.input_grad else (dw,)
+
+    return lambda: jax.block_until_ready(forward_backward(x, w))
+
+
+def _torch_conv(layer: ConvLayer, batch: int) -> Callable[[], None] | None:
+    """The same convolution's forward and backward in PyTorch eager (channels-last)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    conv = torch.nn.Conv2d(
+        layer.cin, layer.cout, layer.kernel, layer.stride, layer.kernel // 2, bias=False
+    ).to(memory_format=torch.channels_last)
+    x = torch.randn(batch, layer.cin, layer.size, layer.size).contiguous(
+        memory_format=torch.channels_last
+    )
+    x.requires_grad_(layer.input_grad)
+
+    def step() -> None:
+        conv.zero_grad(set_to_none=True)
+        conv(x).sum().backward()
+
+    return step
+
+
+def layer_table(config, repeats: int, steps: int) -> None:
+    """Per-convolution forward+backward GFLOP/s of XLA and PyTorch, against the matmul peak."""
+    batch = config.train.batch_size
+    peak = measured_matmul_tflops("float32") * 1e3
+    print(f"\nper convolution, forward + backward at batch {batch}, median of {repeats} "
+          f"rounds of {steps} calls; matmul peak here (2048^3 float32, jitted): "
+          f"{peak:.0f} GFLOP/s")  # fmt: skip
+    header = f"{'layer':<20}{'map':>6}{'cin':>5}{'cout':>5}{'k':>3}{'s':>3}{'x':>3}"
+    columns = f"{'GFLOP':>8}{'XLA ms':>9}{'GFLOP/s':>9}{'% peak':>8}"
+    print(f"{header}{columns}{'torch ms':>10}{'GFLOP/s':>9}")
+    totals = [0.0, 0.0]
+    for layer in conv_layers(config):
+        fns = {"xla": _xla_conv(layer, batch)}
+        torch_fn = _torch_conv(layer, batch)
+        if torch_fn is not None:
+            fns["torch"] = torch_fn
+        for fn in fns.values():
+            fn()
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                for _ in range(steps):
+                    fn()
+                times[name].append((time.perf_counter() - start) / steps)
+        gflop = layer.flops(batch) / 1e9
+        xla = statistics.median(times["xla"])
+        totals[0] += layer.count * xla
+        row = (
+            f"{layer.name:<20}{layer.size:>6}{layer.cin:>5}{layer.cout:>5}{layer.kernel:>3}"
+            f"{layer.stride:>3}{layer.count:>3}{gflop:>8.3f}{1e3 * xla:>9.2f}"
+            f"{gflop / xla:>9.0f}{100 * gflop / xla / peak:>8.1f}"
+        )
+        if "torch" in times:
+            torch_t = statistics.median(times["torch"])
+            totals[1] += layer.count * torch_t
+            row += f"{1e3 * torch_t:>10.2f}{gflop / torch_t:>9.0f}"
+        print(row, flush=True)
+    print(f"{'all convolutions':<20}{'':>25}{'':>8}{1e3 * totals[0]:>9.2f}{'':>17}"
+          f"{1e3 * totals[1]:>10.2f}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--layers", action="store_true", help="also time every convolution on its own"
+    )
     args = parser.parse_args()
 
     config = get_config()
@@ -168,6 +307,15 @@ def main() -> None:
         print(f"{name:16s} {1e3 * t:9.1f} {bs / t:9.0f} {t / ref:17.2f}")
     if torch_step is None:
         print("torch eager: PyTorch not installed (pip install torch==2.13.0 to compare)")
+    dtype = str(config.model.dtype)
+    print(f"\nachieved throughput on {jax.devices()[0].device_kind} ({dtype} compute):")
+    flops = compiled_flops(step, state[0], batch)
+    print(throughput_line("jdml step", flops, ref, dtype))
+    params, stats, opt_state = plain[0]
+    flops = compiled_flops(plain_update, params, stats, opt_state, batch["images"])
+    print(throughput_line("backbone only", flops, statistics.median(times["backbone only"]), dtype))
+    if args.layers:
+        layer_table(config, args.repeats, args.steps)
 
 
 if __name__ == "__main__":

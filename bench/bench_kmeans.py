@@ -1,0 +1,118 @@
+"""k-means for NMI/F1 against faiss-cpu's k-means, the same number of Lloyd iterations.
+
+For each ``--cases`` entry N x D x K (clustered embeddings: K noisy class centres, N / K points
+each), times in the same process, alternating rounds, each timed call after a short idle:
+
+* jdml ``kmeans`` with each of ``--inits`` (``random``: K points drawn uniformly, as faiss;
+  ``reference``: faiss's own initialisation, Lloyd iterations and empty-cluster rule, which
+  reproduces faiss's clustering; ``k-means++``: jdml's default seeding, which costs K
+  sequential passes over the points on top of the iterations);
+* ``faiss.Clustering`` with ``niter`` equal, one run (``nredo=1``), no subsampling
+  (``max_points_per_centroid`` above N, as the evaluation runs it) on an exact
+  ``IndexFlatL2``.
+
+Prints the median seconds, faiss / jdml, the NMI of each clustering against the classes (a
+check that the clusterings are alike, not a goal), and whether jdml's ``reference``
+assignments equal faiss's.
+
+Usage: python bench/bench_kmeans.py [--cases 20000x128x5,20000x128x1000] [--iters 20]
+           [--inits random,reference,k-means++] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from sklearn.metrics import normalized_mutual_info_score
+
+from jdml.evaluation.kmeans import kmeans
+
+PAUSE_S = 0.05  # idle before every timed call (faiss's OpenMP threads spin after their work)
+DEFAULT_CASES = "20000x128x5,20000x128x100,20000x128x1000,20000x128x5000,60000x128x20000"
+
+
+def clustered(n: int, dim: int, classes: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(n, dim) float32 points around ``classes`` random centres, and their (n,) classes."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(n) % classes
+    centres = rng.standard_normal((classes, dim))
+    x = centres[labels] + 0.8 * rng.standard_normal((n, dim))
+    return x.astype(np.float32), labels
+
+
+def faiss_kmeans(x: np.ndarray, k: int, iters: int) -> np.ndarray:
+    """faiss's k-means as the evaluation runs it; returns the (N,) assignments."""
+    import faiss
+
+    faiss.omp_set_num_threads(os.cpu_count() or 1)
+    clustering = faiss.Clustering(x.shape[1], k)
+    clustering.niter = iters
+    clustering.nredo = 1
+    clustering.seed = 1234
+    clustering.max_points_per_centroid = 10**9
+    clustering.verbose = False
+    index = faiss.IndexFlatL2(x.shape[1])
+    clustering.train(x, index)
+    return index.search(x, 1)[1][:, 0]
+
+
+def timed(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, tuple[float, Any]]:
+    """Median seconds and last result of each function: one warm-up, then alternating rounds."""
+    outs = {name: jax.block_until_ready(fn()) for name, fn in fns.items()}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            time.sleep(PAUSE_S)
+            start = time.perf_counter()
+            outs[name] = jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - start)
+    return {name: (statistics.median(times[name]), outs[name]) for name in fns}
+
+
+def run_case(n: int, dim: int, k: int, iters: int, inits: list[str], repeats: int) -> None:
+    """Times and prints one N x D x K case."""
+    x, labels = clustered(n, dim, k)
+    fns: dict[str, Callable[[], Any]] = {
+        f"jdml {init}": (
+            lambda init=init: kmeans(x, k, seed=0, num_iters=iters, init=init).assignments
+        )
+        for init in inits
+    }
+    fns["faiss Clustering"] = lambda: faiss_kmeans(x, k, iters)
+    results = timed(fns, repeats)
+    faiss_s = results["faiss Clustering"][0]
+    for name, (seconds, assignments) in results.items():
+        nmi = 100 * normalized_mutual_info_score(labels, np.asarray(assignments))
+        print(f"{n:>7}{dim:>6}{k:>7}  {name:<20}{seconds:>9.3f}{faiss_s / seconds:>12.2f}"
+              f"{nmi:>8.2f}", flush=True)  # fmt: skip
+    if "jdml reference" in results:
+        same = np.array_equal(
+            np.asarray(results["jdml reference"][1]), results["faiss Clustering"][1]
+        )
+        print(f"{'':>22}jdml reference assignments equal faiss's: {'yes' if same else 'NO'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", default=DEFAULT_CASES, help="N x D x K, comma-separated")
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--inits", default="random,reference,k-means++")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    inits = args.inits.split(",")
+    print(f"jax {jax.__version__} on {jax.devices()[0]}; {os.cpu_count()} CPUs; {args.iters} "
+          f"Lloyd iterations; median of {args.repeats} alternating rounds")  # fmt: skip
+    print(f"{'N':>7}{'D':>6}{'K':>7}  {'method':<20}{'s':>9}{'faiss / it':>12}{'NMI %':>8}")
+    for case in args.cases.split(","):
+        run_case(*(int(v) for v in case.split("x")), args.iters, inits, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Peak matmul throughput of the device a benchmark runs on, for its achieved-TFLOP/s columns.
+
+The benchmarks run unchanged on CPU, GPU and TPU. Each prints the floating-point operations of
+its jitted work (XLA's own count, :func:`compiled_flops`), the achieved TFLOP/s, and their
+fraction of the device's peak: the data-sheet dense peak for a known accelerator
+(:data:`PEAK_TFLOPS`), or else a peak measured here with a large jitted matmul
+(:func:`measured_matmul_tflops`), which is what a CPU gets.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+# Dense (no sparsity) peak TFLOP/s per chip from the vendors' data sheets, by the start of
+# ``jax.Device.device_kind``: (float32 without tensor cores, bfloat16 on the matrix units).
+# TPUs have no float32 matrix unit: their float32 matmuls run in bfloat16 passes (one at JAX's
+# default precision), so only the bfloat16 peak is listed. On Ampere and later GPUs a float32
+# matmul may use TF32 tensor cores and exceed the float32 figure.
+PEAK_TFLOPS: dict[str, tuple[float | None, float]] = {
+    "NVIDIA H100": (67.0, 989.0),
+    "NVIDIA A100": (19.5, 312.0),
+    "NVIDIA L4": (30.3, 121.0),
+    "NVIDIA A10": (31.2, 125.0),
+    "TPU v6 lite": (None, 918.0),
+    "TPU v5p": (None, 459.0),
+    "TPU v5 lite": (None, 197.0),
+    "TPU v5e": (None, 197.0),
+    "TPU v4": (None, 275.0),
+}
+
+
+def compiled_flops(fn: Callable[..., Any], *args: Any) -> float | None:
+    """XLA's count of the floating-point operations of one call of jitted ``fn`` on ``args``.
+
+    Args:
+      fn: a jitted function (``jax.jit`` result).
+      args: example arguments (only their shapes and dtypes matter; nothing runs).
+
+    Returns:
+      The flops of the compiled program, or None where the backend gives no cost analysis.
+    """
+    analysis = fn.lower(*args).compile().cost_analysis()
+    if isinstance(analysis, list | tuple):  # older JAX: one dict per program
+        analysis = analysis[0] if analysis else None
+    flops = (analysis or {}).get("flops")
+    return float(flops) if flops is not None and flops > 0 else None
+
+
+@functools.cache
+def measured_matmul_tflops(dtype: str = "float32", size: int = 2048, repeats: int = 5) -> float:
+    """TFLOP/s of a jitted (size x size) @ (size x size) matmul on the default device, best of
+    ``repeats`` after a warm-up: the practical peak where no data-sheet figure applies."""
+    a = jnp.ones((size, size), dtype)
+    matmul = jax.jit(lambda x: x @ x)
+    jax.block_until_ready(matmul(a))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(matmul(a))
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e12
+
+
+def device_peak(dtype: str = "float32") -> tuple[float, str]:
+    """The peak TFLOP/s of the default device for ``dtype`` matmuls, and where it comes from.
+
+    Args:
+      dtype: the compute dtype, "float32" or "bfloat16".
+
+    Returns:
+      (TFLOP/s, a short description: the device kind and "data sheet", or "measured matmul").
+    """
+    kind = jax.devices()[0].device_kind
+    for prefix, (float32, bfloat16) in PEAK_TFLOPS.items():
+        if kind.startswith(prefix):
+            peak = bfloat16 if dtype == "bfloat16" or float32 is None else float32
+            return peak, f"{kind}, {dtype} data-sheet peak"
+    return measured_matmul_tflops(dtype), f"{kind}, measured {dtype} 2048^3 matmul"
+
+
+def throughput_line(name: str, flops: float | None, seconds: float, dtype: str) -> str:
+    """One printed line: the achieved TFLOP/s of ``flops`` in ``seconds`` and the fraction of
+    the device's peak (or why there is none)."""
+    if flops is None:
+        return f"{name}: no flop count from this backend"
+    peak, source = device_peak(dtype)
+    achieved = flops / seconds / 1e12
+    return (
+        f"{name}: {flops / 1e9:.2f} GFLOP in {1e3 * seconds:.1f} ms = {achieved:.3f} TFLOP/s, "
+        f"{100 * achieved / peak:.1f}% of {peak:.3f} TFLOP/s ({source})"
+    )

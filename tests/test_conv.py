@@ -1,0 +1,90 @@
+"""jdml.nn.conv: values and gradients equal XLA's convolution and an explicit float64 sum, the
+kernel gradient in batch pieces included; Conv has nn.Conv's parameters and init."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from jdml.nn import conv as conv_module
+from jdml.nn.conv import Conv, conv2d, kernel_grad_pieces
+
+
+def xla_conv(x: jax.Array, kernel: jax.Array, stride: int) -> jax.Array:
+    dims = ("NHWC", "HWIO", "NHWC")
+    return lax.conv_general_dilated(x, kernel, (stride, stride), "SAME", dimension_numbers=dims)
+
+
+def explicit_conv(x: np.ndarray, kernel: np.ndarray, stride: int) -> np.ndarray:
+    """SAME convolution as a float64 sum over kernel taps (TensorFlow's SAME padding)."""
+    k = kernel.shape[0]
+    b, h, w, _ = x.shape
+    out_h, out_w = -(-h // stride), -(-w // stride)
+    pad_h = max((out_h - 1) * stride + k - h, 0)
+    pad_w = max((out_w - 1) * stride + k - w, 0)
+    xp = np.pad(
+        x, ((0, 0), (pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2), (0, 0))
+    )
+    out = np.zeros((b, out_h, out_w, kernel.shape[-1]))
+    for i in range(k):
+        for j in range(k):
+            window = xp[:, i : i + stride * out_h : stride, j : j + stride * out_w : stride]
+            out += window @ kernel[i, j]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("shape", "kernel_size", "stride", "pieces_min"),
+    [
+        ((8, 9, 9, 3), 3, 1, 64),  # 81 output positions: kernel gradient in 8 pieces
+        ((6, 16, 16, 2), 3, 2, 64),  # 64 output positions, stride 2: 6 pieces
+        ((4, 7, 5, 3), 3, 2, 64),  # 12 positions: XLA's kernel gradient
+        ((4, 6, 6, 3), 3, 1, 1),  # forced pieces on a small map
+        ((3, 8, 8, 4), 1, 2, 64),  # 1x1, strided: a matmul on every other pixel
+        ((3, 7, 7, 4), 1, 1, 64),
+    ],
+)
+def test_values_and_gradients(
+    monkeypatch: pytest.MonkeyPatch, shape, kernel_size: int, stride: int, pieces_min: int
+) -> None:
+    monkeypatch.setattr(conv_module, "PIECES_MIN_POSITIONS", pieces_min)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=shape)
+    kernel = rng.normal(size=(kernel_size, kernel_size, shape[-1], 5))
+    xj, kj = jnp.asarray(x, jnp.float32), jnp.asarray(kernel, jnp.float32)
+    expected = explicit_conv(x, kernel, stride)
+    np.testing.assert_allclose(conv2d(xj, kj, stride), expected, rtol=1e-4, atol=1e-4)
+    weights = jnp.asarray(rng.normal(size=expected.shape), jnp.float32)
+
+    def loss(fn):
+        return lambda x, k: jnp.sum(weights * fn(x, k, stride))
+
+    ours = jax.jit(jax.grad(loss(conv2d), argnums=(0, 1)))(xj, kj)
+    ref = jax.grad(loss(xla_conv), argnums=(0, 1))(xj, kj)
+    for got, want in zip(ours, ref, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_pieces_divide_the_batch_on_large_maps_only() -> None:
+    assert kernel_grad_pieces(112, 256) == 8
+    assert kernel_grad_pieces(112, 64) == 8
+    assert kernel_grad_pieces(112, 16) == 1
+    assert kernel_grad_pieces(6, 64) == 6
+    assert kernel_grad_pieces(7, 64) == 7
+    assert kernel_grad_pieces(11, 100) == 1  # a prime batch above the limit: one piece
+
+
+def test_conv_has_nn_conv_parameters_and_init() -> None:
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 8, 8, 3)), jnp.float32)
+    for kernel_size, stride in ((3, 1), (3, 2), (1, 2)):
+        ours = Conv(6, kernel_size, stride, name="c")
+        ref = nn.Conv(6, (kernel_size,) * 2, (stride,) * 2, padding="SAME", use_bias=False)
+        p_ours = ours.init(jax.random.key(0), x)
+        p_ref = ref.init(jax.random.key(0), x)
+        assert jax.tree.map(jnp.shape, p_ours) == jax.tree.map(jnp.shape, p_ref)
+        np.testing.assert_array_equal(p_ours["params"]["kernel"], p_ref["params"]["kernel"])
+        np.testing.assert_allclose(ours.apply(p_ours, x), ref.apply(p_ref, x), rtol=1e-5, atol=1e-5)

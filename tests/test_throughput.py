@@ -1,0 +1,38 @@
+"""The achieved-throughput helpers of the benchmarks (jdml/throughput.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jdml import throughput
+
+
+def test_compiled_flops_counts_a_matmul() -> None:
+    a = jnp.ones((32, 48), jnp.float32)
+    b = jnp.ones((48, 16), jnp.float32)
+    flops = throughput.compiled_flops(jax.jit(jnp.matmul), a, b)
+    assert flops == pytest.approx(2 * 32 * 48 * 16)
+
+
+def test_device_peak_uses_the_data_sheet_for_known_devices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Device:
+        device_kind = "NVIDIA A100-SXM4-80GB"
+
+    monkeypatch.setattr(jax, "devices", lambda: [Device()])
+    assert throughput.device_peak("bfloat16")[0] == 312.0
+    assert throughput.device_peak("float32")[0] == 19.5
+    Device.device_kind = "TPU v4"
+    assert throughput.device_peak("float32")[0] == 275.0  # bf16 passes only
+
+
+def test_device_peak_is_measured_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(throughput, "measured_matmul_tflops", lambda dtype: 0.25)
+    peak, source = throughput.device_peak("float32")
+    assert peak == 0.25 and "measured" in source
+    line = throughput.throughput_line("step", 1e9, 0.01, "float32")
+    assert "0.100 TFLOP/s" in line and "40.0% of 0.250" in line
+    assert "no flop count" in throughput.throughput_line("step", None, 0.01, "float32")
