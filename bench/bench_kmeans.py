@@ -12,8 +12,9 @@ each), times in the same process, alternating rounds, each timed call after a sh
   ``IndexFlatL2``.
 
 Prints the median seconds, faiss / jdml, the NMI of each clustering against the classes (a
-check that the clusterings are alike, not a goal), and whether jdml's ``reference``
-assignments equal faiss's.
+check that the clusterings are alike, not a goal), and the share of points that jdml's
+``reference`` mode assigns as faiss does (float32 rounding of the two matmuls can flip
+near-ties, and a flipped point changes the later iterations).
 
 Usage: python bench/bench_kmeans.py [--cases 20000x128x5,20000x128x1000] [--iters 20]
            [--inits random,reference,k-means++] [--repeats 3]
@@ -56,11 +57,13 @@ def faiss_kmeans(x: np.ndarray, k: int, iters: int) -> np.ndarray:
     clustering.niter = iters
     clustering.nredo = 1
     clustering.seed = 1234
+    clustering.min_points_per_centroid = 1
     clustering.max_points_per_centroid = 10**9
-    clustering.verbose = False
-    index = faiss.IndexFlatL2(x.shape[1])
-    clustering.train(x, index)
-    return index.search(x, 1)[1][:, 0]
+    clustering.train(x, faiss.IndexFlatL2(x.shape[1]))
+    centroids = faiss.vector_to_array(clustering.centroids).reshape(k, x.shape[1])
+    search = faiss.IndexFlatL2(x.shape[1])  # the final centroids' nearest, as jdml's
+    search.add(centroids)
+    return search.search(x, 1)[1][:, 0]
 
 
 def timed(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, tuple[float, Any]]:
@@ -81,7 +84,12 @@ def run_case(n: int, dim: int, k: int, iters: int, inits: list[str], repeats: in
     x, labels = clustered(n, dim, k)
     fns: dict[str, Callable[[], Any]] = {
         f"jdml {init}": (
-            lambda init=init: kmeans(x, k, seed=0, num_iters=iters, init=init).assignments
+            # seed None: the reference mode's own seed, faiss's 1234, as the evaluator runs it
+            lambda init=init: (
+                kmeans(
+                    x, k, seed=None if init == "reference" else 0, num_iters=iters, init=init
+                ).assignments
+            )
         )
         for init in inits
     }
@@ -93,10 +101,8 @@ def run_case(n: int, dim: int, k: int, iters: int, inits: list[str], repeats: in
         print(f"{n:>7}{dim:>6}{k:>7}  {name:<20}{seconds:>9.3f}{faiss_s / seconds:>12.2f}"
               f"{nmi:>8.2f}", flush=True)  # fmt: skip
     if "jdml reference" in results:
-        same = np.array_equal(
-            np.asarray(results["jdml reference"][1]), results["faiss Clustering"][1]
-        )
-        print(f"{'':>22}jdml reference assignments equal faiss's: {'yes' if same else 'NO'}")
+        same = np.mean(np.asarray(results["jdml reference"][1]) == results["faiss Clustering"][1])
+        print(f"{'':>22}jdml reference assignments equal to faiss's: {100 * same:.2f}%")
 
 
 def main() -> None:

@@ -196,7 +196,7 @@ def test_host_selection_over_memory_capped_blocks_and_row_pieces(
 def test_query_blocks_grow_while_they_hold_few_scores(
     selection: str, points: np.ndarray, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Outside the tests' ``small_query_blocks``: blocks hold up to BLOCK_SCORES scores."""
+    """Outside the tests' ``small_blocks``: blocks hold up to BLOCK_SCORES scores."""
     monkeypatch.setattr(knn_module, "BLOCK_SCORES", 2**22)
     assert knn_module._query_block(1000, 1000, 512) == 1000
     assert knn_module._query_block(50_000, 20_000, 512) == 512
@@ -436,3 +436,18 @@ def test_a_metric_without_per_query_values_gets_every_neighbour_list(
     assert got["first_hits"] == got["recall@1"]
     alone = evaluate_embeddings(x, labels, ["map@r"], block_size=7)
     assert alone["map@r"] == pytest.approx(got["map@r"], abs=1e-12)
+
+
+def test_kmeans_blocks_grow_with_few_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside the tests' ``small_blocks``: assignment blocks hold up to ASSIGN_SCORES
+    distances, and the clustering is the same as with small blocks."""
+    from jdml.evaluation import kmeans as kmeans_module
+
+    x = np.random.default_rng(4).normal(size=(60, 3)).astype(np.float32)
+    small = kmeans(x, 4, seed=0, block_size=7)
+    monkeypatch.setattr(kmeans_module, "ASSIGN_SCORES", 2**22)
+    assert kmeans_module._block_rows(20_000, 5, 4096) == 20_000
+    assert kmeans_module._block_rows(20_000, 5_000, 4096) == 4096
+    grown = kmeans(x, 4, seed=0, block_size=7)
+    np.testing.assert_array_equal(np.asarray(grown.assignments), np.asarray(small.assignments))
+    np.testing.assert_allclose(np.asarray(grown.centroids), np.asarray(small.centroids), atol=1e-6)

@@ -48,6 +48,10 @@ import numpy as np
 
 DEFAULT_NUM_ITERS = 20
 DEFAULT_BLOCK_SIZE = 4096
+# With few clusters, blocks of points grow beyond ``block_size`` up to this many point-centroid
+# distances (16 MB): at K = 5 on 20,000 points one block instead of five made 20 iterations
+# 2.6x faster on CPU (small matmuls, each a separate step of a sequential map).
+ASSIGN_SCORES = 2**22
 # The clustering seed of the reference mode (faiss's default ClusteringParameters.seed), and the
 # fixed seed of its empty-cluster split.
 REFERENCE_SEED = 1234
@@ -414,6 +418,12 @@ def split_empty_clusters(
     return SplitResult(centroids, counts, np.asarray(sources, np.int64))
 
 
+def _block_rows(num_points: int, num_clusters: int, block_size: int) -> int:
+    """Points per assignment block: ``block_size``, or more while a block holds at most
+    ``ASSIGN_SCORES`` distances, and never more than the points."""
+    return max(1, min(num_points, max(block_size, ASSIGN_SCORES // num_clusters)))
+
+
 def _point_blocks(x: np.ndarray, block_size: int) -> jax.Array:
     """(N, D) points zero-padded and cut into (M, block_size, D) blocks, on the device."""
     n, dim = x.shape
@@ -505,7 +515,7 @@ def reference_kmeans(
     n = x.shape[0]
     if not 1 <= num_clusters <= n:
         raise ValueError(f"num_clusters={num_clusters} must be in [1, {n}]")
-    blocks = _point_blocks(x, min(block_size, n))
+    blocks = _point_blocks(x, _block_rows(n, num_clusters, block_size))
     if n == num_clusters:
         centroids = jnp.asarray(x)
     else:
@@ -540,7 +550,8 @@ def kmeans(
       num_iters: number of Lloyd iterations (fixed, no early stopping).
       seed: seed of the initialisation; None for the mode's default: 0 (a ``jax.random`` key)
         for "k-means++" and "random", faiss's 1234 (:data:`REFERENCE_SEED`) for "reference".
-      block_size: points per block when computing assignments.
+      block_size: points per block when computing assignments (more with few clusters, up
+        to ``ASSIGN_SCORES`` distances per block).
       init: "k-means++" (greedy k-means++ seeding, the default), "random" (K distinct points
         drawn uniformly; much faster for large K, as the seeding costs K passes over the data)
         or "reference" (faiss's k-means as the Revisiting-DML evaluation runs it, see
@@ -569,6 +580,6 @@ def kmeans(
         jax.random.key(0 if seed is None else seed),
         num_clusters=num_clusters,
         num_iters=num_iters,
-        block_size=min(block_size, x.shape[0]),
+        block_size=_block_rows(x.shape[0], num_clusters, block_size),
         init=init,
     )
