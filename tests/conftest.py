@@ -38,14 +38,12 @@ def glyph_data(glyph_cache_dir: Path) -> ImageArrays:
 
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """kNN query blocks and k-means point blocks of exactly the ``block_size`` a test passes,
-    so that the tests' small sets still span several blocks (outside tests, blocks grow while
-    they hold few scores: ``jdml.evaluation.knn.BLOCK_SCORES``,
-    ``jdml.evaluation.kmeans.ASSIGN_SCORES``)."""
-    from jdml.evaluation import kmeans, knn
+    """kNN query blocks of exactly the ``block_size`` a test passes, so that the tests' small
+    sets still span several blocks (outside tests, blocks grow while they hold few scores:
+    ``jdml.evaluation.knn.BLOCK_SCORES``)."""
+    from jdml.evaluation import knn
 
     monkeypatch.setattr(knn, "BLOCK_SCORES", 1)
-    monkeypatch.setattr(kmeans, "ASSIGN_SCORES", 1)
 
 
 @pytest.fixture(params=["xla", "host"])

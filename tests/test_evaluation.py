@@ -438,16 +438,24 @@ def test_a_metric_without_per_query_values_gets_every_neighbour_list(
     assert alone["map@r"] == pytest.approx(got["map@r"], abs=1e-12)
 
 
-def test_kmeans_blocks_grow_with_few_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Outside the tests' ``small_blocks``: assignment blocks hold up to ASSIGN_SCORES
-    distances, and the clustering is the same as with small blocks."""
+def test_kmeans_automatic_blocks_hold_assign_scores_distances(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a block_size, assignment blocks hold about ASSIGN_SCORES distances, and the
+    clustering is the same as with explicit small blocks."""
     from jdml.evaluation import kmeans as kmeans_module
 
+    assert kmeans_module._block_rows(20_000, 5, None) == 20_000
+    assert kmeans_module._block_rows(20_000, 1_000, None) == 2**21 // 1_000
+    assert kmeans_module._block_rows(20_000, 50_000, None) == kmeans_module.MIN_BLOCK_ROWS
+    assert kmeans_module._block_rows(20_000, 5, 7) == 7
     x = np.random.default_rng(4).normal(size=(60, 3)).astype(np.float32)
     small = kmeans(x, 4, seed=0, block_size=7)
-    monkeypatch.setattr(kmeans_module, "ASSIGN_SCORES", 2**22)
-    assert kmeans_module._block_rows(20_000, 5, 4096) == 20_000
-    assert kmeans_module._block_rows(20_000, 5_000, 4096) == 4096
-    grown = kmeans(x, 4, seed=0, block_size=7)
-    np.testing.assert_array_equal(np.asarray(grown.assignments), np.asarray(small.assignments))
-    np.testing.assert_allclose(np.asarray(grown.centroids), np.asarray(small.centroids), atol=1e-6)
+    monkeypatch.setattr(kmeans_module, "ASSIGN_SCORES", 4 * 13)  # blocks of 13 points
+    for init in ("k-means++", "reference"):
+        got = kmeans(x, 4, seed=0 if init != "reference" else None, init=init)
+        want = kmeans(x, 4, seed=0 if init != "reference" else None, init=init, block_size=7)
+        np.testing.assert_array_equal(np.asarray(got.assignments), np.asarray(want.assignments))
+    auto = kmeans(x, 4, seed=0)
+    np.testing.assert_array_equal(np.asarray(auto.assignments), np.asarray(small.assignments))
+    np.testing.assert_allclose(np.asarray(auto.centroids), np.asarray(small.centroids), atol=1e-6)
