@@ -445,7 +445,7 @@ def _point_blocks(x: np.ndarray, block_size: int) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("num_points",))
 def _reference_update(
-    blocks: jax.Array, centroids: jax.Array, *, num_points: int
+    points: jax.Array, blocks: jax.Array, centroids: jax.Array, *, num_points: int
 ) -> tuple[jax.Array, jax.Array]:
     """One Lloyd update of the reference mode, before the empty-cluster split.
 
@@ -454,17 +454,19 @@ def _reference_update(
     ``compute_centroids``); an empty cluster's centroid becomes 0 (it is filled by the split).
 
     Args:
-      blocks: (M, B, D) points, zero-padded to M * B >= N rows.
+      points: (N, D) points.
+      blocks: the same points zero-padded to M * B >= N rows, as (M, B, D) blocks.
       centroids: (K, D) current centroids.
-      num_points: N, the number of real (unpadded) points.
+      num_points: N.
 
     Returns:
       (K, D) float32 new centroids and (K,) float32 cluster sizes.
     """
-    num_clusters, dim = centroids.shape
+    num_clusters = centroids.shape[0]
     assignments = _assign(blocks, centroids)[0][:num_points]
-    x = blocks.reshape(-1, dim)[:num_points]
-    sums = jax.ops.segment_sum(x, assignments, num_segments=num_clusters)
+    # The sums read ``points``, not a slice of the blocks: with one block, XLA fused that slice
+    # into the scatter and the update took twice as long.
+    sums = jax.ops.segment_sum(points, assignments, num_segments=num_clusters)
     counts = jax.ops.segment_sum(
         jnp.ones((num_points,), jnp.float32), assignments, num_segments=num_clusters
     )
@@ -527,12 +529,13 @@ def reference_kmeans(
     if not 1 <= num_clusters <= n:
         raise ValueError(f"num_clusters={num_clusters} must be in [1, {n}]")
     blocks = _point_blocks(x, _block_rows(n, num_clusters, block_size))
+    points = jnp.asarray(x)
     if n == num_clusters:
         centroids = jnp.asarray(x)
     else:
         centroids = jnp.asarray(x[reference_permutation(n, num_clusters, seed + 1)])
         for _ in range(num_iters):
-            centroids, counts = _reference_update(blocks, centroids, num_points=n)
+            centroids, counts = _reference_update(points, blocks, centroids, num_points=n)
             counts = np.asarray(counts)
             if np.any(counts == 0):
                 split = split_empty_clusters(np.asarray(centroids), counts, n)
