@@ -27,9 +27,7 @@ import glob
 import gzip
 import json
 import os
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 
 import flax.linen as nn
@@ -47,6 +45,7 @@ from jdml.models.efficientnet import (
 )
 from jdml.nn.depthwise import depthwise_conv2d, same_padding
 from jdml.nn.pointwise import pointwise_conv
+from jdml.throughput import alternating_rounds
 
 NHWC = ("NHWC", "HWIO", "NHWC")
 
@@ -72,16 +71,9 @@ def lite0_depthwise_layers(size: int) -> list[tuple[int, int, int, int, int]]:
 
 
 def _rounds(contenders: dict[str, Callable[[], None]], repeats: int, steps: int):
-    for fn in contenders.values():  # warm-up (compilation)
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(repeats):
-        for name, fn in contenders.items():
-            start = time.perf_counter()
-            for _ in range(steps):
-                fn()
-            times[name].append((time.perf_counter() - start) / steps)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    """Median seconds per call of each contender (:func:`jdml.throughput.alternating_rounds`)."""
+    timings = alternating_rounds(contenders, repeats, calls=steps)
+    return {name: timing.median for name, timing in timings.items()}
 
 
 def _gradient_table(

@@ -34,10 +34,8 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +46,7 @@ from sklearn.neighbors import NearestNeighbors
 from jdml.evaluation.evaluator import evaluate_embeddings, format_table
 from jdml.evaluation.kmeans import kmeans
 from jdml.evaluation.knn import knn
-from jdml.throughput import throughput_line
+from jdml.throughput import alternating_rounds, throughput_line
 
 # Idle time before every timed call, so that the thread pools of the previous call (faiss's
 # OpenMP threads spin for a while after their work) do not slow the next one down.
@@ -56,32 +54,6 @@ PAUSE_S = 0.05
 # Rounds of the grid's cases of milliseconds (N^2 D <= 1e9), whose times vary more.
 SMALL_REPEATS = 15
 EVAL_METRICS = ("recall@1", "recall@2", "recall@4", "recall@8", "map@r", "map@c", "nmi")
-
-
-def timed(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, tuple[float, float, Any]]:
-    """Times several functions, interleaved so that load changes affect them alike.
-
-    Each function runs once as warm-up, then the functions run in turn, ``repeats`` rounds.
-
-    Args:
-      fns: name -> the work to time; results are waited for with ``jax.block_until_ready``.
-      repeats: number of timed rounds.
-
-    Returns:
-      name -> (warm-up seconds, median seconds of the timed runs, result of the last run).
-    """
-    warmup, times, outs = {}, {name: [] for name in fns}, {}
-    for name, fn in fns.items():
-        start = time.perf_counter()
-        outs[name] = jax.block_until_ready(fn())
-        warmup[name] = time.perf_counter() - start
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            time.sleep(PAUSE_S)
-            start = time.perf_counter()
-            outs[name] = jax.block_until_ready(fn())
-            times[name].append(time.perf_counter() - start)
-    return {name: (warmup[name], statistics.median(times[name]), outs[name]) for name in fns}
 
 
 def ours_knn(x: np.ndarray, k: int) -> np.ndarray:
@@ -180,9 +152,10 @@ def grid_case(n: int, dim: int, k: int, mode: str, repeats: int, peak_only: bool
 
     faiss.omp_set_num_threads(os.cpu_count() or 1)
     fns = {"jdml": ours, "faiss": lambda: faiss_search(faiss, x, gallery, k)[1]}
-    timings = timed(fns, repeats if n * n * dim > 10**9 else max(repeats, SMALL_REPEATS))
-    same = equal_up_to_ties(x, refs, timings["jdml"][2], timings["faiss"][2])
-    return {"jdml_s": timings["jdml"][1], "faiss_s": timings["faiss"][1], "equal": same}
+    rounds = repeats if n * n * dim > 10**9 else max(repeats, SMALL_REPEATS)
+    timings = alternating_rounds(fns, rounds, pause=PAUSE_S)
+    same = equal_up_to_ties(x, refs, timings["jdml"].result, timings["faiss"].result)
+    return {"jdml_s": timings["jdml"].median, "faiss_s": timings["faiss"].median, "equal": same}
 
 
 def numpy_retrieval(neighbour_labels: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -220,10 +193,11 @@ def metrics_case(n: int, dim: int, class_size: int, repeats: int) -> dict:
         _, found = faiss_search(faiss, x, None, k)
         return numpy_retrieval(labels[found], labels)
 
-    timings = timed({"jdml": ours, "faiss": reference}, repeats)
-    a, b = timings["jdml"][2], timings["faiss"][2]
+    timings = alternating_rounds({"jdml": ours, "faiss": reference}, repeats, pause=PAUSE_S)
+    a, b = timings["jdml"].result, timings["faiss"].result
     same = all(abs(a[m] - b[m]) <= 1e-6 for m in a)
-    return {"jdml_s": timings["jdml"][1], "faiss_s": timings["faiss"][1], "equal": same, "k": k}
+    jdml_s, faiss_s = timings["jdml"].median, timings["faiss"].median
+    return {"jdml_s": jdml_s, "faiss_s": faiss_s, "equal": same, "k": k}
 
 
 def run_metrics(args: argparse.Namespace) -> None:
@@ -330,18 +304,19 @@ def main() -> None:
         print("faiss not installed")
     else:
         fns[f"faiss IndexFlatL2 ({faiss.__version__})"] = lambda: faiss_knn(faiss, x, args.k)
-    timings = timed(fns, args.repeats)
-    ours_t = timings["jdml knn (jit, blocked)"][1]
+    timings = alternating_rounds(fns, args.repeats, pause=PAUSE_S)
+    ours_t = timings["jdml knn (jit, blocked)"].median
 
     print(f"\nall-vs-all top-{args.k} kNN, self excluded (median of {args.repeats}):")
     print(f"{'method':<32}{'warm-up s':>11}{'median s':>10}{'ours / it':>11}")
-    for name, (warm, median, _) in timings.items():
+    for name, timing in timings.items():
+        warm, median = timing.first, timing.median
         print(f"{name:<32}{warm:>11.3f}{median:>10.3f}{ours_t / median:>11.2f}")
     # The work is the score matmuls, 2 N^2 (D + 1) flops; the selection adds no flops.
     flops = 2.0 * args.n * args.n * (args.dim + 1)
     print(throughput_line("jdml knn score matmuls", flops, ours_t, "float32"))
 
-    outs = {name.split()[0]: out for name, (_, _, out) in timings.items()}
+    outs = {name.split()[0]: timing.result for name, timing in timings.items()}
     ours, sk, fa = outs["jdml"], outs["sklearn"], outs.get("faiss")
     subset = np.random.default_rng(1).choice(args.n, 500, replace=False)
     truth = exact_neighbours(x, subset, args.k)
@@ -357,7 +332,7 @@ def main() -> None:
 
     emb, labels = clustered_embeddings(args.n, args.dim, args.classes, seed=2)
     max_class = int(np.bincount(labels).max())
-    parts = timed(
+    parts = alternating_rounds(
         {
             "evaluate_embeddings (all metrics)": lambda: evaluate_embeddings(
                 emb, labels, EVAL_METRICS
@@ -366,15 +341,16 @@ def main() -> None:
             f"  of which k-means, {args.classes} clusters": lambda: kmeans(emb, args.classes),
         },
         args.repeats,
+        pause=PAUSE_S,
     )
     print(
         f"\n{', '.join(EVAL_METRICS)} on {args.n} x {args.dim} embeddings in {args.classes} "
         f"classes (median of {args.repeats}):"
     )
     print(f"{'step':<40}{'first call s':>14}{'median s':>10}")
-    for name, (warm, median, _) in parts.items():
-        print(f"{name:<40}{warm:>14.3f}{median:>10.3f}")
-    print(format_table({"clustered": parts["evaluate_embeddings (all metrics)"][2]}))
+    for name, timing in parts.items():
+        print(f"{name:<40}{timing.first:>14.3f}{timing.median:>10.3f}")
+    print(format_table({"clustered": parts["evaluate_embeddings (all metrics)"].result}))
 
 
 if __name__ == "__main__":

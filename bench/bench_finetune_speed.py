@@ -23,8 +23,6 @@ Usage: python bench/bench_finetune_speed.py [--sizes 64,96,128] [--frozen -1,3] 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import jax
@@ -43,6 +41,7 @@ from jdml.models.efficientnet import (
 from jdml.models.pretrained.efficientnet import packaged_weights
 from jdml.run import Run
 from jdml.step import make_train_step
+from jdml.throughput import alternating_rounds
 
 
 def contenders(size: int, frozen: int, embed_batch: int) -> dict[str, Callable[[], None]]:
@@ -240,19 +239,12 @@ def main() -> None:
             for part, fn in contenders(size, f, args.embed_batch).items():
                 if part.endswith("embed") and f != frozen[0]:
                     continue  # freezing does not change the forward pass
-                fn()  # compile and warm up
                 fns[(part, size, f)] = fn
-    times: dict[tuple, list[float]] = {key: [] for key in fns}
-    for _ in range(args.repeats):
-        for key, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                fn()
-            times[key].append((time.perf_counter() - t0) / args.steps)
+    times = alternating_rounds(fns, args.repeats, calls=args.steps)
     rate = {}
-    for (part, size, f), ts in times.items():
+    for (part, size, f), timing in times.items():
         count = 112 if part.endswith("train") else args.embed_batch
-        rate[part, size, f] = count / statistics.median(ts)
+        rate[part, size, f] = count / timing.median
     print(f"{'':<11} {'size':>6}  {'frozen_stages':>13}  {'jdml':>8}  {'torch':>8}  jdml/torch")
     for (part, size, f), value in rate.items():
         if part.startswith("torch"):

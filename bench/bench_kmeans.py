@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +32,7 @@ import numpy as np
 from sklearn.metrics import normalized_mutual_info_score
 
 from jdml.evaluation.kmeans import kmeans
+from jdml.throughput import alternating_rounds
 
 PAUSE_S = 0.05  # idle before every timed call (faiss's OpenMP threads spin after their work)
 DEFAULT_CASES = "20000x128x5,20000x128x100,20000x128x1000,20000x128x5000,60000x128x20000"
@@ -66,19 +65,6 @@ def faiss_kmeans(x: np.ndarray, k: int, iters: int) -> np.ndarray:
     return search.search(x, 1)[1][:, 0]
 
 
-def timed(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, tuple[float, Any]]:
-    """Median seconds and last result of each function: one warm-up, then alternating rounds."""
-    outs = {name: jax.block_until_ready(fn()) for name, fn in fns.items()}
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            time.sleep(PAUSE_S)
-            start = time.perf_counter()
-            outs[name] = jax.block_until_ready(fn())
-            times[name].append(time.perf_counter() - start)
-    return {name: (statistics.median(times[name]), outs[name]) for name in fns}
-
-
 def run_case(n: int, dim: int, k: int, iters: int, inits: list[str], repeats: int) -> None:
     """Times and prints one N x D x K case."""
     x, labels = clustered(n, dim, k)
@@ -94,14 +80,16 @@ def run_case(n: int, dim: int, k: int, iters: int, inits: list[str], repeats: in
         for init in inits
     }
     fns["faiss Clustering"] = lambda: faiss_kmeans(x, k, iters)
-    results = timed(fns, repeats)
-    faiss_s = results["faiss Clustering"][0]
-    for name, (seconds, assignments) in results.items():
-        nmi = 100 * normalized_mutual_info_score(labels, np.asarray(assignments))
+    results = alternating_rounds(fns, repeats, pause=PAUSE_S)
+    faiss_s = results["faiss Clustering"].median
+    for name, timing in results.items():
+        seconds = timing.median
+        nmi = 100 * normalized_mutual_info_score(labels, np.asarray(timing.result))
         print(f"{n:>7}{dim:>6}{k:>7}  {name:<20}{seconds:>9.3f}{faiss_s / seconds:>12.2f}"
               f"{nmi:>8.2f}", flush=True)  # fmt: skip
     if "jdml reference" in results:
-        same = np.mean(np.asarray(results["jdml reference"][1]) == results["faiss Clustering"][1])
+        ours, theirs = results["jdml reference"].result, results["faiss Clustering"].result
+        same = np.mean(np.asarray(ours) == theirs)
         print(f"{'':>22}jdml reference assignments equal to faiss's: {100 * same:.2f}%")
 
 

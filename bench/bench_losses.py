@@ -15,8 +15,6 @@ Usage: python bench/bench_losses.py [--repeats 5] [--calls 20]
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import jax
@@ -27,6 +25,7 @@ from configs.revisiting import DEFAULT_MINER, get_config
 from jdml.losses import LOSSES
 from jdml.methods import StandardMethod
 from jdml.models.embedding import l2_normalize
+from jdml.throughput import alternating_rounds
 
 BATCH, DIM, SPC = 112, 128, 2
 NUM_CLASSES = 100
@@ -104,13 +103,6 @@ def _pml_call(factory, raw: np.ndarray, labels: np.ndarray, normalize: bool) -> 
     return call
 
 
-def _median_time(fn: Callable[[], object], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -135,13 +127,8 @@ def main() -> None:
         if loss in pml:
             normalize = get_config(f"loss={loss}").model.normalize
             contenders["pml"] = _pml_call(pml[loss], raw, labels, normalize)
-        for fn in contenders.values():  # warm-up / compile
-            fn()
-        times: dict[str, list[float]] = {k: [] for k in contenders}
-        for _ in range(args.repeats):
-            for name, fn in contenders.items():
-                times[name].append(_median_time(fn, args.calls))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        timings = alternating_rounds(contenders, args.repeats, calls=args.calls)
+        med = {name: timing.median for name, timing in timings.items()}
         rows.append((loss, DEFAULT_MINER[loss] or "-", med.get("jdml"), med.get("pml")))
 
     print(f"batch {BATCH}, D {DIM}, SPC-{SPC}; median ms per forward+backward (miner included)")

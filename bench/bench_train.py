@@ -20,14 +20,17 @@ matmul elsewhere); the script runs unchanged on CPU, GPU and TPU.
 ``--layers`` then times every convolution of the network on its own, forward and backward, in
 XLA and in PyTorch, and prints its GFLOP/s and the fraction of the matmul peak measured here.
 
-Usage: python bench/bench_train.py [--steps 20] [--repeats 3] [--layers]
+``--set KEY=VALUE`` (repeatable) changes the config first, to time another network on both
+sides, e.g. ``--set "model.stage_strides=(2, 2, 1)"`` or ``--set model.dtype=bfloat16`` (the
+PyTorch network follows the model keys; it stays float32).
+
+Usage: python bench/bench_train.py [--steps 20] [--repeats 3] [--layers] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import ast
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -41,7 +44,12 @@ from jdml.data.pipeline import TrainBatch, train_batches
 from jdml.nn.conv import conv2d
 from jdml.run import Run
 from jdml.step import make_train_step
-from jdml.throughput import compiled_flops, measured_matmul_tflops, throughput_line
+from jdml.throughput import (
+    alternating_rounds,
+    compiled_flops,
+    measured_matmul_tflops,
+    throughput_line,
+)
 
 
 def _torch_step(config, batch_np: np.ndarray) -> Callable[[], None] | None:
@@ -194,17 +202,9 @@ def layer_table(config, repeats: int, steps: int) -> None:
         torch_fn = _torch_conv(layer, batch)
         if torch_fn is not None:
             fns["torch"] = torch_fn
-        for fn in fns.values():
-            fn()
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(repeats):
-            for name, fn in fns.items():
-                start = time.perf_counter()
-                for _ in range(steps):
-                    fn()
-                times[name].append((time.perf_counter() - start) / steps)
+        times = alternating_rounds(fns, repeats, calls=steps)
         gflop = layer.flops(batch) / 1e9
-        xla = statistics.median(times["xla"])
+        xla = times["xla"].median
         totals[0] += layer.count * xla
         row = (
             f"{layer.name:<20}{layer.size:>6}{layer.cin:>5}{layer.cout:>5}{layer.kernel:>3}"
@@ -212,12 +212,36 @@ def layer_table(config, repeats: int, steps: int) -> None:
             f"{gflop / xla:>9.0f}{100 * gflop / xla / peak:>8.1f}"
         )
         if "torch" in times:
-            torch_t = statistics.median(times["torch"])
+            torch_t = times["torch"].median
             totals[1] += layer.count * torch_t
             row += f"{1e3 * torch_t:>10.2f}{gflop / torch_t:>9.0f}"
         print(row, flush=True)
     print(f"{'all convolutions':<20}{'':>25}{'':>8}{1e3 * totals[0]:>9.2f}{'':>17}"
           f"{1e3 * totals[1]:>10.2f}")  # fmt: skip
+
+
+def with_overrides(config, overrides: list[str]):
+    """``config`` with each ``KEY=VALUE`` set; a value is read as a Python literal (numbers,
+    tuples) where it is one, else kept as a string. Exits with a one-line error on a bad key."""
+    with config.unlocked():
+        for item in overrides:
+            key, sep, text = item.partition("=")
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                value = text
+            *path, name = key.split(".")
+            section = config
+            try:
+                for part in path:
+                    section = section[part]
+                if not sep or name not in section:
+                    raise KeyError(key)
+                section[name] = value
+            except (KeyError, TypeError) as e:
+                raise SystemExit(f"error: cannot set {item!r} ({e}); use --set section.key=value "
+                                 "with a key of configs/revisiting.py") from None  # fmt: skip
+    return config
 
 
 def main() -> None:
@@ -227,9 +251,16 @@ def main() -> None:
     parser.add_argument(
         "--layers", action="store_true", help="also time every convolution on its own"
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override, e.g. model.dtype=bfloat16 (repeatable)",
+    )
     args = parser.parse_args()
 
-    config = get_config()
+    config = with_overrides(get_config(), args.set)
     run = Run(config)
     bs = config.train.batch_size
     make_batch = TrainBatch(
@@ -288,22 +319,12 @@ def main() -> None:
     if torch_step is not None:
         contenders["torch eager"] = torch_step
 
-    for fn in contenders.values():  # warm-up (compilation)
-        fn()
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(args.repeats):
-        for name, fn in contenders.items():
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                fn()
-            times[name].append((time.perf_counter() - start) / args.steps)
-
-    ref = statistics.median(times["jdml step"])
+    times = alternating_rounds(contenders, args.repeats, calls=args.steps, warmup=2)
+    ref = times["jdml step"].median
     print(f"batch {bs}, {args.steps} steps x {args.repeats} rounds, median per step")
     print(f"{'':16s} {'ms/step':>9s} {'images/s':>9s} {'time / jdml step':>17s}")
-    for name, ts in times.items():
-        t = statistics.median(ts)
+    for name, timing in times.items():
+        t = timing.median
         print(f"{name:16s} {1e3 * t:9.1f} {bs / t:9.0f} {t / ref:17.2f}")
     if torch_step is None:
         print("torch eager: PyTorch not installed (pip install torch==2.13.0 to compare)")
@@ -313,7 +334,7 @@ def main() -> None:
     print(throughput_line("jdml step", flops, ref, dtype))
     params, stats, opt_state = plain[0]
     flops = compiled_flops(plain_update, params, stats, opt_state, batch["images"])
-    print(throughput_line("backbone only", flops, statistics.median(times["backbone only"]), dtype))
+    print(throughput_line("backbone only", flops, times["backbone only"].median, dtype))
     if args.layers:
         layer_table(config, args.repeats, args.steps)
 

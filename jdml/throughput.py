@@ -1,4 +1,7 @@
-"""Peak matmul throughput of the device a benchmark runs on, for its achieved-TFLOP/s columns.
+"""How the benchmarks time their contenders, and the device peak for their TFLOP/s columns.
+
+Every benchmark times its contenders with :func:`alternating_rounds`: in the same process, in
+turn, round after round, so that a change in the machine's load affects them alike.
 
 The benchmarks run unchanged on CPU, GPU and TPU. Each prints the floating-point operations of
 its jitted work (XLA's own count, :func:`compiled_flops`), the achieved TFLOP/s, and their
@@ -10,9 +13,10 @@ fraction of the device's peak: the data-sheet dense peak for a known accelerator
 from __future__ import annotations
 
 import functools
+import statistics
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +37,81 @@ PEAK_TFLOPS: dict[str, tuple[float | None, float]] = {
     "TPU v5e": (None, 197.0),
     "TPU v4": (None, 275.0),
 }
+
+
+class Timing(NamedTuple):
+    """What :func:`alternating_rounds` measured for one contender.
+
+    Attributes:
+      first: seconds of the first warm-up call (compilation included).
+      rounds: seconds per call, one figure per round.
+      result: what the contender's last call returned.
+    """
+
+    first: float
+    rounds: tuple[float, ...]
+    result: Any
+
+    @property
+    def median(self) -> float:
+        """The median seconds per call over the rounds."""
+        return statistics.median(self.rounds)
+
+    @property
+    def best(self) -> float:
+        """The least disturbed round's seconds per call."""
+        return min(self.rounds)
+
+
+_Name = TypeVar("_Name", bound=Hashable)
+
+
+def alternating_rounds(
+    contenders: Mapping[_Name, Callable[[], Any]],
+    repeats: int,
+    *,
+    calls: int = 1,
+    warmup: int = 1,
+    pause: float = 0.0,
+) -> dict[_Name, Timing]:
+    """Times several contenders in turn, in the same process.
+
+    Each contender first runs ``warmup`` times (compilation, caches). Then come ``repeats``
+    rounds; in each, every contender in turn waits ``pause`` seconds idle (so that the thread
+    pools of the one before, e.g. OpenMP threads that spin after their work, are quiet) and
+    runs ``calls`` times in a row. Every call's result is waited for with
+    ``jax.block_until_ready``, so asynchronous dispatch does not hide work.
+
+    Args:
+      contenders: name (any hashable key) -> the work to time (no arguments).
+      repeats: number of timed rounds, at least 1.
+      calls: calls per contender and round; a round's figure is their mean.
+      warmup: untimed calls before the rounds, at least 1.
+      pause: seconds of idle time before each contender's calls in a round.
+
+    Returns:
+      name -> :class:`Timing`, in the order of ``contenders``.
+    """
+    if repeats < 1 or calls < 1 or warmup < 1:
+        raise ValueError("repeats, calls and warmup must be at least 1")
+    first: dict[_Name, float] = {}
+    results: dict[_Name, Any] = {}
+    for name, fn in contenders.items():
+        start = time.perf_counter()
+        results[name] = jax.block_until_ready(fn())
+        first[name] = time.perf_counter() - start
+        for _ in range(warmup - 1):
+            results[name] = jax.block_until_ready(fn())
+    rounds: dict[_Name, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, fn in contenders.items():
+            if pause > 0:
+                time.sleep(pause)
+            start = time.perf_counter()
+            for _ in range(calls):
+                results[name] = jax.block_until_ready(fn())
+            rounds[name].append((time.perf_counter() - start) / calls)
+    return {name: Timing(first[name], tuple(rounds[name]), results[name]) for name in contenders}
 
 
 def compiled_flops(fn: Callable[..., Any], *args: Any) -> float | None:

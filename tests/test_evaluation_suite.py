@@ -530,3 +530,14 @@ def test_kmeans_random_init(labelled: tuple[np.ndarray, np.ndarray]) -> None:
         kmeans(x, 8, init="kmeans||")
     got = evaluate_embeddings(x, labels, ["nmi", "f1"], kmeans_init="random")
     assert 0.0 <= got["f1"] <= 1.0 and 0.0 <= got["nmi"] <= 1.0
+    # The initial centres are the points of K distinct uniformly drawn indices.
+    from jdml.evaluation.kmeans import random_indices
+
+    drawn = random_indices(len(x), 8, seed=1)
+    assert drawn.dtype == np.int32 and len(set(drawn.tolist())) == 8
+    assert drawn.min() >= 0 and drawn.max() < len(x)
+    np.testing.assert_array_equal(drawn, random_indices(len(x), 8, seed=1))
+    assert set(random_indices(8, 8, seed=3).tolist()) == set(range(8))
+    untrained = kmeans(x, 8, seed=1, init="random", num_iters=0)
+    # (up to the rounding of centring: x - mean + mean)
+    np.testing.assert_allclose(np.asarray(untrained.centroids), x[drawn], atol=1e-6)

@@ -36,3 +36,26 @@ def test_device_peak_is_measured_elsewhere(monkeypatch: pytest.MonkeyPatch) -> N
     line = throughput.throughput_line("step", 1e9, 0.01, "float32")
     assert "0.100 TFLOP/s" in line and "40.0% of 0.250" in line
     assert "no flop count" in throughput.throughput_line("step", None, 0.01, "float32")
+
+
+def test_alternating_rounds_interleaves_and_waits_for_results() -> None:
+    order: list[str] = []
+
+    def contender(name: str):
+        def call():
+            order.append(name)
+            return jnp.ones(3) * len(order)
+
+        return call
+
+    timings = throughput.alternating_rounds(
+        {"a": contender("a"), "b": contender("b")}, repeats=3, calls=2, warmup=2
+    )
+    assert order == ["a", "a", "b", "b"] + ["a", "a", "b", "b"] * 3
+    assert list(timings) == ["a", "b"]
+    for timing in timings.values():
+        assert len(timing.rounds) == 3 and all(t >= 0 for t in timing.rounds)
+        assert timing.best <= timing.median and timing.first >= 0
+    assert float(timings["b"].result[0]) == len(order)  # the last call's result
+    with pytest.raises(ValueError, match="at least 1"):
+        throughput.alternating_rounds({"a": contender("a")}, repeats=0)

@@ -8,7 +8,8 @@
   proportional to the squared distance to the closest centre so far, keeping the candidate
   that most reduces the total squared distance. All randomness comes from one ``jax.random``
   key (fixed seed). Memory O(N) per step, never O(k N). Alternatively ``init="random"``: k
-  distinct samples drawn uniformly with ``jax.random`` (much faster for large k).
+  distinct samples drawn uniformly by NumPy on the host (:func:`random_indices`; much faster
+  for large k).
 * Iterations: a fixed number of Lloyd steps (assign every point to its nearest centroid, move
   every centroid to the mean of its points). A cluster that receives no point keeps its previous
   centroid, so the result is deterministic.
@@ -26,9 +27,10 @@ the Revisiting-DML evaluation runs it (``niter=20``, no subsampling, ``nredo=1``
   like ``std::mt19937``. With N == K the centroids are the points in order and no iteration
   runs.
 * Each iteration assigns every point to its nearest centroid (ties to the lower index), sets
-  every centroid to the float32 sum of its points times ``1 / count`` (jitted), then splits
-  clusters to fill the empty ones (:func:`split_empty_clusters`, on the host, only in an
-  iteration that leaves a cluster empty). The data is not centred, so the arithmetic is that of
+  every centroid to the float32 sum of its points times ``1 / count`` (jitted; one call runs
+  the iterations up to the next empty cluster), then splits clusters to fill the empty ones
+  (:func:`split_empty_clusters`, on the host, only in an iteration that leaves a cluster
+  empty). The data is not centred, so the arithmetic is that of
   the original coordinates (centring would also change what the split's scaling perturbs).
 * The points are finally assigned to the nearest of the final centroids.
 
@@ -77,28 +79,38 @@ class KMeansResult(NamedTuple):
     inertia: jax.Array
 
 
-def _squared_distances(x: jax.Array, centroids: jax.Array) -> jax.Array:
+def _squared_distances(
+    x: jax.Array, centroids: jax.Array, x_sq: jax.Array | None = None
+) -> jax.Array:
     """Squared Euclidean distances by the Gram expansion, clamped at 0.
 
     Args:
       x: (B, D) points.
       centroids: (K, D) centres.
+      x_sq: (B, 1) squared norms of the points if already known (the same values as computed
+        here).
 
     Returns:
       (B, K) squared distances.
     """
-    x_sq = jnp.sum(x * x, axis=-1, keepdims=True)
+    if x_sq is None:
+        x_sq = jnp.sum(x * x, axis=-1, keepdims=True)
     c_sq = jnp.sum(centroids * centroids, axis=-1)
     dots = jnp.matmul(x, centroids.T, precision=jax.lax.Precision.HIGHEST)
     return jnp.maximum(x_sq + c_sq[None, :] - 2.0 * dots, 0.0)
 
 
-def _assign(blocks: jax.Array, centroids: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _assign(
+    blocks: jax.Array, centroids: jax.Array, norms: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
     """Nearest centroid of every point, one block of points at a time.
 
     Args:
       blocks: (M, B, D) points cut into M blocks of B rows.
       centroids: (K, D) centres.
+      norms: (M, B, 1) squared norms of the points, computed once for many calls (a pass over
+        the points each call costs as much as the distances when K is small); None to compute
+        them here.
 
     Returns:
       assignments (M * B,) int32 (ties go to the lower centroid index) and the squared
@@ -107,16 +119,19 @@ def _assign(blocks: jax.Array, centroids: jax.Array) -> tuple[jax.Array, jax.Arr
 
     num_clusters = centroids.shape[0]
     positions = jnp.arange(num_clusters, dtype=jnp.int32)[None, :]
+    if norms is None:
+        norms = jnp.sum(blocks * blocks, axis=-1, keepdims=True)
 
-    def one_block(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        sq = _squared_distances(x, centroids)
+    def one_block(block: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        points, points_sq = block
+        sq = _squared_distances(points, centroids, points_sq)
         # argmin as two plain reductions (the minimum, then the lowest position holding it):
         # XLA's CPU argmin, a reduction over (value, index) pairs, took twice as long.
         closest = jnp.min(sq, axis=1, keepdims=True)
         nearest = jnp.min(jnp.where(sq == closest, positions, num_clusters), axis=1)
         return nearest, closest[:, 0]
 
-    nearest, sq = jax.lax.map(one_block, blocks)
+    nearest, sq = jax.lax.map(one_block, (blocks, norms))
     return nearest.reshape(-1), sq.reshape(-1)
 
 
@@ -185,55 +200,59 @@ def _kmeans_plus_plus(x: jax.Array, num_clusters: int, key: jax.Array) -> jax.Ar
     return centroids
 
 
-def _random_init(x: jax.Array, num_clusters: int, key: jax.Array) -> jax.Array:
-    """K distinct points drawn uniformly with ``jax.random``.
+def random_indices(num_points: int, num_clusters: int, seed: int) -> np.ndarray:
+    """K distinct point indices drawn uniformly, on the host (the "random" initialisation).
+
+    NumPy draws them in microseconds; a ``jax.random.permutation`` of 20,000 points took 10 ms
+    on CPU (XLA sorts), half of faiss's whole 20-iteration k-means at K = 5.
 
     Args:
-      x: (N, D) points.
-      num_clusters: K, number of centres.
-      key: PRNG key.
+      num_points: N.
+      num_clusters: K <= N.
+      seed: seed of ``np.random.default_rng``.
 
     Returns:
-      (K, D) initial centres.
+      (K,) int32 distinct indices in [0, N).
     """
-    return x[jax.random.permutation(key, x.shape[0])[:num_clusters]]
+    rng = np.random.default_rng(seed)
+    return rng.choice(num_points, num_clusters, replace=False).astype(np.int32)
 
 
-INITS = {"k-means++": _kmeans_plus_plus, "random": _random_init}
-# Every mode of :func:`kmeans`: the jitted initialisations, and faiss's algorithm.
-KMEANS_MODES = (*INITS, "reference")
+# Every mode of :func:`kmeans`: the two initialisations of the jitted Lloyd iterations, and
+# faiss's algorithm.
+KMEANS_MODES = ("k-means++", "random", "reference")
 
 
 @functools.partial(jax.jit, static_argnames=("num_clusters", "num_iters", "block_size", "init"))
 def _kmeans(
     x: jax.Array,
     key: jax.Array,
+    initial: jax.Array,
     *,
     num_clusters: int,
     num_iters: int,
     block_size: int,
     init: str,
 ) -> KMeansResult:
-    """Jitted body of :func:`kmeans` (same arguments; ``block_size`` already <= N)."""
-    n, dim = x.shape
+    """Jitted body of :func:`kmeans` (same arguments; ``block_size`` already <= N; ``initial``:
+    the (K,) indices of the initial centres for "random", ignored by "k-means++")."""
+    n = x.shape[0]
     mean = jnp.mean(x, axis=0)
     x = x - mean
-    num_blocks = math.ceil(n / block_size)
-    blocks = jnp.pad(x, ((0, num_blocks * block_size - n), (0, 0)))
-    blocks = blocks.reshape(num_blocks, block_size, dim)
+    blocks, norms = _point_blocks(x, block_size)
     ones = jnp.ones((n,), x.dtype)
 
     def lloyd_step(_: int, centroids: jax.Array) -> jax.Array:
-        assignments, _ = _assign(blocks, centroids)
+        assignments, _ = _assign(blocks, centroids, norms)
         assignments = assignments[:n]
         sums = jax.ops.segment_sum(x, assignments, num_segments=num_clusters)
         counts = jax.ops.segment_sum(ones, assignments, num_segments=num_clusters)
         means = sums / jnp.maximum(counts, 1.0)[:, None]
         return jnp.where((counts > 0)[:, None], means, centroids)
 
-    centroids = INITS[init](x, num_clusters, key)
+    centroids = x[initial] if init == "random" else _kmeans_plus_plus(x, num_clusters, key)
     centroids = jax.lax.fori_loop(0, num_iters, lloyd_step, centroids)
-    assignments, sq = _assign(blocks, centroids)
+    assignments, sq = _assign(blocks, centroids, norms)
     return KMeansResult(centroids + mean, assignments[:n], jnp.sum(sq[:n]))
 
 
@@ -434,18 +453,18 @@ def _block_rows(num_points: int, num_clusters: int, block_size: int | None) -> i
     return max(1, min(num_points, block_size))
 
 
-def _point_blocks(x: np.ndarray, block_size: int) -> jax.Array:
-    """(N, D) points zero-padded and cut into (M, block_size, D) blocks, on the device."""
-    n, dim = x.shape
+def _point_blocks(points: jax.Array, block_size: int) -> tuple[jax.Array, jax.Array]:
+    """(N, D) points zero-padded and cut into (M, block_size, D) blocks, and their (M,
+    block_size, 1) squared norms."""
+    n, dim = points.shape
     num_blocks = math.ceil(n / block_size)
-    padded = np.zeros((num_blocks * block_size, dim), np.float32)
-    padded[:n] = x
-    return jnp.asarray(padded.reshape(num_blocks, block_size, dim))
+    padded = jnp.pad(points, ((0, num_blocks * block_size - n), (0, 0)))
+    blocks = padded.reshape(num_blocks, block_size, dim)
+    return blocks, jnp.sum(blocks * blocks, axis=-1, keepdims=True)
 
 
-@functools.partial(jax.jit, static_argnames=("num_points",))
 def _reference_update(
-    points: jax.Array, blocks: jax.Array, centroids: jax.Array, *, num_points: int
+    points: jax.Array, blocks: jax.Array, norms: jax.Array, centroids: jax.Array, num_points: int
 ) -> tuple[jax.Array, jax.Array]:
     """One Lloyd update of the reference mode, before the empty-cluster split.
 
@@ -456,6 +475,7 @@ def _reference_update(
     Args:
       points: (N, D) points.
       blocks: the same points zero-padded to M * B >= N rows, as (M, B, D) blocks.
+      norms: (M, B, 1) squared norms of the blocks' points.
       centroids: (K, D) current centroids.
       num_points: N.
 
@@ -463,7 +483,7 @@ def _reference_update(
       (K, D) float32 new centroids and (K,) float32 cluster sizes.
     """
     num_clusters = centroids.shape[0]
-    assignments = _assign(blocks, centroids)[0][:num_points]
+    assignments = _assign(blocks, centroids, norms)[0][:num_points]
     # The sums read ``points``, not a slice of the blocks: with one block, XLA fused that slice
     # into the scatter and the update took twice as long.
     sums = jax.ops.segment_sum(points, assignments, num_segments=num_clusters)
@@ -474,13 +494,52 @@ def _reference_update(
     return sums * scale[:, None], counts
 
 
-@functools.partial(jax.jit, static_argnames=("num_points",))
+@functools.partial(jax.jit, static_argnames=("num_points", "block_size"))
+def _reference_updates(
+    points: jax.Array,
+    centroids: jax.Array,
+    remaining: jax.Array,
+    *,
+    num_points: int,
+    block_size: int,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Up to ``remaining`` updates of the reference mode in one call, stopping after the first
+    that leaves a cluster empty (the host then splits, see :func:`split_empty_clusters`).
+
+    Args:
+      points: (N, D) points.
+      centroids: (K, D) current centroids.
+      remaining: () int32, the most updates to run (at least 1).
+      num_points: N.
+      block_size: points per assignment block.
+
+    Returns:
+      The (K, D) centroids and (K,) float32 cluster sizes of the last update, and () int32 the
+      number of updates run.
+    """
+    blocks, norms = _point_blocks(points, block_size)
+
+    def more(state: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
+        _, counts, done = state
+        return (done < remaining) & jnp.all(counts > 0)
+
+    def update(state: tuple[jax.Array, jax.Array, jax.Array]) -> tuple:
+        centroids, _, done = state
+        centroids, counts = _reference_update(points, blocks, norms, centroids, num_points)
+        return centroids, counts, done + 1
+
+    start = (centroids, jnp.ones((centroids.shape[0],), jnp.float32), jnp.int32(0))
+    return jax.lax.while_loop(more, update, start)
+
+
+@functools.partial(jax.jit, static_argnames=("block_size",))
 def _final_assignment(
-    blocks: jax.Array, centroids: jax.Array, *, num_points: int
+    points: jax.Array, centroids: jax.Array, *, block_size: int
 ) -> tuple[jax.Array, jax.Array]:
     """(N,) int32 nearest centroid of every point (ties to the lower index) and the inertia."""
-    assignments, sq = _assign(blocks, centroids)
-    return assignments[:num_points], jnp.sum(sq[:num_points])
+    blocks, norms = _point_blocks(points, block_size)
+    assignments, sq = _assign(blocks, centroids, norms)
+    return assignments[: points.shape[0]], jnp.sum(sq[: points.shape[0]])
 
 
 def reference_kmeans(
@@ -528,19 +587,23 @@ def reference_kmeans(
     n = x.shape[0]
     if not 1 <= num_clusters <= n:
         raise ValueError(f"num_clusters={num_clusters} must be in [1, {n}]")
-    blocks = _point_blocks(x, _block_rows(n, num_clusters, block_size))
+    rows = _block_rows(n, num_clusters, block_size)
     points = jnp.asarray(x)
     if n == num_clusters:
-        centroids = jnp.asarray(x)
+        centroids = points
     else:
         centroids = jnp.asarray(x[reference_permutation(n, num_clusters, seed + 1)])
-        for _ in range(num_iters):
-            centroids, counts = _reference_update(points, blocks, centroids, num_points=n)
+        done = 0
+        while done < num_iters:  # one call runs every update up to the next empty cluster
+            centroids, counts, steps = _reference_updates(
+                points, centroids, jnp.int32(num_iters - done), num_points=n, block_size=rows
+            )
+            done += int(steps)
             counts = np.asarray(counts)
             if np.any(counts == 0):
                 split = split_empty_clusters(np.asarray(centroids), counts, n)
                 centroids = jnp.asarray(split.centroids)
-    assignments, inertia = _final_assignment(blocks, centroids, num_points=n)
+    assignments, inertia = _final_assignment(points, centroids, block_size=rows)
     return KMeansResult(centroids, assignments, inertia)
 
 
@@ -562,8 +625,8 @@ def kmeans(
       x: (N, D) float32 points.
       num_clusters: K, 1 <= K <= N.
       num_iters: number of Lloyd iterations (fixed, no early stopping).
-      seed: seed of the initialisation; None for the mode's default: 0 (a ``jax.random`` key)
-        for "k-means++" and "random", faiss's 1234 (:data:`REFERENCE_SEED`) for "reference".
+      seed: seed of the initialisation; None for the mode's default: 0 (a ``jax.random`` key
+        for "k-means++", a NumPy generator for "random"), faiss's 1234 (:data:`REFERENCE_SEED`) for "reference".
       block_size: points per block when computing assignments; None for blocks of about
         ``ASSIGN_SCORES`` distances.
       init: "k-means++" (greedy k-means++ seeding, the default), "random" (K distinct points
@@ -589,9 +652,16 @@ def kmeans(
             seed=REFERENCE_SEED if seed is None else seed,
             block_size=block_size,
         )
+    seed = 0 if seed is None else seed
+    initial = (
+        random_indices(x.shape[0], num_clusters, seed)
+        if init == "random"
+        else np.zeros((num_clusters,), np.int32)
+    )
     return _kmeans(
         x,
-        jax.random.key(0 if seed is None else seed),
+        jax.random.key(seed),
+        jnp.asarray(initial),
         num_clusters=num_clusters,
         num_iters=num_iters,
         block_size=_block_rows(x.shape[0], num_clusters, block_size),

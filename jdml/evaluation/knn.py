@@ -46,8 +46,8 @@ import concurrent.futures
 import functools
 import math
 import os
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Callable, Iterator
+from typing import NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +75,26 @@ def _normalize(x: jax.Array) -> jax.Array:
     """
     norm = jnp.linalg.norm(x, axis=-1, keepdims=True)
     return x / jnp.maximum(norm, 1e-12)
+
+
+_Block = TypeVar("_Block")
+
+
+def _dispatched_ahead(
+    dispatch: Callable[[int], _Block], num_blocks: int
+) -> Iterator[tuple[int, _Block]]:
+    """Yields ``(b, dispatch(b))`` for every block ``b`` in order, dispatching block ``b + 1``
+    before handing out block ``b``, so that the device computes the next block while the
+    caller works on this one (JAX dispatch is asynchronous). At most two blocks are held here:
+    the one handed out is dropped before the one after next is dispatched, provided the caller
+    also drops its reference at the end of its loop body."""
+    pending = dispatch(0)
+    for b in range(num_blocks):
+        current, pending = pending, None
+        if b + 1 < num_blocks:
+            pending = dispatch(b + 1)
+        yield b, current
+        del current
 
 
 def _query_block(num_queries: int, width: int, block_size: int) -> int:
@@ -524,9 +544,7 @@ def _host_blocks(
     def dispatch(b: int) -> tuple[jax.Array, jax.Array]:
         return _block_scores(padded[b * block : (b + 1) * block], augmented, distance=distance)
 
-    pending = dispatch(0)
-    for b in range(num_blocks):
-        current, pending = pending, dispatch(b + 1) if b + 1 < num_blocks else None
+    for b, current in _dispatched_ahead(dispatch, num_blocks):
         first = b * block
         count = min(block, num_queries - first)
         scores, q_sq = (np.asarray(a)[:count] for a in current)
@@ -599,9 +617,7 @@ def knn_blocks(
         )
 
     def blocks() -> Iterator[NeighbourBlock]:
-        pending = dispatch(0)
-        for b in range(num_blocks):
-            (d, i), pending = pending, dispatch(b + 1) if b + 1 < num_blocks else None
+        for b, (d, i) in _dispatched_ahead(dispatch, num_blocks):
             count = min(block, num_queries - b * block)
             yield NeighbourBlock(b * block, d[:count], i[:count])
 
@@ -919,9 +935,7 @@ def full_ranking_blocks(
         )
 
     def blocks() -> Iterator[RankedBlock]:
-        pending = dispatch(0)
-        for b in range(num_blocks):
-            current, pending = pending, dispatch(b + 1) if b + 1 < num_blocks else None
+        for b, current in _dispatched_ahead(dispatch, num_blocks):
             rows = np.arange(b * block, min((b + 1) * block, num_queries))
             full, top_d, top_i = (np.asarray(a)[: len(rows)] for a in current)
             if on_host:
