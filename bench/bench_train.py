@@ -30,7 +30,6 @@ Usage: python bench/bench_train.py [--steps 20] [--repeats 3] [--layers] [--set 
 from __future__ import annotations
 
 import argparse
-import ast
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -40,6 +39,7 @@ import numpy as np
 import optax
 
 from configs.revisiting import get_config
+from jdml.config import ConfigError, apply_overrides
 from jdml.data.pipeline import TrainBatch, train_batches
 from jdml.nn.conv import conv2d
 from jdml.run import Run
@@ -220,30 +220,6 @@ def layer_table(config, repeats: int, steps: int) -> None:
           f"{1e3 * totals[1]:>10.2f}")  # fmt: skip
 
 
-def with_overrides(config, overrides: list[str]):
-    """``config`` with each ``KEY=VALUE`` set; a value is read as a Python literal (numbers,
-    tuples) where it is one, else kept as a string. Exits with a one-line error on a bad key."""
-    with config.unlocked():
-        for item in overrides:
-            key, sep, text = item.partition("=")
-            try:
-                value = ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                value = text
-            *path, name = key.split(".")
-            section = config
-            try:
-                for part in path:
-                    section = section[part]
-                if not sep or name not in section:
-                    raise KeyError(key)
-                section[name] = value
-            except (KeyError, TypeError) as e:
-                raise SystemExit(f"error: cannot set {item!r} ({e}); use --set section.key=value "
-                                 "with a key of configs/revisiting.py") from None  # fmt: skip
-    return config
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20)
@@ -260,7 +236,10 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    config = with_overrides(get_config(), args.set)
+    try:
+        config = apply_overrides(get_config(), args.set)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
     run = Run(config)
     bs = config.train.batch_size
     make_batch = TrainBatch(

@@ -13,7 +13,10 @@ classes:
 Prints a Markdown table of mean +- std over the seeds and writes it, with every per-seed value,
 to ``<out>/glyph_baselines.md`` and ``.json``.
 
-Usage: python bench/glyph_baselines.py [--seeds 0 1 2] [--out runs/glyph_baselines]
+``--set KEY=VALUE`` (repeatable) changes the config of every run, e.g. ``--set
+model.dtype=bfloat16 --out runs/glyph_bf16`` for the bfloat16 row of the README.
+
+Usage: python bench/glyph_baselines.py [--seeds 0 1 2] [--out runs/glyph_baselines] [--set K=V]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import os
 import numpy as np
 
 from configs.revisiting import get_config
+from jdml.config import ConfigError, apply_overrides
 from jdml.data.loading import load_splits
 from jdml.evaluation.runner import evaluate_raw_pixels
 from jdml.trainer import train_and_evaluate
@@ -44,10 +48,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="runs/glyph_baselines")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
 
-    config = get_config()
+    def config_of_run():
+        try:
+            return apply_overrides(get_config(), args.set)
+        except ConfigError as e:
+            raise SystemExit(f"error: {e}") from None
+
+    config = config_of_run()
+    os.makedirs(args.out, exist_ok=True)
     rows: dict[str, list[dict[str, float]]] = {
         "raw pixels": [],
         "untrained network": [],
@@ -60,7 +71,7 @@ def main() -> None:
             evaluate_raw_pixels({"test": splits["test"]}, config.eval, seed=seed)["test"]
         )
     for seed in args.seeds:
-        c = get_config()
+        c = config_of_run()
         c.seed = seed
         summary = train_and_evaluate(c, os.path.join(args.out, f"seed{seed}"))
         rows["untrained network"].append(summary["untrained"]["test"])

@@ -12,6 +12,7 @@ component's defaults are declared in exactly one place and every one of them can
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import json
@@ -660,6 +661,49 @@ def _validate_aux(c: ml_collections.ConfigDict) -> None:
                 f"decorrelation pair {tuple(pair)} must name two different heads among "
                 f"{sorted(heads)}"
             )
+
+
+def apply_overrides(
+    c: ml_collections.ConfigDict, items: Iterable[str]
+) -> ml_collections.ConfigDict:
+    """Sets each ``section.key=value`` of ``items`` on ``c`` (for scripts that take ``--set``,
+    as ``--config.section.key=value`` does on ``train.py``).
+
+    A value is read as a Python literal where it is one (numbers, tuples, booleans), else kept
+    as a string; the config's own type checks then apply.
+
+    Args:
+      c: the config, changed in place.
+      items: ``"section.key=value"`` strings.
+
+    Returns:
+      ``c``.
+
+    Raises:
+      ConfigError: naming the item, for a missing ``=``, an unknown key or a value of the wrong
+        type.
+    """
+    for item in items:
+        key, sep, text = item.partition("=")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        *path, name = key.split(".")
+        section = c
+        try:
+            for part in path:
+                section = section[part]
+            if not sep or not isinstance(section, ml_collections.ConfigDict) or name not in section:
+                raise KeyError(key)
+            with c.unlocked():
+                section[name] = value
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(
+                f"cannot set {item!r} ({type(e).__name__}: {e}): give section.key=value with a key "
+                "and a value type of the config (see the config file's keys)"
+            ) from None
+    return c
 
 
 def to_json(c: ml_collections.ConfigDict) -> str:

@@ -232,3 +232,18 @@ def test_component_and_base_ranges_are_checked(overrides, message):
         node[last] = value
     with pytest.raises(ConfigError, match=message):
         validate(c)
+
+
+def test_apply_overrides_sets_literals_and_names_bad_items() -> None:
+    from configs.revisiting import get_config
+    from jdml.config import ConfigError, apply_overrides
+
+    c = apply_overrides(
+        get_config(),
+        ["model.stage_strides=(2, 2, 1)", "model.dtype=bfloat16", "optim.lr=0.5", "seed=3"],
+    )
+    assert c.model.stage_strides == (2, 2, 1) and c.model.dtype == "bfloat16"
+    assert c.optim.lr == 0.5 and c.seed == 3
+    for bad in ["model.nope=1", "model.dtype", "nosection.key=1", "optim.lr=abc", "seed.x=1"]:
+        with pytest.raises(ConfigError, match="cannot set"):
+            apply_overrides(get_config(), [bad])
