@@ -685,6 +685,8 @@ def apply_overrides(
     """
     for item in items:
         key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"cannot set {item!r}: expected section.key=value")
         try:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
@@ -694,7 +696,7 @@ def apply_overrides(
         try:
             for part in path:
                 section = section[part]
-            if not sep or not isinstance(section, ml_collections.ConfigDict) or name not in section:
+            if not isinstance(section, ml_collections.ConfigDict) or name not in section:
                 raise KeyError(key)
             with c.unlocked():
                 section[name] = value
