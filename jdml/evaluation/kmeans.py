@@ -626,7 +626,8 @@ def kmeans(
       num_clusters: K, 1 <= K <= N.
       num_iters: number of Lloyd iterations (fixed, no early stopping).
       seed: seed of the initialisation; None for the mode's default: 0 (a ``jax.random`` key
-        for "k-means++", a NumPy generator for "random"), faiss's 1234 (:data:`REFERENCE_SEED`) for "reference".
+        for "k-means++", a NumPy generator for "random"), faiss's 1234
+        (:data:`REFERENCE_SEED`) for "reference".
       block_size: points per block when computing assignments; None for blocks of about
         ``ASSIGN_SCORES`` distances.
       init: "k-means++" (greedy k-means++ seeding, the default), "random" (K distinct points
