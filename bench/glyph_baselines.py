@@ -28,8 +28,9 @@ import os
 import numpy as np
 
 from configs.revisiting import get_config
-from jdml.config import ConfigError, apply_overrides
+from jdml.config import apply_overrides
 from jdml.data.loading import load_splits
+from jdml.errors import ConfigError
 from jdml.evaluation.runner import evaluate_raw_pixels
 from jdml.trainer import train_and_evaluate
 

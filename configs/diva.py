@@ -30,7 +30,8 @@ from configs.revisiting import (
     parse_arg,
     reference_loss_overrides,
 )
-from jdml.config import ConfigError, base_config, dance_term, metric_term
+from jdml.config import base_config, dance_term, metric_term
+from jdml.errors import ConfigError
 
 AUX_HEADS = ("selfsimilarity", "shared", "intra")
 

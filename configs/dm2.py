@@ -27,7 +27,7 @@ import ml_collections
 from configs.diva import get_config as diva_config
 from configs.revisiting import PRESETS, apply_overrides, parse_arg
 from configs.revisiting import get_config as revisiting_config
-from jdml.config import ConfigError
+from jdml.errors import ConfigError
 
 # Table 1's rows: (mutual term on, model diversity, temporal diversity, view diversity).
 DIVERSITIES: dict[str, tuple[bool, bool, bool, bool]] = {

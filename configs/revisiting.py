@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from jdml.config import ConfigError, base_config
+from jdml.config import base_config
+from jdml.errors import ConfigError
 
 # Dataset presets: overrides of the base config per dataset.
 # The reference's ImageNet protocol (Roth et al., ICML 2020, sec. 4; its parameters.py): the

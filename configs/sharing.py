@@ -30,7 +30,8 @@ from configs.revisiting import (
     parse_arg,
     reference_loss_overrides,
 )
-from jdml.config import ConfigError, base_config, metric_term
+from jdml.config import base_config, metric_term
+from jdml.errors import ConfigError
 
 # gamma of the reference runs (runs/shared_features.sh; its flag default is 500) and epochs.
 DATASET_SETTINGS: dict[str, dict[str, float]] = {

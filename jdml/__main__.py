@@ -83,7 +83,7 @@ def _search(args: argparse.Namespace) -> None:
     hits = index.search(model.embed(queries.images), args.k, fingerprint=model.fingerprint)
     print(hits_table(queries.names, hits, index.class_names))
     if args.json:
-        from jdml.workdir import atomic_write
+        from jdml.fileio import atomic_write
 
         results = [
             {"query": q, "neighbours": [h.as_dict(index.class_names) for h in row]}
@@ -235,8 +235,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     from jdml.cli import run_cli
-    from jdml.inference import IndexFileError, IndexMismatchError
-    from jdml.report import ReportError
+    from jdml.errors import IndexFileError, IndexMismatchError, ReportError
 
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")

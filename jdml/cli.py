@@ -5,19 +5,19 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from jdml.checkpoint import CheckpointError
-from jdml.config import ConfigError
-from jdml.registry import UnknownNameError
+from jdml.errors import CheckpointError, ConfigError, UnknownNameError
 
 EXIT_USAGE = 2
 
 
 def known_errors() -> tuple[type[BaseException], ...]:
-    from jdml.data.sources import DataError
-    from jdml.models.pretrained.convert import WeightMismatchError
-    from jdml.models.pretrained.torch_io import WeightFileError
-    from jdml.trainer import NonFiniteLossError
-    from jdml.workdir import WorkdirError
+    from jdml.errors import (
+        DataError,
+        NonFiniteLossError,
+        WeightFileError,
+        WeightMismatchError,
+        WorkdirError,
+    )
 
     return (
         ConfigError,

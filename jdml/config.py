@@ -22,6 +22,7 @@ from typing import Any
 
 import ml_collections
 
+from jdml.errors import ConfigError
 from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
 
 # Keys of a component's signature that the library fills in itself.
@@ -39,10 +40,6 @@ _RUNTIME_ARGS = frozenset(
         "seed",
     }
 )
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message says which key and how to fix it."""
 
 
 def component_defaults(obj: Any) -> dict[str, Any]:

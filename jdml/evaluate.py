@@ -7,11 +7,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from jdml.checkpoint import CheckpointError, Checkpoints
-from jdml.config import ConfigError, saved_config
+from jdml.checkpoint import Checkpoints
+from jdml.config import saved_config
+from jdml.errors import CheckpointError, ConfigError
 from jdml.evaluation.runner import SPECTRUM
+from jdml.fileio import atomic_write
 from jdml.run import Run
-from jdml.workdir import atomic_write, check_writable
+from jdml.workdir import check_writable
 
 
 def load_config(workdir: str):

@@ -32,8 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm import tqdm
 
-from jdml.checkpoint import CheckpointError, Checkpoints
-from jdml.config import ConfigError
+from jdml.checkpoint import Checkpoints
 from jdml.data.arrays import ImageSet
 from jdml.data.benchmarks import BENCHMARKS
 from jdml.data.benchmarks.images import decode_image
@@ -49,23 +48,17 @@ from jdml.data.sources import (
     resize_images,
 )
 from jdml.data.transforms import eval_view
+from jdml.errors import CheckpointError, ConfigError, IndexFileError, IndexMismatchError
 from jdml.evaluation.evaluator import combine_heads
 from jdml.evaluation.knn import knn
 from jdml.evaluation.runner import embed_split
+from jdml.fileio import atomic_path
 from jdml.methods import Method
 from jdml.methods.cohort import member_name, over_members
 from jdml.methods.method import input_normalization
 
 INDEX_FORMAT = "jdml-index-1"
 ENSEMBLE = "ensemble"
-
-
-class IndexFileError(ValueError):
-    """An index file that cannot be used: missing, damaged, or of another format."""
-
-
-class IndexMismatchError(ValueError):
-    """Queries embedded by a model other than the one that built the index."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -537,19 +530,17 @@ class Index:
     def save(self, path: str | Path) -> None:
         """Writes the index as an ``.npz`` (no pickled objects), atomically."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.npz")
-        np.savez(
-            tmp,
-            embeddings=self.embeddings.astype(np.float32),
-            labels=self.labels.astype(np.int64),
-            names=np.asarray(self.names, dtype=np.str_),
-            class_names=np.asarray(self.class_names, dtype=np.str_),
-            meta=np.asarray(
-                json.dumps({"fingerprint": self.fingerprint, "distance": self.distance})
-            ),
-        )
-        os.replace(tmp, path)
+        with atomic_path(path, ".npz") as tmp:
+            np.savez(
+                tmp,
+                embeddings=self.embeddings.astype(np.float32),
+                labels=self.labels.astype(np.int64),
+                names=np.asarray(self.names, dtype=np.str_),
+                class_names=np.asarray(self.class_names, dtype=np.str_),
+                meta=np.asarray(
+                    json.dumps({"fingerprint": self.fingerprint, "distance": self.distance})
+                ),
+            )
 
     @classmethod
     def load(cls, path: str | Path) -> Index:

@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
+from jdml.errors import UnknownNameError
+
 T = TypeVar("T")
 
 
@@ -39,13 +41,6 @@ COUNT = Range(1, integer=True)
 NON_NEGATIVE = Range(0)
 POSITIVE = Range(0, open_low=True)
 PROBABILITY = Range(0, 1)
-
-
-class UnknownNameError(KeyError):
-    """Raised for a name that no component registered; the message lists the known names."""
-
-    def __str__(self) -> str:  # KeyError quotes its message; show it as plain text.
-        return str(self.args[0])
 
 
 class Registry(Generic[T]):

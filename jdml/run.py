@@ -10,10 +10,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jdml.config import ConfigError, validate
+from jdml.config import validate
 from jdml.data.arrays import ImageSet
 from jdml.data.augment import make_augmentation
 from jdml.data.loading import load_splits
+from jdml.errors import ConfigError
 from jdml.evaluation.runner import embed_split, evaluate_splits, split_metrics
 from jdml.methods import Method
 from jdml.methods.cohort import Cohort

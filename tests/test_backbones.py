@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jdml.errors import WeightMismatchError
 from jdml.models import bninception as bninception_module
 from jdml.models import googlenet as googlenet_module
 from jdml.models import resnet50 as resnet50_module
@@ -32,7 +33,7 @@ from jdml.models.pretrained import bninception as bninception_converter
 from jdml.models.pretrained import googlenet as googlenet_converter
 from jdml.models.pretrained import resnet as resnet_converter
 from jdml.models.pretrained.backbones import load_backbone
-from jdml.models.pretrained.convert import WeightMismatchError, fill
+from jdml.models.pretrained.convert import fill
 from jdml.models.pretrained.torch_io import load_weights
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")

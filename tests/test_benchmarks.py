@@ -18,8 +18,7 @@ from jdml.data.benchmarks import (
     read_benchmark,
     tfds_source,
 )
-from jdml.data.sources import DataError
-from jdml.registry import UnknownNameError
+from jdml.errors import DataError, UnknownNameError
 from tests import benchmark_trees as trees
 
 

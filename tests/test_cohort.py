@@ -14,8 +14,9 @@ import pytest
 from configs.diva import get_config as diva_config
 from configs.revisiting import apply_overrides
 from jdml.checkpoint import Checkpoints
-from jdml.config import ConfigError, validate
+from jdml.config import validate
 from jdml.data.pipeline import TrainBatch
+from jdml.errors import ConfigError
 from jdml.metric_writer import read_metrics
 from jdml.run import Run
 from jdml.step import make_train_step

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from configs.revisiting import DEFAULT_MINER, get_config
-from jdml.config import ConfigError, validate
+from jdml.config import validate
+from jdml.errors import ConfigError
 from jdml.losses import LOSSES, compatible_miners
 from jdml.methods import StandardMethod
 from jdml.models.embedding import l2_normalize

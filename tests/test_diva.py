@@ -16,7 +16,8 @@ from configs.diva import AUX_HEADS
 from configs.diva import get_config as diva_config
 from configs.revisiting import apply_overrides
 from jdml.checkpoint import Checkpoints
-from jdml.config import ConfigError, validate
+from jdml.config import validate
+from jdml.errors import ConfigError
 from jdml.methods.momentum import ordered
 from jdml.metric_writer import read_metrics
 from jdml.run import Run
@@ -210,7 +211,8 @@ def test_sharing_matters_alternating_updates_each_group_in_its_phase(npz):
 
 
 def test_report_of_a_concatenation(full_run, tmp_path):
-    from jdml.report import ReportError, report
+    from jdml.errors import ReportError
+    from jdml.report import report
 
     workdir, summary = full_run
     out = report([workdir], str(tmp_path), embedding="concat:0.5,1,1,1", metrics=["recall@1"])

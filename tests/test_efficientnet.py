@@ -15,8 +15,9 @@ import skimage  # the real photos (a test dependency, pyproject's [test] extra)
 from PIL import Image
 
 from jdml.data.transforms import eval_view
+from jdml.errors import WeightMismatchError
 from jdml.models.efficientnet import MEAN, STD, EfficientNetLite0
-from jdml.models.pretrained.convert import WeightMismatchError, fill
+from jdml.models.pretrained.convert import fill
 from jdml.models.pretrained.efficientnet import packaged_weights, rule
 from jdml.models.pretrained.torch_io import load_weights
 
@@ -164,7 +165,8 @@ def test_method_starts_from_the_pretrained_backbone_with_random_heads(state_dict
     ],
 )
 def test_pretrained_config_errors(overrides, message):
-    from jdml.config import ConfigError, validate
+    from jdml.config import validate
+    from jdml.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         validate(_lite0_config(**overrides))
@@ -185,7 +187,8 @@ def test_backbone_normalisation_is_per_channel(backbone):
 
 
 def test_backbone_normalisation_needs_backbone_constants():
-    from jdml.config import ConfigError, validate
+    from jdml.config import validate
+    from jdml.errors import ConfigError
 
     config = _lite0_config(
         **{

@@ -16,7 +16,8 @@ import pytest
 from PIL import Image
 
 from jdml.data import emoji
-from jdml.data.sources import DataError, load_dataset
+from jdml.data.sources import load_dataset
+from jdml.errors import DataError
 
 # (key, name, category, subcategory, fill colour); the fourth is a flag (a dropped
 # subcategory), the fifth lacks two designs.

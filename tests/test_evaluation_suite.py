@@ -16,6 +16,7 @@ from scipy.spatial.distance import cdist
 from sklearn.decomposition import TruncatedSVD
 from sklearn.metrics import average_precision_score
 
+from jdml.errors import UnknownMetricError
 from jdml.evaluation import evaluator
 from jdml.evaluation.evaluator import (
     combine_heads,
@@ -25,7 +26,7 @@ from jdml.evaluation.evaluator import (
 )
 from jdml.evaluation.kmeans import kmeans
 from jdml.evaluation.knn import full_ranking_blocks, knn, knn_full_ranking
-from jdml.evaluation.metrics import Requirements, UnknownMetricError, f1, get_metric
+from jdml.evaluation.metrics import Requirements, f1, get_metric
 
 RETRIEVAL = ["recall@1", "recall@4", "precision@1", "r_precision", "map@r", "map@c"]
 RETRIEVAL += ["map@1000", "map@7", "map"]

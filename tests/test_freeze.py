@@ -124,7 +124,8 @@ def test_the_optimiser_leaves_frozen_stages_untouched(trained):
     ],
 )
 def test_frozen_stages_config_errors(tmp_path, overrides, message):
-    from jdml.config import ConfigError, validate
+    from jdml.config import validate
+    from jdml.errors import ConfigError
 
     config = tiny_config(make_npz(str(tmp_path / "d.npz")), **overrides)
     with pytest.raises(ConfigError, match=message):

@@ -17,8 +17,9 @@ import pytest
 from sklearn.metrics import normalized_mutual_info_score
 from sklearn.metrics.cluster import pair_confusion_matrix
 
-from jdml.config import ConfigError, validate
+from jdml.config import validate
 from jdml.data.arrays import ImageArrays
+from jdml.errors import ConfigError
 from jdml.evaluation import evaluator
 from jdml.evaluation.evaluator import evaluate_embeddings
 from jdml.evaluation.kmeans import (

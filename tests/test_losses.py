@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jdml.errors import UnknownNameError
 from jdml.losses import LOSSES, Loss, check_compatible, register_loss
 from jdml.losses.margin import MarginLoss
 from jdml.losses.triplet import TripletLoss
 from jdml.miners import MINERS, Tuples
-from jdml.registry import UnknownNameError
 
 NUM_CLASSES = 4
 

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jdml.errors import UnknownNameError
 from jdml.miners import MINERS, Tuples, make_miner
 from jdml.miners.distance import MAX_DISTANCE, negative_log_weights
-from jdml.registry import UnknownNameError
 
 NUM_DRAWS = 20_000
 BATCH = 8  # every test batch has 8 samples, so each miner configuration compiles once

@@ -8,10 +8,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jdml.config import ConfigError, validate
+from jdml.config import validate
 from jdml.data.augment import make_augmentation
 from jdml.data.benchmarks import read_benchmark
 from jdml.data.pipeline import TrainBatch, train_batches
+from jdml.errors import ConfigError
 from tests import benchmark_trees as trees
 from tests.helpers import tiny_config
 

@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from jdml.data.benchmarks.images import decode_image
-from jdml.data.sources import DataError, read_image
+from jdml.data.sources import read_image
+from jdml.errors import DataError
 
 SIZE = 8
 RAMP16 = np.linspace(0, 65535, SIZE * SIZE).round().reshape(SIZE, SIZE).astype(np.uint16)

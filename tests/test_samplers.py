@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jdml.registry import UnknownNameError
+from jdml.errors import UnknownNameError
 from jdml.samplers import SAMPLERS
 from jdml.samplers.class_random import ClassRandomSampler
 

@@ -11,7 +11,8 @@ from PIL import Image
 
 from jdml.data import sources
 from jdml.data.arrays import ImageArrays
-from jdml.data.sources import DATASETS, DataError
+from jdml.data.sources import DATASETS
+from jdml.errors import DataError
 
 
 def _save(path: Path, color: tuple[int, int, int], size: tuple[int, int] = (20, 24)) -> None:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from jdml.data.arrays import ImageArrays
-from jdml.data.sources import DataError
 from jdml.data.splits import split_by_class
+from jdml.errors import DataError
 
 
 def _data(counts: list[int]) -> ImageArrays:

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 
 from jdml.checkpoint import Checkpoints
+from jdml.errors import NonFiniteLossError
 from jdml.evaluate import evaluate_checkpoint
 from jdml.evaluation.runner import embed_split
 from jdml.metric_writer import read_metrics
 from jdml.report import report
 from jdml.run import Run
-from jdml.trainer import NonFiniteLossError, train_and_evaluate
+from jdml.trainer import train_and_evaluate
 from tests.helpers import REPO, make_npz, tiny_config, tree_digest, write_tiny_config_file
 
 EPOCHS = 6  # 3 steps per epoch on the tiny data: long enough to kill a run midway

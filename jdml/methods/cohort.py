@@ -39,8 +39,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jdml.config import ConfigError
 from jdml.distributed import global_array
+from jdml.errors import ConfigError
 from jdml.losses.mutual import mutual_losses, mutual_weight, relation_matrix
 from jdml.methods.method import Method
 from jdml.methods.momentum import push

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jdml.config import ConfigError
+from jdml.errors import ConfigError
 from jdml.losses.decorrelation import Decorrelation
 from jdml.methods.momentum import ema_update, push
 from jdml.methods.terms import DanceTerm, Metrics, MetricTerm

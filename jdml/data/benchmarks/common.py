@@ -17,8 +17,8 @@ from typing import Protocol
 import numpy as np
 
 from jdml.data.benchmarks.images import decode_image
-from jdml.data.sources import DataError
 from jdml.data.transforms import eval_view
+from jdml.errors import DataError
 from jdml.registry import Registry
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from jdml.data.pixels import to_8bit
-from jdml.data.sources import DataError
+from jdml.errors import DataError
 
 if TYPE_CHECKING:  # common.py imports this module (FileList decodes with it)
     from jdml.data.benchmarks.common import FileList
