@@ -474,14 +474,15 @@ def _validate_normalization(c: ml_collections.ConfigDict) -> None:
 
 def _validate_photos(d: ml_collections.ConfigDict) -> None:
     """Photo datasets need a photo augmentation; photo augmentations need RGB data."""
+    from jdml.data.augment import AUGMENTATIONS
     from jdml.data.benchmarks import BENCHMARKS
-    from jdml.data.photo_augment import PHOTO_AUGMENTATIONS
 
-    photo = d.augment in PHOTO_AUGMENTATIONS
+    photos = AUGMENTATIONS.names_where("photo")
+    photo = d.augment in photos
     if d.name in BENCHMARKS and not photo:
         raise ConfigError(
             f"data.name={d.name} holds photos of many sizes: choose a photo augmentation "
-            f"(data.augment={' or '.join(sorted(PHOTO_AUGMENTATIONS))}), not {d.augment!r}"
+            f"(data.augment={' or '.join(photos)}), not {d.augment!r}"
         )
     if photo and d.channels != 3:
         raise ConfigError(f"data.augment={d.augment} works on RGB images: set data.channels=3")

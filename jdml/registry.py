@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 from jdml.errors import UnknownNameError
@@ -54,13 +55,18 @@ class Registry(Generic[T]):
         self.kind = kind
         self._items: dict[str, T] = {}
         self._ranges: dict[str, dict[str, Range]] = {}
+        self._meta: dict[str, MappingProxyType[str, Any]] = {}
 
-    def register(self, name: str, *, ranges: Mapping[str, Range] | None = None) -> Callable[[T], T]:
+    def register(
+        self, name: str, *, ranges: Mapping[str, Range] | None = None, **meta: Any
+    ) -> Callable[[T], T]:
         """Decorator registering ``obj`` under ``name``; a duplicate name is an error.
 
         Args:
           name: the reference's name of the component.
           ranges: the values each numeric hyperparameter accepts (checked with the config).
+          **meta: facts about the component that the rest of the library asks the registry
+            for instead of keeping tables of its own (e.g. an augmentation's ``photo=True``).
         """
 
         def deco(obj: T) -> T:
@@ -68,9 +74,19 @@ class Registry(Generic[T]):
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._items[name] = obj
             self._ranges[name] = dict(ranges or {})
+            self._meta[name] = MappingProxyType(dict(meta))
             return obj
 
         return deco
+
+    def meta(self, name: str) -> Mapping[str, Any]:
+        """The facts ``name`` was registered with (read-only; possibly none)."""
+        self.get(name)
+        return self._meta[name]
+
+    def names_where(self, key: str, value: Any = True) -> list[str]:
+        """The sorted names registered with ``key=value`` in their facts."""
+        return sorted(n for n, meta in self._meta.items() if meta.get(key) == value)
 
     def ranges(self, name: str) -> dict[str, Range]:
         """The declared ranges of ``name``'s numeric hyperparameters (possibly none)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from jdml.data.augment import AUGMENTATIONS, affine_augment, warp_affine
 
@@ -32,3 +33,24 @@ def test_affine_deterministic_per_seed_and_in_range():
 
 def test_registry_names():
     assert {"none", "affine"} <= set(AUGMENTATIONS.names())
+
+
+def test_augmentations_carry_their_photo_flag_and_config_keywords() -> None:
+    import ml_collections
+
+    from jdml.data.augment import make_augmentation
+    from jdml.errors import UnknownNameError
+
+    assert AUGMENTATIONS.names_where("photo") == ["adv", "base", "big", "realistic", "red"]
+    assert AUGMENTATIONS.meta("red")["config"] == {"size": "image_size", "resize": "resize"}
+    assert dict(AUGMENTATIONS.meta("affine")) == {}
+    with pytest.raises(TypeError):
+        AUGMENTATIONS.meta("red")["photo"] = False  # read-only
+    with pytest.raises(UnknownNameError, match="known augmentation names"):
+        AUGMENTATIONS.meta("blur")
+    cfg = ml_collections.ConfigDict({"augment": "red", "image_size": 8, "resize": 10})
+    assert make_augmentation(cfg).keywords == {"size": 8, "resize": 10}
+    cfg.augment = "adv"
+    assert make_augmentation(cfg).keywords == {"size": 8}
+    cfg.augment = "affine"
+    assert make_augmentation(cfg) is affine_augment

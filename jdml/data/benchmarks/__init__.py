@@ -18,8 +18,8 @@ prepared tensorflow-datasets builders (:mod:`.tfds_sources`).
 """
 
 from jdml.data.benchmarks import cars, cub, inshop, sop  # noqa: F401  (register the readers)
-from jdml.data.benchmarks.common import BENCHMARKS, FileList, read_benchmark
-from jdml.data.benchmarks.images import decode_image, find_unreadable
+from jdml.data.benchmarks.common import BENCHMARKS, FileList, find_unreadable, read_benchmark
+from jdml.data.benchmarks.images import decode_image
 from jdml.data.benchmarks.tfds_sources import TfdsSplit, tfds_source
 
 __all__ = [
