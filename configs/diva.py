@@ -26,11 +26,10 @@ import ml_collections
 from configs.revisiting import (
     BENCHMARK_PRESETS,
     PRESETS,
-    apply_overrides,
     parse_arg,
     reference_loss_overrides,
 )
-from jdml.config import base_config, dance_term, metric_term
+from jdml.config import base_config, dance_term, metric_term, set_keys
 from jdml.errors import ConfigError
 
 AUX_HEADS = ("selfsimilarity", "shared", "intra")
@@ -114,9 +113,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         raise ConfigError(f"unknown data preset {data!r}; choose one of: {', '.join(choices)}")
     s = DATASET_SETTINGS.get(data, DATASET_SETTINGS["glyphs"])
     c = base_config()
-    apply_overrides(c, PRESETS[data])
+    set_keys(c, PRESETS[data])
     if data in BENCHMARK_PRESETS:
-        apply_overrides(c, REFERENCE_OPTIM)
+        set_keys(c, REFERENCE_OPTIM)
     c.model.head = "discriminative"
     c.loss.name, c.miner.name = "margin", "distance"
     c.aux.selfsimilarity = dance_term(head="selfsimilarity", weight=s["alpha"])
@@ -124,7 +123,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.aux.shared = metric_term("margin", "random_distance", head="shared", weight=s["alpha"])
     c.aux.intra = metric_term("margin", "intra_random", head="intra", weight=s["alpha"])
     for section in ("loss", "aux.shared.loss", "aux.intra.loss"):
-        apply_overrides(c, reference_loss_overrides(section, data))  # the reference's divisor
+        set_keys(c, reference_loss_overrides(section, data))  # the reference's divisor
     c.decorrelation.pairs = tuple((head, "discriminative") for head in AUX_HEADS)
     c.decorrelation.weights = (s["rho"],) * len(AUX_HEADS)
     c.optim.milestones = (int(s["milestone"]),)

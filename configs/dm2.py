@@ -25,8 +25,9 @@ from __future__ import annotations
 import ml_collections
 
 from configs.diva import get_config as diva_config
-from configs.revisiting import PRESETS, apply_overrides, parse_arg
+from configs.revisiting import PRESETS, parse_arg
 from configs.revisiting import get_config as revisiting_config
+from jdml.config import set_keys
 from jdml.errors import ConfigError
 
 # Table 1's rows: (mutual term on, model diversity, temporal diversity, view diversity).
@@ -98,9 +99,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     mutual, model, temporal, view = DIVERSITIES[diversity]
     with c.unlocked():
         if data in DATASET_SETTINGS and method == "revisiting":
-            apply_overrides(c, {**PAPER_OPTIM, **DATASET_SETTINGS[data]})
+            set_keys(c, {**PAPER_OPTIM, **DATASET_SETTINGS[data]})
         if data == "glyphs":
-            apply_overrides(c, GLYPH_SETTINGS)
+            set_keys(c, GLYPH_SETTINGS)
         c.cohort.size = size
         c.cohort.mutual_weight = c.cohort.mutual_weight if mutual else 0.0
         c.cohort.model_diversity = model

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from jdml.config import base_config
+from jdml.config import base_config, set_keys
 from jdml.errors import ConfigError
 
 # Dataset presets: overrides of the base config per dataset.
@@ -212,16 +212,6 @@ def parse_arg(arg: str | None) -> dict[str, str]:
     return out
 
 
-def apply_overrides(c: ml_collections.ConfigDict, overrides: dict[str, object]) -> None:
-    """Sets dotted keys ('data.name') on a config."""
-    for dotted, value in overrides.items():
-        *path, key = dotted.split(".")
-        node = c
-        for part in path:
-            node = node[part]
-        node[key] = value
-
-
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The config for ``loss=<name>,miner=<name>,sampler=<name>,data=<preset>`` (all optional)."""
     args = parse_arg(arg)
@@ -237,9 +227,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if data not in PRESETS:
         raise ConfigError(f"unknown data preset {data!r}; choose one of: {', '.join(PRESETS)}")
     c = base_config()
-    apply_overrides(c, PRESETS[data])
-    apply_overrides(c, loss_overrides(loss, None if miner in (None, "default") else miner, data))
-    apply_overrides(c, reference_loss_overrides("loss", data))
+    set_keys(c, PRESETS[data])
+    set_keys(c, loss_overrides(loss, None if miner in (None, "default") else miner, data))
+    set_keys(c, reference_loss_overrides("loss", data))
     if sampler is not None:
         c.sampler.name = sampler  # validated with the rest of the config
     c.lock()

@@ -26,11 +26,10 @@ import ml_collections
 from configs.revisiting import (
     BENCHMARK_PRESETS,
     PRESETS,
-    apply_overrides,
     parse_arg,
     reference_loss_overrides,
 )
-from jdml.config import base_config, metric_term
+from jdml.config import base_config, metric_term, set_keys
 from jdml.errors import ConfigError
 
 # gamma of the reference runs (runs/shared_features.sh; its flag default is 500) and epochs.
@@ -64,9 +63,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         raise ConfigError(f"unknown data preset {data!r}; choose one of: {', '.join(choices)}")
     s = DATASET_SETTINGS.get(data, DATASET_SETTINGS["glyphs"])
     c = base_config()
-    apply_overrides(c, PRESETS[data])
+    set_keys(c, PRESETS[data])
     if data in BENCHMARK_PRESETS:
-        apply_overrides(c, {"optim.lr": 1e-5, "optim.weight_decay": 4e-4, "optim.milestones": ()})
+        set_keys(c, {"optim.lr": 1e-5, "optim.weight_decay": 4e-4, "optim.milestones": ()})
     c.model.head = "class"
     c.loss.name, c.miner.name = "margin", "distance"
     c.sampler.samples_per_class = 4
@@ -74,7 +73,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "margin", "shared_neg_distance", head="shared", weight=s["shared_weight"]
     )
     for section in ("loss", "aux.shared.loss"):
-        apply_overrides(c, reference_loss_overrides(section, data))  # the reference's divisor
+        set_keys(c, reference_loss_overrides(section, data))  # the reference's divisor
     c.decorrelation.pairs = (("shared", "class"),)
     c.decorrelation.weights = (s["gamma"],)
     c.decorrelation.renormalize = False

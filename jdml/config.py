@@ -17,7 +17,7 @@ import dataclasses
 import inspect
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import ml_collections
@@ -661,49 +661,66 @@ def _validate_aux(c: ml_collections.ConfigDict) -> None:
             )
 
 
-def apply_overrides(
-    c: ml_collections.ConfigDict, items: Iterable[str]
-) -> ml_collections.ConfigDict:
-    """Sets each ``section.key=value`` of ``items`` on ``c`` (for scripts that take ``--set``,
-    as ``--config.section.key=value`` does on ``train.py``).
+def set_keys(c: ml_collections.ConfigDict, values: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """Sets every dotted key of ``values`` (``{"data.name": "sop"}``) on ``c``.
 
-    A value is read as a Python literal where it is one (numbers, tuples, booleans), else kept
-    as a string; the config's own type checks then apply.
+    Only keys the config has can be set (the config is the schema); the config's own type checks
+    apply to the values.
 
     Args:
       c: the config, changed in place.
-      items: ``"section.key=value"`` strings.
+      values: dotted key -> value.
 
     Returns:
       ``c``.
 
     Raises:
-      ConfigError: naming the item, for a missing ``=``, an unknown key or a value of the wrong
-        type.
+      ConfigError: naming the key, for an unknown key or a value of the wrong type.
     """
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise ConfigError(f"cannot set {item!r}: expected section.key=value")
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            value = text
-        *path, name = key.split(".")
+    for dotted, value in values.items():
+        *path, name = dotted.split(".")
         section = c
         try:
             for part in path:
                 section = section[part]
             if not isinstance(section, ml_collections.ConfigDict) or name not in section:
-                raise KeyError(key)
-            with c.unlocked():
-                section[name] = value
+                raise KeyError(dotted)
+            section[name] = value
         except (KeyError, TypeError, AttributeError) as e:
             raise ConfigError(
-                f"cannot set {item!r} ({type(e).__name__}: {e}): give section.key=value with a key "
-                "and a value type of the config (see the config file's keys)"
+                f"cannot set {dotted}={value!r} ({type(e).__name__}: {e}): use a key of the "
+                "config (see the config file's keys) with a value of its type"
             ) from None
     return c
+
+
+def parse_assignments(items: Iterable[str]) -> dict[str, Any]:
+    """``"section.key=value"`` strings (scripts' ``--set``) as dotted key -> value.
+
+    A value is read as a Python literal where it is one (numbers, tuples, booleans), else kept
+    as a string.
+
+    Raises:
+      ConfigError: for an item without ``=``.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"cannot set {item!r}: expected section.key=value")
+        try:
+            out[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            out[key] = text
+    return out
+
+
+def apply_overrides(
+    c: ml_collections.ConfigDict, items: Iterable[str]
+) -> ml_collections.ConfigDict:
+    """Sets each ``section.key=value`` of ``items`` on ``c`` (:func:`parse_assignments`, then
+    :func:`set_keys`), as ``--config.section.key=value`` does on ``train.py``."""
+    return set_keys(c, parse_assignments(items))
 
 
 def to_json(c: ml_collections.ConfigDict) -> str:

@@ -7,6 +7,8 @@ import textwrap
 
 import numpy as np
 
+from jdml.config import set_keys
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -48,10 +50,10 @@ TINY_OVERRIDES = {
 
 def tiny_config(npz_path: str, **overrides):
     """The default config shrunk to a model and data that train in seconds."""
-    from configs.revisiting import apply_overrides, get_config
+    from configs.revisiting import get_config
 
     c = get_config("data=npz")
-    apply_overrides(c, {**TINY_OVERRIDES, "data.path": npz_path, **overrides})
+    set_keys(c, {**TINY_OVERRIDES, "data.path": npz_path, **overrides})
     return c
 
 

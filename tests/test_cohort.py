@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 from configs.diva import get_config as diva_config
-from configs.revisiting import apply_overrides
 from jdml.checkpoint import Checkpoints
-from jdml.config import validate
+from jdml.config import set_keys, validate
 from jdml.data.pipeline import TrainBatch
 from jdml.errors import ConfigError
 from jdml.metric_writer import read_metrics
@@ -223,9 +222,9 @@ def test_cohort_trains_evaluates_and_resumes_exactly(npz, tmp_path):
 
 def test_diva_cohort_carries_each_members_ema_and_queue(npz):
     c = diva_config("data=npz")
-    apply_overrides(c, {**TINY_OVERRIDES, "data.path": npz})
-    apply_overrides(c, {"aux.selfsimilarity.queue_batches": 2, "decorrelation.hidden": 8})
-    apply_overrides(c, {"cohort.size": 2})
+    set_keys(c, {**TINY_OVERRIDES, "data.path": npz})
+    set_keys(c, {"aux.selfsimilarity.queue_batches": 2, "decorrelation.hidden": 8})
+    set_keys(c, {"cohort.size": 2})
     validate(c)
     run = Run(c)
     state = run.prepare(run.initial_state)

@@ -14,9 +14,8 @@ from PIL import Image
 
 from configs.diva import AUX_HEADS
 from configs.diva import get_config as diva_config
-from configs.revisiting import apply_overrides
 from jdml.checkpoint import Checkpoints
-from jdml.config import validate
+from jdml.config import set_keys, validate
 from jdml.errors import ConfigError
 from jdml.methods.momentum import ordered
 from jdml.metric_writer import read_metrics
@@ -30,9 +29,9 @@ EPOCHS = 2
 
 def tiny_diva(npz_path: str, **overrides):
     c = diva_config("data=npz")
-    apply_overrides(c, {**TINY_OVERRIDES, "data.path": npz_path, "train.epochs": EPOCHS})
-    apply_overrides(c, {"aux.selfsimilarity.queue_batches": 2, "decorrelation.hidden": 8})
-    apply_overrides(c, {"eval.combinations": ((0.5, 1.0, 1.0, 1.0),), **overrides})
+    set_keys(c, {**TINY_OVERRIDES, "data.path": npz_path, "train.epochs": EPOCHS})
+    set_keys(c, {"aux.selfsimilarity.queue_batches": 2, "decorrelation.hidden": 8})
+    set_keys(c, {"eval.combinations": ((0.5, 1.0, 1.0, 1.0),), **overrides})
     validate(c)
     return c
 
@@ -153,7 +152,7 @@ def test_sharing_matters_config_trains_one_step(npz):
     from configs.sharing import get_config as sharing_config
 
     c = sharing_config("data=npz")
-    apply_overrides(c, {**TINY_OVERRIDES, "data.path": npz, "decorrelation.hidden": 8})
+    set_keys(c, {**TINY_OVERRIDES, "data.path": npz, "decorrelation.hidden": 8})
     validate(c)
     run = Run(c)
     assert set(run.initial_state.params) == {"model", "loss", "aux_shared", "decorrelation"}
@@ -175,7 +174,7 @@ def test_sharing_matters_alternating_updates_each_group_in_its_phase(npz):
     from configs.sharing import get_config as sharing_config
 
     c = sharing_config("data=npz,alternating=1")
-    apply_overrides(c, {**TINY_OVERRIDES, "data.path": npz, "decorrelation.hidden": 8})
+    set_keys(c, {**TINY_OVERRIDES, "data.path": npz, "decorrelation.hidden": 8})
     run = Run(c)
     assert run.method.streams == 2
     rng = np.random.default_rng(0)

@@ -14,6 +14,7 @@ import pytest
 import skimage  # the real photos (a test dependency, pyproject's [test] extra)
 from PIL import Image
 
+from jdml.config import set_keys
 from jdml.data.transforms import eval_view
 from jdml.errors import WeightMismatchError
 from jdml.models.efficientnet import MEAN, STD, EfficientNetLite0
@@ -115,10 +116,10 @@ def test_backbone_without_classifier_leaves_fc_unused(state_dict):
 
 
 def _lite0_config(**overrides):
-    from configs.revisiting import apply_overrides, get_config
+    from configs.revisiting import get_config
 
     c = get_config("data=npz")
-    apply_overrides(
+    set_keys(
         c,
         {
             "data.path": "unused.npz",

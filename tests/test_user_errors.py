@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jdml.config import set_keys
 from tests.helpers import REPO, TINY_OVERRIDES, make_npz, tree_digest
 
 TIMEOUT = 300
@@ -538,12 +539,12 @@ def test_grayscale_data_with_rgb_pretrained_backbone(npz: str, tmp_path: Path) -
     assert_refused(run(*args), "take RGB images", "--config.data.channels=3")
     assert not (tmp_path / "w").exists()
     # The fix it names is accepted, and repeats the gray channel.
-    from configs.revisiting import apply_overrides, get_config
+    from configs.revisiting import get_config
     from jdml.config import validate
     from jdml.data.loading import load_splits
 
     config = get_config("data=npz")
-    apply_overrides(
+    set_keys(
         config,
         {
             "data.path": npz,
