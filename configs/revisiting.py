@@ -29,6 +29,7 @@ import ml_collections
 
 from jdml.config import base_config, set_keys
 from jdml.errors import ConfigError
+from jdml.losses import LOSSES
 
 # Dataset presets: overrides of the base config per dataset.
 # The reference's ImageNet protocol (Roth et al., ICML 2020, sec. 4; its parameters.py): the
@@ -137,28 +138,6 @@ def reference_loss_overrides(section: str, data: str) -> dict[str, object]:
     return {f"{section}.{key}": value for key, value in REFERENCE_LOSS_OPTIONS.items()}
 
 
-# The miner each loss is run with in the reference's sample runs ("" = the loss mines itself).
-DEFAULT_MINER: dict[str, str] = {
-    "angular": "npair",
-    "arcface": "",
-    "contrastive": "distance",
-    "histogram": "",
-    "lifted": "lifted",
-    "margin": "distance",
-    "multisimilarity": "",
-    "npair": "npair",
-    "proxynca": "",
-    "quadruplet": "distance",
-    "snr": "distance",
-    "softmax": "",
-    "softtriplet": "",
-    "triplet": "distance",
-}
-
-# Losses whose reference runs use unnormalised embeddings (``resnet50_frozen`` without
-# ``normalize``): their L2 embedding regularisers act on the raw embedding norms.
-UNNORMALISED_LOSSES = frozenset({"angular", "lifted", "npair"})
-
 # rho-regularisation push probability of the reference runs, per dataset and loss (Roth et al.,
 # ICML 2020, sec. 5 and its sample runs): CUB 0.4 for contrastive / triplet / margin with beta
 # 0.6, 0.35 for margin with beta 1.2, 0.3 for SNR; CARS 0.35; SOP 0.15. Datasets without
@@ -185,15 +164,17 @@ def rho_push_prob(data: str, loss: str) -> float:
 
 
 def loss_overrides(loss: str, miner: str | None, data: str) -> dict[str, object]:
-    """Config overrides that select a loss (and miner) as the reference runs them."""
-    if loss not in DEFAULT_MINER:
-        raise ConfigError(f"unknown loss {loss!r}; choose one of: {', '.join(DEFAULT_MINER)}")
-    miner = DEFAULT_MINER[loss] if miner is None else miner
+    """Config overrides that select a loss (and miner) as the reference runs them: the loss's
+    registered ``reference_miner`` unless ``miner`` is given, and its ``reference_normalize``."""
+    if loss not in LOSSES:
+        raise ConfigError(f"unknown loss {loss!r}; choose one of: {', '.join(LOSSES.names())}")
+    cls = LOSSES.get(loss)  # its reference miner and normalisation
     out: dict[str, object] = {
         "loss.name": loss,
-        "miner.name": miner,
-        "model.normalize": loss not in UNNORMALISED_LOSSES,
+        "miner.name": cls.reference_miner if miner is None else miner,
+        "model.normalize": cls.reference_normalize,
     }
+    miner = out["miner.name"]
     if miner == "rho_distance":
         out["miner.rho_distance.push_prob"] = rho_push_prob(data, loss)
     if data in DATASET_LOSS_OVERRIDES:

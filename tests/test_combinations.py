@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs.revisiting import DEFAULT_MINER, get_config
+from configs.revisiting import get_config
 from jdml.config import validate
 from jdml.errors import ConfigError
 from jdml.losses import LOSSES, compatible_miners
@@ -33,12 +33,35 @@ def _config(loss: str, miner: str):
     return get_config(f"loss={loss},miner={miner}" if miner else f"loss={loss}")
 
 
+# The miner of each loss in the reference's sample runs ("" = the loss mines itself), and the
+# losses run on unnormalised embeddings, as written in the reference's scripts.
+REFERENCE_MINER = {
+    "angular": "npair",
+    "arcface": "",
+    "contrastive": "distance",
+    "histogram": "",
+    "lifted": "lifted",
+    "margin": "distance",
+    "multisimilarity": "",
+    "npair": "npair",
+    "proxynca": "",
+    "quadruplet": "distance",
+    "snr": "distance",
+    "softmax": "",
+    "softtriplet": "",
+    "triplet": "distance",
+}
+UNNORMALISED = {"angular", "lifted", "npair"}
+
+
 def test_presets_cover_every_registered_loss():
-    assert sorted(DEFAULT_MINER) == LOSSES.names()
-    for loss, miner in DEFAULT_MINER.items():
+    assert sorted(REFERENCE_MINER) == LOSSES.names()
+    for loss, miner in REFERENCE_MINER.items():
+        assert LOSSES.get(loss).reference_miner == miner
         c = get_config(f"loss={loss}")
         validate(c)
         assert c.miner.name == miner
+        assert c.model.normalize == (loss not in UNNORMALISED)
 
 
 @pytest.mark.parametrize("loss,miner", COMBINATIONS)
@@ -79,11 +102,11 @@ def npz(tmp_path_factory):
     return make_npz(str(tmp_path_factory.mktemp("data") / "tiny.npz"), num_classes=8)
 
 
-@pytest.mark.parametrize("loss", sorted(DEFAULT_MINER))
+@pytest.mark.parametrize("loss", sorted(REFERENCE_MINER))
 def test_full_train_step_per_loss(loss, npz):
     overrides = {
         "loss.name": loss,
-        "miner.name": DEFAULT_MINER[loss],
+        "miner.name": REFERENCE_MINER[loss],
         "model.normalize": get_config(f"loss={loss}").model.normalize,
     }
     run = Run(tiny_config(npz, **overrides))
