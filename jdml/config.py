@@ -459,13 +459,13 @@ def _validate_model(m: ml_collections.ConfigDict, channels: int) -> None:
 
 def _validate_normalization(c: ml_collections.ConfigDict) -> None:
     """``data.normalization`` and, for ``backbone``, that the backbone has constants."""
-    from jdml.models import INPUT_NORMALIZATION
+    from jdml.models import input_normalization
 
     if c.data.normalization not in ("mean_std", "backbone"):
         raise ConfigError(
             f"data.normalization={c.data.normalization!r}; choose mean_std or backbone"
         )
-    if c.data.normalization == "backbone" and c.model.backbone not in INPUT_NORMALIZATION:
+    if c.data.normalization == "backbone" and input_normalization(c.model.backbone) is None:
         raise ConfigError(
             f"data.normalization=backbone, but backbone {c.model.backbone!r} has no input "
             "constants of its own; use data.normalization=mean_std with data.mean and data.std"

@@ -176,14 +176,14 @@ def test_pretrained_config_errors(overrides, message):
 @pytest.mark.parametrize("backbone", ["efficientnet_lite0", "resnet50", "bninception"])
 def test_backbone_normalisation_is_per_channel(backbone):
     from jdml.methods.method import Method
-    from jdml.models import INPUT_NORMALIZATION
+    from jdml.models import input_normalization
 
     config = _lite0_config(
         **{"model.backbone": backbone, "model.pretrained": "", "data.normalization": "backbone"}
     )
     method = Method(config, num_classes=4)
     images = np.random.default_rng(0).uniform(size=(2, 4, 4, 3)).astype(np.float32)
-    mean, std = (np.asarray(v, np.float32) for v in INPUT_NORMALIZATION[backbone])
+    mean, std = (np.asarray(v, np.float32) for v in input_normalization(backbone))
     np.testing.assert_allclose(method.preprocess(images), (images - mean) / std, rtol=1e-6)
 
 
