@@ -48,6 +48,17 @@ TINY_OVERRIDES = {
 }
 
 
+def config_flag(key: str, value: object) -> str:
+    """``--config.<key>=<value>`` as a user types it (tuples as ``(a,b)``)."""
+    if isinstance(value, tuple):
+        value = "(" + ",".join(str(v) for v in value) + ")"
+    return f"--config.{key}={value}"
+
+
+# TINY_OVERRIDES as command-line flags (the data comes from the command's config argument).
+TINY_FLAGS = [config_flag(k, v) for k, v in TINY_OVERRIDES.items() if k != "data.name"]
+
+
 def tiny_config(npz_path: str, **overrides):
     """The default config shrunk to a model and data that train in seconds."""
     from configs.revisiting import get_config

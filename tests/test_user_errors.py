@@ -24,18 +24,9 @@ import numpy as np
 import pytest
 
 from jdml.config import set_keys
-from tests.helpers import REPO, TINY_OVERRIDES, make_npz, tree_digest
+from tests.helpers import REPO, TINY_FLAGS, make_npz, tree_digest
 
 TIMEOUT = 300
-
-
-def _flag(key: str, value: object) -> str:
-    if isinstance(value, tuple):
-        value = "(" + ",".join(str(v) for v in value) + ")"
-    return f"--config.{key}={value}"
-
-
-TINY_FLAGS = [_flag(k, v) for k, v in TINY_OVERRIDES.items() if k != "data.name"]
 
 
 # The commands share JAX's persistent compilation cache: each then takes seconds, not ~25 s.
