@@ -11,6 +11,7 @@ from typing import Any, Generic, TypeVar
 from jdml.errors import UnknownNameError
 
 T = TypeVar("T")
+_NO_FACTS: Mapping[str, Any] = MappingProxyType({})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +83,7 @@ class Registry(Generic[T]):
     def meta(self, name: str) -> Mapping[str, Any]:
         """The facts ``name`` was registered with (read-only; possibly none)."""
         self.get(name)
-        return self._meta[name]
+        return self._meta.get(name, _NO_FACTS)
 
     def names_where(self, key: str, value: Any = True) -> list[str]:
         """The sorted names registered with ``key=value`` in their facts."""
