@@ -374,6 +374,3 @@ def load_npz(
         class_names=_npz_class_names(arrays, labels, file),
         source=f"npz {file}",
     )
-
-
-from jdml.data import emoji  # noqa: E402, F401 (registers the "emoji" source)
