@@ -503,6 +503,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     from jdml.losses import LOSSES
     from jdml.miners import MINERS
     from jdml.models import BACKBONES
+    from jdml.optim import OPTIMIZERS, SCHEDULES
     from jdml.samplers import SAMPLERS
 
     for registry, value, key in (
@@ -549,12 +550,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"eval.kmeans={c.eval.kmeans!r}; choose one of: {', '.join(KMEANS_MODES)}"
         )
-    if c.optim.schedule not in ("constant", "multistep", "cosine"):
-        raise ConfigError(
-            f"optim.schedule={c.optim.schedule!r}; choose constant, multistep or cosine"
-        )
-    if c.optim.name not in ("adam", "sgd"):
-        raise ConfigError(f"optim.name={c.optim.name!r}; choose adam or sgd")
+    for registry, value, key in (
+        (SCHEDULES, c.optim.schedule, "optim.schedule"),
+        (OPTIMIZERS, c.optim.name, "optim.name"),
+    ):
+        if value not in registry:
+            raise ConfigError(f"{key}={value!r}; choose one of: {', '.join(registry.names())}")
     for split in c.eval.splits:
         if split not in ("train", "val", "test"):
             raise ConfigError(f"eval.splits has {split!r}; choose from train, val, test")
