@@ -511,6 +511,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
         (BACKBONES, c.model.backbone, "model.backbone"),
         (LOSSES, c.loss.name, "loss.name"),
         (SAMPLERS, c.sampler.name, "sampler.name"),
+        (OPTIMIZERS, c.optim.name, "optim.name"),
+        (SCHEDULES, c.optim.schedule, "optim.schedule"),
     ):
         if value not in registry:
             raise ConfigError(
@@ -550,12 +552,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"eval.kmeans={c.eval.kmeans!r}; choose one of: {', '.join(KMEANS_MODES)}"
         )
-    for registry, value, key in (
-        (SCHEDULES, c.optim.schedule, "optim.schedule"),
-        (OPTIMIZERS, c.optim.name, "optim.name"),
-    ):
-        if value not in registry:
-            raise ConfigError(f"{key}={value!r}; choose one of: {', '.join(registry.names())}")
     for split in c.eval.splits:
         if split not in ("train", "val", "test"):
             raise ConfigError(f"eval.splits has {split!r}; choose from train, val, test")
