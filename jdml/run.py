@@ -34,8 +34,11 @@ class Run:
     Shared by training and by checkpoint evaluation (which needs the same state structure).
     """
 
-    def __init__(self, config: ml_collections.ConfigDict) -> None:
-        validate(config)
+    def __init__(self, config: ml_collections.ConfigDict, *, validated: bool = False) -> None:
+        """Builds the run of ``config``; ``validated``: the caller has just validated it (the
+        trainer does, before it touches the workdir), so it is not checked twice."""
+        if not validated:
+            validate(config)
         self.config = config
         self.splits = load_splits(config.data)
         train = self.splits["train"]

@@ -196,7 +196,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             if os.path.isdir(workdir):
                 stack.enter_context(run_lock(workdir))
         check_workdir_config(config, workdir)
-        run = Run(config)
+        run = Run(config, validated=True)
         _check_not_past_the_end(run, workdir)
         if main and not os.path.isdir(workdir):
             os.makedirs(workdir, exist_ok=True)
