@@ -10,6 +10,8 @@ import numpy as np
 from jdml.config import set_keys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Golden files and fixtures the tests compare against (made by the scripts in tools/).
+GOLDEN = os.path.join(REPO, "tests", "golden")
 
 
 def make_npz(path: str, *, num_classes: int = 12, per_class: int = 10, size: int = 16) -> str:

@@ -35,9 +35,10 @@ from jdml.models.pretrained import resnet as resnet_converter
 from jdml.models.pretrained.backbones import load_backbone
 from jdml.models.pretrained.convert import fill
 from jdml.models.pretrained.torch_io import load_weights
+from tests.helpers import GOLDEN, REPO
 
-ROOT = os.path.join(os.path.dirname(__file__), "..")
-DATA = os.path.join(os.path.dirname(__file__), "data", "backbones")
+ROOT = REPO
+DATA = os.path.join(GOLDEN, "backbones")
 ATOL = 1e-4
 # The framework whose state dict each backbone's main comparison uses.
 FRAMEWORK = {"resnet50": "torchvision", "googlenet": "torchvision", "bninception": "cadene"}

@@ -1,6 +1,6 @@
 """The PyTorch / safetensors reader: fixtures written by real torch, hostile and damaged files.
 
-torch is not needed: the fixtures in tests/data/torch_io come from tools/make_torch_fixtures.py,
+torch is not needed: the fixtures in tests/golden/torch_io come from tools/make_torch_fixtures.py,
 and every hostile or damaged file is built here with the standard pickle, struct and zipfile
 modules (hand-assembled pickle opcodes where a global must name torch).
 """
@@ -30,8 +30,9 @@ from jdml.models.pretrained.torch_io import (
     load_torch_object,
     load_weights,
 )
+from tests.helpers import GOLDEN
 
-DATA = Path(__file__).resolve().parent / "data" / "torch_io"
+DATA = Path(GOLDEN) / "torch_io"
 EXPECTED = dict(np.load(DATA / "expected.npz"))
 STANDINS = {key: np.dtype(getattr(ml_dtypes, name)) for key, name in EXPECTED["standin_dtypes"]}
 FIXTURES = {

@@ -19,8 +19,9 @@ from PIL import Image
 
 from jdml.data import photo_augment as pa
 from jdml.data.augment import AUGMENTATIONS
+from tests.helpers import GOLDEN
 
-GOLDEN = os.path.join(os.path.dirname(__file__), "data", "augment", "golden.npz")
+GOLDEN_FILE = os.path.join(GOLDEN, "augment", "golden.npz")
 UNIFORM, RANDINT, RAND, RANDPERM = 0, 1, 2, 3  # the tool's codes for recorded draws
 PIPELINES = {  # name -> the batch function with the small sizes the golden file was made with
     "base": lambda x, rng: pa.base_augment(x, rng, size=32),
@@ -34,7 +35,7 @@ IMAGES = ["cat", "coffee", "noise"]
 
 @pytest.fixture(scope="module")
 def golden() -> dict[str, np.ndarray]:
-    with np.load(GOLDEN) as g:
+    with np.load(GOLDEN_FILE) as g:
         data = {k: g[k] for k in g.files}
     assert str(data["versions"][2]) == PIL.__version__, "golden made with another Pillow"
     return data

@@ -21,8 +21,9 @@ from jdml.models.efficientnet import MEAN, STD, EfficientNetLite0
 from jdml.models.pretrained.convert import fill
 from jdml.models.pretrained.efficientnet import packaged_weights, rule
 from jdml.models.pretrained.torch_io import load_weights
+from tests.helpers import GOLDEN
 
-GOLDEN = os.path.join(os.path.dirname(__file__), "data", "efficientnet_lite0_golden.npz")
+GOLDEN_FILE = os.path.join(GOLDEN, "efficientnet_lite0_golden.npz")
 # ImageNet-1k classes each photo must rank first (a set where the photo fits several).
 EXPECTED_TOP1 = {
     "chelsea.png": {281, 282, 285},  # tabby, tiger cat, Egyptian cat
@@ -34,7 +35,7 @@ EXPECTED_TOP1 = {
 
 @pytest.fixture(scope="module")
 def golden():
-    with np.load(GOLDEN) as g:
+    with np.load(GOLDEN_FILE) as g:
         return {k: g[k] for k in g.files}
 
 

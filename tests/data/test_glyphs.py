@@ -16,8 +16,9 @@ from PIL import Image
 
 from jdml.data import glyphs
 from jdml.data.arrays import ImageArrays
+from tests.helpers import REPO as REPO_DIR
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(REPO_DIR)
 
 
 @pytest.fixture(scope="module")
