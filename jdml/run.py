@@ -18,7 +18,7 @@ from jdml.errors import ConfigError
 from jdml.evaluation.runner import embed_split, evaluate_splits, split_metrics
 from jdml.methods import Method
 from jdml.methods.cohort import Cohort
-from jdml.methods.momentum import push
+from jdml.methods.ema_queue import push
 from jdml.optim import make_optimizer
 from jdml.samplers import SAMPLERS
 from jdml.samplers.memory import empty_sampler_state

@@ -130,7 +130,7 @@ def _validate_numbers(c: ml_collections.ConfigDict) -> None:
             f"{len(m.stage_strides)}"
         )
     if m.backbone == "small_resnet":
-        from jdml.models.resnet import check_map_sizes
+        from jdml.models.small_resnet import check_map_sizes
 
         try:
             check_map_sizes(c.data.image_size, m.stem_strides, m.stage_strides)

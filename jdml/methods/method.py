@@ -25,7 +25,7 @@ import numpy as np
 
 from jdml.errors import ConfigError
 from jdml.losses.decorrelation import Decorrelation
-from jdml.methods.momentum import ema_update, push
+from jdml.methods.ema_queue import ema_update, push
 from jdml.methods.terms import DanceTerm, Metrics, MetricTerm
 from jdml.models import build_model
 from jdml.models import input_normalization as backbone_normalization

@@ -16,8 +16,8 @@ from jdml.models.bninception import BNInception
 from jdml.models.efficientnet import EfficientNetLite0
 from jdml.models.freeze import NOT_FROZEN, frozen_modules
 from jdml.models.googlenet import GoogLeNet
-from jdml.models.resnet import SmallResNet
 from jdml.models.resnet50 import ResNet50
+from jdml.models.small_resnet import SmallResNet
 from jdml.registry import Registry
 
 BACKBONES: Registry[Callable[..., nn.Module]] = Registry("backbone")
@@ -35,7 +35,7 @@ def input_normalization(backbone: str) -> tuple[tuple[float, ...], tuple[float, 
 
 @BACKBONES.register("small_resnet")
 def small_resnet(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
-    """The compact CPU-friendly ResNet (see ``jdml.models.resnet``)."""
+    """The compact CPU-friendly ResNet (see ``jdml.models.small_resnet``)."""
     return SmallResNet(
         stage_features=tuple(cfg.stage_features),
         stage_blocks=tuple(cfg.stage_blocks),

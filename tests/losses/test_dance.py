@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jdml.losses.dance import dance_loss, distance_weights
-from jdml.methods.momentum import KeyQueue, ema_update, insertion_order, ordered, push, valid_mask
+from jdml.methods.ema_queue import KeyQueue, ema_update, insertion_order, ordered, push, valid_mask
 from tests.helpers import central_differences
 
 B, D, N = 4, 6, 10  # every loss call uses these shapes, so each configuration compiles once

@@ -17,7 +17,7 @@ from configs.diva import get_config as diva_config
 from jdml.checkpoint import Checkpoints
 from jdml.config import set_keys, validate
 from jdml.errors import ConfigError
-from jdml.methods.momentum import ordered
+from jdml.methods.ema_queue import ordered
 from jdml.metric_writer import read_metrics
 from jdml.run import Run
 from jdml.step import make_train_step

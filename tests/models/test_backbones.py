@@ -31,7 +31,7 @@ from jdml.models import googlenet as googlenet_module
 from jdml.models import resnet50 as resnet50_module
 from jdml.models.pretrained import bninception as bninception_converter
 from jdml.models.pretrained import googlenet as googlenet_converter
-from jdml.models.pretrained import resnet as resnet_converter
+from jdml.models.pretrained import resnet50 as resnet_converter
 from jdml.models.pretrained.backbones import load_backbone
 from jdml.models.pretrained.convert import fill
 from jdml.models.pretrained.torch_io import load_weights

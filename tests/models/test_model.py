@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jdml.models import BACKBONES, build_model
-from jdml.models.resnet import SmallResNet
+from jdml.models.small_resnet import SmallResNet
 
 
 def _cfg(**kw):
