@@ -39,7 +39,6 @@ from jdml.data.benchmarks.images import decode_image
 from jdml.data.sources import (
     IMAGE_SUFFIXES,
     NPZ_LAYOUT,
-    DataError,
     image_files,
     npz_arrays,
     npz_images,
@@ -48,10 +47,10 @@ from jdml.data.sources import (
     resize_images,
 )
 from jdml.data.transforms import eval_view
-from jdml.errors import CheckpointError, ConfigError, IndexFileError, IndexMismatchError
-from jdml.evaluation.evaluator import combine_heads
+from jdml.errors import CheckpointError, ConfigError, DataError, IndexFileError, IndexMismatchError
+from jdml.evaluation.embeddings import combine_heads
 from jdml.evaluation.knn import knn
-from jdml.evaluation.runner import embed_split
+from jdml.evaluation.splits import embed_split
 from jdml.fileio import atomic_path
 from jdml.methods import Method
 from jdml.methods.cohort import member_name, over_members
@@ -372,7 +371,7 @@ class Model:
         self, data: ImageSet, batch_size: int = 256, progress: bool = False
     ) -> dict[str, np.ndarray]:
         """Every embedding of a split of images, as the evaluation embeds it
-        (:func:`jdml.evaluation.runner.embed_split`), with a progress bar if asked."""
+        (:func:`jdml.evaluation.splits.embed_split`), with a progress bar if asked."""
         return embed_split(
             self._embed_all, self._params, self._batch_stats, data, batch_size, progress
         )
@@ -590,7 +589,7 @@ def load(
       CheckpointError: no such run or checkpoint, or an unreadable one.
       ConfigError: an unknown embedding.
     """
-    from jdml.evaluate import load_config
+    from jdml.evaluate_checkpoint import load_config
 
     workdir = str(workdir)
     config = load_config(workdir)

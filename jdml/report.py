@@ -36,7 +36,7 @@ import numpy as np
 
 from jdml.config import RESUMABLE_CHANGES, flatten_config, selected_only
 from jdml.errors import ReportError
-from jdml.evaluation.evaluator import is_percent
+from jdml.evaluation.embeddings import is_percent
 from jdml.fileio import atomic_path, read_jsonl
 
 log = logging.getLogger("jdml")

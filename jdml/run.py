@@ -15,7 +15,7 @@ from jdml.data.arrays import ImageSet
 from jdml.data.augment import make_augmentation
 from jdml.data.loading import load_splits
 from jdml.errors import ConfigError
-from jdml.evaluation.runner import embed_split, evaluate_splits, split_metrics
+from jdml.evaluation.splits import embed_split, evaluate_splits, split_metrics
 from jdml.methods import Method
 from jdml.methods.cohort import Cohort
 from jdml.methods.ema_queue import push
@@ -162,7 +162,8 @@ class Run:
         {split: {other head or combination: {metric: value}}})``.
 
         The splits in ``full`` (default: all) get ``eval.metrics`` and the multi-head evaluation;
-        the training split also ``eval.train_metrics`` (see ``runner.split_metrics``).
+        the training split also ``eval.train_metrics`` (see
+        ``jdml.evaluation.splits.split_metrics``).
         """
         full = list(splits) if full is None else full
         return evaluate_splits(

@@ -25,7 +25,6 @@ from tqdm.auto import tqdm
 
 from jdml.checkpoint import Checkpoints, has_checkpoints, saved_steps
 from jdml.config import (
-    ConfigError,
     base_config,
     flatten_config,
     incompatible_keys,
@@ -35,9 +34,9 @@ from jdml.config import (
 from jdml.data.arrays import ImageSet
 from jdml.data.pipeline import TrainBatch, train_batches
 from jdml.distributed import barrier, is_main_process
-from jdml.errors import NonFiniteLossError
-from jdml.evaluation.evaluator import format_table
-from jdml.evaluation.runner import SPECTRUM
+from jdml.errors import ConfigError, NonFiniteLossError
+from jdml.evaluation.embeddings import format_table
+from jdml.evaluation.splits import SPECTRUM
 from jdml.fileio import atomic_write, read_jsonl
 from jdml.metric_writer import MetricWriter
 from jdml.run import Run

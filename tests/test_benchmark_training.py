@@ -12,8 +12,8 @@ from jdml.config import validate
 from jdml.data.arrays import QueryGallery
 from jdml.data.loading import load_splits
 from jdml.errors import ConfigError, DataError
-from jdml.evaluation.evaluator import evaluate_embeddings
-from jdml.evaluation.runner import evaluate_split
+from jdml.evaluation.embeddings import evaluate_embeddings
+from jdml.evaluation.splits import evaluate_split
 from jdml.fileio import read_jsonl
 from jdml.look import LookOptions, look
 from jdml.trainer import train_and_evaluate

@@ -15,7 +15,7 @@ from jdml.__main__ import main as jdml_main
 from jdml.checkpoint import Checkpoints
 from jdml.data.loading import load_splits
 from jdml.errors import ConfigError, IndexFileError, IndexMismatchError
-from jdml.evaluation.evaluator import combine_heads, evaluate_embeddings
+from jdml.evaluation.embeddings import combine_heads, evaluate_embeddings
 from jdml.inference import Index
 from jdml.trainer import train_and_evaluate
 from jdml.visualize import retrieval_grid_size

@@ -15,8 +15,8 @@ import pytest
 
 from jdml.checkpoint import Checkpoints
 from jdml.errors import NonFiniteLossError
-from jdml.evaluate import evaluate_checkpoint
-from jdml.evaluation.runner import embed_split
+from jdml.evaluate_checkpoint import evaluate_checkpoint
+from jdml.evaluation.splits import embed_split
 from jdml.metric_writer import read_metrics
 from jdml.report import report
 from jdml.run import Run

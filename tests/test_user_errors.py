@@ -419,7 +419,7 @@ def test_eval_prints_its_results_before_writing_them(finished: Path, tmp_path: P
         textwrap.dedent(
             f"""
             import errno, runpy, sys
-            import jdml.evaluate as ev
+            import jdml.evaluate_checkpoint as ev
             def refuse(workdir, out):
                 raise OSError(errno.ENOSPC, "No space left on device", f"{{workdir}}/eval.json")
             ev.save_evaluation = refuse

@@ -20,8 +20,8 @@ def main(argv: list[str]) -> None:
     del argv
 
     def run() -> None:
-        from jdml.evaluate import evaluate_checkpoint, load_config, save_evaluation
-        from jdml.evaluation.evaluator import format_table
+        from jdml.evaluate_checkpoint import evaluate_checkpoint, load_config, save_evaluation
+        from jdml.evaluation.embeddings import format_table
         from jdml.workdir import check_writable
 
         load_config(_WORKDIR.value)  # a workdir that is not a run is named first

@@ -37,7 +37,7 @@ def main(argv: list[str]) -> None:
 
     def run() -> None:
         from jdml.distributed import initialize, is_main_process
-        from jdml.evaluation.evaluator import format_table
+        from jdml.evaluation.embeddings import format_table
         from jdml.trainer import train_and_evaluate
 
         if _COORDINATOR.value or _DISTRIBUTED.value:

@@ -215,7 +215,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     from jdml.data.augment import AUGMENTATIONS
     from jdml.data.benchmarks import BENCHMARKS
     from jdml.data.sources import DATASETS
-    from jdml.evaluation.evaluator import check_metric_names
+    from jdml.evaluation.embeddings import check_metric_names
     from jdml.evaluation.kmeans import KMEANS_MODES
     from jdml.losses import LOSSES
     from jdml.miners import MINERS

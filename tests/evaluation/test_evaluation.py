@@ -11,9 +11,9 @@ from sklearn.datasets import make_blobs
 from sklearn.metrics import normalized_mutual_info_score
 
 from jdml.errors import UnknownMetricError
-from jdml.evaluation import evaluator
+from jdml.evaluation import embeddings as evaluator
 from jdml.evaluation import knn as knn_module
-from jdml.evaluation.evaluator import check_metric_names, evaluate_embeddings, format_table
+from jdml.evaluation.embeddings import check_metric_names, evaluate_embeddings, format_table
 from jdml.evaluation.kmeans import kmeans
 from jdml.evaluation.knn import knn, knn_blocks, largest_k, sortable_key
 from jdml.evaluation.metrics import METRICS, Metric, Requirements, get_metric

@@ -17,8 +17,8 @@ from sklearn.decomposition import TruncatedSVD
 from sklearn.metrics import average_precision_score
 
 from jdml.errors import UnknownMetricError
-from jdml.evaluation import evaluator
-from jdml.evaluation.evaluator import (
+from jdml.evaluation import embeddings as evaluator
+from jdml.evaluation.embeddings import (
     combine_heads,
     evaluate_embeddings,
     evaluate_heads,

@@ -20,8 +20,8 @@ from sklearn.metrics.cluster import pair_confusion_matrix
 from jdml.config import validate
 from jdml.data.arrays import ImageArrays
 from jdml.errors import ConfigError
-from jdml.evaluation import evaluator
-from jdml.evaluation.evaluator import evaluate_embeddings
+from jdml.evaluation import embeddings as evaluator
+from jdml.evaluation.embeddings import evaluate_embeddings
 from jdml.evaluation.kmeans import (
     KMEANS_MODES,
     REFERENCE_SEED,
@@ -33,7 +33,7 @@ from jdml.evaluation.kmeans import (
     split_empty_clusters,
 )
 from jdml.evaluation.metrics import Requirements, f1, nmi
-from jdml.evaluation.runner import evaluate_splits
+from jdml.evaluation.splits import evaluate_splits
 
 
 def faiss_kmeans(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score
 
-from jdml.evaluation.evaluator import evaluate_embeddings
+from jdml.evaluation.embeddings import evaluate_embeddings
 from jdml.evaluation.knn import knn_full_ranking
 
 RETRIEVAL = ["recall@1", "recall@2", "recall@8", "precision@1", "r_precision", "map@r"]

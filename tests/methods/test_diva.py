@@ -228,7 +228,7 @@ def test_report_of_a_concatenation(full_run, tmp_path):
 
 
 def test_checkpoint_evaluation_covers_every_head(full_run):
-    from jdml.evaluate import evaluate_checkpoint
+    from jdml.evaluate_checkpoint import evaluate_checkpoint
 
     workdir, summary = full_run
     out = evaluate_checkpoint(workdir, "best", ["test"])
@@ -242,7 +242,7 @@ def test_loaded_concatenation_and_one_map_per_head(full_run, tmp_path):
     one embedding-map panel per head."""
     import jdml
     from jdml.data.loading import load_splits
-    from jdml.evaluation.evaluator import evaluate_embeddings
+    from jdml.evaluation.embeddings import evaluate_embeddings
     from jdml.look import LookOptions, look
     from jdml.visualize import embedding_maps_size
 

@@ -22,9 +22,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from jdml.errors import UnsafeWeightFileError, WeightFileError
 from jdml.models.pretrained.torch_io import (
-    UnsafeWeightFileError,
-    WeightFileError,
     detect_format,
     find_state_dict,
     load_torch_object,

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from jdml.data.arrays import ImageSet, QueryGallery
 from jdml.data.pipeline import eval_batches
-from jdml.evaluation.evaluator import combine_heads, evaluate_embeddings
+from jdml.evaluation.embeddings import combine_heads, evaluate_embeddings
 
 EmbedFn = Callable[[Any, Any, jax.Array], dict[str, jax.Array]]
 
@@ -96,7 +96,7 @@ def _options(cfg: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
       seed: the run's seed.
 
     Returns:
-      Keyword arguments of :func:`jdml.evaluation.evaluator.evaluate_embeddings`.
+      Keyword arguments of :func:`jdml.evaluation.embeddings.evaluate_embeddings`.
     """
     return {"distance": cfg.distance, "seed": seed, "kmeans_init": cfg.kmeans}
 

@@ -10,7 +10,7 @@ from typing import Any
 from jdml.checkpoint import Checkpoints
 from jdml.config import saved_config
 from jdml.errors import CheckpointError, ConfigError
-from jdml.evaluation.runner import SPECTRUM
+from jdml.evaluation.splits import SPECTRUM
 from jdml.fileio import atomic_write
 from jdml.run import Run
 from jdml.workdir import check_writable
