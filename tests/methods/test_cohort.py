@@ -16,7 +16,7 @@ from jdml.checkpoint import Checkpoints
 from jdml.config import set_keys, validate
 from jdml.data.pipeline import TrainBatch
 from jdml.errors import ConfigError
-from jdml.metric_writer import read_metrics
+from jdml.fileio import read_jsonl
 from jdml.run import Run
 from jdml.step import make_train_step
 from jdml.trainer import train_and_evaluate
@@ -203,7 +203,7 @@ def test_cohort_trains_evaluates_and_resumes_exactly(npz, tmp_path):
     straight = str(tmp_path / "straight")
     summary = train_and_evaluate(config, straight)
     assert summary["train_step_compiles"] == 1
-    records = read_metrics(os.path.join(straight, "metrics.jsonl"))
+    records = read_jsonl(os.path.join(straight, "metrics.jsonl"))
     evals = {r.get("embedding", "main") for r in records if r["kind"] == "eval"}
     assert evals == {"main", "member2", "concat:1,1"}
     train_rows = [r for r in records if r["kind"] == "train"]
@@ -290,7 +290,7 @@ def test_two_processes_train_the_same_cohort_as_one(npz, tmp_path):
     assert int(a.step) == int(b.step) > 0
     for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
-    records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    records = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
     rows = [
         (r["step"], r["split"]) for r in records if r["kind"] == "eval" and "embedding" not in r
     ]

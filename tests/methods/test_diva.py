@@ -17,8 +17,8 @@ from configs.diva import get_config as diva_config
 from jdml.checkpoint import Checkpoints
 from jdml.config import set_keys, validate
 from jdml.errors import ConfigError
+from jdml.fileio import read_jsonl
 from jdml.methods.ema_queue import ordered
-from jdml.metric_writer import read_metrics
 from jdml.run import Run
 from jdml.step import make_train_step
 from jdml.trainer import train_and_evaluate
@@ -115,7 +115,7 @@ def test_step_updates_ema_and_queue_after_the_optimiser(run):
 def test_training_compiles_once_and_records_every_head(full_run):
     workdir, summary = full_run
     assert summary["train_step_compiles"] == 1
-    records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    records = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
     extra = {r["embedding"] for r in records if r["kind"] == "eval" and "embedding" in r}
     assert extra == {*AUX_HEADS, "concat:0.5,1,1,1"}
     train = [r for r in records if r["kind"] == "train"]
@@ -215,7 +215,7 @@ def test_report_of_a_concatenation(full_run, tmp_path):
 
     workdir, summary = full_run
     out = report([workdir], str(tmp_path), embedding="concat:0.5,1,1,1", metrics=["recall@1"])
-    records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    records = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
     best = summary["best"]["step"]  # selected on the main head
     concat = [
         r
@@ -252,7 +252,7 @@ def test_loaded_concatenation_and_one_map_per_head(full_run, tmp_path):
     got = evaluate_embeddings(model.embed(test.images), test.labels, ["recall@1"])
     records = [
         r
-        for r in read_metrics(f"{workdir}/metrics.jsonl")
+        for r in read_jsonl(f"{workdir}/metrics.jsonl")
         if r.get("embedding") == "concat:0.5,1,1,1" and r["step"] == model.step
     ]
     assert got["recall@1"] == pytest.approx(records[-1]["recall@1"], abs=1e-6)
