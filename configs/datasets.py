@@ -247,9 +247,7 @@ def preset(data: str) -> Preset:
       ConfigError: for an unknown name, listing the known ones.
     """
     if data not in PRESETS:
-        raise ConfigError(
-            f"unknown data preset {data!r}; choose one of: {', '.join(sorted(PRESETS))}"
-        )
+        raise ConfigError(f"unknown data preset {data!r}; choose one of: {', '.join(PRESETS)}")
     return PRESETS[data]
 
 

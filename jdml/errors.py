@@ -12,15 +12,16 @@ class ConfigError(ValueError):
     """A configuration that cannot run; the message says which key and how to fix it."""
 
 
-class UnknownNameError(KeyError):
-    """Raised for a name that no component registered; the message lists the known names."""
+class UnknownNameError(KeyError, ValueError):
+    """Raised for a name that no component registered; the message lists the known names. A
+    ``KeyError`` (a failed look-up) and a ``ValueError`` (a bad value of a setting)."""
 
     def __str__(self) -> str:  # KeyError quotes its message; show it as plain text.
         return str(self.args[0])
 
 
-class UnknownMetricError(UnknownNameError, ValueError):
-    """An unknown metric name; both a ``KeyError`` (like registry look-ups) and a ``ValueError``."""
+class UnknownMetricError(UnknownNameError):
+    """An unknown metric name (a ``KeyError`` and a ``ValueError``, as every unknown name)."""
 
 
 class DataError(ValueError):

@@ -53,3 +53,17 @@ def test_read_jsonl_skips_what_a_kill_or_an_editor_leaves(tmp_path) -> None:
         assert read_jsonl(path, warn=True) == want
     with pytest.raises(FileNotFoundError):
         read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_an_interrupted_durable_write_leaves_no_file(tmp_path, monkeypatch) -> None:
+    """The glyph and emoji caches are written with durable=True: a kill during the fsync leaves
+    neither the target nor a temporary."""
+    from jdml import fileio
+
+    def boom(fd: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fileio.os, "fsync", boom)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(tmp_path / "x" / "glyphs.npz", b"data", durable=True)
+    assert list((tmp_path / "x").iterdir()) == []

@@ -315,16 +315,6 @@ def test_damaged_cache_is_rebuilt(
     assert np.array_equal(again.data.images, table.data.images)
 
 
-def test_interrupted_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom(fd: int) -> None:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(glyphs.os, "fsync", boom)
-    with pytest.raises(KeyboardInterrupt):
-        glyphs._atomic_write(tmp_path / "x" / "glyphs.npz", b"data")
-    assert list((tmp_path / "x").iterdir()) == []
-
-
 # ----------------------------------------------------------------------------- errors
 
 
