@@ -5,36 +5,7 @@ python eval.py --workdir runs/glyphs --checkpoint latest --split test --split va
 python eval.py --workdir runs/glyphs --checkpoint 1200
 """
 
-from absl import app, flags
-
-from jdml.cli import flags_parser, run_cli
-
-_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir.")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "best, latest, or a step number.")
-_SPLIT = flags.DEFINE_multi_string("split", ["test"], "Split(s) to evaluate: train, val, test.")
-flags.mark_flags_as_required(["workdir"])
-
-
-def main(argv: list[str]) -> None:
-    del argv
-
-    def run() -> None:
-        from jdml.evaluate import evaluate_checkpoint, load_config, save_evaluation
-        from jdml.evaluation.evaluator import format_table
-        from jdml.workdir import check_writable
-
-        load_config(_WORKDIR.value)  # a workdir that is not a run is named first
-        check_writable(_WORKDIR.value)
-        out = evaluate_checkpoint(_WORKDIR.value, _CHECKPOINT.value, _SPLIT.value, write=False)
-        label = f"{out['checkpoint']} (step {out['step']})"
-        rows = {f"{label} {s}": v for s, v in out["results"].items()}
-        for split, embeddings in out.get("embeddings", {}).items():
-            rows.update({f"{label} {split} {name}": v for name, v in embeddings.items()})
-        print(format_table(rows), flush=True)  # shown even if the results cannot be written
-        print(f"results: {save_evaluation(_WORKDIR.value, out)}")
-
-    run_cli(run)
-
+from jdml.commands.eval import run
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=flags_parser())
+    run()

@@ -43,7 +43,7 @@ import jax
 import numpy as np
 from sklearn.neighbors import NearestNeighbors
 
-from jdml.evaluation.evaluator import evaluate_embeddings, format_table
+from jdml.evaluation.embeddings import evaluate_embeddings, format_table
 from jdml.evaluation.kmeans import kmeans
 from jdml.evaluation.knn import knn
 from jdml.throughput import alternating_rounds, throughput_line

@@ -97,7 +97,7 @@ def run_jdml(x: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
     """All metrics with one evaluate_embeddings call; returns values and timings."""
     import jax
 
-    from jdml.evaluation import evaluator
+    from jdml.evaluation import embeddings as evaluator
 
     steps: dict[str, float] = {}
 

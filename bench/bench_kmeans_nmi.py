@@ -13,7 +13,7 @@ import argparse
 
 import numpy as np
 
-from jdml.evaluation.evaluator import evaluate_embeddings
+from jdml.evaluation.embeddings import evaluate_embeddings
 
 
 def embeddings(noise: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

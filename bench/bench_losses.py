@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs.revisiting import DEFAULT_MINER, get_config
+from configs.revisiting import get_config
 from jdml.losses import LOSSES
 from jdml.methods import StandardMethod
 from jdml.models.embedding import l2_normalize
@@ -129,7 +129,9 @@ def main() -> None:
             contenders["pml"] = _pml_call(pml[loss], raw, labels, normalize)
         timings = alternating_rounds(contenders, args.repeats, calls=args.calls)
         med = {name: timing.median for name, timing in timings.items()}
-        rows.append((loss, DEFAULT_MINER[loss] or "-", med.get("jdml"), med.get("pml")))
+        rows.append(
+            (loss, LOSSES.get(loss).reference_miner or "-", med.get("jdml"), med.get("pml"))
+        )
 
     print(f"batch {BATCH}, D {DIM}, SPC-{SPC}; median ms per forward+backward (miner included)")
     print(f"{'loss':16s} {'miner':9s} {'jdml ms':>8s} {'PML ms':>8s} {'jdml/PML':>9s}")

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from jdml.evaluation.evaluator import evaluate_embeddings
+from jdml.evaluation.embeddings import evaluate_embeddings
 
 METRICS = ["recall@1", "recall@10", "recall@20", "recall@30", "map@r", "map"]
 

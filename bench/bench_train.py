@@ -39,8 +39,9 @@ import numpy as np
 import optax
 
 from configs.revisiting import get_config
-from jdml.config import ConfigError, apply_overrides
+from jdml.config import apply_overrides
 from jdml.data.pipeline import TrainBatch, train_batches
+from jdml.errors import ConfigError
 from jdml.nn.conv import conv2d
 from jdml.run import Run
 from jdml.step import make_train_step

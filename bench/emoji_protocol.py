@@ -43,8 +43,8 @@ from configs.diva import ablation_config
 from configs.dm2 import get_config as dm2_config
 from configs.revisiting import get_config as revisiting_config
 from configs.sharing import get_config as sharing_config
-from jdml.evaluate import evaluate_checkpoint
-from jdml.evaluation.evaluator import evaluate_embeddings
+from jdml.evaluate_checkpoint import evaluate_checkpoint
+from jdml.evaluation.embeddings import evaluate_embeddings
 from jdml.models.efficientnet import MEAN, STD, EfficientNetLite0
 from jdml.models.pretrained.backbones import load_backbone
 from jdml.report import load_run, plot_spectra, summarize_group

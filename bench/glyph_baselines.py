@@ -28,9 +28,10 @@ import os
 import numpy as np
 
 from configs.revisiting import get_config
-from jdml.config import ConfigError, apply_overrides
+from jdml.config import apply_overrides
 from jdml.data.loading import load_splits
-from jdml.evaluation.runner import evaluate_raw_pixels
+from jdml.errors import ConfigError
+from jdml.evaluation.splits import evaluate_raw_pixels
 from jdml.trainer import train_and_evaluate
 
 METRICS = ("recall@1", "recall@2", "recall@4", "recall@8", "map@r", "map@c", "nmi")

@@ -28,7 +28,7 @@ import ml_collections
 from configs.diva import ablation_config, split_embedding
 from configs.revisiting import get_config as revisiting_config
 from configs.sharing import get_config as sharing_config
-from jdml.evaluation.runner import combination_name
+from jdml.evaluation.splits import combination_name
 from jdml.report import find_runs, format_cell, load_run, summarize_group
 from jdml.trainer import atomic_write, train_and_evaluate
 

@@ -28,7 +28,8 @@ import ml_collections
 import numpy as np
 
 from configs.dm2 import get_config
-from jdml.report import ReportError, find_runs, format_cell, load_run, summarize_group
+from jdml.errors import ReportError
+from jdml.report import find_runs, format_cell, load_run, summarize_group
 from jdml.trainer import atomic_write, train_and_evaluate
 
 METRICS = ("recall@1", "map@r", "nmi")

@@ -30,7 +30,7 @@ import skimage
 from PIL import Image
 
 from jdml.data.photo_augment import color_jitter, hflip, resized_crop, rrc_params, to_grayscale
-from jdml.evaluation.evaluator import evaluate_embeddings
+from jdml.evaluation.embeddings import evaluate_embeddings
 from jdml.models.efficientnet import MEAN, STD, EfficientNetLite0
 from jdml.models.pretrained.backbones import load_backbone
 

@@ -23,82 +23,15 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.revisiting import (
-    BENCHMARK_PRESETS,
-    PRESETS,
-    apply_overrides,
-    parse_arg,
-    reference_loss_overrides,
-)
-from jdml.config import ConfigError, base_config, dance_term, metric_term
+from configs.datasets import preset, reference_loss_overrides
+from configs.revisiting import parse_arg
+from jdml.config import base_config, dance_term, metric_term, set_keys
+from jdml.errors import ConfigError
 
 AUX_HEADS = ("selfsimilarity", "shared", "intra")
 
-# Per-dataset settings of the reference runs (its ECCV2020_DiVA_SampleRuns, ResNet50 rows):
-# the auxiliary terms' weight alpha (the same for the three), the decorrelation weight rho of
-# each pair, the learning-rate step epoch and factor, the epochs and the queue's key batches.
-DATASET_SETTINGS: dict[str, dict[str, float]] = {
-    "cub200": {
-        "alpha": 0.3,
-        "rho": 1500.0,
-        "milestone": 55,
-        "gamma": 0.2,
-        "epochs": 350,
-        "keys": 30,
-    },
-    "cars196": {
-        "alpha": 0.15,
-        "rho": 100.0,
-        "milestone": 70,
-        "gamma": 0.2,
-        "epochs": 350,
-        "keys": 30,
-    },
-    "sop": {"alpha": 0.2, "rho": 150.0, "milestone": 70, "gamma": 0.3, "epochs": 150, "keys": 70},
-    # No reference run on In-Shop: SOP's settings (the closest benchmark).
-    "inshop": {
-        "alpha": 0.2,
-        "rho": 150.0,
-        "milestone": 70,
-        "gamma": 0.3,
-        "epochs": 150,
-        "keys": 70,
-    },
-    # Chosen here for the small glyph network trained from scratch (Adam 1e-3; the reference's
-    # 1e-5 is for a pretrained ResNet50): alpha and rho picked on a held-out validation split
-    # (data.val_fraction=0.2, 4 epochs, seed 0; validation Recall@1 of the main head / the
-    # concatenation, the latter deciding: alpha 0.3 rho 15 -> 92.2 / 89.6, 0.1 and 15 -> 96.4 /
-    # 93.3, 0.1 and 150 -> 96.7 / 94.1; the CUB weights 0.3 and 1500 had cut the main head's test
-    # Recall@1 to 55.6 from 68.8 without decorrelation in 2-epoch runs), the default schedule, a
-    # 10-batch queue.
-    # emoji (shaped like SOP, fine-tuned like the benchmarks): SOP's weights, no lr decay within
-    # the emoji protocol's 20 epochs, a 10-batch queue (1,120 keys, a third of the training set;
-    # SOP's 70 batches would exceed it).
-    "emoji": {
-        "alpha": 0.2,
-        "rho": 150.0,
-        "milestone": 20,
-        "gamma": 0.3,
-        "epochs": 20,
-        "keys": 10,
-    },
-    "glyphs": {
-        "alpha": 0.1,
-        "rho": 150.0,
-        "milestone": 10,
-        "gamma": 0.3,
-        "epochs": 15,
-        "keys": 10,
-    },
-}
-
-# Evaluation weights of (discriminative, selfsimilarity, shared, intra) in the concatenations.
-EVAL_WEIGHTS: dict[str, tuple[tuple[float, ...], ...]] = {
-    "default": ((0.75, 1.25, 1.25, 1.25), (0.5, 1.0, 1.0, 1.0), (0.5, 1.5, 1.5, 1.5)),
-    "sop": ((1.0, 1.0, 1.0, 1.0), (0.5, 1.0, 1.0, 1.0), (1.0, 0.5, 0.5, 0.5), (1.5, 1.0, 1.0, 1.0)),
-}
-EVAL_WEIGHTS["inshop"] = EVAL_WEIGHTS["sop"]
-
+# The reference's optimiser on the ImageNet benchmarks (the per-dataset weights, schedule and queue
+# are in configs/datasets.py).
 REFERENCE_OPTIM = {"optim.lr": 1e-5, "optim.weight_decay": 4e-4}
 
 
@@ -108,14 +41,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     data = args.pop("data", "glyphs")
     if args:
         raise ConfigError(f"unknown config argument(s) {sorted(args)}; use data=<preset>")
-    if data not in PRESETS and data not in DATASET_SETTINGS:
-        choices = sorted(set(PRESETS) | set(DATASET_SETTINGS))
-        raise ConfigError(f"unknown data preset {data!r}; choose one of: {', '.join(choices)}")
-    s = DATASET_SETTINGS.get(data, DATASET_SETTINGS["glyphs"])
+    chosen = preset(data)
+    s = chosen.diva
     c = base_config()
-    apply_overrides(c, PRESETS[data])
-    if data in BENCHMARK_PRESETS:
-        apply_overrides(c, REFERENCE_OPTIM)
+    set_keys(c, chosen.protocol)
+    if chosen.benchmark:
+        set_keys(c, REFERENCE_OPTIM)
     c.model.head = "discriminative"
     c.loss.name, c.miner.name = "margin", "distance"
     c.aux.selfsimilarity = dance_term(head="selfsimilarity", weight=s["alpha"])
@@ -123,14 +54,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.aux.shared = metric_term("margin", "random_distance", head="shared", weight=s["alpha"])
     c.aux.intra = metric_term("margin", "intra_random", head="intra", weight=s["alpha"])
     for section in ("loss", "aux.shared.loss", "aux.intra.loss"):
-        apply_overrides(c, reference_loss_overrides(section, data))  # the reference's divisor
+        set_keys(c, reference_loss_overrides(section, data))  # the reference's divisor
     c.decorrelation.pairs = tuple((head, "discriminative") for head in AUX_HEADS)
     c.decorrelation.weights = (s["rho"],) * len(AUX_HEADS)
     c.optim.milestones = (int(s["milestone"]),)
     c.optim.gamma = s["gamma"]
     c.train.epochs = int(s["epochs"])
     c.eval.heads = ("discriminative", *AUX_HEADS)
-    c.eval.combinations = EVAL_WEIGHTS.get(data, EVAL_WEIGHTS["default"])
+    c.eval.combinations = chosen.diva_eval_weights
     c.lock()
     return c
 

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import ml_collections
 
+from configs.datasets import preset
 from configs.diva import get_config as diva_config
-from configs.revisiting import PRESETS, apply_overrides, parse_arg
 from configs.revisiting import get_config as revisiting_config
-from jdml.config import ConfigError
+from configs.revisiting import parse_arg
+from jdml.config import set_keys
+from jdml.errors import ConfigError
 
 # Table 1's rows: (mutual term on, model diversity, temporal diversity, view diversity).
 DIVERSITIES: dict[str, tuple[bool, bool, bool, bool]] = {
@@ -37,34 +39,6 @@ DIVERSITIES: dict[str, tuple[bool, bool, bool, bool]] = {
     "md+vd": (True, True, False, True),
     "md+td+vd": (True, True, True, True),
 }
-
-# The paper's section 4.2 per dataset: batch 120 with SPC-5 (CUB, CARS) or SPC-2 (SOP), Adam
-# lr 3e-5 and weight decay 5e-4, BatchNorm frozen on CUB and CARS, 512-d embeddings, lambda warmed
-# up over 3 epochs.
-DATASET_SETTINGS: dict[str, dict[str, object]] = {
-    "cub200": {
-        "train.batch_size": 120,
-        "sampler.samples_per_class": 5,
-        "model.frozen_bn": True,
-        "model.embed_dim": 512,
-    },
-    "cars196": {
-        "train.batch_size": 120,
-        "sampler.samples_per_class": 5,
-        "model.frozen_bn": True,
-        "model.embed_dim": 512,
-    },
-    "sop": {
-        "train.batch_size": 120,
-        "sampler.samples_per_class": 2,
-        "model.frozen_bn": False,
-        "model.embed_dim": 512,
-    },
-}
-DATASET_SETTINGS["inshop"] = DATASET_SETTINGS["sop"]  # the paper treats them alike
-PAPER_OPTIM = {"optim.lr": 3e-5, "optim.weight_decay": 5e-4, "optim.milestones": ()}
-# The glyph network trains from scratch in a few epochs: lambda reaches its value after one.
-GLYPH_SETTINGS = {"cohort.warmup_epochs": 1.0}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -84,11 +58,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         raise ConfigError(
             f"unknown diversity {diversity!r}; choose one of: {', '.join(DIVERSITIES)}"
         )
-    known = sorted(set(PRESETS) | set(DATASET_SETTINGS))
-    if data not in known:
-        raise ConfigError(f"unknown data preset {data!r}; choose one of: {', '.join(known)}")
+    chosen = preset(data)
     # Members run their method's preset, including its loss options on the benchmarks (the
-    # margin loss's reference divisor: REFERENCE_LOSS_OPTIONS in configs/revisiting.py).
+    # margin loss's reference divisor: REFERENCE_LOSS_OPTIONS in configs/datasets.py).
     if method == "revisiting":
         c = revisiting_config(f"loss={loss},data={data}")
     elif method == "diva":
@@ -97,10 +69,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         raise ConfigError(f"unknown method {method!r}; choose revisiting or diva")
     mutual, model, temporal, view = DIVERSITIES[diversity]
     with c.unlocked():
-        if data in DATASET_SETTINGS and method == "revisiting":
-            apply_overrides(c, {**PAPER_OPTIM, **DATASET_SETTINGS[data]})
-        if data == "glyphs":
-            apply_overrides(c, GLYPH_SETTINGS)
+        if method == "revisiting":  # the paper's section 4.2 settings (configs/datasets.py)
+            set_keys(c, chosen.dm2)
+        set_keys(c, chosen.dm2_any_method)
         c.cohort.size = size
         c.cohort.mutual_weight = c.cohort.mutual_weight if mutual else 0.0
         c.cohort.model_diversity = model

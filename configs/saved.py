@@ -15,7 +15,8 @@ import os
 
 import ml_collections
 
-from jdml.config import ConfigError, saved_config
+from jdml.config import saved_config
+from jdml.errors import ConfigError
 
 
 def get_config(path: str = "") -> ml_collections.ConfigDict:

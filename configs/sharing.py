@@ -23,30 +23,10 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.revisiting import (
-    BENCHMARK_PRESETS,
-    PRESETS,
-    apply_overrides,
-    parse_arg,
-    reference_loss_overrides,
-)
-from jdml.config import ConfigError, base_config, metric_term
-
-# gamma of the reference runs (runs/shared_features.sh; its flag default is 500) and epochs.
-DATASET_SETTINGS: dict[str, dict[str, float]] = {
-    "cub200": {"gamma": 2400.0, "epochs": 150, "shared_weight": 1.0},
-    "cars196": {"gamma": 900.0, "epochs": 150, "shared_weight": 1.0},
-    # No reference run on SOP: the flag default gamma and the Revisiting SOP length.
-    "sop": {"gamma": 500.0, "epochs": 100, "shared_weight": 1.0},
-    "inshop": {"gamma": 500.0, "epochs": 100, "shared_weight": 1.0},  # as SOP
-    # Chosen here for the small glyph network trained from scratch, on a held-out validation
-    # split (data.val_fraction=0.2, 4 epochs, seed 0; validation Recall@1 of the class head / the
-    # concatenation, the latter deciding): shared weight 0.3 and gamma 50 -> 97.3 / 96.2, 0.1
-    # and 50 -> 97.8 / 96.7, 0.1 and 500 (the flag default) -> 97.6 / 97.0.
-    "glyphs": {"gamma": 500.0, "epochs": 15, "shared_weight": 0.1},
-    # emoji (shaped like SOP, fine-tuned like the benchmarks): SOP's settings, the emoji epochs.
-    "emoji": {"gamma": 500.0, "epochs": 20, "shared_weight": 1.0},
-}
+from configs.datasets import preset, reference_loss_overrides
+from configs.revisiting import parse_arg
+from jdml.config import base_config, metric_term, set_keys
+from jdml.errors import ConfigError
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -58,14 +38,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         raise ConfigError(
             f"unknown config argument(s) {sorted(args)}; use data=<preset>, alternating=0|1"
         )
-    if data not in PRESETS and data not in DATASET_SETTINGS:
-        choices = sorted(set(PRESETS) | set(DATASET_SETTINGS))
-        raise ConfigError(f"unknown data preset {data!r}; choose one of: {', '.join(choices)}")
-    s = DATASET_SETTINGS.get(data, DATASET_SETTINGS["glyphs"])
+    chosen = preset(data)
+    s = chosen.sharing
     c = base_config()
-    apply_overrides(c, PRESETS[data])
-    if data in BENCHMARK_PRESETS:
-        apply_overrides(c, {"optim.lr": 1e-5, "optim.weight_decay": 4e-4, "optim.milestones": ()})
+    set_keys(c, chosen.protocol)
+    if chosen.benchmark:
+        set_keys(c, {"optim.lr": 1e-5, "optim.weight_decay": 4e-4, "optim.milestones": ()})
     c.model.head = "class"
     c.loss.name, c.miner.name = "margin", "distance"
     c.sampler.samples_per_class = 4
@@ -73,7 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "margin", "shared_neg_distance", head="shared", weight=s["shared_weight"]
     )
     for section in ("loss", "aux.shared.loss"):
-        apply_overrides(c, reference_loss_overrides(section, data))  # the reference's divisor
+        set_keys(c, reference_loss_overrides(section, data))  # the reference's divisor
     c.decorrelation.pairs = (("shared", "class"),)
     c.decorrelation.weights = (s["gamma"],)
     c.decorrelation.renormalize = False

@@ -1,4 +1,10 @@
-"""The ``jdml`` command (also ``python -m jdml``), on the run directories ``train.py`` writes:
+"""The ``jdml`` command (also ``python -m jdml``):
+
+* ``jdml train --config CONFIG --workdir RUN``: train (``train.py``'s flags; the configs of
+  ``configs/`` are found from any folder, e.g. ``--config revisiting:data=glyphs``);
+* ``jdml eval --workdir RUN``: evaluate a checkpoint (``eval.py``'s flags);
+
+and, on the run directories that training writes:
 
 * ``jdml report RUN_DIR... [--out DIR]``: tables and plots over runs, mean and std over seeds;
 * ``jdml embed RUN IMAGES --out INDEX``: embed an image folder or .npz into an index file;
@@ -10,8 +16,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
+import sys
 
 
 def _count(least: int):
@@ -83,7 +91,7 @@ def _search(args: argparse.Namespace) -> None:
     hits = index.search(model.embed(queries.images), args.k, fingerprint=model.fingerprint)
     print(hits_table(queries.names, hits, index.class_names))
     if args.json:
-        from jdml.workdir import atomic_write
+        from jdml.fileio import atomic_write
 
         results = [
             {"query": q, "neighbours": [h.as_dict(index.class_names) for h in row]}
@@ -141,6 +149,9 @@ def _model_arguments(p: argparse.ArgumentParser, checkpoint_default: str | None)
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jdml", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
+    for name, what in (("train", "train a model"), ("eval", "evaluate a checkpoint")):
+        # Listed for --help only: main() hands these to their absl-flag commands.
+        sub.add_parser(name, help=f"{what} (flags: jdml {name} --help)", add_help=False)
     r = sub.add_parser(
         "report",
         help="tables (Markdown, CSV) and plots over training runs, mean and std over seeds",
@@ -233,11 +244,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# The commands that take absl flags (ml_collections config overrides) rather than argparse ones.
+FLAG_COMMANDS = ("train", "eval")
+
+
 def main(argv: list[str] | None = None) -> None:
     from jdml.cli import run_cli
-    from jdml.inference import IndexFileError, IndexMismatchError
-    from jdml.report import ReportError
+    from jdml.errors import IndexFileError, IndexMismatchError, ReportError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in FLAG_COMMANDS:
+        command = importlib.import_module(f"jdml.commands.{argv[0]}")
+        command.run([f"jdml {argv[0]}", *argv[1:]])
+        return
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     run_cli(lambda: args.func(args), extra=(ReportError, IndexFileError, IndexMismatchError))

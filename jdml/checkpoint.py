@@ -16,11 +16,8 @@ from typing import Any
 
 import orbax.checkpoint as ocp
 
+from jdml.errors import CheckpointError
 from jdml.state import TrainState
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing or cannot be restored; the message names it and the fix."""
 
 
 def saved_steps(workdir: str, which: str = "latest") -> list[int]:

@@ -5,19 +5,19 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from jdml.checkpoint import CheckpointError
-from jdml.config import ConfigError
-from jdml.registry import UnknownNameError
+from jdml.errors import CheckpointError, ConfigError, UnknownNameError
 
 EXIT_USAGE = 2
 
 
 def known_errors() -> tuple[type[BaseException], ...]:
-    from jdml.data.sources import DataError
-    from jdml.models.pretrained.convert import WeightMismatchError
-    from jdml.models.pretrained.torch_io import WeightFileError
-    from jdml.trainer import NonFiniteLossError
-    from jdml.workdir import WorkdirError
+    from jdml.errors import (
+        DataError,
+        NonFiniteLossError,
+        WeightFileError,
+        WeightMismatchError,
+        WorkdirError,
+    )
 
     return (
         ConfigError,
@@ -119,13 +119,32 @@ def _config_file_error(message: str) -> str:
     return f"the config file failed: {last}"
 
 
-def saved_config_argv(argv: list[str], flag: str = "config") -> list[str]:
-    """Maps ``--config <file>.json`` (a run's stored config.json) onto ``configs/saved.py``, the
-    config file that reads it as JSON (nothing in it is executed)."""
+def resolved_config_argv(argv: list[str], flag: str = "config", *, saved: bool = True) -> list[str]:
+    """Maps ``--config`` values onto config files that exist:
+
+    * ``<file>.json`` (a run's stored config.json) onto ``configs/saved.py``, the config file
+      that reads it as JSON (nothing in it is executed);
+    * a method config that is not there (``configs/revisiting.py``, ``revisiting`` or
+      ``revisiting.py``, with its ``:args``) onto the copy installed with the package, so that
+      ``jdml train`` runs from any folder.
+
+    With ``saved=False`` only the second mapping is done.
+    """
+    import os
+
+    import configs
     import configs.saved
 
     def mapped(value: str) -> str:
-        return f"{configs.saved.__file__}:{value}" if value.endswith(".json") else value
+        if value.endswith(".json"):
+            return f"{configs.saved.__file__}:{value}" if saved else value
+        path, sep, args = value.partition(":")
+        if os.path.isfile(path):
+            return value
+        name = os.path.basename(path)
+        name = name if name.endswith(".py") else f"{name}.py"
+        packaged = os.path.join(os.path.dirname(configs.__file__), name)
+        return f"{packaged}{sep}{args}" if os.path.isfile(packaged) else value
 
     out = list(argv)
     for i, arg in enumerate(out):
@@ -149,8 +168,8 @@ def _missing_config_file(argv: list[str], flag: str = "config") -> str | None:
         if value is not None and not os.path.isfile(value.split(":", 1)[0]):
             return (
                 f"config file {value.split(':', 1)[0]} does not exist; use a method config "
-                "(configs/revisiting.py, configs/diva.py, configs/sharing.py, configs/dm2.py) or "
-                "a run's config.json"
+                "(revisiting, diva, sharing or dm2: configs/<name>.py, found from any folder) "
+                "or a run's config.json"
             )
     return None
 
@@ -160,11 +179,12 @@ def flags_parser(config_flag_name: str = "config") -> Callable[[list[str]], list
     from absl import flags
 
     def parse(argv: list[str]) -> list[str]:
+        argv = resolved_config_argv(argv, config_flag_name, saved=False)
         missing = _missing_config_file(argv, config_flag_name)
         if missing:
             print(f"error: {missing}", file=sys.stderr)
             sys.exit(EXIT_USAGE)
-        argv = saved_config_argv(argv, config_flag_name)
+        argv = resolved_config_argv(argv, config_flag_name)
         try:
             return flags.FLAGS(argv)
         except flags.Error as e:

@@ -32,15 +32,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm import tqdm
 
-from jdml.checkpoint import CheckpointError, Checkpoints
-from jdml.config import ConfigError
+from jdml.checkpoint import Checkpoints
 from jdml.data.arrays import ImageSet
 from jdml.data.benchmarks import BENCHMARKS
 from jdml.data.benchmarks.images import decode_image
 from jdml.data.sources import (
     IMAGE_SUFFIXES,
     NPZ_LAYOUT,
-    DataError,
     image_files,
     npz_arrays,
     npz_images,
@@ -49,23 +47,17 @@ from jdml.data.sources import (
     resize_images,
 )
 from jdml.data.transforms import eval_view
-from jdml.evaluation.evaluator import combine_heads
+from jdml.errors import CheckpointError, ConfigError, DataError, IndexFileError, IndexMismatchError
+from jdml.evaluation.embeddings import combine_heads
 from jdml.evaluation.knn import knn
-from jdml.evaluation.runner import embed_split
+from jdml.evaluation.splits import embed_split
+from jdml.fileio import atomic_path
 from jdml.methods import Method
 from jdml.methods.cohort import member_name, over_members
 from jdml.methods.method import input_normalization
 
 INDEX_FORMAT = "jdml-index-1"
 ENSEMBLE = "ensemble"
-
-
-class IndexFileError(ValueError):
-    """An index file that cannot be used: missing, damaged, or of another format."""
-
-
-class IndexMismatchError(ValueError):
-    """Queries embedded by a model other than the one that built the index."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,7 +371,7 @@ class Model:
         self, data: ImageSet, batch_size: int = 256, progress: bool = False
     ) -> dict[str, np.ndarray]:
         """Every embedding of a split of images, as the evaluation embeds it
-        (:func:`jdml.evaluation.runner.embed_split`), with a progress bar if asked."""
+        (:func:`jdml.evaluation.splits.embed_split`), with a progress bar if asked."""
         return embed_split(
             self._embed_all, self._params, self._batch_stats, data, batch_size, progress
         )
@@ -537,19 +529,17 @@ class Index:
     def save(self, path: str | Path) -> None:
         """Writes the index as an ``.npz`` (no pickled objects), atomically."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.npz")
-        np.savez(
-            tmp,
-            embeddings=self.embeddings.astype(np.float32),
-            labels=self.labels.astype(np.int64),
-            names=np.asarray(self.names, dtype=np.str_),
-            class_names=np.asarray(self.class_names, dtype=np.str_),
-            meta=np.asarray(
-                json.dumps({"fingerprint": self.fingerprint, "distance": self.distance})
-            ),
-        )
-        os.replace(tmp, path)
+        with atomic_path(path, ".npz") as tmp:
+            np.savez(
+                tmp,
+                embeddings=self.embeddings.astype(np.float32),
+                labels=self.labels.astype(np.int64),
+                names=np.asarray(self.names, dtype=np.str_),
+                class_names=np.asarray(self.class_names, dtype=np.str_),
+                meta=np.asarray(
+                    json.dumps({"fingerprint": self.fingerprint, "distance": self.distance})
+                ),
+            )
 
     @classmethod
     def load(cls, path: str | Path) -> Index:
@@ -599,7 +589,7 @@ def load(
       CheckpointError: no such run or checkpoint, or an unreadable one.
       ConfigError: an unknown embedding.
     """
-    from jdml.evaluate import load_config
+    from jdml.evaluate_checkpoint import load_config
 
     workdir = str(workdir)
     config = load_config(workdir)

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from jdml.config import ConfigError
 from jdml.data.arrays import QueryGallery
 from jdml.data.loading import load_splits
+from jdml.errors import ConfigError
 from jdml.evaluation.knn import knn
 from jdml.inference import Model, load
 from jdml.visualize import embedding_map, embedding_maps, html_report, retrieval_grid

@@ -7,6 +7,8 @@ import math
 import os
 from typing import Any
 
+from jdml.fileio import atomic_write, read_jsonl
+
 
 def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
@@ -32,26 +34,11 @@ class MetricWriter:
         self.path = path
         self.enabled = enabled
         if enabled and resume_step is not None and os.path.exists(path):
-            kept = [r for r in read_metrics(path) if r.get("step", 0) <= resume_step]
-            tmp = path + ".tmp"
-            with open(tmp, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
-            os.replace(tmp, path)
+            kept = [r for r in read_jsonl(path) if r.get("step", 0) <= resume_step]
+            atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
-
-
-def read_metrics(path: str) -> list[dict[str, Any]]:
-    """Reads every complete record (a line cut short by a kill is skipped)."""
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out

@@ -16,6 +16,49 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from jdml.registry import Registry
+
+Schedule = Callable[[ml_collections.ConfigDict, int, int], optax.Schedule]
+#: ``optim.schedule``: (the ``optim`` section, steps per epoch, total steps) -> step -> multiplier.
+SCHEDULES: Registry[Schedule] = Registry("schedule")
+#: ``optim.name``: the ``optim`` section -> the update direction (before the learning rate).
+OPTIMIZERS: Registry[Callable[[ml_collections.ConfigDict], optax.GradientTransformation]] = (
+    Registry("optimiser")
+)
+
+
+@SCHEDULES.register("constant")
+def _constant(cfg: ml_collections.ConfigDict, steps_per_epoch: int, total_steps: int):
+    """The base learning rate throughout."""
+    return optax.constant_schedule(1.0)
+
+
+@SCHEDULES.register("multistep")
+def _multistep(cfg: ml_collections.ConfigDict, steps_per_epoch: int, total_steps: int):
+    """Multiplied by ``gamma`` at each epoch in ``milestones`` (the reference's MultiStepLR; its
+    default milestone 1000 means no decay in practice)."""
+    return optax.piecewise_constant_schedule(
+        1.0, {int(m) * steps_per_epoch: float(cfg.gamma) for m in cfg.milestones}
+    )
+
+
+@SCHEDULES.register("cosine")
+def _cosine(cfg: ml_collections.ConfigDict, steps_per_epoch: int, total_steps: int):
+    """Cosine decay to 0 over the run."""
+    return optax.cosine_decay_schedule(1.0, max(total_steps, 1))
+
+
+@OPTIMIZERS.register("adam")
+def _adam(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """Adam's moment estimates (the weight decay, coupled, is added to the gradient before)."""
+    return optax.scale_by_adam()
+
+
+@OPTIMIZERS.register("sgd")
+def _sgd(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """SGD with momentum 0.9."""
+    return optax.trace(decay=0.9)
+
 
 class Group(NamedTuple):
     """Learning rate and weight decay of one top-level subtree of the params."""
@@ -27,20 +70,10 @@ class Group(NamedTuple):
 def lr_multiplier(cfg: ml_collections.ConfigDict, steps_per_epoch: int, total_steps: int):
     """Returns ``step -> multiplier`` of the base learning rate.
 
-    ``multistep``: multiply by ``gamma`` at each epoch in ``milestones`` (reference MultiStepLR, its
-    default milestone 1000 means no decay in practice); ``cosine``: cosine decay to 0 over the run;
-    ``constant``. An optional linear warm-up over ``warmup_epochs`` multiplies any of them.
+    The schedule is ``SCHEDULES[cfg.schedule]`` (``constant``, ``multistep``, ``cosine``); an
+    optional linear warm-up over ``warmup_epochs`` multiplies any of them.
     """
-    if cfg.schedule == "constant":
-        sched = optax.constant_schedule(1.0)
-    elif cfg.schedule == "multistep":
-        sched = optax.piecewise_constant_schedule(
-            1.0, {int(m) * steps_per_epoch: float(cfg.gamma) for m in cfg.milestones}
-        )
-    elif cfg.schedule == "cosine":
-        sched = optax.cosine_decay_schedule(1.0, max(total_steps, 1))
-    else:
-        raise ValueError(f"unknown schedule {cfg.schedule!r}; choose constant, multistep or cosine")
+    sched = SCHEDULES.get(cfg.schedule)(cfg, steps_per_epoch, total_steps)
     warm = int(cfg.warmup_epochs * steps_per_epoch)
     if warm <= 0:
         return sched
@@ -53,12 +86,7 @@ def _group_tx(
     parts = []
     if group.weight_decay:
         parts.append(optax.add_decayed_weights(group.weight_decay))
-    if cfg.name == "adam":
-        parts.append(optax.scale_by_adam())
-    elif cfg.name == "sgd":
-        parts.append(optax.trace(decay=0.9))
-    else:
-        raise ValueError(f"unknown optimiser {cfg.name!r}; choose adam or sgd")
+    parts.append(OPTIMIZERS.get(cfg.name)(cfg))
     parts.append(optax.scale_by_learning_rate(lambda step: group.lr * multiplier(step)))
     return optax.chain(*parts)
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
+from jdml.errors import UnknownNameError
+
 T = TypeVar("T")
+_NO_FACTS: Mapping[str, Any] = MappingProxyType({})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,13 +45,6 @@ POSITIVE = Range(0, open_low=True)
 PROBABILITY = Range(0, 1)
 
 
-class UnknownNameError(KeyError):
-    """Raised for a name that no component registered; the message lists the known names."""
-
-    def __str__(self) -> str:  # KeyError quotes its message; show it as plain text.
-        return str(self.args[0])
-
-
 class Registry(Generic[T]):
     """A small name -> component table.
 
@@ -59,13 +56,18 @@ class Registry(Generic[T]):
         self.kind = kind
         self._items: dict[str, T] = {}
         self._ranges: dict[str, dict[str, Range]] = {}
+        self._meta: dict[str, MappingProxyType[str, Any]] = {}
 
-    def register(self, name: str, *, ranges: Mapping[str, Range] | None = None) -> Callable[[T], T]:
+    def register(
+        self, name: str, *, ranges: Mapping[str, Range] | None = None, **meta: Any
+    ) -> Callable[[T], T]:
         """Decorator registering ``obj`` under ``name``; a duplicate name is an error.
 
         Args:
           name: the reference's name of the component.
           ranges: the values each numeric hyperparameter accepts (checked with the config).
+          **meta: facts about the component that the rest of the library asks the registry
+            for instead of keeping tables of its own (e.g. an augmentation's ``photo=True``).
         """
 
         def deco(obj: T) -> T:
@@ -73,9 +75,19 @@ class Registry(Generic[T]):
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._items[name] = obj
             self._ranges[name] = dict(ranges or {})
+            self._meta[name] = MappingProxyType(dict(meta))
             return obj
 
         return deco
+
+    def meta(self, name: str) -> Mapping[str, Any]:
+        """The facts ``name`` was registered with (read-only; possibly none)."""
+        self.get(name)
+        return self._meta.get(name, _NO_FACTS)
+
+    def names_where(self, key: str, value: Any = True) -> list[str]:
+        """The sorted names registered with ``key=value`` in their facts."""
+        return sorted(n for n, meta in self._meta.items() if meta.get(key) == value)
 
     def ranges(self, name: str) -> dict[str, Range]:
         """The declared ranges of ``name``'s numeric hyperparameters (possibly none)."""

@@ -35,18 +35,15 @@ from typing import Any
 import numpy as np
 
 from jdml.config import RESUMABLE_CHANGES, flatten_config, selected_only
-from jdml.evaluation.evaluator import is_percent
-from jdml.metric_writer import read_metrics
+from jdml.errors import ReportError
+from jdml.evaluation.embeddings import is_percent
+from jdml.fileio import atomic_path, read_jsonl
 
 log = logging.getLogger("jdml")
 
 RHO = "rho_spectrum@1"
 # Keys that do not make two runs different experiments.
 _NOT_EXPERIMENT = (*RESUMABLE_CHANGES, "seed", "data.path", "data.num_threads")
-
-
-class ReportError(ValueError):
-    """The runs cannot be reported (none found, unreadable, or without evaluations)."""
 
 
 @dataclasses.dataclass
@@ -115,7 +112,7 @@ def load_run(workdir: str, embedding: str | None = None) -> RunResult:
     evals: dict[str, list[dict[str, Any]]] = {}
     others: dict[str, list[dict[str, Any]]] = {}
     spectra: dict[int, np.ndarray] = {}
-    for record in read_metrics(os.path.join(workdir, "metrics.jsonl")):
+    for record in read_jsonl(os.path.join(workdir, "metrics.jsonl")):
         if record.get("kind") == "eval" and "embedding" not in record:  # the main head
             evals.setdefault(record["split"], []).append(record)
         elif record.get("kind") == "eval" and record["embedding"] == embedding:
@@ -296,9 +293,8 @@ def _curve(runs: Sequence[RunResult], split: str, metric: str) -> tuple[np.ndarr
 
 
 def _save_figure(fig: Any, path: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}.png"
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+    with atomic_path(path, ".png") as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
 
 
 def plot_curves(summaries: Sequence[Summary], split: str, metric: str, path: str) -> bool:
@@ -400,7 +396,7 @@ def report(
     Raises:
       ReportError: when no run directory with evaluations on ``split`` is found.
     """
-    from jdml.trainer import atomic_write
+    from jdml.fileio import atomic_write
 
     workdirs = find_runs(paths)
     if not workdirs:

@@ -10,14 +10,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jdml.config import ConfigError, validate
+from jdml.config import validate
 from jdml.data.arrays import ImageSet
 from jdml.data.augment import make_augmentation
 from jdml.data.loading import load_splits
-from jdml.evaluation.runner import embed_split, evaluate_splits, split_metrics
+from jdml.errors import ConfigError
+from jdml.evaluation.splits import embed_split, evaluate_splits, split_metrics
 from jdml.methods import Method
 from jdml.methods.cohort import Cohort
-from jdml.methods.momentum import push
+from jdml.methods.ema_queue import push
 from jdml.optim import make_optimizer
 from jdml.samplers import SAMPLERS
 from jdml.samplers.memory import empty_sampler_state
@@ -33,8 +34,11 @@ class Run:
     Shared by training and by checkpoint evaluation (which needs the same state structure).
     """
 
-    def __init__(self, config: ml_collections.ConfigDict) -> None:
-        validate(config)
+    def __init__(self, config: ml_collections.ConfigDict, *, validated: bool = False) -> None:
+        """Builds the run of ``config``; ``validated``: the caller has just validated it (the
+        trainer does, before it touches the workdir), so it is not checked twice."""
+        if not validated:
+            validate(config)
         self.config = config
         self.splits = load_splits(config.data)
         train = self.splits["train"]
@@ -158,7 +162,8 @@ class Run:
         {split: {other head or combination: {metric: value}}})``.
 
         The splits in ``full`` (default: all) get ``eval.metrics`` and the multi-head evaluation;
-        the training split also ``eval.train_metrics`` (see ``runner.split_metrics``).
+        the training split also ``eval.train_metrics`` (see
+        ``jdml.evaluation.splits.split_metrics``).
         """
         full = list(splits) if full is None else full
         return evaluate_splits(

@@ -25,7 +25,6 @@ from tqdm.auto import tqdm
 
 from jdml.checkpoint import Checkpoints, has_checkpoints, saved_steps
 from jdml.config import (
-    ConfigError,
     base_config,
     flatten_config,
     incompatible_keys,
@@ -35,22 +34,20 @@ from jdml.config import (
 from jdml.data.arrays import ImageSet
 from jdml.data.pipeline import TrainBatch, train_batches
 from jdml.distributed import barrier, is_main_process
-from jdml.evaluation.evaluator import format_table
-from jdml.evaluation.runner import SPECTRUM
-from jdml.metric_writer import MetricWriter, read_metrics
+from jdml.errors import ConfigError, NonFiniteLossError
+from jdml.evaluation.embeddings import format_table
+from jdml.evaluation.splits import SPECTRUM
+from jdml.fileio import atomic_write, read_jsonl
+from jdml.metric_writer import MetricWriter
 from jdml.run import Run
 from jdml.samplers.memory import epoch_sampler
 from jdml.state import TrainState
 from jdml.step import StepFn
-from jdml.workdir import atomic_write, check_writable, run_lock
+from jdml.workdir import check_writable, run_lock
 
 log = logging.getLogger("jdml")
 
 _MAX_IN_FLIGHT = 2  # train steps dispatched ahead of the last finished one
-
-
-class NonFiniteLossError(FloatingPointError):
-    """Training produced a NaN/inf loss or gradient; the message says when and what to try."""
 
 
 def check_workdir_config(config: ml_collections.ConfigDict, workdir: str) -> bool:
@@ -198,7 +195,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             if os.path.isdir(workdir):
                 stack.enter_context(run_lock(workdir))
         check_workdir_config(config, workdir)
-        run = Run(config)
+        run = Run(config, validated=True)
         _check_not_past_the_end(run, workdir)
         if main and not os.path.isdir(workdir):
             os.makedirs(workdir, exist_ok=True)
@@ -235,7 +232,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, run: Run) -> dict[st
     writer = MetricWriter(
         os.path.join(workdir, "metrics.jsonl"), resume_step=resume_step, enabled=is_main_process()
     )
-    records = read_metrics(writer.path) if os.path.exists(writer.path) else []
+    records = read_jsonl(writer.path) if os.path.exists(writer.path) else []
     selection = _selection_split(run.splits)
     metric = config.eval.selection_metric
     full_splits = list(dict.fromkeys([*config.eval.splits, selection]))
@@ -287,7 +284,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, run: Run) -> dict[st
         state = run.prepare(state)
     train_step = run.make_train_step()
     _Loop(run, train_step, writer, ckpts, evaluate)(state, start)
-    done = read_metrics(writer.path) if os.path.exists(writer.path) else []
+    done = read_jsonl(writer.path) if os.path.exists(writer.path) else []
     summary = summarize(done, selection, metric)
     compiles = train_step._cache_size()  # type: ignore[attr-defined]
     # A finished run run again takes no step: it keeps the count of the process that trained.

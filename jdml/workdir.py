@@ -21,29 +21,11 @@ import socket
 import time
 from collections.abc import Iterator
 
+from jdml.errors import WorkdirError
+
 log = logging.getLogger("jdml")
 
 LOCK_NAME = ".jdml.lock"
-
-
-class WorkdirError(RuntimeError):
-    """The run directory cannot be used (not writable, full, or in use); the message says how."""
-
-
-def atomic_write(path: str, text: str) -> None:
-    """Writes ``text`` to ``path`` via a temporary file, so a kill never leaves half a file.
-
-    A failed write (a full disk, say) removes the temporary file and leaves ``path`` as it was.
-    """
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
 
 
 def describe_os_error(err: OSError, what: str) -> str:

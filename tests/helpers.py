@@ -7,7 +7,11 @@ import textwrap
 
 import numpy as np
 
+from jdml.config import set_keys
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Golden files and fixtures the tests compare against (made by the scripts in tools/).
+GOLDEN = os.path.join(REPO, "tests", "golden")
 
 
 def make_npz(path: str, *, num_classes: int = 12, per_class: int = 10, size: int = 16) -> str:
@@ -46,12 +50,23 @@ TINY_OVERRIDES = {
 }
 
 
+def config_flag(key: str, value: object) -> str:
+    """``--config.<key>=<value>`` as a user types it (tuples as ``(a,b)``)."""
+    if isinstance(value, tuple):
+        value = "(" + ",".join(str(v) for v in value) + ")"
+    return f"--config.{key}={value}"
+
+
+# TINY_OVERRIDES as command-line flags (the data comes from the command's config argument).
+TINY_FLAGS = [config_flag(k, v) for k, v in TINY_OVERRIDES.items() if k != "data.name"]
+
+
 def tiny_config(npz_path: str, **overrides):
     """The default config shrunk to a model and data that train in seconds."""
-    from configs.revisiting import apply_overrides, get_config
+    from configs.revisiting import get_config
 
     c = get_config("data=npz")
-    apply_overrides(c, {**TINY_OVERRIDES, "data.path": npz_path, **overrides})
+    set_keys(c, {**TINY_OVERRIDES, "data.path": npz_path, **overrides})
     return c
 
 

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from jdml.config import ConfigError, validate
+from jdml.config import validate
 from jdml.data.arrays import QueryGallery
 from jdml.data.loading import load_splits
-from jdml.data.sources import DataError
-from jdml.evaluation.evaluator import evaluate_embeddings
-from jdml.evaluation.runner import evaluate_split
+from jdml.errors import ConfigError, DataError
+from jdml.evaluation.embeddings import evaluate_embeddings
+from jdml.evaluation.splits import evaluate_split
+from jdml.fileio import read_jsonl
 from jdml.look import LookOptions, look
-from jdml.metric_writer import read_metrics
 from jdml.trainer import train_and_evaluate
 from jdml.visualize import retrieval_grid_size
 from tests import benchmark_trees as trees
@@ -71,7 +71,7 @@ def test_splits_are_file_lists_with_the_evaluation_view(cub):
 def test_trains_and_evaluates_on_the_benchmark(cub, tmp_path):
     workdir = tmp_path / "run"
     train_and_evaluate(cub_config(cub), str(workdir))
-    records = read_metrics(str(workdir / "metrics.jsonl"))
+    records = read_jsonl(str(workdir / "metrics.jsonl"))
     records = [r for r in records if r.get("split") == "test" and "recall@1" in r]
     assert records and 0.0 <= records[-1]["recall@1"] <= 1.0
 
@@ -131,7 +131,7 @@ def test_trains_and_evaluates_inshop_query_against_gallery(inshop, tmp_path):
     workdir = tmp_path / "run"
     config = cub_config(inshop, **{"data.name": "inshop", "train.batch_size": 4})
     train_and_evaluate(config, str(workdir))
-    records = read_metrics(str(workdir / "metrics.jsonl"))
+    records = read_jsonl(str(workdir / "metrics.jsonl"))
     tests = [r for r in records if r.get("split") == "test" and "recall@1" in r]
     assert tests and all(0.0 <= r["recall@1"] <= 1.0 for r in tests)
     # look: queries from the query images, neighbours from the gallery.

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from configs.revisiting import get_config
-from jdml.config import ConfigError, base_config, from_json, to_json, validate
+from jdml.config import base_config, from_json, to_json, validate
+from jdml.errors import ConfigError
 from jdml.trainer import prepare_workdir
 from tests.helpers import REPO, make_npz, tiny_config
 
@@ -236,7 +237,8 @@ def test_component_and_base_ranges_are_checked(overrides, message):
 
 def test_apply_overrides_sets_literals_and_names_bad_items() -> None:
     from configs.revisiting import get_config
-    from jdml.config import ConfigError, apply_overrides
+    from jdml.config import apply_overrides
+    from jdml.errors import ConfigError
 
     c = apply_overrides(
         get_config(),

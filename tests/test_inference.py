@@ -13,10 +13,10 @@ from PIL import Image
 import jdml
 from jdml.__main__ import main as jdml_main
 from jdml.checkpoint import Checkpoints
-from jdml.config import ConfigError
 from jdml.data.loading import load_splits
-from jdml.evaluation.evaluator import combine_heads, evaluate_embeddings
-from jdml.inference import Index, IndexFileError, IndexMismatchError
+from jdml.errors import ConfigError, IndexFileError, IndexMismatchError
+from jdml.evaluation.embeddings import combine_heads, evaluate_embeddings
+from jdml.inference import Index
 from jdml.trainer import train_and_evaluate
 from jdml.visualize import retrieval_grid_size
 from tests.helpers import REPO, make_npz, tiny_config

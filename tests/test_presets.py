@@ -7,7 +7,8 @@ import importlib
 
 import pytest
 
-from jdml.config import ConfigError, validate
+from jdml.config import validate
+from jdml.errors import ConfigError
 
 METHODS = ("revisiting", "diva", "sharing", "dm2")
 BENCHMARKS = ("cub200", "cars196", "sop", "inshop")

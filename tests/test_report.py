@@ -12,7 +12,8 @@ import pytest
 
 from jdml.__main__ import main as jdml_main
 from jdml.config import base_config, to_json
-from jdml.report import ReportError, find_runs, group_runs, load_run, report
+from jdml.errors import ReportError
+from jdml.report import find_runs, group_runs, load_run, report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 
 from jdml.checkpoint import Checkpoints
-from jdml.evaluate import evaluate_checkpoint
-from jdml.evaluation.runner import embed_split
-from jdml.metric_writer import read_metrics
+from jdml.errors import NonFiniteLossError
+from jdml.evaluate_checkpoint import evaluate_checkpoint
+from jdml.evaluation.splits import embed_split
+from jdml.fileio import read_jsonl
 from jdml.report import report
 from jdml.run import Run
-from jdml.trainer import NonFiniteLossError, train_and_evaluate
+from jdml.trainer import train_and_evaluate
 from tests.helpers import REPO, make_npz, tiny_config, tree_digest, write_tiny_config_file
 
 EPOCHS = 6  # 3 steps per epoch on the tiny data: long enough to kill a run midway
@@ -66,7 +67,7 @@ def test_run_writes_results_and_compiles_once(full_run):
         assert os.path.exists(os.path.join(workdir, name)), name
     assert set(summary) >= {"untrained", "final", "best", "selection_split"}
     assert summary["selection_split"] == "test"  # no validation split configured
-    records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    records = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval" and r["split"] == "test"]
     assert train and all(np.isfinite(r["loss"]) for r in train)
@@ -79,7 +80,7 @@ def test_train_split_rho_and_spectrum_match_the_checkpoint(full_run, npz):
     """At every evaluation the training embeddings' rho and normalised spectrum are recorded;
     at the last one they equal a NumPy SVD of the latest checkpoint's training embeddings."""
     workdir, _ = full_run
-    records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    records = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
     train_evals = [r for r in records if r["kind"] == "eval" and r["split"] == "train"]
     spectra = [r for r in records if r["kind"] == "spectrum"]
     assert [r["epoch"] for r in train_evals] == list(range(EPOCHS + 1))
@@ -118,9 +119,9 @@ def test_report_of_a_trained_run(full_run, tmp_path):
 
 def test_rerun_of_finished_run_changes_nothing(full_run, npz):
     workdir, summary = full_run
-    before = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    before = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
     again = train_and_evaluate(tiny_config(npz, **{"train.epochs": EPOCHS}), workdir)
-    assert read_metrics(os.path.join(workdir, "metrics.jsonl")) == before
+    assert read_jsonl(os.path.join(workdir, "metrics.jsonl")) == before
     assert again["best"] == summary["best"]
 
 
@@ -161,7 +162,7 @@ def test_killed_run_resumes_to_identical_params(full_run, npz, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
     def evals(w):
-        return [r for r in read_metrics(os.path.join(w, "metrics.jsonl")) if r["kind"] == "eval"]
+        return [r for r in read_jsonl(os.path.join(w, "metrics.jsonl")) if r["kind"] == "eval"]
 
     assert evals(workdir) == evals(full_run[0])
 

@@ -23,18 +23,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, TINY_OVERRIDES, make_npz, tree_digest
+from jdml.config import set_keys
+from tests.helpers import REPO, TINY_FLAGS, make_npz, tree_digest
 
 TIMEOUT = 300
-
-
-def _flag(key: str, value: object) -> str:
-    if isinstance(value, tuple):
-        value = "(" + ",".join(str(v) for v in value) + ")"
-    return f"--config.{key}={value}"
-
-
-TINY_FLAGS = [_flag(k, v) for k, v in TINY_OVERRIDES.items() if k != "data.name"]
 
 
 # The commands share JAX's persistent compilation cache: each then takes seconds, not ~25 s.
@@ -427,7 +419,7 @@ def test_eval_prints_its_results_before_writing_them(finished: Path, tmp_path: P
         textwrap.dedent(
             f"""
             import errno, runpy, sys
-            import jdml.evaluate as ev
+            import jdml.evaluate_checkpoint as ev
             def refuse(workdir, out):
                 raise OSError(errno.ENOSPC, "No space left on device", f"{{workdir}}/eval.json")
             ev.save_evaluation = refuse
@@ -538,12 +530,12 @@ def test_grayscale_data_with_rgb_pretrained_backbone(npz: str, tmp_path: Path) -
     assert_refused(run(*args), "take RGB images", "--config.data.channels=3")
     assert not (tmp_path / "w").exists()
     # The fix it names is accepted, and repeats the gray channel.
-    from configs.revisiting import apply_overrides, get_config
+    from configs.revisiting import get_config
     from jdml.config import validate
     from jdml.data.loading import load_splits
 
     config = get_config("data=npz")
-    apply_overrides(
+    set_keys(
         config,
         {
             "data.path": npz,

@@ -1,4 +1,4 @@
-"""Records torchvision's outputs of the photo augmentations, for tests/test_photo_augment.py.
+"""Records torchvision's outputs of the photo augmentations, for tests/data/test_photo_augment.py.
 
 The reference code applies its transforms to PIL images, so this records torchvision's PIL path:
 each colour operation at fixed factors, grayscale, resized crops with fixed boxes, the evaluation
@@ -6,7 +6,7 @@ Resize + CenterCrop, RandomResizedCrop's boxes, and whole training pipelines (``
 ``red``, ``adv``, ``realistic``) together with every random number torch drew for them, so the
 test can replay those draws through jdml's functions and demand identical pixels. Inputs are
 small fixed images cut from scikit-image's photos plus a seeded noise image; full-size outputs
-are stored as SHA-256 digests only, which keeps ``tests/data/augment/golden.npz`` small.
+are stored as SHA-256 digests only, which keeps ``tests/golden/augment/golden.npz`` small.
 
 torch is not a jdml dependency; run this with a Python that has torch, torchvision and Pillow
 (the same Pillow version as the project's, since Pillow does the arithmetic):
@@ -143,7 +143,7 @@ def tensor_path_gap(image: np.ndarray) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--photos", required=True, help="scikit-image's data folder")
-    parser.add_argument("--out", default="tests/data/augment/golden.npz")
+    parser.add_argument("--out", default="tests/golden/augment/golden.npz")
     args = parser.parse_args()
 
     def photo(name: str) -> np.ndarray:

@@ -6,9 +6,9 @@ For each backbone the reference model is built by its framework (torchvision, ti
 included, from a NumPy generator seeded by the key, so the weights depend only on the key names
 and shapes), run in eval mode on a fixed synthetic batch (:func:`synthetic_input`), and its
 pooled features (the tensor the ImageNet classifier receives) are written to
-``tests/data/backbones/<backbone>.npz`` with the state dict's key names, shapes and dtypes, the
+``tests/golden/backbones/<backbone>.npz`` with the state dict's key names, shapes and dtypes, the
 SHA-256 of the weights and of the input. The ~25-100 MB weights themselves are not stored:
-``tests/test_backbones.py`` rebuilds them from the key list with the same functions (imported
+``tests/models/test_backbones.py`` rebuilds them from the key list with the same functions (imported
 from this file, which needs torch only inside ``main``). ``resnet50_stem.pt`` is a real
 ``torch.save`` file of the ResNet-50 stem, for the zip-format path of the weight reader.
 

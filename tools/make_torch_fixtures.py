@@ -1,6 +1,6 @@
-"""Writes the PyTorch and safetensors fixtures of tests/test_torch_io.py with real torch.
+"""Writes the PyTorch and safetensors fixtures of tests/models/test_torch_io.py with real torch.
 
-The fixtures in ``tests/data/torch_io/`` are small weight files saved by ``torch.save`` (zip and
+The fixtures in ``tests/golden/torch_io/`` are small weight files saved by ``torch.save`` (zip and
 legacy formats) and ``safetensors.torch.save_file``, and ``expected.npz`` holds what torch itself
 reports for every tensor (``.numpy()``). numpy has no bfloat16 or float8, so those tensors are
 stored there as float32 (exact for both) and listed in the ``standin_dtypes`` entry as

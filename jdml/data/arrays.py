@@ -100,7 +100,7 @@ class QueryGallery:
 
     Seen as one :class:`ImageSet`, its images are the queries followed by the gallery, in one
     label space; the evaluator splits the embeddings at ``num_queries``
-    (:func:`jdml.evaluation.evaluator.evaluate_embeddings` with a ``gallery``).
+    (:func:`jdml.evaluation.embeddings.evaluate_embeddings` with a ``gallery``).
 
     Attributes:
       queries: the query images.

@@ -88,15 +88,10 @@ def affine_augment(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return warp_affine(images, mats, shifts) / 255.0
 
 
-from jdml.data import photo_augment  # noqa: E402 (registers the photo augmentations)
-
-
 def make_augmentation(cfg: Any) -> Augmentation:
-    """The training augmentation of the ``data`` config section: ``AUGMENTATIONS[cfg.augment]``,
-    the photo ones cropping to ``cfg.image_size`` (``red`` resizing to ``cfg.resize`` first)."""
+    """The training augmentation of the ``data`` config section: ``AUGMENTATIONS[cfg.augment]``
+    with the keywords its registration maps to ``data`` keys bound (``config={keyword: key}``:
+    the photo augmentations' crop size, ``red``'s resize)."""
     fn = AUGMENTATIONS.get(cfg.augment)
-    if cfg.augment == "red":
-        return functools.partial(fn, size=cfg.image_size, resize=cfg.resize)
-    if cfg.augment in photo_augment.PHOTO_AUGMENTATIONS:
-        return functools.partial(fn, size=cfg.image_size)
-    return fn
+    keys = AUGMENTATIONS.meta(cfg.augment).get("config", {})
+    return functools.partial(fn, **{arg: cfg[key] for arg, key in keys.items()}) if keys else fn

@@ -76,8 +76,10 @@ import numpy as np
 from PIL import Image
 
 from jdml.data.arrays import ImageArrays
-from jdml.data.glyphs import _atomic_write, sha256_file
-from jdml.data.sources import DATASETS, DataError, _check_channels, _check_image_size, resize_images
+from jdml.data.glyphs import sha256_file
+from jdml.data.sources import DATASETS, _check_channels, _check_image_size, resize_images
+from jdml.errors import DataError, EmojiFetchError
+from jdml.fileio import atomic_write
 
 FORMAT_VERSION = 1
 IMAGE_SIZE = 64
@@ -170,10 +172,6 @@ DESIGNS: tuple[Design, ...] = (
 
 DATASOURCE_JSON = "package/emoji.json"
 OPENMOJI_JSON = "package/data/openmoji.json"
-
-
-class EmojiFetchError(DataError):
-    """A source tarball cannot be fetched or does not match its pin."""
 
 
 # --------------------------------------------------------------------------- paths
@@ -533,9 +531,9 @@ def write_cache(arrays: Mapping[str, np.ndarray], manifest: dict, cache_dir=None
     npz_path, manifest_path = cache_paths(cache_dir)
     payload = npz_bytes(arrays)
     manifest = {**manifest, "npz_sha256": hashlib.sha256(payload).hexdigest()}
-    _atomic_write(npz_path, payload)
+    atomic_write(npz_path, payload, durable=True)
     text = json.dumps(manifest, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
-    _atomic_write(manifest_path, text.encode("utf-8"))
+    atomic_write(manifest_path, text, durable=True)
 
 
 def fetch_and_build(

@@ -80,7 +80,6 @@ import io
 import json
 import os
 import sys
-import tempfile
 import time
 import unicodedata
 import warnings
@@ -94,6 +93,8 @@ from fontTools.ttLib import TTFont
 from PIL import Image, ImageDraw, ImageFont
 
 from jdml.data.arrays import ImageArrays
+from jdml.errors import GlyphCacheError, MissingFontsError
+from jdml.fileio import atomic_write
 
 FORMAT_VERSION = 1
 
@@ -169,14 +170,6 @@ ROMAN_ONLY_EXTRA: tuple[str, int] = ("normal", 300)
 
 INSTALL_HINT = "pip install 'jdml[glyphs]'"
 ClassOrder = Literal["interleaved", "codepoint"]
-
-
-class MissingFontsError(ImportError):
-    """A pinned font package is not installed (or at another version)."""
-
-
-class GlyphCacheError(RuntimeError):
-    """A cache file cannot be used (corrupt, stale or inconsistent)."""
 
 
 # --------------------------------------------------------------------------- fonts
@@ -750,22 +743,6 @@ def _cache_paths(cache_dir: str | os.PathLike[str] | None, image_size: int) -> t
     return folder / "glyphs.npz", folder / "manifest.json"
 
 
-def _atomic_write(path: Path, payload: bytes) -> None:
-    """Writes ``payload`` to ``path`` through a temporary file and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # readable like any other cache file (mkstemp makes it private)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _npz_bytes(table: GlyphTable) -> bytes:
     """The array file content (compressed npz; the same arrays give the same bytes)."""
     buffer = io.BytesIO()
@@ -783,9 +760,9 @@ def write_cache(table: GlyphTable, cache_dir: str | os.PathLike[str] | None) -> 
     npz_path, manifest_path = _cache_paths(cache_dir, table.data.images.shape[1])
     payload = _npz_bytes(table)
     manifest = {**table.manifest, "arrays_sha256": hashlib.sha256(payload).hexdigest()}
-    _atomic_write(npz_path, payload)
+    atomic_write(npz_path, payload, durable=True)
     text = json.dumps(manifest, indent=1, ensure_ascii=False, sort_keys=True)
-    _atomic_write(manifest_path, text.encode("utf-8"))
+    atomic_write(manifest_path, text, durable=True)
 
 
 def read_cache(

@@ -10,8 +10,9 @@ import numpy as np
 
 from jdml.data.arrays import ImageSet, QueryGallery
 from jdml.data.benchmarks import BENCHMARKS, read_benchmark
-from jdml.data.sources import DATASETS, DataError
+from jdml.data.sources import DATASETS
 from jdml.data.splits import hold_out_validation, split_by_class
+from jdml.errors import DataError
 
 log = logging.getLogger("jdml")
 

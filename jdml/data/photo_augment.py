@@ -34,8 +34,10 @@ from jdml.data.transforms import (
 )
 
 Photos = Sequence[np.ndarray] | np.ndarray
-#: The augmentations of photos of any size (RGB; the crop size is their ``size`` keyword).
-PHOTO_AUGMENTATIONS = frozenset({"base", "big", "red", "adv", "realistic"})
+# Every augmentation here registers as one of photos of any size (RGB, ``photo=True``) whose
+# keywords come from the ``data`` config: the crop size from ``data.image_size`` (and ``red``'s
+# resize from ``data.resize``).
+_CROP = {"size": "image_size"}
 
 
 def as_rgb(image: np.ndarray) -> np.ndarray:
@@ -237,7 +239,7 @@ def _rrc_view(image: np.ndarray, rng: np.random.Generator, size: int, jitter: fl
     return _flip(out, rng)
 
 
-@AUGMENTATIONS.register("base")
+@AUGMENTATIONS.register("base", photo=True, config=_CROP)
 def base_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
     """RandomResizedCrop(size) + RandomHorizontalFlip(0.5), the protocol's training view.
 
@@ -252,13 +254,13 @@ def base_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -
     return _batch(images, lambda im: _rrc_view(im, rng, size, 0.0))
 
 
-@AUGMENTATIONS.register("big")
+@AUGMENTATIONS.register("big", photo=True, config=_CROP)
 def big_augment(images: Photos, rng: np.random.Generator, *, size: int = 256) -> np.ndarray:
     """The reference's ``big`` mode: RandomResizedCrop(256) + flip (see :func:`base_augment`)."""
     return base_augment(images, rng, size=size)
 
 
-@AUGMENTATIONS.register("red")
+@AUGMENTATIONS.register("red", photo=True, config={**_CROP, "resize": "resize"})
 def red_augment(
     images: Photos, rng: np.random.Generator, *, size: int = 224, resize: int = 256
 ) -> np.ndarray:
@@ -276,14 +278,14 @@ def red_augment(
     return _batch(images, view)
 
 
-@AUGMENTATIONS.register("adv")
+@AUGMENTATIONS.register("adv", photo=True, config=_CROP)
 def adv_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
     """The reference's ``adv`` mode: RandomResizedCrop + RandomGrayscale(0.2) +
     ColorJitter(0.2, 0.2, 0.2, 0.2) + flip. Returns float32 (B, size, size, 3) in [0, 1]."""
     return _batch(images, lambda im: _rrc_view(im, rng, size, 0.2))
 
 
-@AUGMENTATIONS.register("realistic")
+@AUGMENTATIONS.register("realistic", photo=True, config=_CROP)
 def realistic_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
     """DiVA's ``--realistic_augmentation`` key view: RandomResizedCrop + RandomGrayscale(0.2) +
     ColorJitter(0.4, 0.4, 0.4, 0.4) + flip. Returns float32 (B, size, size, 3) in [0, 1]."""

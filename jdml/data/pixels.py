@@ -22,13 +22,11 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+from jdml.errors import UnsupportedImageError
+
 BACKGROUND = (255, 255, 255)  # what transparent pixels are composited onto
 _EXACT_MODES = frozenset({"1", "L", "P", "RGB", "CMYK", "YCbCr", "LAB", "HSV"})
 _ALPHA_MODES = frozenset({"LA", "La", "PA", "RGBA", "RGBa"})
-
-
-class UnsupportedImageError(ValueError):
-    """An image whose pixel values have no 8-bit meaning; the message says which and why."""
 
 
 def _gray(values: np.ndarray) -> Image.Image:

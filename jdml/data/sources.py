@@ -34,8 +34,9 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from jdml.data.arrays import ImageArrays
-from jdml.data.glyphs import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, MissingFontsError, load_glyphs
+from jdml.data.glyphs import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, load_glyphs
 from jdml.data.pixels import to_8bit
+from jdml.errors import DataError, MissingFontsError
 from jdml.registry import Registry
 
 Loader = Callable[..., ImageArrays]
@@ -52,10 +53,6 @@ NPZ_LAYOUT = (
     "an .npz with 'images' (N, H, W) or (N, H, W, C) uint8, 'labels' (N,) int and "
     "optionally 'class_names' (K,) str"
 )
-
-
-class DataError(ValueError):
-    """The data given cannot be loaded; the message says what is wrong and how to fix it."""
 
 
 def load_dataset(name: str, **kwargs: object) -> ImageArrays:
@@ -377,6 +374,3 @@ def load_npz(
         class_names=_npz_class_names(arrays, labels, file),
         source=f"npz {file}",
     )
-
-
-from jdml.data import emoji  # noqa: E402, F401 (registers the "emoji" source)

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from jdml.data.arrays import ImageSet
-from jdml.data.sources import DataError
+from jdml.errors import DataError
 
 MIN_SAMPLES_PER_TRAIN_CLASS = 2
 MIN_CLASSES_PER_SPLIT = 2

@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from sklearn.metrics import normalized_mutual_info_score
 
-from jdml.registry import Registry, UnknownNameError
+from jdml.errors import UnknownMetricError
+from jdml.registry import Registry
 
 RECALL_PATTERN = re.compile(r"recall@([1-9][0-9]*)")
 MAP_PATTERN = re.compile(r"map@([1-9][0-9]*)")
@@ -140,10 +141,6 @@ class Metric:
 
 
 METRICS: Registry[Metric] = Registry("metric")
-
-
-class UnknownMetricError(UnknownNameError, ValueError):
-    """An unknown metric name; both a ``KeyError`` (like registry look-ups) and a ``ValueError``."""
 
 
 def _required(value: T | None, what: str) -> T:

@@ -81,6 +81,8 @@ class AngularLoss(Loss):
     loss_name: ClassVar[str] = "angular"
     allowed_miners: ClassVar[tuple[str, ...] | None] = ("npair",)
     needs_miner: ClassVar[bool] = True
+    reference_miner: ClassVar[str] = "npair"
+    reference_normalize: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = None
     param_ranges: ClassVar[dict[str, Range]] = {
         "alpha": Range(0, 90, open_low=True),

@@ -9,8 +9,11 @@ reference defaults) and whose learnable parameters (e.g. margin betas) live in t
 
 Class attributes describe how the trainer must wire the loss: ``loss_name`` (its registry name;
 Linen reserves ``name`` for the module instance name), ``needs_miner``, ``allowed_miners``,
-``param_lr`` (the field holding the learning rate of the loss's own parameters) and
-``param_lr_is_multiplier``.
+``param_lr`` (the field holding the learning rate of the loss's own parameters),
+``param_lr_is_multiplier``, and how the reference's sample runs use it: ``reference_miner`` (the
+miner it is run with, "" for a loss that mines itself) and ``reference_normalize`` (whether
+its embedding is L2-normalised; the reference runs angular, lifted and N-pair on raw
+embeddings, whose L2 regularisers then act on the embedding norms).
 
 Fields the method fills in at construction (never set in configs): ``num_classes`` (number of
 training classes) and ``miner_name`` (the configured miner's registry name), for losses that
@@ -50,6 +53,10 @@ class Loss(nn.Module):
     param_lr_is_multiplier: ClassVar[bool] = False
     # The values each numeric hyperparameter accepts (checked with the config).
     param_ranges: ClassVar[Mapping[str, Range]] = {}
+    # The miner of the reference's sample runs ("" for a loss that takes none) and whether they
+    # L2-normalise the embedding (the presets of configs/revisiting.py follow both).
+    reference_miner: ClassVar[str] = ""
+    reference_normalize: ClassVar[bool] = True
 
     def __call__(
         self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None
@@ -66,7 +73,9 @@ def register_loss(cls: LossT) -> LossT:
     """Class decorator registering a loss under its ``loss_name``.
 
     Raises:
-      ValueError: if ``param_lr`` does not name a field of the class.
+      ValueError: if ``param_lr`` or ``param_ranges`` name no field of the class, or if
+        ``reference_miner`` is given without ``needs_miner`` (or missing with it, or not among
+        ``allowed_miners``).
     """
     fields = {f.name for f in dataclasses.fields(cls)}
     if cls.param_lr is not None and cls.param_lr not in fields:
@@ -74,6 +83,15 @@ def register_loss(cls: LossT) -> LossT:
     unknown = set(cls.param_ranges) - fields
     if unknown:
         raise ValueError(f"{cls.__name__}.param_ranges names no field: {sorted(unknown)}")
+    if cls.needs_miner != bool(cls.reference_miner) or (
+        cls.allowed_miners is not None
+        and cls.needs_miner
+        and cls.reference_miner not in cls.allowed_miners
+    ):
+        raise ValueError(
+            f"{cls.__name__}.reference_miner={cls.reference_miner!r} does not fit "
+            f"needs_miner={cls.needs_miner} and allowed_miners={cls.allowed_miners}"
+        )
     LOSSES.register(cls.loss_name, ranges=cls.param_ranges)(cls)
     return cls
 

@@ -58,6 +58,7 @@ class ContrastiveLoss(Loss):
     loss_name: ClassVar[str] = "contrastive"
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = True
+    reference_miner: ClassVar[str] = "distance"
     param_lr: ClassVar[str | None] = None
     param_ranges: ClassVar[dict[str, Range]] = {
         "neg_margin": NON_NEGATIVE,

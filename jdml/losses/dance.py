@@ -1,7 +1,7 @@
 """Distance-adapted noise-contrastive estimation (DaNCE) of DiVA (Milbich, Roth et al. 2020).
 
 A pure function, not a registered ``Loss``: it contrasts the online network's queries with the
-momentum (EMA) network's keys and a memory queue of past keys (``jdml.methods.momentum``), which
+momentum (EMA) network's keys and a memory queue of past keys (``jdml.methods.ema_queue``), which
 the registry's ``(embeddings, labels, tuples)`` interface does not carry.
 """
 

@@ -62,6 +62,8 @@ class LiftedLoss(Loss):
     loss_name: ClassVar[str] = "lifted"
     allowed_miners: ClassVar[tuple[str, ...] | None] = ("lifted",)
     needs_miner: ClassVar[bool] = True
+    reference_miner: ClassVar[str] = "lifted"
+    reference_normalize: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = None
     param_ranges: ClassVar[dict[str, Range]] = {
         "l2_weight": NON_NEGATIVE,

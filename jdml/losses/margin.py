@@ -114,6 +114,7 @@ class MarginLoss(Loss):
     loss_name: ClassVar[str] = "margin"
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = True
+    reference_miner: ClassVar[str] = "distance"
     param_lr: ClassVar[str | None] = "beta_lr"
     param_ranges: ClassVar[dict[str, Range]] = {
         "margin": NON_NEGATIVE,

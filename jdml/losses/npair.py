@@ -113,6 +113,8 @@ class NPairLoss(Loss):
     loss_name: ClassVar[str] = "npair"
     allowed_miners: ClassVar[tuple[str, ...] | None] = ("npair",)
     needs_miner: ClassVar[bool] = True
+    reference_miner: ClassVar[str] = "npair"
+    reference_normalize: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = None
     param_ranges: ClassVar[dict[str, Range]] = {"l2_weight": NON_NEGATIVE}
 

@@ -169,6 +169,7 @@ class QuadrupletLoss(Loss):
     loss_name: ClassVar[str] = "quadruplet"
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = True
+    reference_miner: ClassVar[str] = "distance"
     param_lr: ClassVar[str | None] = None
     param_ranges: ClassVar[dict[str, Range]] = {
         "margin_alpha_1": NON_NEGATIVE,

@@ -63,6 +63,7 @@ class SNRLoss(Loss):
     loss_name: ClassVar[str] = "snr"
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = True
+    reference_miner: ClassVar[str] = "distance"
     param_lr: ClassVar[str | None] = None
     param_ranges: ClassVar[dict[str, Range]] = {"margin": NON_NEGATIVE, "reg_lambda": NON_NEGATIVE}
 

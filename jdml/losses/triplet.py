@@ -39,6 +39,7 @@ class TripletLoss(Loss):
     loss_name: ClassVar[str] = "triplet"
     allowed_miners: ClassVar[tuple[str, ...] | None] = None
     needs_miner: ClassVar[bool] = True
+    reference_miner: ClassVar[str] = "distance"
     param_lr: ClassVar[str | None] = None
     param_ranges: ClassVar[dict[str, Range]] = {"margin": NON_NEGATIVE}
 

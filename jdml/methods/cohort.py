@@ -39,11 +39,11 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jdml.config import ConfigError
 from jdml.distributed import global_array
+from jdml.errors import ConfigError
 from jdml.losses.mutual import mutual_losses, mutual_weight, relation_matrix
+from jdml.methods.ema_queue import push
 from jdml.methods.method import Method
-from jdml.methods.momentum import push
 from jdml.samplers.memory import update_memory
 from jdml.state import TrainState
 

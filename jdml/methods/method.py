@@ -23,11 +23,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jdml.config import ConfigError
+from jdml.errors import ConfigError
 from jdml.losses.decorrelation import Decorrelation
-from jdml.methods.momentum import ema_update, push
+from jdml.methods.ema_queue import ema_update, push
 from jdml.methods.terms import DanceTerm, Metrics, MetricTerm
-from jdml.models import INPUT_NORMALIZATION, build_model
+from jdml.models import build_model
+from jdml.models import input_normalization as backbone_normalization
 from jdml.models.embedding import frozen_backbone_modules
 from jdml.models.pretrained.backbones import load_backbone
 from jdml.optim import Group
@@ -41,7 +42,7 @@ def input_normalization(
     """The mean and standard deviation ``preprocess`` applies: ``data.mean`` / ``data.std``, or
     the backbone's own per-channel constants with ``data.normalization=backbone``."""
     if config.data.normalization == "backbone":
-        mean, std = INPUT_NORMALIZATION[config.model.backbone]
+        mean, std = backbone_normalization(config.model.backbone)
         return np.asarray(mean, np.float32), np.asarray(std, np.float32)
     return float(config.data.mean), float(config.data.std)
 

@@ -17,7 +17,7 @@ import ml_collections
 
 from jdml.losses import LOSSES
 from jdml.losses.dance import dance_loss
-from jdml.methods.momentum import KeyQueue, valid_mask
+from jdml.methods.ema_queue import KeyQueue, valid_mask
 from jdml.miners import make_miner
 from jdml.optim import Group
 

@@ -1,5 +1,5 @@
 """Backbones and embedding models, looked up by name."""
 
-from jdml.models.embedding import BACKBONES, INPUT_NORMALIZATION, EmbeddingModel, build_model
+from jdml.models.embedding import BACKBONES, EmbeddingModel, build_model, input_normalization
 
-__all__ = ["BACKBONES", "INPUT_NORMALIZATION", "EmbeddingModel", "build_model"]
+__all__ = ["BACKBONES", "EmbeddingModel", "build_model", "input_normalization"]

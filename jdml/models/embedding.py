@@ -16,25 +16,26 @@ from jdml.models.bninception import BNInception
 from jdml.models.efficientnet import EfficientNetLite0
 from jdml.models.freeze import NOT_FROZEN, frozen_modules
 from jdml.models.googlenet import GoogLeNet
-from jdml.models.resnet import SmallResNet
 from jdml.models.resnet50 import ResNet50
+from jdml.models.small_resnet import SmallResNet
 from jdml.registry import Registry
 
 BACKBONES: Registry[Callable[..., nn.Module]] = Registry("backbone")
 
-#: Per-channel (RGB) mean and standard deviation on [0, 1] pixels that each pretrained backbone's
-#: weights expect (``data.normalization=backbone``).
-INPUT_NORMALIZATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
-    "efficientnet_lite0": ((efficientnet.MEAN,) * 3, (efficientnet.STD,) * 3),
-    "resnet50": (resnet50_module.MEAN, resnet50_module.STD),
-    "googlenet": (googlenet_module.MEAN, googlenet_module.STD),
-    "bninception": (bninception_module.MEAN, bninception_module.STD),
-}
+# A backbone with pretrained weights registers the per-channel (RGB) mean and standard deviation
+# on [0, 1] pixels that its weights expect, as ``input_normalization=(mean, std)``
+# (``data.normalization=backbone``; :func:`input_normalization`).
+
+
+def input_normalization(backbone: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """The (mean, std) per RGB channel the ``backbone``'s weights expect, or None if it
+    registered none."""
+    return BACKBONES.meta(backbone).get("input_normalization")
 
 
 @BACKBONES.register("small_resnet")
 def small_resnet(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
-    """The compact CPU-friendly ResNet (see ``jdml.models.resnet``)."""
+    """The compact CPU-friendly ResNet (see ``jdml.models.small_resnet``)."""
     return SmallResNet(
         stage_features=tuple(cfg.stage_features),
         stage_blocks=tuple(cfg.stage_blocks),
@@ -47,7 +48,10 @@ def small_resnet(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
     )
 
 
-@BACKBONES.register("efficientnet_lite0")
+@BACKBONES.register(
+    "efficientnet_lite0",
+    input_normalization=((efficientnet.MEAN,) * 3, (efficientnet.STD,) * 3),
+)
 def efficientnet_lite0(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
     """EfficientNet-Lite0 (1280-d pooled features; ImageNet weights with
     ``model.pretrained=packaged``, see ``jdml.models.efficientnet``)."""
@@ -59,7 +63,7 @@ def efficientnet_lite0(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Mod
     )
 
 
-@BACKBONES.register("resnet50")
+@BACKBONES.register("resnet50", input_normalization=(resnet50_module.MEAN, resnet50_module.STD))
 def resnet50(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
     """ResNet-50, torchvision layout (2048-d pooled features; weights from torchvision, timm or
     Cadene files, see ``jdml.models.resnet50``)."""
@@ -71,7 +75,7 @@ def resnet50(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
     )
 
 
-@BACKBONES.register("googlenet")
+@BACKBONES.register("googlenet", input_normalization=(googlenet_module.MEAN, googlenet_module.STD))
 def googlenet(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
     """GoogLeNet, torchvision variant (1024-d pooled features; inputs normalised with
     data.mean = data.std = 0.5, see ``jdml.models.googlenet``)."""
@@ -80,7 +84,9 @@ def googlenet(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
     )
 
 
-@BACKBONES.register("bninception")
+@BACKBONES.register(
+    "bninception", input_normalization=(bninception_module.MEAN, bninception_module.STD)
+)
 def bninception(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
     """BN-Inception, Cadene's definition (1024-d pooled features; RGB input normalised with the
     per-channel constants of ``jdml.models.bninception``, flipped to BGR inside)."""

@@ -14,7 +14,7 @@ the model. ``transform_input=True`` here does the same, for inputs normalised wi
 IMAGENET_MEAN / IMAGENET_STD; the default (False) takes ``(x - MEAN) / STD`` directly, which
 gives what a torchvision user gets without the extra pass over the input. Input size: 224 (the
 reference uses 227 crops); keep it at 96 px or more on CPU so that the last 3x3 convolutions
-see at least a 3x3 map (the XLA CPU trap, see ``jdml.models.resnet``).
+see at least a 3x3 map (the XLA CPU trap, see ``jdml.models.small_resnet``).
 
 Module and parameter names mirror the PyTorch names (``inception4a/branch2_1`` holds
 ``inception4a.branch2.1.*``), so the converter (``jdml.models.pretrained.googlenet``) is a

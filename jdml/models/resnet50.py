@@ -8,13 +8,13 @@ module serves all three weight files.
 
 Module and parameter names mirror the PyTorch names (``layer3_1`` holds ``layer3.1.*``,
 ``downsample_0`` holds ``downsample.0``) so that the converter
-(``jdml.models.pretrained.resnet``) is a rename and a transpose. Every padding is PyTorch's
+(``jdml.models.pretrained.resnet50``) is a rename and a transpose. Every padding is PyTorch's
 explicit symmetric padding: Flax's ``SAME`` would put the extra pixel of a stride-2 layer on the
 other side and shift every feature.
 
 Input: 224 x 224 RGB images normalised as ``(x - MEAN) / STD`` for pixels x in [0, 1]. On CPU keep
 inputs at 96 px or more: below that the last stage's 3x3 convolutions see a 2x2 map, which XLA's
-CPU backend runs about 90x slower (see ``jdml.models.resnet``).
+CPU backend runs about 90x slower (see ``jdml.models.small_resnet``).
 """
 
 from __future__ import annotations

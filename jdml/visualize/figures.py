@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import math
 import os
 import warnings
@@ -22,6 +21,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from jdml.fileio import atomic_path, read_jsonl
 
 DPI = 100
 
@@ -56,7 +57,7 @@ _WRONG_TEXT = "#b01a1c"
 
 def is_fraction_metric(name: str) -> bool:
     """Whether a metric is a fraction in [0, 1], shown in percent: the metric registry's
-    ``percent`` flag (:func:`jdml.evaluation.evaluator.is_percent`; unknown names: yes). The
+    ``percent`` flag (:func:`jdml.evaluation.embeddings.is_percent`; unknown names: yes). The
     spectral decay (``rho_spectrum*``) and the class distances (``dists@*``) are shown as they
     are, every other metric (recall@k, map@r, nmi, f1, ...) in percent.
 
@@ -66,7 +67,7 @@ def is_fraction_metric(name: str) -> bool:
     Returns:
       True if the metric should be multiplied by 100 for display.
     """
-    from jdml.evaluation.evaluator import is_percent  # the registry (imports JAX) on first use
+    from jdml.evaluation.embeddings import is_percent  # the registry (imports JAX) on first use
 
     return is_percent(name)
 
@@ -115,16 +116,9 @@ def _save(fig: Any, path: str | os.PathLike[str]) -> str:
     Returns:
       ``path`` as a string.
     """
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
+    with atomic_path(path, ".png") as tmp:
         fig.savefig(tmp, dpi=DPI, format="png")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+    return os.fspath(path)
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -794,22 +788,7 @@ def _read_jsonl(path: str) -> list[dict[str, Any]]:
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"metrics file not found: {path}")
-    records = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                warnings.warn(f"{path}:{lineno}: skipping malformed line ({e.msg})", stacklevel=3)
-                continue
-            if not isinstance(record, dict):
-                warnings.warn(
-                    f"{path}:{lineno}: skipping a line that is not an object", stacklevel=3
-                )
-                continue
-            records.append(record)
+    records = read_jsonl(path, warn=True)
     if not records:
         raise ValueError(f"metrics file {path} holds no records (empty or all lines malformed)")
     return records

@@ -19,6 +19,7 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from jdml.fileio import atomic_write
 from jdml.visualize.figures import is_fraction_metric, load_records, spectrum_plot, training_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -285,19 +286,6 @@ def _run_figures(workdir: str, figures_dir: str, selection_split: Any) -> tuple[
     return notes, figures
 
 
-def _atomic_write(path: str, text: str) -> None:
-    """Writes ``text`` to ``path`` via a temporary file and ``os.replace``."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def html_report(
     workdir: str | os.PathLike[str],
     *,
@@ -382,5 +370,5 @@ def html_report(
             "",
         ]
     )
-    _atomic_write(out, page)
+    atomic_write(out, page)
     return out

@@ -15,11 +15,16 @@ them (:func:`decode_image`). The splits are the usual unseen-class ones:
 Each is ``BENCHMARKS.get(name)(root, verify_counts=True, check_files=True)`` with ``root`` the
 folder the archive unpacked to or its parent. :func:`tfds_source` reads the same datasets as
 prepared tensorflow-datasets builders (:mod:`.tfds_sources`).
+
+Importing the package imports every module in it, which registers each reader in
+``BENCHMARKS``: a new benchmark only needs a module here with ``@BENCHMARKS.register``.
 """
 
-from jdml.data.benchmarks import cars, cub, inshop, sop  # noqa: F401  (register the readers)
-from jdml.data.benchmarks.common import BENCHMARKS, FileList, read_benchmark
-from jdml.data.benchmarks.images import decode_image, find_unreadable
+import importlib
+import pkgutil
+
+from jdml.data.benchmarks.common import BENCHMARKS, FileList, find_unreadable, read_benchmark
+from jdml.data.benchmarks.images import decode_image
 from jdml.data.benchmarks.tfds_sources import TfdsSplit, tfds_source
 
 __all__ = [
@@ -31,3 +36,6 @@ __all__ = [
     "read_benchmark",
     "tfds_source",
 ]
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

@@ -30,7 +30,8 @@ from jdml.data.benchmarks.common import (
     root_folder,
     subfolders,
 )
-from jdml.data.sources import IMAGE_SUFFIXES, DataError
+from jdml.data.sources import IMAGE_SUFFIXES
+from jdml.errors import DataError
 
 TITLE = "Cars196"
 ANNOTATIONS = "cars_annos.mat"

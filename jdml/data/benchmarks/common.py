@@ -11,14 +11,15 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from jdml.data.benchmarks.images import decode_image
-from jdml.data.sources import DataError
 from jdml.data.transforms import eval_view
+from jdml.errors import DataError
 from jdml.registry import Registry
 
 
@@ -336,3 +337,30 @@ def check_files_exist(splits: dict[str, FileList], *, expected: str, shown: int 
             f"{len(missing):,} of the {len(paths):,} listed images are missing ({first}); "
             f"expected {expected}: unpack the image archive there"
         )
+
+
+#: Threads :func:`find_unreadable` decodes with (Pillow releases the GIL while decoding).
+DEFAULT_WORKERS = 8
+
+
+def _unreadable(path: str) -> bool:
+    try:
+        decode_image(path)
+    except DataError:
+        return True
+    return False
+
+
+def find_unreadable(files: FileList, workers: int = DEFAULT_WORKERS) -> list[str]:
+    """Tries to decode every file of ``files`` and returns those that fail.
+
+    Args:
+      files: the file list to check.
+      workers: decoding threads.
+
+    Returns:
+      The paths that are missing or cannot be decoded, in list order.
+    """
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        failed = list(pool.map(_unreadable, files.paths))
+    return [path for path, bad in zip(files.paths, failed, strict=True) if bad]

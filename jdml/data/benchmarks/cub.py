@@ -21,7 +21,7 @@ from jdml.data.benchmarks.common import (
     require_file,
     table_rows,
 )
-from jdml.data.sources import DataError
+from jdml.errors import DataError
 
 TITLE = "CUB-200-2011"
 FOLDER = "CUB_200_2011"

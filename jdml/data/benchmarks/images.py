@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import io
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps
 
 from jdml.data.pixels import to_8bit
-from jdml.data.sources import DataError
-
-if TYPE_CHECKING:  # common.py imports this module (FileList decodes with it)
-    from jdml.data.benchmarks.common import FileList
-
-#: Threads :func:`find_unreadable` decodes with (Pillow releases the GIL while decoding).
-DEFAULT_WORKERS = 8
+from jdml.errors import DataError
 
 # What Pillow raises for a file it cannot open or decode (UnidentifiedImageError, truncated
 # data and a missing file are OSErrors).
@@ -82,26 +75,3 @@ def decode_bytes(data: bytes, name: str) -> np.ndarray:
       DataError: naming the record as ``name`` if the bytes are not a readable image.
     """
     return decode_file(io.BytesIO(data), name)
-
-
-def _unreadable(path: str) -> bool:
-    try:
-        decode_image(path)
-    except DataError:
-        return True
-    return False
-
-
-def find_unreadable(files: FileList, workers: int = DEFAULT_WORKERS) -> list[str]:
-    """Tries to decode every file of ``files`` and returns those that fail.
-
-    Args:
-      files: the file list to check.
-      workers: decoding threads.
-
-    Returns:
-      The paths that are missing or cannot be decoded, in list order.
-    """
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        failed = list(pool.map(_unreadable, files.paths))
-    return [path for path, bad in zip(files.paths, failed, strict=True) if bad]

@@ -25,7 +25,7 @@ from jdml.data.benchmarks.common import (
     require_file,
     table_rows,
 )
-from jdml.data.sources import DataError
+from jdml.errors import DataError
 
 TITLE = "In-Shop Clothes Retrieval"
 INDEX = "Eval/list_eval_partition.txt"

@@ -29,7 +29,7 @@ import numpy as np
 
 from jdml.data.benchmarks.common import check_counts
 from jdml.data.benchmarks.images import decode_bytes
-from jdml.data.sources import DataError
+from jdml.errors import DataError
 
 # Records read at a time when scanning a source for its labels.
 _SCAN_CHUNK = 1024

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from jdml.models.pretrained import bninception, efficientnet, googlenet, resnet
+from jdml.models.pretrained import bninception, efficientnet, googlenet, resnet50
 from jdml.models.pretrained.convert import Rule, fill
 from jdml.registry import Registry
 
@@ -45,7 +45,7 @@ CONVERTERS.register("efficientnet_lite0")(
     )
 )
 
-CONVERTERS.register("resnet50")(Converter(rule=resnet.rule, ignore=resnet.ignore))
+CONVERTERS.register("resnet50")(Converter(rule=resnet50.rule, ignore=resnet50.ignore))
 CONVERTERS.register("googlenet")(Converter(rule=googlenet.rule, ignore=googlenet.ignore))
 CONVERTERS.register("bninception")(Converter(rule=bninception.rule, ignore=bninception.ignore))
 

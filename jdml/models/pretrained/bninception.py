@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from jdml.models.pretrained.convert import leaf_source
-from jdml.models.pretrained.resnet import leaf_kind
+from jdml.models.pretrained.resnet50 import leaf_kind
 
 
 def rule(

@@ -14,12 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from jdml.errors import WeightMismatchError
+
 # (flax collection, path inside it) -> (torch key, transform) or None for "keep the init value".
 Rule = Callable[[str, tuple[str, ...]], tuple[str, Callable[[np.ndarray], np.ndarray]] | None]
-
-
-class WeightMismatchError(ValueError):
-    """A weight file does not fit the model; the message names the keys and shapes."""
 
 
 def conv_kernel(w: np.ndarray) -> np.ndarray:

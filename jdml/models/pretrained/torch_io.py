@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from jdml.errors import UnsafeWeightFileError, WeightFileError, WeightFileNotFoundError
 from jdml.models.pretrained.safe_pickle import (
     DTYPES,
     Corrupt,
@@ -76,18 +77,6 @@ _LEGACY_VERSION = 1001
 _MAX_JSON_HEADER = 100 * 2**20  # safetensors' own limit; keeps a bogus length from allocating
 
 _SAFETENSORS_DTYPES = {code: np_dtype(name) for name, _, code in DTYPES if code}
-
-
-class WeightFileError(ValueError):
-    """A weight file cannot be read; the message names the file and what is wrong."""
-
-
-class WeightFileNotFoundError(WeightFileError, FileNotFoundError):
-    """The weight file does not exist."""
-
-
-class UnsafeWeightFileError(WeightFileError):
-    """A weight file asks for a Python global or construct outside the reader's allow-list."""
 
 
 def _load_zip(f: BinaryIO) -> Any:

@@ -1,0 +1,62 @@
+"""``jdml train`` (and ``python train.py``): train a deep metric learning model, evaluating it on
+unseen classes.
+
+  jdml train --config configs/revisiting.py --workdir runs/glyphs
+  jdml train --config configs/revisiting.py:data=glyphs --workdir runs/x \
+      --config.loss.name=triplet --config.miner.name=random --config.train.epochs=5
+
+Running the same command again resumes from the newest checkpoint in --workdir.
+
+Several hosts (one process each, same command, a workdir on a shared filesystem):
+
+  jdml train --config configs/dm2.py --workdir /shared/dm2 \
+      --coordinator_address=host0:1234 --num_processes=2 --process_id=0   # 1 on the other host
+  jdml train --config configs/dm2.py --workdir /shared/dm2 --distributed   # SLURM / TPU pod
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from jdml.cli import flags_parser, run_cli
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/<file>.py[:args]).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if it exists).")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Join a multi-host run, the topology read from the environment."
+)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", "", "host:port of process 0 of a multi-host run."
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 1, "Processes of a multi-host run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index in a multi-host run.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv: list[str]) -> None:
+    del argv
+
+    def run() -> None:
+        from jdml.distributed import initialize, is_main_process
+        from jdml.evaluation.embeddings import format_table
+        from jdml.trainer import train_and_evaluate
+
+        if _COORDINATOR.value or _DISTRIBUTED.value:
+            initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+
+        summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+        if not is_main_process():
+            return
+        tables = {}
+        for key in ("untrained", "best", "final"):
+            for split, values in summary.get(key, {}).items():
+                if isinstance(values, dict):
+                    tables[f"{key} ({split})"] = values
+        print(format_table(tables))
+        print(f"results: {_WORKDIR.value}/results.json")
+
+    run_cli(run)
+
+
+def run(argv: list[str] | None = None) -> None:
+    """Parses ``argv`` (default: ``sys.argv``) as the flags above and trains."""
+    app.run(main, argv=argv, flags_parser=flags_parser())

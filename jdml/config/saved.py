@@ -1,0 +1,120 @@
+"""A run's stored config (``config.json``): writing and reading it, and which keys may change
+when the run resumes. Reading never executes anything from the file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import ml_collections
+
+from jdml.config.schema import base_config
+
+
+def to_json(c: ml_collections.ConfigDict) -> str:
+    return json.dumps(c.to_dict(), indent=2, sort_keys=True)
+
+
+def _tuples(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def from_json(text: str) -> ml_collections.ConfigDict:
+    """Rebuilds a config written by ``to_json`` (JSON lists become tuples again)."""
+    return ml_collections.ConfigDict(_tuples(json.loads(text)))
+
+
+def _under(defaults: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with the keys it lacks taken from ``defaults``, section by section."""
+    out = dict(saved)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(out[key], dict):
+            out[key] = _under(value, out[key])
+    return out
+
+
+def saved_config(text: str) -> ml_collections.ConfigDict:
+    """A run's ``config.json`` for evaluation and inference: keys added to jdml after the run was
+    trained get their defaults, which keep the behaviour the run was trained with."""
+    return ml_collections.ConfigDict(_tuples(_under(base_config().to_dict(), json.loads(text))))
+
+
+# Keys that may change between runs in the same workdir (they do not change the trained model).
+RESUMABLE_CHANGES = (
+    "train.epochs",
+    "train.log_every_steps",
+    "train.checkpoint_every_steps",
+    "train.progress_bar",
+    "data.num_threads",
+    "data.prefetch",
+    "data.num_workers",
+    "data.cache_dir",
+    "eval.",
+)
+
+
+def flatten_config(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def selected_only(flat: dict[str, Any]) -> dict[str, Any]:
+    """Drops the hyperparameters of components that are not selected (loss, miner, sampler).
+
+    Their presence depends on which components the installed version registers, and their
+    values do not affect the run. Component sections may be nested (``aux.<term>.loss``).
+    """
+    out = {}
+    for key, value in flat.items():
+        parts = key.split(".")
+        unselected = False
+        for i, part in enumerate(parts[:-2]):
+            if part in _COMPONENT_SECTIONS:
+                prefix = ".".join(parts[: i + 1])
+                unselected = flat.get(f"{prefix}.name") != parts[i + 1]
+                break
+        if not unselected:
+            out[key] = value
+    return out
+
+
+_COMPONENT_SECTIONS = ("loss", "miner", "sampler")
+
+
+def incompatible_keys(
+    old: dict[str, Any],
+    new: dict[str, Any],
+    allowed: Iterable[str] = RESUMABLE_CHANGES,
+    defaults: dict[str, Any] | None = None,
+) -> list[str]:
+    """Returns the keys whose values differ between two configs and forbid resuming.
+
+    Keys of loss/miner/sampler components that are not selected are ignored, and so are keys
+    the old config lacks (written by an earlier version) whose new value is their default in
+    ``defaults`` (a flattened config).
+    """
+    fo, fn = selected_only(flatten_config(old)), selected_only(flatten_config(new))
+    allowed = tuple(allowed)
+    defaults = defaults or {}
+    diffs = []
+    for k in sorted(set(fo) | set(fn)):
+        if k not in fo and k in defaults and fn.get(k) == defaults[k]:
+            continue
+        if fo.get(k, "<missing>") != fn.get(k, "<missing>") and not k.startswith(allowed):
+            diffs.append(f"{k}: {fo.get(k, '<missing>')!r} -> {fn.get(k, '<missing>')!r}")
+    return diffs
+
+
+ConfigFactory = Callable[..., ml_collections.ConfigDict]

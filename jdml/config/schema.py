@@ -1,0 +1,357 @@
+"""The configuration schema: every key the library reads, with its default, and setting keys.
+
+Configs are ``ml_collections.ConfigDict`` objects built by :func:`base_config` and specialised by
+the files in ``configs/`` (one per method, the dataset chosen by an argument). The dict is locked,
+so a misspelt override (``--config.optim.lrr=...``) is an error instead of a silently ignored key.
+
+Component hyperparameters are not repeated here: the defaults of every registered loss, miner and
+sampler are read from the component itself (its dataclass fields or keyword-only arguments), so a
+component's defaults are declared in exactly one place and every one of them can be overridden as
+``--config.loss.margin.beta=0.6``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import ml_collections
+
+from jdml.errors import ConfigError
+
+# Keys of a component's signature that the library fills in itself.
+_RUNTIME_ARGS = frozenset(
+    {
+        "parent",
+        "name",
+        "num_classes",
+        "miner_name",
+        "key",
+        "embeddings",
+        "labels",
+        "batch_size",
+        "samples_per_class",
+        "seed",
+    }
+)
+
+
+def component_defaults(obj: Any) -> dict[str, Any]:
+    """Returns the overridable hyperparameters of a registered component with their defaults.
+
+    Args:
+      obj: a Flax module class (dataclass fields) or a function / class (keyword arguments).
+    """
+    out: dict[str, Any] = {}
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            if f.name in _RUNTIME_ARGS or not f.init:
+                continue
+            if f.default is not dataclasses.MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                out[f.name] = f.default_factory()
+        return out
+    target = obj.__init__ if inspect.isclass(obj) else obj
+    for p in inspect.signature(target).parameters.values():
+        if p.name in _RUNTIME_ARGS or p.name == "self" or p.default is inspect.Parameter.empty:
+            continue
+        out[p.name] = p.default
+    return out
+
+
+def _to_config_value(value: Any) -> Any:
+    # Sequences are tuples: ml_collections can override tuples from the command line, not lists.
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _optional_names(obj: Any) -> set[str]:
+    """Hyperparameters annotated as accepting None (e.g. ``upper_cutoff: float | None``)."""
+    if dataclasses.is_dataclass(obj):
+        annotations = {f.name: f.type for f in dataclasses.fields(obj)}
+    else:
+        target = obj.__init__ if inspect.isclass(obj) else obj
+        annotations = {p.name: p.annotation for p in inspect.signature(target).parameters.values()}
+    return {k for k, a in annotations.items() if "None" in str(a)}
+
+
+def _component_section(registry: Any) -> ml_collections.ConfigDict:
+    section = ml_collections.ConfigDict()
+    for name in registry.names():
+        obj = registry.get(name)
+        optional = _optional_names(obj)
+        entries = {}
+        for k, v in component_defaults(obj).items():
+            v = _to_config_value(v)
+            # An optional value must accept None from the command line (--config.x=None).
+            entries[k] = ml_collections.FieldReference(v, field_type=object) if k in optional else v
+        section[name] = ml_collections.ConfigDict(entries)
+    return section
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Returns the full default configuration (the Revisiting baseline on glyphs)."""
+    from jdml.data.sources import DATASETS
+    from jdml.losses import LOSSES
+    from jdml.miners import MINERS
+    from jdml.samplers import SAMPLERS
+
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+
+    c.data = ml_collections.ConfigDict()
+    c.data.name = "glyphs"  # one of DATASETS.names()
+    c.data.path = ""  # root folder / npz file for the generic sources
+    c.data.cache_dir = ""  # glyph cache (default: $JDML_CACHE/glyphs or ~/.cache/jdml/glyphs)
+    c.data.image_size = 32  # photo datasets: the crop size (224)
+    c.data.resize = 256  # photo datasets: short side before the evaluation's centre crop
+    c.data.verify_counts = True  # benchmarks: check the image and class counts of the copy
+    c.data.skip_unreadable = False  # folder source: skip undecodable images with a warning
+    c.data.channels = 1
+    c.data.val_fraction = 0.0  # fraction of training classes held out for model selection
+    c.data.split_seed = 0
+    c.data.augment = "affine"  # one of jdml.data.augment.AUGMENTATIONS
+    c.data.mean = 0.5
+    c.data.std = 0.5
+    # "mean_std": (x - data.mean) / data.std on [0, 1] pixels; "backbone": the per-channel
+    # constants the backbone's pretrained weights expect (ImageNet's for resnet50, ...).
+    c.data.normalization = "mean_std"
+    c.data.num_threads = 2  # grain reader threads
+    c.data.prefetch = 4  # batches prepared ahead
+    c.data.num_workers = 0  # worker processes building batches (0: threads in this process)
+
+    c.model = ml_collections.ConfigDict()
+    c.model.backbone = "small_resnet"
+    c.model.stem_features = 32
+    c.model.stem_strides = 2
+    c.model.stage_features = (32, 64, 128)
+    c.model.stage_blocks = (1, 1, 1)
+    c.model.stage_strides = (1, 2, 2)
+    c.model.frozen_bn = False  # running statistics fixed, affine parameters trained
+    # Partial fine-tuning (pretrained backbones): -1 trains every stage (the papers); k freezes
+    # the stem and the first k stages (no gradient, no update), see jdml.models.freeze.
+    c.model.frozen_stages = -1
+    c.model.embed_dim = 128
+    c.model.normalize = True  # L2-normalise the embedding (the reference's *_normalize archs)
+    c.model.head = "discriminative"
+    c.model.dtype = "float32"
+    c.model.pooling = "avg"  # global pooling of pretrained backbones: avg or avg+max
+    # Backbone weights: a weight file (PyTorch zip or legacy format, or safetensors; read without
+    # executing code), "packaged" for weights a pip package ships, or "" for a random init.
+    c.model.pretrained = ""
+
+    c.loss = _component_section(LOSSES)
+    c.loss.name = "margin"
+    c.miner = _component_section(MINERS)
+    c.miner.name = "distance"  # "" for losses that mine their own pairs
+    c.sampler = _component_section(SAMPLERS)
+    c.sampler.name = "class_random"
+    c.sampler.samples_per_class = 2
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.name = "adam"
+    c.optim.lr = 1e-3
+    c.optim.weight_decay = 4e-4  # coupled L2 (PyTorch Adam semantics), not AdamW
+    c.optim.schedule = "multistep"  # constant | multistep | cosine
+    c.optim.milestones = (10,)  # epochs at which the lr is multiplied by gamma
+    c.optim.gamma = 0.3
+    c.optim.warmup_epochs = 0
+
+    c.train = ml_collections.ConfigDict()
+    c.train.batch_size = 112
+    c.train.epochs = 15
+    c.train.steps_per_epoch = 0  # 0: floor(N_train / batch_size), as the reference
+    c.train.log_every_steps = 50
+    c.train.checkpoint_every_steps = 200
+    c.train.progress_bar = True
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.every_epochs = 5
+    c.eval.at_start = True  # evaluate the untrained network too
+    c.eval.metrics = ("recall@1", "recall@2", "recall@4", "recall@8", "map@r", "map@c", "nmi")
+    c.eval.selection_metric = "recall@1"
+    c.eval.distance = "euclidean"
+    # The k-means of nmi / f1: "k-means++" (k-means++ seeding, then 20 Lloyd steps), "random"
+    # (uniform seeding) or "reference" (faiss's k-means as the Revisiting-DML evaluation runs
+    # it, fixed seed 1234; the ImageNet benchmark presets use it to compare with the papers).
+    c.eval.kmeans = "k-means++"
+    c.eval.batch_size = 500
+    c.eval.splits = ("test",)  # 'val' is added automatically when data.val_fraction > 0
+    # Measured on the training split at every evaluation (with its singular-value spectrum, for
+    # the report's plots), as the Revisiting paper measures rho; () skips embedding the train set.
+    c.eval.train_metrics = ("rho_spectrum@1",)
+    # Multi-head models: further heads evaluated alone, and weighted concatenations of
+    # ``eval.heads`` (one weight per head, in that order; DiVA's evaluation). The main head
+    # (``model.head``) is always evaluated and selects the best checkpoint.
+    c.eval.heads = ()
+    c.eval.combinations = ()
+
+    # Auxiliary terms on further embedding heads (DiVA, Sharing Matters): name -> section built by
+    # ``metric_term`` or ``dance_term``. Empty for the Revisiting methods (one head, one loss).
+    c.aux = ml_collections.ConfigDict()
+    c.decorrelation = decorrelation_section()
+    # Optimiser updates per step, each over a set of terms ("main", "decorrelation", aux term
+    # names); () = one joint update of every term. Phases after the first train on their own
+    # uniformly drawn batch (Sharing Matters' alternating Algorithm 1).
+    c.phases = ()
+
+    # DM2 (jdml.methods.cohort): ``size`` members of this method trained together, exchanging
+    # relation matrices with weight ``mutual_weight`` (warmed up linearly over ``warmup_epochs``);
+    # size 1 trains one model. ``devices``: devices of the mesh's member axis (0: automatic).
+    c.cohort = ml_collections.ConfigDict()
+    c.cohort.size = 1
+    c.cohort.mutual_weight = 20.0
+    c.cohort.warmup_epochs = 3.0
+    c.cohort.relation = "distance"  # the paper's plain distances, or "rkd" (normalised, Huber)
+    c.cohort.model_diversity = True  # own random init of each member's embedding layer
+    c.cohort.temporal_diversity = True  # member l updates with probability 2^-(l-1)
+    c.cohort.view_diversity = True  # own augmentation of the batch per member
+    c.cohort.devices = 0
+    c.cohort.data_devices = 1  # devices splitting each member's batch (data parallelism)
+    # Members of one device: "unroll" traced one after the other, "vmap" vectorised (grouped
+    # convolutions, which XLA runs slowly on CPU; try it on GPU/TPU).
+    c.cohort.member_loop = "unroll"
+
+    _ = DATASETS  # the dataset name is validated in validate()
+    return c
+
+
+def metric_term(
+    loss: str, miner: str, *, head: str, weight: float, dim: int = 0
+) -> ml_collections.ConfigDict:
+    """An auxiliary term: a registered loss on ``head``'s embeddings with its own miner.
+
+    The section has every registered loss and miner with its defaults (as the top-level
+    ``loss``/``miner`` sections), so ``--config.aux.<term>.loss.margin.beta=...`` works; the loss's
+    learnable parameters (e.g. its own per-class betas) are separate from the main loss's.
+
+    Args:
+      loss: registered loss name.
+      miner: registered miner name ("" for a loss that mines its own pairs).
+      head: embedding head the term trains (created if no other term uses it).
+      weight: the term's weight in the total loss.
+      dim: the head's dimension (0: ``model.embed_dim``).
+    """
+    from jdml.losses import LOSSES
+    from jdml.miners import MINERS
+
+    t = ml_collections.ConfigDict()
+    t.kind = "metric"
+    t.head = head
+    t.dim = dim
+    t.weight = weight
+    t.loss = _component_section(LOSSES)
+    t.loss.name = loss
+    t.miner = _component_section(MINERS)
+    t.miner.name = miner
+    return t
+
+
+def dance_term(
+    *, head: str = "selfsimilarity", weight: float, dim: int = 0
+) -> ml_collections.ConfigDict:
+    """An auxiliary DaNCE term (DiVA's self-supervision) with its EMA key network and queue.
+
+    Keys: ``temperature`` (the paper's runs 0.01), ``momentum`` of the EMA key parameters (0.9),
+    ``queue_batches`` (the queue holds that many batches of keys, filled by the initial key
+    network before training: the reference's n_key_batches), the distance-weight cut-offs, the
+    weight normalisation (``anchor``: each anchor's weights sum to 1, the paper's intent;
+    ``batch``: the reference's default code) and ``weighting`` (False: plain MoCo InfoNCE).
+    """
+    t = ml_collections.ConfigDict()
+    t.kind = "dance"
+    t.head = head
+    t.dim = dim
+    t.weight = weight
+    t.temperature = 0.01
+    t.momentum = 0.9
+    t.queue_batches = 30
+    t.lower_cutoff = 0.5
+    t.upper_cutoff = ml_collections.FieldReference(1.4, field_type=object)
+    t.normalize = "anchor"
+    t.weighting = True
+    return t
+
+
+def decorrelation_section() -> ml_collections.ConfigDict:
+    """Decorrelation of head pairs through psi MLPs and gradient reversal (DiVA, Sharing Matters).
+
+    ``pairs``: ((source, target), ...), empty = off; ``weights``: one per pair; psi is
+    Linear(dim, ``hidden``) -> ReLU -> Linear(hidden, dim) with its own ``lr`` and
+    ``weight_decay``; ``renormalize``: L2-normalise the reversed embeddings (DiVA) or not
+    (Sharing Matters); ``detach_target``: no gradient into the target head.
+    """
+    d = ml_collections.ConfigDict()
+    d.pairs = ()
+    d.weights = ()
+    d.hidden = 512
+    d.lr = 1e-5
+    d.weight_decay = 0.0
+    d.renormalize = True
+    d.detach_target = False
+    return d
+
+
+def set_keys(c: ml_collections.ConfigDict, values: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """Sets every dotted key of ``values`` (``{"data.name": "sop"}``) on ``c``.
+
+    Only keys the config has can be set (the config is the schema); the config's own type checks
+    apply to the values.
+
+    Args:
+      c: the config, changed in place.
+      values: dotted key -> value.
+
+    Returns:
+      ``c``.
+
+    Raises:
+      ConfigError: naming the key, for an unknown key or a value of the wrong type.
+    """
+    for dotted, value in values.items():
+        *path, name = dotted.split(".")
+        section = c
+        try:
+            for part in path:
+                section = section[part]
+            if not isinstance(section, ml_collections.ConfigDict) or name not in section:
+                raise KeyError(dotted)
+            section[name] = value
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(
+                f"cannot set {dotted}={value!r} ({type(e).__name__}: {e}): use a key of the "
+                "config (see the config file's keys) with a value of its type"
+            ) from None
+    return c
+
+
+def parse_assignments(items: Iterable[str]) -> dict[str, Any]:
+    """``"section.key=value"`` strings (scripts' ``--set``) as dotted key -> value.
+
+    A value is read as a Python literal where it is one (numbers, tuples, booleans), else kept
+    as a string.
+
+    Raises:
+      ConfigError: for an item without ``=``.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"cannot set {item!r}: expected section.key=value")
+        try:
+            out[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            out[key] = text
+    return out
+
+
+def apply_overrides(
+    c: ml_collections.ConfigDict, items: Iterable[str]
+) -> ml_collections.ConfigDict:
+    """Sets each ``section.key=value`` of ``items`` on ``c`` (:func:`parse_assignments`, then
+    :func:`set_keys`), as ``--config.section.key=value`` does on ``train.py``."""
+    return set_keys(c, parse_assignments(items))

@@ -1,0 +1,375 @@
+"""Checking a config before anything runs: names, numbers and the combinations of choices.
+
+:func:`validate` raises :class:`jdml.errors.ConfigError` with a message that names the key and a
+value that works.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_collections
+
+from jdml.config.saved import flatten_config
+from jdml.errors import ConfigError
+from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
+
+_COUNT = COUNT
+_NON_NEGATIVE_INT = Range(0, integer=True)
+_NON_NEGATIVE = NON_NEGATIVE
+_POSITIVE = POSITIVE
+
+#: The numeric keys of the base config and the values each accepts (sequences: every element).
+NUMERIC_KEYS: dict[str, Range] = {
+    "seed": _NON_NEGATIVE_INT,
+    "data.image_size": Range(8, 4096, integer=True),
+    "data.resize": Range(8, 8192, integer=True),
+    "data.channels": Range(1, 3, integer=True),
+    "data.val_fraction": Range(0, 0.95),
+    "data.split_seed": _NON_NEGATIVE_INT,
+    "data.mean": Range(),
+    "data.std": _POSITIVE,
+    "data.num_threads": _COUNT,
+    "data.prefetch": _COUNT,
+    "data.num_workers": _NON_NEGATIVE_INT,
+    "model.stem_features": _COUNT,
+    "model.stem_strides": _COUNT,
+    "model.stage_features": _COUNT,
+    "model.stage_blocks": _COUNT,
+    "model.stage_strides": _COUNT,
+    "model.embed_dim": _COUNT,
+    "model.frozen_stages": Range(-1, integer=True),
+    "sampler.samples_per_class": _COUNT,
+    "optim.lr": _POSITIVE,
+    "optim.weight_decay": _NON_NEGATIVE,
+    "optim.milestones": _NON_NEGATIVE,
+    "optim.gamma": _POSITIVE,
+    "optim.warmup_epochs": _NON_NEGATIVE,
+    "train.batch_size": Range(2, integer=True),
+    "train.epochs": _COUNT,
+    "train.steps_per_epoch": _NON_NEGATIVE_INT,
+    "train.log_every_steps": _COUNT,
+    "train.checkpoint_every_steps": _COUNT,
+    "eval.every_epochs": _COUNT,
+    "eval.batch_size": _COUNT,
+    "cohort.size": _COUNT,
+    "cohort.mutual_weight": _NON_NEGATIVE,
+    "cohort.warmup_epochs": _NON_NEGATIVE,
+    "cohort.devices": _NON_NEGATIVE_INT,
+    "cohort.data_devices": _COUNT,
+    "decorrelation.weights": _NON_NEGATIVE,
+    "decorrelation.hidden": _COUNT,
+    "decorrelation.lr": _NON_NEGATIVE,
+    "decorrelation.weight_decay": _NON_NEGATIVE,
+}
+
+#: The numeric keys of every auxiliary term (``aux.<term>.<key>``; DaNCE's only where present).
+AUX_NUMERIC_KEYS: dict[str, Range] = {
+    "dim": _NON_NEGATIVE_INT,
+    "weight": _NON_NEGATIVE,
+    "temperature": _POSITIVE,
+    "momentum": Range(0, 1),
+    "queue_batches": _COUNT,
+    "lower_cutoff": _NON_NEGATIVE,
+    "upper_cutoff": _POSITIVE,
+}
+
+
+def _check_number(key: str, value: Any, allowed: Range) -> None:
+    values = value if isinstance(value, tuple | list) else (value,)
+    for v in values:
+        problem = allowed.problem(v)
+        if problem:
+            which = f" (each entry {problem})" if len(values) > 1 else f" {problem}"
+            shown = tuple(value) if isinstance(value, tuple | list) else value
+            raise ConfigError(f"{key}={shown!r}{which.rstrip()}; change --config.{key}")
+
+
+def _component_sections(c: ml_collections.ConfigDict):
+    """(key prefix, section, registry) of every selected loss, miner and sampler, the auxiliary
+    terms' included."""
+    from jdml.losses import LOSSES
+    from jdml.miners import MINERS
+    from jdml.samplers import SAMPLERS
+
+    out = [("loss", c.loss, LOSSES), ("miner", c.miner, MINERS), ("sampler", c.sampler, SAMPLERS)]
+    for name, term in c.aux.items():
+        if term.get("kind") == "metric":
+            out += [
+                (f"aux.{name}.loss", term.loss, LOSSES),
+                (f"aux.{name}.miner", term.miner, MINERS),
+            ]
+    return [(p, section, r) for p, section, r in out if section.name and section.name in r]
+
+
+def _validate_numbers(c: ml_collections.ConfigDict) -> None:
+    """Range checks of every numeric key: the base config's (``NUMERIC_KEYS``), the auxiliary
+    terms' (``AUX_NUMERIC_KEYS``) and the selected components' (their registries' ranges; any
+    other numeric hyperparameter must at least be finite)."""
+    flat = flatten_config(c.to_dict())
+    for key, allowed in NUMERIC_KEYS.items():
+        _check_number(key, flat[key], allowed)
+    for name, term in c.aux.items():
+        for key, allowed in AUX_NUMERIC_KEYS.items():
+            if term.get(key) is not None:
+                _check_number(f"aux.{name}.{key}", term[key], allowed)
+    for prefix, section, registry in _component_sections(c):
+        ranges = registry.ranges(section.name)
+        for key, value in section[section.name].items():
+            where = f"{prefix}.{section.name}.{key}"
+            if key in ranges and value is not None:
+                _check_number(where, value, ranges[key])
+            elif isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{where}={value!r} must be finite; change --config.{where}")
+    m = c.model
+    if not len(m.stage_features) == len(m.stage_blocks) == len(m.stage_strides):
+        raise ConfigError(
+            "model.stage_features, model.stage_blocks and model.stage_strides need one entry per "
+            f"stage; got {len(m.stage_features)}, {len(m.stage_blocks)} and "
+            f"{len(m.stage_strides)}"
+        )
+    if m.backbone == "small_resnet":
+        from jdml.models.small_resnet import check_map_sizes
+
+        try:
+            check_map_sizes(c.data.image_size, m.stem_strides, m.stage_strides)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _validate_model(m: ml_collections.ConfigDict, channels: int) -> None:
+    """Pooling and pretrained weights of the ``model`` section (``channels``: data.channels)."""
+    from jdml.models.embedding import frozen_backbone_modules
+    from jdml.models.pretrained.backbones import CONVERTERS, weight_path
+
+    if m.pooling not in ("avg", "avg+max"):
+        raise ConfigError(f"model.pooling={m.pooling!r}; choose avg or avg+max")
+    try:
+        frozen_backbone_modules(m)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not m.pretrained:
+        return
+    if channels != 3:
+        raise ConfigError(
+            f"model.pretrained loads ImageNet weights of {m.backbone}, which take RGB images, but "
+            f"data.channels={channels}: set --config.data.channels=3 (grayscale images are then "
+            "repeated over the three channels)"
+        )
+    if m.pretrained == "required":
+        raise ConfigError(
+            f"this preset fine-tunes ImageNet weights of {m.backbone}: give their file with "
+            "--config.model.pretrained=<path> (a torchvision/timm/Cadene .pth or .safetensors; "
+            "nothing is downloaded), or --config.model.pretrained='' to train from scratch"
+        )
+    if m.backbone not in CONVERTERS:
+        raise ConfigError(
+            f"model.pretrained is set but backbone {m.backbone!r} has no weight converter; "
+            f"backbones with one: {', '.join(CONVERTERS.names())}"
+        )
+    try:
+        weight_path(m.backbone, m.pretrained)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def _validate_normalization(c: ml_collections.ConfigDict) -> None:
+    """``data.normalization`` and, for ``backbone``, that the backbone has constants."""
+    from jdml.models import input_normalization
+
+    if c.data.normalization not in ("mean_std", "backbone"):
+        raise ConfigError(
+            f"data.normalization={c.data.normalization!r}; choose mean_std or backbone"
+        )
+    if c.data.normalization == "backbone" and input_normalization(c.model.backbone) is None:
+        raise ConfigError(
+            f"data.normalization=backbone, but backbone {c.model.backbone!r} has no input "
+            "constants of its own; use data.normalization=mean_std with data.mean and data.std"
+        )
+
+
+def _validate_photos(d: ml_collections.ConfigDict) -> None:
+    """Photo datasets need a photo augmentation; photo augmentations need RGB data."""
+    from jdml.data.augment import AUGMENTATIONS
+    from jdml.data.benchmarks import BENCHMARKS
+
+    photos = AUGMENTATIONS.names_where("photo")
+    photo = d.augment in photos
+    if d.name in BENCHMARKS and not photo:
+        raise ConfigError(
+            f"data.name={d.name} holds photos of many sizes: choose a photo augmentation "
+            f"(data.augment={' or '.join(photos)}), not {d.augment!r}"
+        )
+    if photo and d.channels != 3:
+        raise ConfigError(f"data.augment={d.augment} works on RGB images: set data.channels=3")
+    if photo and d.resize < d.image_size:
+        raise ConfigError(
+            f"data.resize={d.resize} is below the crop data.image_size={d.image_size}; the "
+            "evaluation resizes the short side to data.resize, then crops the centre"
+        )
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+    """Checks the combination of choices before anything runs; raises ``ConfigError``."""
+    from jdml.data.augment import AUGMENTATIONS
+    from jdml.data.benchmarks import BENCHMARKS
+    from jdml.data.sources import DATASETS
+    from jdml.evaluation.embeddings import check_metric_names
+    from jdml.evaluation.kmeans import KMEANS_MODES
+    from jdml.losses import LOSSES
+    from jdml.miners import MINERS
+    from jdml.models import BACKBONES
+    from jdml.optim import OPTIMIZERS, SCHEDULES
+    from jdml.samplers import SAMPLERS
+
+    for registry, value, key in (
+        (AUGMENTATIONS, c.data.augment, "data.augment"),
+        (BACKBONES, c.model.backbone, "model.backbone"),
+        (LOSSES, c.loss.name, "loss.name"),
+        (SAMPLERS, c.sampler.name, "sampler.name"),
+        (OPTIMIZERS, c.optim.name, "optim.name"),
+        (SCHEDULES, c.optim.schedule, "optim.schedule"),
+    ):
+        if value not in registry:
+            raise ConfigError(
+                f"{key}={value!r} is not a known {registry.kind}; choose one of: "
+                + ", ".join(registry.names())
+            )
+    if c.data.name not in DATASETS and c.data.name not in BENCHMARKS:
+        raise ConfigError(
+            f"data.name={c.data.name!r} is not a known dataset; choose one of: "
+            + ", ".join(sorted([*DATASETS.names(), *BENCHMARKS.names()]))
+        )
+    miner = c.miner.name or None
+    if miner is not None and miner not in MINERS:
+        raise ConfigError(
+            f"miner.name={miner!r} is not a known miner; choose one of: "
+            + ", ".join(MINERS.names())
+        )
+    _check_miner("", c.loss.name, miner)
+    _validate_numbers(c)
+    bs, spc = c.train.batch_size, c.sampler.samples_per_class
+    if bs % spc:
+        raise ConfigError(
+            f"train.batch_size={bs} is not divisible by sampler.samples_per_class={spc}; "
+            f"choose a batch size that is a multiple of {spc} (e.g. {max(spc, bs - bs % spc)})"
+        )
+    if c.eval.selection_metric not in c.eval.metrics:
+        raise ConfigError(
+            f"eval.selection_metric={c.eval.selection_metric!r} is not among eval.metrics "
+            f"{list(c.eval.metrics)}; add it or pick one of them"
+        )
+    for key in ("metrics", "train_metrics"):
+        try:
+            check_metric_names(list(c.eval[key]))
+        except ValueError as e:
+            raise ConfigError(f"eval.{key}: {e}") from None
+    if c.eval.kmeans not in KMEANS_MODES:
+        raise ConfigError(
+            f"eval.kmeans={c.eval.kmeans!r}; choose one of: {', '.join(KMEANS_MODES)}"
+        )
+    for split in c.eval.splits:
+        if split not in ("train", "val", "test"):
+            raise ConfigError(f"eval.splits has {split!r}; choose from train, val, test")
+    _validate_model(c.model, c.data.channels)
+    _validate_normalization(c)
+    _validate_photos(c.data)
+    _validate_aux(c)
+    _validate_cohort(c)
+    heads = {c.model.head, *(t.head for t in c.aux.values())}
+    for head in c.eval.heads:
+        if head not in heads:
+            raise ConfigError(f"eval.heads has {head!r}; the model's heads are {sorted(heads)}")
+    for weights in c.eval.combinations:
+        if len(weights) != len(c.eval.heads):
+            raise ConfigError(
+                f"eval.combinations entry {tuple(weights)} needs one weight per head of "
+                f"eval.heads {tuple(c.eval.heads)}"
+            )
+
+
+def _check_miner(prefix: str, loss: str, miner: str | None) -> None:
+    """A loss that mines its own pairs takes no miner; every other one a compatible miner.
+
+    Args:
+      prefix: where the section sits (``""`` or ``aux.<term>.``), for the message.
+      loss: the loss name.
+      miner: the miner name, or None for none.
+    """
+    from jdml.losses import LOSSES, compatible_miners
+
+    if not LOSSES.get(loss).needs_miner:
+        if miner is not None:
+            raise ConfigError(
+                f"{prefix}loss.name={loss} mines its own pairs and takes no miner, but "
+                f"{prefix}miner.name={miner}; set --config.{prefix}miner.name=''"
+            )
+        return
+    allowed = compatible_miners(loss)
+    if miner not in allowed:
+        got = f"{prefix}miner.name={miner}" if miner else f"no miner ({prefix}miner.name='')"
+        raise ConfigError(
+            f"{prefix}loss.name={loss} cannot be trained with {got}; compatible miners: "
+            f"{', '.join(allowed)} (set --config.{prefix}miner.name to one of them)"
+        )
+
+
+def _validate_cohort(c: ml_collections.ConfigDict) -> None:
+    from jdml.losses.mutual import RELATIONS
+
+    k = c.cohort
+    if k.relation not in RELATIONS:
+        raise ConfigError(f"cohort.relation={k.relation!r}; choose one of {', '.join(RELATIONS)}")
+    if k.member_loop not in ("unroll", "vmap"):
+        raise ConfigError(f"cohort.member_loop={k.member_loop!r}; choose unroll or vmap")
+    if c.train.batch_size % k.data_devices:
+        raise ConfigError(
+            f"cohort.data_devices={k.data_devices} must divide train.batch_size="
+            f"{c.train.batch_size}"
+        )
+    if k.size > 1 and c.phases:
+        raise ConfigError(
+            f"phases={tuple(c.phases)} with cohort.size={k.size}: a cohort trains one joint "
+            "update per step; use phases=() (the joint variant) for cohort members"
+        )
+
+
+def _validate_aux(c: ml_collections.ConfigDict) -> None:
+    from jdml.losses import LOSSES
+    from jdml.miners import MINERS
+
+    heads = {c.model.head}
+    for name, t in c.aux.items():
+        where = f"aux.{name}"
+        if t.get("kind") not in ("metric", "dance"):
+            raise ConfigError(f"{where}.kind={t.get('kind')!r}; choose metric or dance")
+        if t.kind == "metric":
+            if t.loss.name not in LOSSES:
+                raise ConfigError(
+                    f"{where}.loss.name={t.loss.name!r} is not a known loss; choose one of: "
+                    + ", ".join(LOSSES.names())
+                )
+            miner = t.miner.name or None
+            if miner is not None and miner not in MINERS:
+                raise ConfigError(
+                    f"{where}.miner.name={miner!r} is not a known miner; choose one of: "
+                    + ", ".join(MINERS.names())
+                )
+            _check_miner(f"{where}.", t.loss.name, miner)
+        elif t.normalize not in ("anchor", "batch"):
+            raise ConfigError(f"{where}.normalize={t.normalize!r}; choose anchor or batch")
+        heads.add(t.head)
+    d = c.decorrelation
+    if len(d.pairs) != len(d.weights):
+        raise ConfigError(
+            f"decorrelation.pairs has {len(d.pairs)} pair(s) but decorrelation.weights has "
+            f"{len(d.weights)}; give one weight per (source, target) pair"
+        )
+    for pair in d.pairs:
+        unknown = [h for h in pair if h not in heads]
+        if len(pair) != 2 or unknown or pair[0] == pair[1]:
+            raise ConfigError(
+                f"decorrelation pair {tuple(pair)} must name two different heads among "
+                f"{sorted(heads)}"
+            )

@@ -1,0 +1,84 @@
+"""Every error the library raises for a user to act on, in one module without dependencies.
+
+Each message names what is wrong and a fix that works; the command-line entry points print it
+as one ``error:`` line and exit non-zero (``jdml/cli.py``). The classes keep the built-in bases
+that callers may already catch (``ValueError``, ``KeyError``, ``FileNotFoundError``, ...).
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says which key and how to fix it."""
+
+
+class UnknownNameError(KeyError, ValueError):
+    """Raised for a name that no component registered; the message lists the known names. A
+    ``KeyError`` (a failed look-up) and a ``ValueError`` (a bad value of a setting)."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; show it as plain text.
+        return str(self.args[0])
+
+
+class UnknownMetricError(UnknownNameError):
+    """An unknown metric name (a ``KeyError`` and a ``ValueError``, as every unknown name)."""
+
+
+class DataError(ValueError):
+    """The data given cannot be loaded; the message says what is wrong and how to fix it."""
+
+
+class EmojiFetchError(DataError):
+    """A source tarball cannot be fetched or does not match its pin."""
+
+
+class UnsupportedImageError(ValueError):
+    """An image whose pixel values have no 8-bit meaning; the message says which and why."""
+
+
+class MissingFontsError(ImportError):
+    """A pinned font package is not installed (or at another version)."""
+
+
+class GlyphCacheError(RuntimeError):
+    """A cache file cannot be used (corrupt, stale or inconsistent)."""
+
+
+class WorkdirError(RuntimeError):
+    """The run directory cannot be used (not writable, full, or in use); the message says how."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing or cannot be restored; the message names it and the fix."""
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training produced a NaN/inf loss or gradient; the message says when and what to try."""
+
+
+class ReportError(ValueError):
+    """The runs cannot be reported (none found, unreadable, or without evaluations)."""
+
+
+class IndexFileError(ValueError):
+    """An index file that cannot be used: missing, damaged, or of another format."""
+
+
+class IndexMismatchError(ValueError):
+    """Queries embedded by a model other than the one that built the index."""
+
+
+class WeightFileError(ValueError):
+    """A weight file cannot be read; the message names the file and what is wrong."""
+
+
+class WeightFileNotFoundError(WeightFileError, FileNotFoundError):
+    """The weight file does not exist."""
+
+
+class UnsafeWeightFileError(WeightFileError):
+    """A weight file asks for a Python global or construct outside the reader's allow-list."""
+
+
+class WeightMismatchError(ValueError):
+    """A weight file does not fit the model; the message names the keys and shapes."""

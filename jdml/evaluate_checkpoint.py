@@ -1,0 +1,97 @@
+"""Evaluation of a saved checkpoint: ``evaluate_checkpoint(workdir, checkpoint, splits)``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from jdml.checkpoint import Checkpoints
+from jdml.config import saved_config
+from jdml.errors import CheckpointError, ConfigError
+from jdml.evaluation.splits import SPECTRUM
+from jdml.fileio import atomic_write
+from jdml.run import Run
+from jdml.workdir import check_writable
+
+
+def load_config(workdir: str):
+    """Reads ``workdir/config.json`` (written by training) as a locked ConfigDict."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        raise CheckpointError(
+            f"{path} does not exist: {workdir} is not a training workdir (train with "
+            f"`python train.py --config configs/revisiting.py --workdir {workdir}`)"
+        )
+    try:
+        with open(path) as f:
+            config = saved_config(f.read())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} is unreadable: {e}") from None
+    config.lock()
+    return config
+
+
+def evaluate_checkpoint(
+    workdir: str,
+    checkpoint: str | int = "best",
+    splits: Sequence[str] = ("test",),
+    *,
+    write: bool = True,
+) -> dict[str, Any]:
+    """Restores a checkpoint of a workdir and evaluates it on the given splits.
+
+    Args:
+      workdir: a training workdir.
+      checkpoint: 'best', 'latest' or a step number.
+      splits: any of 'train', 'val', 'test'.
+      write: write the results to the workdir (see :func:`save_evaluation`); the workdir is
+        checked to be writable before anything is computed.
+
+    Returns:
+      ``{"checkpoint": ..., "step": ..., "results": {split: {metric: value}}}``, also written to
+      ``workdir/eval_<checkpoint>_step<step>.json`` with ``write``.
+    """
+    workdir = os.path.abspath(workdir)
+    config = load_config(workdir)
+    if write:
+        check_writable(workdir)
+    ckpts = Checkpoints(workdir)
+    try:
+        ckpts.resolve(checkpoint)  # a wrong name or step fails before the data is loaded
+        run = Run(config)
+        missing = [s for s in splits if s not in run.splits]
+        if missing:
+            hint = (
+                " (set data.val_fraction > 0 when training to get 'val')"
+                if "val" in missing
+                else ""
+            )
+            raise ConfigError(
+                f"split(s) {missing} do not exist for this run; available: "
+                f"{sorted(run.splits)}{hint}"
+            )
+        state, meta = ckpts.restore(checkpoint, run.initial_state)
+    finally:
+        ckpts.close()
+    results, vectors, extra = run.evaluate(state, {s: run.splits[s] for s in splits})
+    out = {"checkpoint": str(checkpoint), "step": int(state.step), "meta": meta, "results": results}
+    if any(extra.values()):
+        out["embeddings"] = extra  # other heads and weighted concatenations, per split
+    spectra = {s: v[SPECTRUM].tolist() for s, v in vectors.items() if SPECTRUM in v}
+    if spectra:
+        out["spectra"] = spectra  # normalised singular values of the embeddings, descending
+    if write:
+        save_evaluation(workdir, out)
+    return out
+
+
+def save_evaluation(workdir: str, out: dict[str, Any]) -> str:
+    """Writes an :func:`evaluate_checkpoint` result to ``workdir/eval_<checkpoint>_step<step>.json``
+    and returns the file's path."""
+    path = os.path.join(
+        os.path.abspath(workdir), f"eval_{out['checkpoint']}_step{out['step']}.json"
+    )
+    atomic_write(path, json.dumps(out, indent=2))
+    return path

@@ -1,0 +1,166 @@
+"""Embeds dataset splits with a model state and evaluates them with the retrieval metrics."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from tqdm import tqdm
+
+from jdml.data.arrays import ImageSet, QueryGallery
+from jdml.data.pipeline import eval_batches
+from jdml.evaluation.embeddings import combine_heads, evaluate_embeddings
+
+EmbedFn = Callable[[Any, Any, jax.Array], dict[str, jax.Array]]
+
+
+def embed_split(
+    embed_fn: EmbedFn,
+    params: Any,
+    batch_stats: Any,
+    data: ImageSet,
+    batch_size: int,
+    progress: bool = False,
+) -> dict[str, np.ndarray]:
+    """Embeds every image of ``data`` with a jitted ``embed_fn``; returns ``{head: (N, dim)}``.
+
+    Batches have a fixed shape (the last one padded), so ``embed_fn`` compiles once; the images
+    are read batch by batch, so a large photo split never sits in memory whole.
+    """
+    parts: dict[str, list[np.ndarray]] = {}
+    batches = eval_batches(data, batch_size)
+    total = math.ceil(len(data) / batch_size)
+    for images, valid in tqdm(batches, total=total, unit="batch", disable=not progress):
+        out = embed_fn(params, batch_stats, images)
+        for head, emb in out.items():
+            parts.setdefault(head, []).append(np.asarray(emb)[:valid])
+    return {head: np.concatenate(chunks) for head, chunks in parts.items()}
+
+
+def evaluate_split(
+    embeddings: np.ndarray | jax.Array, data: ImageSet, metrics: Sequence[str], **options: Any
+) -> Any:
+    """``evaluate_embeddings`` of one split's embeddings: leave-one-out, or, for a
+    :class:`QueryGallery` split, its queries (the first ``num_queries`` rows) ranked against
+    its gallery (the rest)."""
+    labels = np.asarray(data.labels)
+    if not isinstance(data, QueryGallery):
+        return evaluate_embeddings(embeddings, labels, list(metrics), **options)
+    n = data.num_queries
+    return evaluate_embeddings(
+        embeddings[:n],
+        labels[:n],
+        list(metrics),
+        gallery=embeddings[n:],
+        gallery_labels=labels[n:],
+        **options,
+    )
+
+
+SPECTRUM = "rho_spectrum@0"  # the normalised singular-value spectrum, kept for plots
+
+
+def split_metrics(
+    cfg: ml_collections.ConfigDict, splits: Sequence[str], full: Sequence[str]
+) -> dict[str, list[str]]:
+    """The metrics computed on each split at an evaluation.
+
+    The splits in ``full`` get ``eval.metrics``. The training split additionally gets
+    ``eval.train_metrics`` (the Revisiting paper measures the spectral decay rho on the
+    training embeddings) and the normalised singular-value spectrum, which the report plots.
+
+    Args:
+      cfg: the ``eval`` config section.
+      splits: the split names to evaluate.
+      full: the splits that get every metric of ``eval.metrics``.
+    """
+    out = {}
+    for name in splits:
+        names = list(cfg.metrics) if name in full else []
+        if name == "train" and cfg.train_metrics:
+            names += [*cfg.train_metrics, SPECTRUM]
+        out[name] = list(dict.fromkeys(names))
+    return out
+
+
+def _options(cfg: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
+    """The evaluator's options from the ``eval`` config section: the distance, the k-means
+    (``eval.kmeans``) and the seed of its initialisation (unused by the reference k-means).
+
+    Args:
+      cfg: the ``eval`` config section.
+      seed: the run's seed.
+
+    Returns:
+      Keyword arguments of :func:`jdml.evaluation.embeddings.evaluate_embeddings`.
+    """
+    return {"distance": cfg.distance, "seed": seed, "kmeans_init": cfg.kmeans}
+
+
+def combination_name(weights: Sequence[float]) -> str:
+    """The record name of a weighted concatenation, e.g. ``concat:0.75,1.25,1.25,1.25``."""
+    return "concat:" + ",".join(f"{float(w):g}" for w in weights)
+
+
+def evaluate_splits(
+    embed_fn: EmbedFn,
+    params: Any,
+    batch_stats: Any,
+    splits: Mapping[str, ImageSet],
+    metrics: Mapping[str, Sequence[str]],
+    cfg: ml_collections.ConfigDict,
+    *,
+    head: str,
+    seed: int = 0,
+    full: Sequence[str] = (),
+) -> tuple[
+    dict[str, dict[str, float]],
+    dict[str, dict[str, np.ndarray]],
+    dict[str, dict[str, dict[str, float]]],
+]:
+    """Evaluates the embeddings of ``head`` on each split with that split's metrics.
+
+    On the splits in ``full``, the heads of ``eval.heads`` other than ``head`` are evaluated
+    alone and ``eval.combinations`` as weighted concatenations (DiVA's evaluation), with
+    ``eval.metrics``; every head is embedded once per split.
+
+    Returns:
+      ``({split: {metric: value}}, {split: {vector metric: 1-D array}},
+      {split: {head or combination: {metric: value}}})``.
+    """
+    scalars, vectors, extra = {}, {}, {}
+    for name, data in splits.items():
+        embeddings = embed_split(embed_fn, params, batch_stats, data, cfg.batch_size)
+        scalars[name], vectors[name] = evaluate_split(
+            embeddings[head],
+            data,
+            metrics[name],
+            return_vectors=True,
+            **_options(cfg, seed),
+        )
+        if name not in full or not cfg.heads:
+            continue
+        rows = {h: embeddings[h] for h in cfg.heads if h != head}
+        for weights in cfg.combinations:
+            heads = dict(zip(cfg.heads, weights, strict=True))
+            rows[combination_name(weights)] = combine_heads(embeddings, heads)
+        extra[name] = {
+            row: evaluate_split(emb, data, cfg.metrics, **_options(cfg, seed))
+            for row, emb in rows.items()
+        }
+    return scalars, vectors, extra
+
+
+def evaluate_raw_pixels(
+    splits: Mapping[str, ImageSet], cfg: ml_collections.ConfigDict, *, seed: int = 0
+) -> dict[str, dict[str, float]]:
+    """The raw-pixel baseline: the same metrics on flattened pixel vectors scaled to [0, 1]."""
+    out = {}
+    for name, data in splits.items():
+        x = data.eval_images(np.arange(len(data))).reshape(len(data), -1)
+        out[name] = evaluate_split(x, data, cfg.metrics, **_options(cfg, seed))
+    return out

@@ -1,0 +1,81 @@
+"""Models: head shapes and normalisation, frozen BatchNorm, the small-map convolution guard."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from jdml.models import BACKBONES, build_model
+from jdml.models.small_resnet import SmallResNet
+
+
+def _cfg(**kw):
+    base = dict(
+        backbone="small_resnet",
+        stem_features=4,
+        stem_strides=1,
+        stage_features=(4, 8),
+        stage_blocks=(1, 1),
+        stage_strides=(1, 2),
+        frozen_bn=False,
+        embed_dim=6,
+        head="discriminative",
+        dtype="float32",
+        normalize=True,
+        pooling="avg",
+    )
+    return ml_collections.ConfigDict({**base, **kw})
+
+
+def test_heads_are_unit_norm():
+    model = build_model(_cfg(), train=False)
+    x = jax.random.normal(jax.random.key(0), (3, 8, 8, 1))
+    variables = model.init(jax.random.key(1), x)
+    out = model.apply(variables, x)
+    assert out["discriminative"].shape == (3, 6)
+    np.testing.assert_allclose(np.linalg.norm(out["discriminative"], axis=1), 1.0, rtol=1e-5)
+
+
+def test_frozen_bn_keeps_running_stats():
+    x = jax.random.normal(jax.random.key(0), (4, 8, 8, 1))
+    for frozen, changes in ((False, True), (True, False)):
+        model = build_model(_cfg(frozen_bn=frozen), train=True)
+        variables = model.init(jax.random.key(1), x)
+        _, upd = model.apply(variables, x, mutable=["batch_stats"])
+        same = jax.tree.map(
+            lambda a, b: bool(jnp.all(a == b)), variables["batch_stats"], upd["batch_stats"]
+        )
+        assert (not all(jax.tree.leaves(same))) == changes
+
+
+def test_small_feature_maps_are_refused():
+    with pytest.raises(ValueError, match="slow on XLA CPU"):
+        SmallResNet(
+            stage_features=(4, 4), stage_blocks=(1, 1), stage_strides=(2, 2), stem_features=4
+        ).init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+
+
+def test_unknown_backbone():
+    with pytest.raises(KeyError, match="small_resnet"):
+        BACKBONES.get("resnet9000")
+
+
+def test_unnormalised_heads():
+    model = build_model(_cfg(normalize=False), train=False)
+    x = jax.random.normal(jax.random.key(0), (3, 8, 8, 1))
+    out = model.apply(model.init(jax.random.key(1), x), x)["discriminative"]
+    assert not np.allclose(np.linalg.norm(out, axis=1), 1.0)
+
+
+def test_avg_plus_max_pooling_adds_the_global_max():
+    x = jax.random.normal(jax.random.key(0), (3, 8, 8, 1))
+    avg = SmallResNet((4, 8), (1, 1), (1, 2), stem_features=4, stem_strides=1, train_bn=False)
+    both = avg.clone(pooling="avg+max")
+    variables = jax.jit(avg.init)(jax.random.key(1), x)
+    pooled, state = jax.jit(lambda v, x: both.apply(v, x, capture_intermediates=True))(variables, x)
+    last = state["intermediates"]["stage1_block0"]["__call__"][0]
+    np.testing.assert_allclose(pooled, last.mean(axis=(1, 2)) + last.max(axis=(1, 2)), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(avg.apply)(variables, x), last.mean(axis=(1, 2)), rtol=1e-6)

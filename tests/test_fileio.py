@@ -1,0 +1,69 @@
+"""Atomic writes and the JSON-lines reader (jdml/fileio.py)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from jdml.fileio import atomic_path, atomic_write, read_jsonl
+
+
+def test_atomic_write_replaces_whole_files_and_creates_folders(tmp_path) -> None:
+    target = tmp_path / "a" / "b" / "out.txt"
+    atomic_write(target, "first\n")
+    assert target.read_text() == "first\n"
+    atomic_write(target, b"\x00second", durable=True)
+    assert target.read_bytes() == b"\x00second"
+    atomic_write(str(target), "line\r\nkept as given ✓")
+    assert target.read_bytes() == "line\r\nkept as given ✓".encode()
+    assert sorted(os.listdir(target.parent)) == ["out.txt"]  # no temporary file left
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path) -> None:
+    target = tmp_path / "results.json"
+    atomic_write(target, "old")
+    with pytest.raises(RuntimeError, match="disk full"), atomic_path(target) as tmp:
+        with open(tmp, "w") as f:
+            f.write("half of the new")
+        raise RuntimeError("disk full")
+    assert target.read_text() == "old"
+    assert os.listdir(tmp_path) == ["results.json"]
+
+
+def test_atomic_path_keeps_the_suffix_writers_need(tmp_path) -> None:
+    target = tmp_path / "index.npz"
+    with atomic_path(target, ".npz") as tmp:
+        assert tmp.endswith(".npz") and os.path.dirname(tmp) == str(tmp_path)
+        np.savez(tmp, x=np.arange(3))  # np.savez would append .npz to another suffix
+    with np.load(target) as data:
+        np.testing.assert_array_equal(data["x"], np.arange(3))
+
+
+def test_read_jsonl_skips_what_a_kill_or_an_editor_leaves(tmp_path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(
+        b'{"step": 1, "loss": 0.5}\n\n[1, 2]\n{"step": 2, "loss": 0.4}\n\xff\xfe not json\n'
+        b'{"step": 3, "lo'
+    )
+    want = [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}]
+    assert read_jsonl(path) == want
+    with pytest.warns(UserWarning, match=r"metrics.jsonl:3: skipping a line that is not an"):
+        assert read_jsonl(path, warn=True) == want
+    with pytest.raises(FileNotFoundError):
+        read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_an_interrupted_durable_write_leaves_no_file(tmp_path, monkeypatch) -> None:
+    """The glyph and emoji caches are written with durable=True: a kill during the fsync leaves
+    neither the target nor a temporary."""
+    from jdml import fileio
+
+    def boom(fd: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fileio.os, "fsync", boom)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(tmp_path / "x" / "glyphs.npz", b"data", durable=True)
+    assert list((tmp_path / "x").iterdir()) == []
