@@ -126,7 +126,8 @@ def resolved_config_argv(argv: list[str], flag: str = "config", *, saved: bool =
       that reads it as JSON (nothing in it is executed);
     * a method config that is not there (``configs/revisiting.py``, ``revisiting`` or
       ``revisiting.py``, with its ``:args``) onto the copy installed with the package, so that
-      ``jdml train`` runs from any folder.
+      ``jdml train`` runs from any folder; a missing file in any other folder stays as given
+      (and is reported missing).
 
     With ``saved=False`` only the second mapping is done.
     """
@@ -139,8 +140,8 @@ def resolved_config_argv(argv: list[str], flag: str = "config", *, saved: bool =
         if value.endswith(".json"):
             return f"{configs.saved.__file__}:{value}" if saved else value
         path, sep, args = value.partition(":")
-        if os.path.isfile(path):
-            return value
+        if os.path.isfile(path) or os.path.normpath(os.path.dirname(path)) not in (".", "configs"):
+            return value  # an existing file, or one in a folder of the user's: as given
         name = os.path.basename(path)
         name = name if name.endswith(".py") else f"{name}.py"
         packaged = os.path.join(os.path.dirname(configs.__file__), name)

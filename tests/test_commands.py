@@ -46,3 +46,7 @@ def test_jdml_train_then_eval_from_any_folder(tmp_path: Path) -> None:
     wrong = _jdml("train", "--config", "revisitin", "--workdir", str(workdir), cwd=elsewhere)
     assert wrong.returncode != 0
     assert wrong.stderr.strip().splitlines()[-1].startswith("error: config file revisitin ")
+    elsewhere_config = str(elsewhere / "mine" / "revisiting.py")  # not the packaged one
+    mine = _jdml("train", "--config", elsewhere_config, "--workdir", str(workdir), cwd=elsewhere)
+    assert mine.returncode != 0
+    assert f"error: config file {elsewhere_config} does not exist" in mine.stderr
