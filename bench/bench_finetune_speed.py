@@ -39,8 +39,8 @@ from jdml.models.efficientnet import (
     EfficientNetLite0,
 )
 from jdml.models.pretrained.efficientnet import packaged_weights
+from jdml.program import make_train_step
 from jdml.run import Run
-from jdml.step import make_train_step
 from jdml.throughput import alternating_rounds
 
 

@@ -28,8 +28,8 @@ from configs.diva import get_config as diva_config
 from configs.revisiting import get_config as revisiting_config
 from configs.sharing import get_config as sharing_config
 from jdml.data.pipeline import TrainBatch
+from jdml.program import make_train_step
 from jdml.run import Run
-from jdml.step import make_train_step
 
 METHODS = {
     "margin": lambda: revisiting_config(),

@@ -43,8 +43,8 @@ from jdml.config import apply_overrides
 from jdml.data.pipeline import TrainBatch, train_batches
 from jdml.errors import ConfigError
 from jdml.nn.conv import conv2d
+from jdml.program import make_train_step
 from jdml.run import Run
-from jdml.step import make_train_step
 from jdml.throughput import (
     alternating_rounds,
     compiled_flops,

@@ -47,17 +47,16 @@ from jdml.data.sources import (
     resize_images,
 )
 from jdml.data.transforms import eval_view
-from jdml.errors import CheckpointError, ConfigError, DataError, IndexFileError, IndexMismatchError
+from jdml.errors import CheckpointError, DataError, IndexFileError, IndexMismatchError
 from jdml.evaluation.embeddings import combine_heads
 from jdml.evaluation.knn import knn
 from jdml.evaluation.splits import embed_split
 from jdml.fileio import atomic_path
 from jdml.methods import Method
-from jdml.methods.cohort import member_name, over_members
 from jdml.methods.method import input_normalization
+from jdml.program import Program
 
 INDEX_FORMAT = "jdml-index-1"
-ENSEMBLE = "ensemble"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,27 +226,14 @@ class Model:
         config.model.pretrained = ""
         self.workdir, self.config, self.step = workdir, config, step
         method = Method(config, num_classes=2)  # class counts only size loss parameters
-        self.cohort_size = int(config.cohort.size)
+        self.program = Program(config, method)
+        self.cohort_size = self.program.size
         self._params = {"model": state["params"]["model"]}
         self._batch_stats = state["batch_stats"]
-
-        def embed_all(params: Any, batch_stats: Any, images: jax.Array) -> dict[str, jax.Array]:
-            if self.cohort_size == 1:
-                return method.embed(params, batch_stats, images)
-            out = over_members(
-                lambda p, s: method.embed(p, s, images), "unroll", params, batch_stats
-            )
-            return {
-                member_name(i) + ("" if head == method.head else f"/{head}"): emb[i]
-                for i in range(self.cohort_size)
-                for head, emb in out.items()
-            }
-
-        self._embed_all = jax.jit(embed_all)
-        main = member_name(0) if self.cohort_size > 1 else method.head
-        self.heads = self._head_names(method)
-        self.embedding = embedding or main
-        self._combine = self._parse_embedding(self.embedding)
+        self._embed_all = jax.jit(self.program.embed)
+        self.heads = self.program.embedding_names
+        self.embedding = embedding or self.program.head
+        self._combine = self.program.parse_embedding(self.embedding)
         self._checkpoint = str(checkpoint)
 
     @functools.cached_property
@@ -263,43 +249,6 @@ class Model:
             "checkpoint": self._checkpoint,
             "step": int(self.step),
         }
-
-    # -- the embedding spec --------------------------------------------------------------------
-
-    def _head_names(self, method: Method) -> tuple[str, ...]:
-        if self.cohort_size == 1:
-            return tuple(method.heads)
-        others = [h for h in method.heads if h != method.head]
-        return tuple(
-            member_name(i) + suffix
-            for i in range(self.cohort_size)
-            for suffix in ("", *(f"/{h}" for h in others))
-        )
-
-    def _parse_embedding(self, spec: str) -> dict[str, float] | None:
-        """None for a single head, else the {head: weight} of a concatenation."""
-        if spec in self.heads:
-            return None
-        if spec == ENSEMBLE and self.cohort_size > 1:
-            return {member_name(i): 1.0 for i in range(self.cohort_size)}
-        if spec.startswith("concat:"):
-            heads = tuple(self.config.eval.heads)
-            try:
-                weights = [float(w) for w in spec.removeprefix("concat:").split(",")]
-            except ValueError:
-                weights = []
-            if heads and len(weights) == len(heads):
-                return dict(zip(heads, weights, strict=True))
-            raise ConfigError(
-                f"embedding {spec!r} needs one weight per evaluated head {list(heads)}, e.g. "
-                f"concat:{','.join('1' for _ in heads) or '1,1'}"
-            )
-        choices = [*self.heads, *([ENSEMBLE] if self.cohort_size > 1 else [])]
-        if self.config.eval.heads:
-            choices.append(
-                "concat:<one weight per head of " + ",".join(self.config.eval.heads) + ">"
-            )
-        raise ConfigError(f"unknown embedding {spec!r}; choose one of: {', '.join(choices)}")
 
     # -- images --------------------------------------------------------------------------------
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -17,13 +16,11 @@ from jdml.data.loading import load_splits
 from jdml.errors import ConfigError
 from jdml.evaluation.splits import embed_split, evaluate_splits, split_metrics
 from jdml.methods import Method
-from jdml.methods.cohort import Cohort
-from jdml.methods.ema_queue import push
 from jdml.optim import make_optimizer
+from jdml.program import Program, StepFn
 from jdml.samplers import SAMPLERS
 from jdml.samplers.memory import empty_sampler_state
 from jdml.state import TrainState
-from jdml.step import StepFn, init_state, make_train_step
 
 log = logging.getLogger("jdml")
 
@@ -60,12 +57,10 @@ class Run:
         self.total_steps = tc.epochs * self.steps_per_epoch
         self.method = Method(config, num_classes=train.num_classes)
         self.augment = make_augmentation(config.data)
-        # A DM2 cohort (cohort.size > 1) trains several members of the method at once.
-        self.cohort = (
-            Cohort(config, self.method, self.steps_per_epoch) if config.cohort.size > 1 else None
-        )
-        self.head = self.cohort.head if self.cohort else self.method.head
-        self.members = self.cohort.members if self.cohort else ()
+        # One member of the method, or a DM2 cohort (cohort.size > 1) of several.
+        self.program = Program(config, self.method, self.steps_per_epoch)
+        self.head = self.program.head
+        self.members = self.program.members
         self.tx = make_optimizer(
             config.optim,
             self.method.param_groups(),
@@ -83,23 +78,13 @@ class Run:
             dim=config.model.embed_dim,
             steps_per_epoch=self.steps_per_epoch,
         )
-        if self.cohort:
-            self.initial_state = self.cohort.init_state(self.tx, config.seed, sample, placeholders)
-            self.embed_fn = self.cohort.make_embed_fn()
-            # Every member alone and the ensemble (the concatenation of the members).
-            self.eval_config = ml_collections.ConfigDict(config.eval.to_dict())
-            self.eval_config.heads = self.cohort.heads
-            self.eval_config.combinations = ((1.0,) * self.cohort.size,)
-        else:
-            self.initial_state = init_state(self.method, self.tx, config.seed, sample, placeholders)
-            self.embed_fn = jax.jit(self.method.embed)
-            self.eval_config = config.eval
+        self.initial_state = self.program.init_state(self.tx, config.seed, sample, placeholders)
+        self.embed_fn = self.program.make_embed_fn()
+        self.eval_config = self.program.eval_config
 
     def make_train_step(self) -> StepFn:
-        """The jitted, state-donating train step of the method (or of the cohort)."""
-        if self.cohort:
-            return self.cohort.make_train_step(self.tx, self.initial_state)
-        return make_train_step(self.method, self.tx)
+        """The jitted, state-donating train step of the program."""
+        return self.program.make_train_step(self.tx, self.initial_state)
 
     def prepare(self, state: TrainState) -> TrainState:
         """Before the first step: fills the sampler's embedding memory and the DaNCE key queues."""
@@ -108,8 +93,7 @@ class Run:
     def fill_queues(self, state: TrainState) -> TrainState:
         """Fills each DaNCE queue with keys of the initial key (EMA) network, in eval mode, on
         augmented training images (the reference's n_key_batches), drawn with a fixed seed.
-        A cohort fills each member's queue with its own key network, in one jitted pass over the
-        members (which also works when they live on several hosts)."""
+        Each member's queue is filled with its own key network (``Program.key_functions``)."""
         if not state.method_state:
             return state
         train = self.splits["train"]
@@ -118,13 +102,7 @@ class Run:
         for name, term_state in state.method_state.items():
             term = self.method.terms[name]
             log.info("Filling the %s queue with %d keys", name, term.queue_size)
-            if self.cohort:
-                embed_keys, push_keys = self.cohort.key_functions(term.head)
-            else:
-                embed_keys = jax.jit(
-                    lambda e, s, x, h=term.head: self.method.embed_keys(e, s, x)[h]
-                )
-                push_keys = push
+            embed_keys, push_keys = self.program.key_functions(term.head)
             rng = np.random.default_rng((self.config.seed, 3))
             idx = rng.choice(len(train), term.queue_size, replace=term.queue_size > len(train))
             keys = []

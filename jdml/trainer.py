@@ -39,10 +39,10 @@ from jdml.evaluation.embeddings import format_table
 from jdml.evaluation.splits import SPECTRUM
 from jdml.fileio import atomic_write, read_jsonl
 from jdml.metric_writer import MetricWriter
+from jdml.program import StepFn
 from jdml.run import Run
 from jdml.samplers.memory import epoch_sampler
 from jdml.state import TrainState
-from jdml.step import StepFn
 from jdml.workdir import check_writable, run_lock
 
 log = logging.getLogger("jdml")

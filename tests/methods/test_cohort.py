@@ -17,8 +17,8 @@ from jdml.config import set_keys, validate
 from jdml.data.pipeline import TrainBatch
 from jdml.errors import ConfigError
 from jdml.fileio import read_jsonl
+from jdml.program import make_train_step
 from jdml.run import Run
-from jdml.step import make_train_step
 from jdml.trainer import train_and_evaluate
 from tests.helpers import TINY_OVERRIDES, make_npz, tiny_config
 
@@ -70,7 +70,7 @@ def sharded(npz):
 
 def test_sharded_cohort_equals_unsharded(npz, sharded):
     run4, step4, state4, history4 = sharded
-    assert run4.cohort.mesh.devices.size == 4
+    assert run4.program.mesh.devices.size == 4
     leaf = jax.tree.leaves(run4.initial_state.params)[0]
     assert len(leaf.sharding.device_set) == 4
     run1 = cohort_run(npz, **{"cohort.devices": 1, "cohort.warmup_epochs": 0.0})
@@ -94,7 +94,7 @@ def test_data_parallel_members_equal_one_device(npz):
     overrides = {"cohort.size": 2, "cohort.warmup_epochs": 0.0}
     one = Run(tiny_config(npz, **overrides, **{"cohort.devices": 1}))
     four = Run(tiny_config(npz, **overrides, **{"cohort.devices": 2, "cohort.data_devices": 2}))
-    assert dict(four.cohort.mesh.shape) == {"member": 2, "data": 2}
+    assert dict(four.program.mesh.shape) == {"member": 2, "data": 2}
     _, state1, history1 = train(one)
     step4, state4, history4 = train(four)
     assert step4._cache_size() == 1
@@ -139,16 +139,16 @@ def test_without_mutual_term_members_are_independent_runs(npz):
     plain = Run(tiny_config(npz))
     # Member 1 starts exactly where the plain run of the same config and seed starts.
     for a, b in zip(
-        jax.tree.leaves(run.cohort.member_state(init, 0).params),
+        jax.tree.leaves(run.program.member_state(init, 0).params),
         jax.tree.leaves(plain.initial_state.params),
         strict=True,
     ):
         np.testing.assert_array_equal(a, b)
     for i in range(4):
-        member = jax.device_put(run.cohort.member_state(init, i))
+        member = jax.device_put(run.program.member_state(init, i))
         for batch in batches(run):
             member, _ = plain_step(member, batch)
-        got = jax.tree.leaves(run.cohort.member_state(state, i).params)
+        got = jax.tree.leaves(run.program.member_state(state, i).params)
         for a, b in zip(got, jax.tree.leaves(host(member.params)), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 

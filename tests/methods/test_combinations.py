@@ -19,8 +19,8 @@ from jdml.errors import ConfigError
 from jdml.losses import LOSSES, compatible_miners
 from jdml.methods import StandardMethod
 from jdml.models.embedding import l2_normalize
+from jdml.program import make_train_step
 from jdml.run import Run
-from jdml.step import make_train_step
 from tests.helpers import make_npz, tiny_config
 
 COMBINATIONS = [

@@ -19,8 +19,8 @@ from jdml.config import set_keys, validate
 from jdml.errors import ConfigError
 from jdml.fileio import read_jsonl
 from jdml.methods.ema_queue import ordered
+from jdml.program import make_train_step
 from jdml.run import Run
-from jdml.step import make_train_step
 from jdml.trainer import train_and_evaluate
 from tests.helpers import TINY_OVERRIDES, make_npz
 

@@ -63,8 +63,8 @@ def test_stopping_the_gradient_changes_no_value_and_no_trained_gradient(lite0_gr
 def trained(tmp_path_factory):
     """Parameters of a tiny Lite0 run before and after two steps, with frozen_stages=2."""
     from jdml.data.pipeline import TrainBatch
+    from jdml.program import make_train_step
     from jdml.run import Run
-    from jdml.step import make_train_step
 
     npz = make_npz(str(tmp_path_factory.mktemp("freeze") / "d.npz"), size=32)
     config = tiny_config(

@@ -1,0 +1,539 @@
+"""The program of a run: one state constructor, one train step, and the run's embeddings.
+
+Every run trains ``L >= 1`` members of its method (``jdml.methods.Method``). A plain run is the
+program with one member; a DM2 cohort (``cohort.size > 1``, ``jdml.methods.cohort``) has several,
+exchanging relation matrices. Both go through the same code:
+
+* the state at step 0 is built member by member (``init_state``); member 1 of every program is
+  the same state, and a one-member state is stored without a member axis, so a plain run's
+  checkpoint holds the method's own parameter tree;
+* the step (``make_train_step``) runs over a leading member axis: gradients of every member's
+  loss (plus ``lambda * L_DM2`` against its peers' relation matrices in a cohort), the optimiser
+  update per phase, the non-finite guard, the update mask (temporal diversity), the method state
+  and the sampler memory. A one-member program adds the axis inside the jitted step and removes it
+  again (free reshapes) and runs without a device mesh; a cohort places its members on the
+  ``member`` axis of a mesh with ``jax.shard_map``;
+* ``embedding_names``, ``eval_config``, ``parse_embedding`` and ``embed`` say which embeddings
+  the program produces and how they are evaluated and combined, for the evaluator and for
+  ``jdml.inference`` alike.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jdml.distributed import global_array
+from jdml.errors import ConfigError
+from jdml.losses.mutual import mutual_losses, mutual_weight, relation_matrix
+from jdml.methods.cohort import (
+    AXIS,
+    DATA,
+    VIEWS,
+    cohort_mesh,
+    member_name,
+    over_members,
+    stack_members,
+    update_probabilities,
+)
+from jdml.methods.ema_queue import push
+from jdml.methods.method import Method
+from jdml.samplers.memory import update_memory
+from jdml.state import TrainState
+
+StepFn = Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]
+
+ENSEMBLE = "ensemble"  # a cohort's concatenation of its members, for ``parse_embedding``
+MEMBER_FIELDS = ("params", "batch_stats", "opt_state", "rng", "method_state")
+_TEMPORAL_TAG = 0x7D  # folded into a member's step key for its temporal-diversity draw
+
+
+def keep_where(mask: jax.Array, new: Any, old: Any) -> Any:
+    """``new`` where ``mask`` else ``old``, leaf by leaf; ``mask`` is (L,) over the leading
+    member axis of the leaves."""
+
+    def pick(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jnp.where(mask.reshape(mask.shape + (1,) * (a.ndim - mask.ndim)), a, b)
+
+    return jax.tree.map(pick, new, old)
+
+
+def finite_per_member(tree: Any) -> jax.Array:
+    """(L,): whether every value of member l in a tree with a leading member axis is finite."""
+    leaves = jax.tree.leaves(tree)
+    if not leaves:
+        return jnp.array(True)
+    per_leaf = [jnp.all(jnp.isfinite(x.reshape(x.shape[0], -1)), axis=1) for x in leaves]
+    return jnp.all(jnp.stack(per_leaf), axis=0)
+
+
+def only_groups(
+    groups: frozenset[str] | None, new_params: Any, params: Any, new_opt: Any, opt: Any
+) -> tuple[Any, Any]:
+    """Keeps the params and optimiser state of the groups a phase does not train unchanged
+    (their gradient is zero, but Adam's momentum and the coupled weight decay would move them)."""
+    if groups is None:
+        return new_params, new_opt
+    params = {k: new_params[k] if k in groups else params[k] for k in params}
+    inner = {k: new_opt.inner_states[k] if k in groups else v for k, v in opt.inner_states.items()}
+    return params, new_opt._replace(inner_states=inner)
+
+
+class Program:
+    """The members of a run (one, or a DM2 cohort), their state, step and embeddings.
+
+    Args:
+      config: the full run config (its ``cohort`` section; see ``jdml.config.base_config``).
+      method: the method every member runs.
+      steps_per_epoch: for the length of lambda's warm-up (training only).
+      size: the number of members (default ``cohort.size``).
+    """
+
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        method: Method,
+        steps_per_epoch: int = 1,
+        size: int | None = None,
+    ) -> None:
+        c = config.cohort
+        self.config = config
+        self.method = method
+        self.size = int(c.size if size is None else size)
+        self.cohort = self.size > 1
+        if self.cohort and len(method.phases) > 1:
+            raise ConfigError(
+                "a cohort trains one joint update per step; the method's config sets "
+                f"phases={tuple(config.phases)}: use phases=() with cohort.size > 1"
+            )
+        self.weight = float(c.mutual_weight) if self.cohort else 0.0
+        self.warmup_steps = round(c.warmup_epochs * steps_per_epoch)
+        self.relation = c.relation
+        self.loop = c.member_loop if self.cohort else "unroll"
+        self.model_diversity = bool(c.model_diversity)
+        self.view_diversity = bool(c.view_diversity) and self.cohort
+        self.probabilities = update_probabilities(
+            self.size, bool(c.temporal_diversity) and self.cohort
+        )
+        # The evaluated embedding: the method's main head, or member 1's.
+        self.head = member_name(0) if self.cohort else method.head
+
+    # -- names ----------------------------------------------------------------------------------
+
+    @functools.cached_property
+    def embedding_names(self) -> tuple[str, ...]:
+        """Every embedding ``embed`` returns: the method's heads, or per member ``member<l>``
+        (its main head) and ``member<l>/<head>`` (its other heads)."""
+        if not self.cohort:
+            return tuple(self.method.heads)
+        others = [h for h in self.method.heads if h != self.method.head]
+        return tuple(
+            member_name(i) + suffix
+            for i in range(self.size)
+            for suffix in ("", *(f"/{h}" for h in others))
+        )
+
+    @functools.cached_property
+    def eval_config(self) -> ml_collections.ConfigDict:
+        """The evaluation section: ``config.eval``, or for a cohort every member alone and the
+        ensemble (the concatenation of the members)."""
+        if not self.cohort:
+            return self.config.eval
+        cfg = ml_collections.ConfigDict(self.config.eval.to_dict())
+        cfg.heads = tuple(member_name(i) for i in range(self.size))
+        cfg.combinations = ((1.0,) * self.size,)
+        return cfg
+
+    def parse_embedding(self, spec: str) -> dict[str, float] | None:
+        """One embedding of the run by name: None for a name of ``embedding_names``, else the
+        ``{name: weight}`` of a weighted concatenation (``concat:<one weight per evaluated
+        head>``, or ``ensemble`` for a cohort's members).
+
+        Raises:
+          ConfigError: an unknown name, or a concatenation with the wrong number of weights.
+        """
+        if spec in self.embedding_names:
+            return None
+        heads = tuple(self.eval_config.heads)
+        if spec == ENSEMBLE and self.cohort:
+            return dict.fromkeys(heads, 1.0)
+        if spec.startswith("concat:"):
+            try:
+                weights = [float(w) for w in spec.removeprefix("concat:").split(",")]
+            except ValueError:
+                weights = []
+            if heads and len(weights) == len(heads):
+                return dict(zip(heads, weights, strict=True))
+            raise ConfigError(
+                f"embedding {spec!r} needs one weight per evaluated head {list(heads)}, e.g. "
+                f"concat:{','.join('1' for _ in heads) or '1,1'}"
+            )
+        choices = [*self.embedding_names, *([ENSEMBLE] if self.cohort else [])]
+        if heads:
+            choices.append("concat:<one weight per head of " + ",".join(heads) + ">")
+        raise ConfigError(f"unknown embedding {spec!r}; choose one of: {', '.join(choices)}")
+
+    # -- devices --------------------------------------------------------------------------------
+
+    @functools.cached_property
+    def mesh(self) -> Mesh | None:
+        """The cohort's ``(member, data)`` mesh; None for one member (built when first needed:
+        inference embeds without it).
+
+        Raises:
+          ConfigError: if the mesh does not fit the devices present.
+        """
+        if not self.cohort:
+            return None
+        c = self.config.cohort
+        return cohort_mesh(self.size, int(c.devices), int(c.data_devices))
+
+    @functools.cached_property
+    def replicated(self) -> NamedSharding | None:
+        return NamedSharding(self.mesh, P()) if self.cohort else None
+
+    @functools.cached_property
+    def members(self) -> tuple[int, ...]:
+        """The members whose views this process draws: those on its devices under view
+        diversity, else none (every member trains on the one batch)."""
+        if not self.view_diversity:
+            return ()
+        block = self.size // self.mesh.devices.shape[0]
+        me = jax.process_index()
+        return tuple(
+            i
+            for d, row in enumerate(self.mesh.devices)
+            if any(device.process_index == me for device in row)
+            for i in range(d * block, (d + 1) * block)
+        )
+
+    def replicate(self, host: Any) -> Any:
+        """A host array as the step takes it: replicated on the cohort's mesh (unchanged for one
+        member)."""
+        if not self.cohort:
+            return host
+        host = np.asarray(host)
+        return global_array(host, self.replicated, host.shape)
+
+    def place_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch as global arrays of a cohort: views on the member axis (each process
+        supplies its own members' views) under view diversity, the batch axis on the data axis;
+        unchanged for one member."""
+        if not self.cohort:
+            return batch
+        out = {}
+        for key, value in batch.items():
+            value = np.asarray(value)
+            if key in VIEWS and self.view_diversity:
+                spec, shape = P(AXIS, DATA), (self.size, *value.shape[1:])
+            else:
+                spec, shape = P(DATA), value.shape
+            out[key] = global_array(value, NamedSharding(self.mesh, spec), shape)
+        return out
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def init_state(
+        self,
+        tx: optax.GradientTransformation,
+        seed: int,
+        sample: np.ndarray,
+        sampler_state: dict | None = None,
+    ) -> TrainState:
+        """The state at step 0. Member 1 is the same for every program; with model diversity,
+        member ``l > 1`` takes its embedding heads (``head_*``) from a model initialised with
+        its own key and the rest of the model from member 1. One member: no member axis."""
+        key = jax.random.PRNGKey(seed)
+        images = jnp.asarray(sample)
+        params0, stats0 = self.method.init(jax.random.fold_in(key, 0), images)
+        rng0 = jax.random.fold_in(key, 1)
+        members = []
+        for i in range(self.size):
+            params = params0
+            if i > 0 and self.model_diversity:
+                other, _ = self.method.init(
+                    jax.random.fold_in(jax.random.fold_in(key, 0), i), images
+                )
+                model = {
+                    k: other["model"][k] if k.startswith("head_") else v
+                    for k, v in params0["model"].items()
+                }
+                params = {**params0, "model": model}
+            rng = rng0 if i == 0 else jax.random.fold_in(rng0, i)
+            members.append(
+                (params, stats0, tx.init(params), rng, self.method.init_method_state(params))
+            )
+        fields = (
+            members[0]
+            if not self.cohort
+            else [stack_members([m[j] for m in members]) for j in range(5)]
+        )
+        state = TrainState(
+            step=jnp.zeros((), jnp.int32),
+            nonfinite=jnp.zeros((), jnp.int32),
+            sampler_state=sampler_state or {},
+            **dict(zip(MEMBER_FIELDS, fields, strict=True)),
+        )
+        return jax.device_put(state, self.state_shardings(state)) if self.cohort else state
+
+    def _state_specs(self, state: TrainState) -> TrainState:
+        """PartitionSpecs: member-stacked fields on the ``member`` axis, the rest replicated."""
+        member = lambda tree: jax.tree.map(lambda _: P(AXIS), tree)  # noqa: E731
+        shared = lambda tree: jax.tree.map(lambda _: P(), tree)  # noqa: E731
+        return TrainState(
+            step=P(),
+            params=member(state.params),
+            batch_stats=member(state.batch_stats),
+            opt_state=member(state.opt_state),
+            rng=P(AXIS),
+            nonfinite=P(),
+            sampler_state=shared(state.sampler_state),
+            method_state=member(state.method_state),
+        )
+
+    def state_shardings(self, state: TrainState) -> TrainState:
+        """``NamedSharding``s placing each member's state on its device of the mesh."""
+        return jax.tree.map(
+            lambda spec: NamedSharding(self.mesh, spec),
+            self._state_specs(state),
+            is_leaf=lambda x: isinstance(x, P),
+        )
+
+    def member_state(self, state: TrainState, index: int) -> TrainState:
+        """Member ``index``'s slice of the state, as the state of a one-member program."""
+        if not self.cohort:
+            return state
+        take = lambda tree: jax.tree.map(lambda x: x[index], tree)  # noqa: E731
+        return state.replace(**{f: take(getattr(state, f)) for f in MEMBER_FIELDS})
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def _step(
+        self, tx: optax.GradientTransformation, state: TrainState, batch: dict[str, jax.Array]
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        """One step of the members in ``state`` (leading member axis): this device's block of a
+        cohort inside ``shard_map``, or the one member of a plain run.
+
+        Each phase (one by default; Sharing Matters' alternating variant has two, each on its own
+        data stream) takes the gradient of the members' summed losses, where member l's loss
+        is its method's plus ``lambda * L^l_DM2`` with its peers' relation matrices as constants,
+        so that the gradient for member l's params is that of its own objective (DM2,
+        Algorithm 1). A step whose loss, gradients or params are not finite for any member
+        leaves every member unchanged and increments ``nonfinite``; a member skipped by its
+        temporal-diversity draw is left unchanged.
+        """
+        method = self.method
+        on_mesh = self.cohort
+        gather = (lambda x: jax.lax.all_gather(x, AXIS, tiled=True)) if on_mesh else (lambda x: x)
+        local = state.rng.shape[0]
+        offset = jax.lax.axis_index(AXIS) * local if on_mesh else 0
+        keys = jax.vmap(lambda r: jax.random.fold_in(r, state.step))(state.rng)
+        per_member = {k: v for k, v in batch.items() if k in VIEWS and self.view_diversity}
+        shared = {k: v for k, v in batch.items() if k not in per_member}
+        lam = mutual_weight(state.step, self.weight, self.warmup_steps)
+        params, opt_state, stats = state.params, state.opt_state, state.batch_stats
+        ok = jnp.ones((local,), bool)
+        metrics: dict[str, jax.Array] = {}
+        outputs: dict[str, Any] = {}
+        embeddings = totals = losses = mutual = None
+        for i, phase in enumerate(method.phases):
+            phase_batch = method.phase_batch(shared, i)
+            phase_keys = keys if i == 0 else jax.vmap(lambda k, i=i: jax.random.fold_in(k, i))(keys)
+
+            def member_loss(p, s, views, key, method_state, b=phase_batch, ph=phase):
+                return method.loss_fn(p, s, {**b, **views}, key, method_state, ph)
+
+            def members_loss(p, s=stats, k=phase_keys):
+                loss, aux = over_members(
+                    member_loss, self.loop, p, s, per_member, k, state.method_state
+                )
+                if self.weight == 0.0:  # one member, or members side by side: no exchange
+                    exchange = jnp.zeros_like(loss)
+                else:
+                    psi = jax.vmap(relation_matrix)(aux[2])
+                    everyone = gather(jax.lax.stop_gradient(psi))
+                    exchange = mutual_losses(psi, everyone, offset, self.relation)
+                total = loss + lam * exchange
+                return jnp.sum(total), (total, loss, exchange, aux)
+
+            grads, (total, loss, exchange, aux) = jax.grad(members_loss, has_aux=True)(params)
+            stats, phase_metrics, emb, phase_outputs = aux
+            updates, new_opt_state = jax.vmap(tx.update)(grads, opt_state, params)
+            new_params = jax.vmap(optax.apply_updates)(params, updates)
+            params, opt_state = only_groups(
+                method.phase_groups(phase), new_params, params, new_opt_state, opt_state
+            )
+            ok = ok & jnp.isfinite(total) & finite_per_member(grads) & finite_per_member(params)
+            prefix = "" if len(method.phases) == 1 else f"phase{i}/"
+            metrics.update({prefix + k: v for k, v in phase_metrics.items()})
+            outputs.update(phase_outputs)
+            if i == 0:
+                embeddings, totals, losses, mutual = emb, total, loss, exchange
+        all_ok = jnp.all(gather(ok))
+        apply = jnp.broadcast_to(all_ok, (local,))
+        if np.any(self.probabilities < 1.0):
+            probs = jnp.asarray(self.probabilities)[offset + jnp.arange(local)]
+            tag = lambda k: jax.random.fold_in(k, _TEMPORAL_TAG)  # noqa: E731
+            draws = jax.vmap(lambda k: jax.random.uniform(tag(k)))(keys)
+            apply = apply & (draws < probs)
+        method_state = jax.vmap(method.update_method_state, (0, 0, 0, None))(
+            state.method_state, params, outputs, batch["labels"]
+        )
+        new_state = state.replace(
+            step=state.step + 1,
+            params=keep_where(apply, params, state.params),
+            opt_state=keep_where(apply, opt_state, state.opt_state),
+            batch_stats=keep_where(apply, stats, state.batch_stats),
+            method_state=keep_where(apply, method_state, state.method_state),
+            nonfinite=state.nonfinite + (~all_ok).astype(jnp.int32),
+            sampler_state=update_memory(
+                state.sampler_state, shared.get("indices"), gather(embeddings)[0]
+            ),
+        )
+        out = {k: jnp.mean(gather(v)) for k, v in metrics.items()}
+        if len(method.phases) > 1:
+            out["loss"] = sum(out[f"phase{i}/loss"] for i in range(len(method.phases)))
+        if not self.cohort:
+            return new_state, out
+        everyone_losses, everyone_mutual = gather(losses), gather(mutual)
+        updated = gather(apply).astype(jnp.float32)
+        for i in range(self.size):
+            out[f"{member_name(i)}/loss"] = everyone_losses[i]
+            out[f"{member_name(i)}/mutual"] = everyone_mutual[i]
+            out[f"{member_name(i)}/updated"] = updated[i]
+        out["loss"] = jnp.mean(gather(totals))
+        out["mutual/loss"] = jnp.mean(everyone_mutual)
+        out["mutual/weight"] = lam
+        out["updated_fraction"] = jnp.mean(updated)
+        return new_state, out
+
+    def make_train_step(self, tx: optax.GradientTransformation, state: TrainState) -> StepFn:
+        """The jitted, state-donating step ``(state, batch) -> (state, metrics)``.
+
+        One member: the member axis is added and removed inside the step. A cohort: host batches
+        are placed on the mesh first (``place_batch``), and each device steps its members.
+        """
+        if not self.cohort:
+
+            def one(state: TrainState, batch: dict[str, jax.Array]):
+                add = lambda x: x[None]  # noqa: E731
+                drop = lambda x: x[0]  # noqa: E731
+                stacked = state.replace(
+                    **{f: jax.tree.map(add, getattr(state, f)) for f in MEMBER_FIELDS}
+                )
+                new, metrics = self._step(tx, stacked, batch)
+                return new.replace(
+                    **{f: jax.tree.map(drop, getattr(new, f)) for f in MEMBER_FIELDS}
+                ), metrics
+
+            return jax.jit(one, donate_argnums=0)
+
+        specs = self._state_specs(state)
+        per_member = P(AXIS) if self.view_diversity else P()
+
+        def batch_specs(batch: dict[str, jax.Array]) -> dict[str, P]:
+            return {k: per_member if k in VIEWS else P() for k in batch}
+
+        def step(state: TrainState, batch: dict[str, jax.Array]):
+            sharded = jax.shard_map(
+                lambda s, b: self._step(tx, s, b),
+                mesh=self.mesh,
+                in_specs=(specs, batch_specs(batch)),
+                out_specs=(specs, P()),
+                axis_names=frozenset({AXIS}),  # the data axis stays automatic
+                check_vma=False,
+            )
+            return sharded(state, batch)
+
+        shardings = self.state_shardings(state)
+        # Fixed output shardings: the returned state is placed exactly as the state it replaces
+        # (on a one-device member axis the compiler would otherwise pick an equivalent spec and
+        # the second call would compile again).
+        jitted = jax.jit(step, donate_argnums=0, out_shardings=(shardings, self.replicated))
+        return _PlacedStep(jitted, self.place_batch, shardings)
+
+    def key_functions(self, head: str) -> tuple[Callable, Callable]:
+        """For filling the DaNCE queues: ``keys(ema, batch_stats, images)`` of every member's
+        key network on host images (``(B, dim)``, or ``(L, B, dim)`` replicated for a cohort),
+        and ``push(queue, keys, labels)`` into every member's queue, placed as the state."""
+        method = self.method
+        if not self.cohort:
+            return jax.jit(lambda e, s, x: method.embed_keys(e, s, x)[head]), push
+        members = NamedSharding(self.mesh, P(AXIS))
+
+        def keys(ema: Any, batch_stats: Any, images: jax.Array) -> jax.Array:
+            embed = lambda e, s: method.embed_keys(e, s, images)[head]  # noqa: E731
+            return over_members(embed, self.loop, ema, batch_stats)
+
+        keys_fn = jax.jit(keys, out_shardings=self.replicated)
+        push_fn = jax.jit(jax.vmap(push, (0, 0, None)), out_shardings=members)
+
+        def embed_keys(ema: Any, batch_stats: Any, images: Any) -> jax.Array:
+            return keys_fn(ema, batch_stats, self.replicate(images))
+
+        def push_keys(queue: Any, new_keys: np.ndarray, labels: np.ndarray) -> Any:
+            return push_fn(queue, self.replicate(new_keys), self.replicate(labels))
+
+        return embed_keys, push_keys
+
+    # -- embeddings -----------------------------------------------------------------------------
+
+    def embed(self, params: Any, batch_stats: Any, images: jax.Array) -> dict[str, jax.Array]:
+        """Eval-mode embeddings ``{name: (B, dim)}`` of every name of ``embedding_names``."""
+        if not self.cohort:
+            return self.method.embed(params, batch_stats, images)
+        embed = lambda p, s: self.method.embed(p, s, images)  # noqa: E731
+        out = over_members(embed, self.loop, params, batch_stats)
+        named = {}
+        for i in range(self.size):
+            for head, emb in out.items():
+                suffix = "" if head == self.method.head else f"/{head}"
+                named[member_name(i) + suffix] = emb[i]
+        return named
+
+    def make_embed_fn(self) -> Callable[[Any, Any, Any], dict[str, jax.Array]]:
+        """``embed`` jitted, taking host images; a cohort's outputs are replicated (every
+        process gets every member's embeddings)."""
+        if not self.cohort:
+            return jax.jit(self.embed)
+        jitted = jax.jit(self.embed, out_shardings=self.replicated)
+
+        def embed_fn(params: Any, batch_stats: Any, images: Any) -> dict[str, jax.Array]:
+            return jitted(params, batch_stats, self.replicate(images))
+
+        return embed_fn
+
+
+def make_train_step(method: Method, tx: optax.GradientTransformation) -> StepFn:
+    """The jitted, state-donating step of a one-member program of ``method`` (whatever its
+    config's ``cohort.size``): the step of a plain run, e.g. on one member's slice of a cohort."""
+    return Program(method.config, method, size=1).make_train_step(tx, None)
+
+
+class _PlacedStep:
+    """A jitted step taking host batches: places them on the mesh, then calls the step.
+
+    The first call also places the state as the step returns it (``Run.prepare`` may have
+    replaced parts of it), so that the step compiles once.
+    """
+
+    def __init__(self, jitted: Any, place: Callable[[dict], dict], shardings: Any) -> None:
+        self.jitted, self.place, self.shardings = jitted, place, shardings
+        self.placed = False
+
+    def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict[str, jax.Array]]:
+        if not self.placed:
+            state, self.placed = jax.device_put(state, self.shardings), True
+        return self.jitted(state, self.place(batch))
+
+    def _cache_size(self) -> int:
+        return self.jitted._cache_size()
