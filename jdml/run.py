@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax.numpy as jnp
 import ml_collections
@@ -87,34 +88,42 @@ class Run:
         return self.program.make_train_step(self.tx, self.initial_state)
 
     def prepare(self, state: TrainState) -> TrainState:
-        """Before the first step: fills the sampler's embedding memory and the DaNCE key queues."""
-        return self.fill_queues(self.fill_memory(state))
+        """Before the first step: fills the sampler's embedding memory, then each term prefills
+        its state (DaNCE: its key queue)."""
+        return self.prefill_terms(self.fill_memory(state))
 
-    def fill_queues(self, state: TrainState) -> TrainState:
-        """Fills each DaNCE queue with keys of the initial key (EMA) network, in eval mode, on
-        augmented training images (the reference's n_key_batches), drawn with a fixed seed.
-        Each member's queue is filled with its own key network (``Program.key_functions``)."""
+    def prefill_terms(self, state: TrainState) -> TrainState:
+        """Each term with a state prepares it (``Term.prefill``) from augmented training images
+        drawn with a fixed seed and the program's per-member functions."""
         if not state.method_state:
             return state
-        train = self.splits["train"]
-        augment = self.augment
         new = dict(state.method_state)
         for name, term_state in state.method_state.items():
-            term = self.method.terms[name]
-            log.info("Filling the %s queue with %d keys", name, term.queue_size)
-            embed_keys, push_keys = self.program.key_functions(term.head)
-            rng = np.random.default_rng((self.config.seed, 3))
-            idx = rng.choice(len(train), term.queue_size, replace=term.queue_size > len(train))
-            keys = []
-            bs = self.config.eval.batch_size
-            for start in range(0, len(idx), bs):
-                chunk = idx[start : start + bs]
-                images = augment(train.load(chunk), rng).astype(np.float32)
-                keys.append(np.asarray(embed_keys(term_state["ema"], state.batch_stats, images)))
-            labels = np.asarray(train.labels[idx], np.int32)
-            queue = push_keys(term_state["queue"], np.concatenate(keys, axis=-2), labels)
-            new[name] = {**term_state, "queue": queue}
+            log.info("Preparing the state of term %s", name)
+            new[name] = self.method.terms[name].prefill(term_state, state.batch_stats, self)
         return state.replace(method_state=new)
+
+    def key_functions(self, head: str) -> tuple[Callable, Callable]:
+        """For ``Term.prefill``: the program's key functions (``Program.key_functions``)."""
+        return self.program.key_functions(head)
+
+    def embed_training_images(
+        self, count: int, embed: Callable[[np.ndarray], Any]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """For ``Term.prefill``: ``embed`` over ``count`` augmented training images in eval
+        batches, drawn with a fixed seed (with replacement when the split has fewer); the outputs
+        concatenated on their second-to-last axis (a cohort's are ``(L, B, dim)``), and the
+        labels."""
+        train = self.splits["train"]
+        rng = np.random.default_rng((self.config.seed, 3))
+        idx = rng.choice(len(train), count, replace=count > len(train))
+        outputs = []
+        bs = self.config.eval.batch_size
+        for start in range(0, len(idx), bs):
+            chunk = idx[start : start + bs]
+            images = self.augment(train.load(chunk), rng).astype(np.float32)
+            outputs.append(np.asarray(embed(images)))
+        return np.concatenate(outputs, axis=-2), np.asarray(train.labels[idx], np.int32)
 
     def fill_memory(self, state: TrainState) -> TrainState:
         """Fills the samplers' embedding memory with eval-mode training-set embeddings."""

@@ -18,7 +18,7 @@ import pytest
 from jdml.config import base_config, metric_term
 from jdml.losses import LOSSES
 from jdml.losses.margin import MarginLoss
-from jdml.methods.terms import _loss_kwargs
+from jdml.methods.terms.metric import loss_kwargs
 from jdml.miners import Tuples
 from tests.helpers import central_differences
 
@@ -217,8 +217,8 @@ def test_margin_option_reaches_every_margin_term_of_the_configs():
     assert term.loss.margin.reference_pair_count is False
     with c.unlocked():
         c.loss.margin.reference_pair_count = True
-    assert _loss_kwargs(c.loss, "distance", NUM_CLASSES)["reference_pair_count"] is True
-    module = LOSSES.get("margin")(**_loss_kwargs(c.loss, "distance", NUM_CLASSES))
+    assert loss_kwargs(c.loss, "distance", NUM_CLASSES)["reference_pair_count"] is True
+    module = LOSSES.get("margin")(**loss_kwargs(c.loss, "distance", NUM_CLASSES))
     assert module.reference_pair_count is True
 
 

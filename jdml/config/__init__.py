@@ -22,10 +22,9 @@ from jdml.config.schema import (
     parse_assignments,
     set_keys,
 )
-from jdml.config.validation import AUX_NUMERIC_KEYS, NUMERIC_KEYS, validate
+from jdml.config.validation import NUMERIC_KEYS, validate
 
 __all__ = [
-    "AUX_NUMERIC_KEYS",
     "NUMERIC_KEYS",
     "RESUMABLE_CHANGES",
     "apply_overrides",

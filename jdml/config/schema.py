@@ -78,7 +78,7 @@ def _optional_names(obj: Any) -> set[str]:
     return {k for k, a in annotations.items() if "None" in str(a)}
 
 
-def _component_section(registry: Any) -> ml_collections.ConfigDict:
+def component_section(registry: Any) -> ml_collections.ConfigDict:
     section = ml_collections.ConfigDict()
     for name in registry.names():
         obj = registry.get(name)
@@ -143,11 +143,11 @@ def base_config() -> ml_collections.ConfigDict:
     # executing code), "packaged" for weights a pip package ships, or "" for a random init.
     c.model.pretrained = ""
 
-    c.loss = _component_section(LOSSES)
+    c.loss = component_section(LOSSES)
     c.loss.name = "margin"
-    c.miner = _component_section(MINERS)
+    c.miner = component_section(MINERS)
     c.miner.name = "distance"  # "" for losses that mine their own pairs
-    c.sampler = _component_section(SAMPLERS)
+    c.sampler = component_section(SAMPLERS)
     c.sampler.name = "class_random"
     c.sampler.samples_per_class = 2
 
@@ -222,58 +222,19 @@ def base_config() -> ml_collections.ConfigDict:
 def metric_term(
     loss: str, miner: str, *, head: str, weight: float, dim: int = 0
 ) -> ml_collections.ConfigDict:
-    """An auxiliary term: a registered loss on ``head``'s embeddings with its own miner.
+    """An auxiliary metric term's section (``jdml.methods.terms.metric.MetricTerm.section``)."""
+    from jdml.methods.terms import TERMS
 
-    The section has every registered loss and miner with its defaults (as the top-level
-    ``loss``/``miner`` sections), so ``--config.aux.<term>.loss.margin.beta=...`` works; the loss's
-    learnable parameters (e.g. its own per-class betas) are separate from the main loss's.
-
-    Args:
-      loss: registered loss name.
-      miner: registered miner name ("" for a loss that mines its own pairs).
-      head: embedding head the term trains (created if no other term uses it).
-      weight: the term's weight in the total loss.
-      dim: the head's dimension (0: ``model.embed_dim``).
-    """
-    from jdml.losses import LOSSES
-    from jdml.miners import MINERS
-
-    t = ml_collections.ConfigDict()
-    t.kind = "metric"
-    t.head = head
-    t.dim = dim
-    t.weight = weight
-    t.loss = _component_section(LOSSES)
-    t.loss.name = loss
-    t.miner = _component_section(MINERS)
-    t.miner.name = miner
-    return t
+    return TERMS.get("metric").section(loss, miner, head=head, weight=weight, dim=dim)
 
 
 def dance_term(
     *, head: str = "selfsimilarity", weight: float, dim: int = 0
 ) -> ml_collections.ConfigDict:
-    """An auxiliary DaNCE term (DiVA's self-supervision) with its EMA key network and queue.
+    """An auxiliary DaNCE term's section (``jdml.methods.terms.dance.DanceTerm.section``)."""
+    from jdml.methods.terms import TERMS
 
-    Keys: ``temperature`` (the paper's runs 0.01), ``momentum`` of the EMA key parameters (0.9),
-    ``queue_batches`` (the queue holds that many batches of keys, filled by the initial key
-    network before training: the reference's n_key_batches), the distance-weight cut-offs, the
-    weight normalisation (``anchor``: each anchor's weights sum to 1, the paper's intent;
-    ``batch``: the reference's default code) and ``weighting`` (False: plain MoCo InfoNCE).
-    """
-    t = ml_collections.ConfigDict()
-    t.kind = "dance"
-    t.head = head
-    t.dim = dim
-    t.weight = weight
-    t.temperature = 0.01
-    t.momentum = 0.9
-    t.queue_batches = 30
-    t.lower_cutoff = 0.5
-    t.upper_cutoff = ml_collections.FieldReference(1.4, field_type=object)
-    t.normalize = "anchor"
-    t.weighting = True
-    return t
+    return TERMS.get("dance").section(head=head, weight=weight, dim=dim)
 
 
 def decorrelation_section() -> ml_collections.ConfigDict:

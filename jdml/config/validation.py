@@ -64,17 +64,6 @@ NUMERIC_KEYS: dict[str, Range] = {
     "decorrelation.weight_decay": _NON_NEGATIVE,
 }
 
-#: The numeric keys of every auxiliary term (``aux.<term>.<key>``; DaNCE's only where present).
-AUX_NUMERIC_KEYS: dict[str, Range] = {
-    "dim": _NON_NEGATIVE_INT,
-    "weight": _NON_NEGATIVE,
-    "temperature": _POSITIVE,
-    "momentum": Range(0, 1),
-    "queue_batches": _COUNT,
-    "lower_cutoff": _NON_NEGATIVE,
-    "upper_cutoff": _POSITIVE,
-}
-
 
 def _check_number(key: str, value: Any, allowed: Range) -> None:
     values = value if isinstance(value, tuple | list) else (value,)
@@ -90,28 +79,27 @@ def _component_sections(c: ml_collections.ConfigDict):
     """(key prefix, section, registry) of every selected loss, miner and sampler, the auxiliary
     terms' included."""
     from jdml.losses import LOSSES
+    from jdml.methods.terms import TERMS
     from jdml.miners import MINERS
     from jdml.samplers import SAMPLERS
 
     out = [("loss", c.loss, LOSSES), ("miner", c.miner, MINERS), ("sampler", c.sampler, SAMPLERS)]
     for name, term in c.aux.items():
-        if term.get("kind") == "metric":
-            out += [
-                (f"aux.{name}.loss", term.loss, LOSSES),
-                (f"aux.{name}.miner", term.miner, MINERS),
-            ]
+        out += TERMS.get(term.kind).components(f"aux.{name}", term)
     return [(p, section, r) for p, section, r in out if section.name and section.name in r]
 
 
 def _validate_numbers(c: ml_collections.ConfigDict) -> None:
     """Range checks of every numeric key: the base config's (``NUMERIC_KEYS``), the auxiliary
-    terms' (``AUX_NUMERIC_KEYS``) and the selected components' (their registries' ranges; any
-    other numeric hyperparameter must at least be finite)."""
+    terms' (the ranges their kinds registered with) and the selected components' (their
+    registries' ranges; any other numeric hyperparameter must at least be finite)."""
     flat = flatten_config(c.to_dict())
     for key, allowed in NUMERIC_KEYS.items():
         _check_number(key, flat[key], allowed)
+    from jdml.methods.terms import TERMS
+
     for name, term in c.aux.items():
-        for key, allowed in AUX_NUMERIC_KEYS.items():
+        for key, allowed in TERMS.ranges(term.kind).items():
             if term.get(key) is not None:
                 _check_number(f"aux.{name}.{key}", term[key], allowed)
     for prefix, section, registry in _component_sections(c):
@@ -218,7 +206,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     from jdml.evaluation.embeddings import check_metric_names
     from jdml.evaluation.kmeans import KMEANS_MODES
     from jdml.losses import LOSSES
-    from jdml.miners import MINERS
+    from jdml.methods.terms.metric import check_sections
     from jdml.models import BACKBONES
     from jdml.optim import OPTIMIZERS, SCHEDULES
     from jdml.samplers import SAMPLERS
@@ -241,13 +229,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
             f"data.name={c.data.name!r} is not a known dataset; choose one of: "
             + ", ".join(sorted([*DATASETS.names(), *BENCHMARKS.names()]))
         )
-    miner = c.miner.name or None
-    if miner is not None and miner not in MINERS:
-        raise ConfigError(
-            f"miner.name={miner!r} is not a known miner; choose one of: "
-            + ", ".join(MINERS.names())
-        )
-    _check_miner("", c.loss.name, miner)
+    check_sections("", c.loss, c.miner)  # the main term's loss and miner
     _validate_numbers(c)
     bs, spc = c.train.batch_size, c.sampler.samples_per_class
     if bs % spc:
@@ -289,32 +271,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
             )
 
 
-def _check_miner(prefix: str, loss: str, miner: str | None) -> None:
-    """A loss that mines its own pairs takes no miner; every other one a compatible miner.
-
-    Args:
-      prefix: where the section sits (``""`` or ``aux.<term>.``), for the message.
-      loss: the loss name.
-      miner: the miner name, or None for none.
-    """
-    from jdml.losses import LOSSES, compatible_miners
-
-    if not LOSSES.get(loss).needs_miner:
-        if miner is not None:
-            raise ConfigError(
-                f"{prefix}loss.name={loss} mines its own pairs and takes no miner, but "
-                f"{prefix}miner.name={miner}; set --config.{prefix}miner.name=''"
-            )
-        return
-    allowed = compatible_miners(loss)
-    if miner not in allowed:
-        got = f"{prefix}miner.name={miner}" if miner else f"no miner ({prefix}miner.name='')"
-        raise ConfigError(
-            f"{prefix}loss.name={loss} cannot be trained with {got}; compatible miners: "
-            f"{', '.join(allowed)} (set --config.{prefix}miner.name to one of them)"
-        )
-
-
 def _validate_cohort(c: ml_collections.ConfigDict) -> None:
     from jdml.losses.mutual import RELATIONS
 
@@ -336,29 +292,16 @@ def _validate_cohort(c: ml_collections.ConfigDict) -> None:
 
 
 def _validate_aux(c: ml_collections.ConfigDict) -> None:
-    from jdml.losses import LOSSES
-    from jdml.miners import MINERS
+    from jdml.methods.terms import TERMS
 
     heads = {c.model.head}
     for name, t in c.aux.items():
         where = f"aux.{name}"
-        if t.get("kind") not in ("metric", "dance"):
-            raise ConfigError(f"{where}.kind={t.get('kind')!r}; choose metric or dance")
-        if t.kind == "metric":
-            if t.loss.name not in LOSSES:
-                raise ConfigError(
-                    f"{where}.loss.name={t.loss.name!r} is not a known loss; choose one of: "
-                    + ", ".join(LOSSES.names())
-                )
-            miner = t.miner.name or None
-            if miner is not None and miner not in MINERS:
-                raise ConfigError(
-                    f"{where}.miner.name={miner!r} is not a known miner; choose one of: "
-                    + ", ".join(MINERS.names())
-                )
-            _check_miner(f"{where}.", t.loss.name, miner)
-        elif t.normalize not in ("anchor", "batch"):
-            raise ConfigError(f"{where}.normalize={t.normalize!r}; choose anchor or batch")
+        if t.get("kind") not in TERMS:
+            raise ConfigError(
+                f"{where}.kind={t.get('kind')!r}; choose one of: " + ", ".join(TERMS.names())
+            )
+        TERMS.get(t.kind).validate(where, t)
         heads.add(t.head)
     d = c.decorrelation
     if len(d.pairs) != len(d.weights):

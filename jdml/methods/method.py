@@ -25,15 +25,12 @@ import numpy as np
 
 from jdml.errors import ConfigError
 from jdml.losses.decorrelation import Decorrelation
-from jdml.methods.ema_queue import ema_update, push
-from jdml.methods.terms import DanceTerm, Metrics, MetricTerm
+from jdml.methods.terms import TERMS, Metrics, MetricTerm, Term, TermInputs
 from jdml.models import build_model
 from jdml.models import input_normalization as backbone_normalization
 from jdml.models.embedding import frozen_backbone_modules
 from jdml.models.pretrained.backbones import load_backbone
 from jdml.optim import Group
-
-Term = MetricTerm | DanceTerm
 
 
 def input_normalization(
@@ -77,16 +74,9 @@ class Method:
                     f"aux.{name}.dim={dim} differs from another term's dimension for head "
                     f"{t.head!r} ({self.heads[t.head]}); give them one dimension"
                 )
-            if t.kind == "metric":
-                self.terms[name] = MetricTerm(
-                    head=t.head,
-                    weight=t.weight,
-                    loss=t.loss,
-                    miner=t.miner,
-                    num_classes=num_classes,
-                )
-            else:
-                self.terms[name] = DanceTerm(t, batch_size=config.train.batch_size, dim=dim)
+            self.terms[name] = TERMS.get(t.kind).build(
+                t, num_classes=num_classes, batch_size=config.train.batch_size, dim=dim
+            )
         d = config.decorrelation
         self.decorrelation = (
             Decorrelation(
@@ -99,7 +89,7 @@ class Method:
             if d.pairs
             else None
         )
-        self.views = max([1, *(getattr(t, "views", 1) for t in self.terms.values())])
+        self.views = max([1, *(t.views for t in self.terms.values())])
         self.phases = self._phases(config)
         self.pretrained = (
             load_backbone(config.model.backbone, config.model.pretrained)
@@ -165,10 +155,9 @@ class Method:
             "loss": self.init_loss(k_loss, out[self.head], labels),
         }
         for i, (name, term) in enumerate(self.terms.items()):
-            if isinstance(term, MetricTerm):
-                params[f"aux_{name}"] = term.init(
-                    jax.random.fold_in(k_aux, i), out[term.head], labels
-                )
+            term_params = term.init_params(jax.random.fold_in(k_aux, i), out, labels)
+            if term_params is not None:
+                params[f"aux_{name}"] = term_params
         if self.decorrelation is not None:
             params["decorrelation"] = self.decorrelation.init(k_dec, out)["params"]
         return params, variables.get("batch_stats", {})
@@ -178,12 +167,10 @@ class Method:
         return self.main.init(key, embeddings, labels)
 
     def init_method_state(self, params: Any) -> dict[str, Any]:
-        """State the step carries besides params: per DaNCE term its EMA params and key queue."""
-        return {
-            name: term.init_state(params["model"])
-            for name, term in self.terms.items()
-            if isinstance(term, DanceTerm)
-        }
+        """State the step carries besides params: each term's own (per DaNCE term its EMA
+        params and key queue)."""
+        states = {name: term.init_state(params["model"]) for name, term in self.terms.items()}
+        return {name: state for name, state in states.items() if state is not None}
 
     def param_groups(self) -> dict[str, Group]:
         """Learning rate and weight decay of each params subtree."""
@@ -193,8 +180,9 @@ class Method:
             "loss": self.main.param_group(optim),
         }
         for name, term in self.terms.items():
-            if isinstance(term, MetricTerm):
-                groups[f"aux_{name}"] = term.param_group(optim)
+            group = term.param_group(optim)
+            if group is not None:
+                groups[f"aux_{name}"] = group
         if self.decorrelation is not None:
             d = self.config.decorrelation
             groups["decorrelation"] = Group(d.lr, d.weight_decay)
@@ -247,14 +235,18 @@ class Method:
         for i, (name, term) in enumerate(self.terms.items()):
             if not active(name):
                 continue
-            if isinstance(term, MetricTerm):
-                value, term_metrics = term(
-                    params[f"aux_{name}"], out[term.head], labels, jax.random.fold_in(key, i + 1)
-                )
-            else:
-                keys = self._keys(method_state[name]["ema"], batch_stats, batch, term.head)
-                value, term_metrics = term(out[term.head], keys, method_state[name])
-                outputs[name] = {"keys": keys}
+            inputs = TermInputs(
+                out=out,
+                labels=labels,
+                key=jax.random.fold_in(key, i + 1),
+                batch=batch,
+                batch_stats=batch_stats,
+                state=(method_state or {}).get(name),
+                network=lambda p, images: self._network(p, batch_stats, images),
+            )
+            value, term_metrics, output = term.apply(params.get(f"aux_{name}"), inputs)
+            if output is not None:
+                outputs[name] = output
             total = total + term.weight * value
             metrics.update({f"{name}/{k}": v for k, v in term_metrics.items()})
         if self.decorrelation is not None and active("decorrelation"):
@@ -265,28 +257,26 @@ class Method:
         new_stats = updates.get("batch_stats", batch_stats)
         return total, (new_stats, metrics, out[self.head], outputs)
 
-    def _keys(
-        self, ema_params: Any, batch_stats: Any, batch: dict[str, jax.Array], head: str
-    ) -> jax.Array:
-        """Keys of the EMA network on the second view, train-mode normalisation, no gradient."""
-        images = batch.get("images_b", batch["images"])
+    def _network(
+        self, model_params: Any, batch_stats: Any, images: jax.Array
+    ) -> dict[str, jax.Array]:
+        """Every head's embeddings under other model params (e.g. a term's EMA copy), in train
+        mode (batch statistics of ``images``), the running statistics not updated."""
         out, _ = self.train_model.apply(
-            {"params": ema_params, "batch_stats": batch_stats},
+            {"params": model_params, "batch_stats": batch_stats},
             self.preprocess(images),
             mutable=["batch_stats"],
         )
-        return jax.lax.stop_gradient(out[head])
+        return out
 
     def update_method_state(
         self, state: dict[str, Any], params: Any, outputs: dict[str, Any], labels: jax.Array
     ) -> dict[str, Any]:
-        """After the optimiser update: EMA of the key params, then the keys enter the queue."""
+        """After the optimiser update: each term's state from its output of the step (DaNCE:
+        the EMA of the key params, then the keys enter the queue)."""
         new = dict(state)
-        for name, term in self.terms.items():
-            if isinstance(term, DanceTerm) and name in outputs:
-                ema = ema_update(state[name]["ema"], params["model"], term.cfg.momentum)
-                queue = push(state[name]["queue"], outputs[name]["keys"], labels)
-                new[name] = {"ema": ema, "queue": queue}
+        for name, output in outputs.items():
+            new[name] = self.terms[name].update_state(state[name], params["model"], output, labels)
         return new
 
     # -- evaluation -----------------------------------------------------------------------------
