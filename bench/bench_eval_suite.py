@@ -110,7 +110,8 @@ def run_jdml(x: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
 
         return wrapped
 
-    for name in ("knn", "knn_full_ranking", "kmeans", "singular_values", "class_distances"):
+    # The exact search with the retrieval metrics' per-query reductions, block by block.
+    for name in ("_retrieval_requirements", "kmeans", "singular_values", "class_distances"):
         setattr(evaluator, name, timed(name, getattr(evaluator, name)))
     start = time.perf_counter()
     values = evaluator.evaluate_embeddings(x, labels, METRIC_NAMES)

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs.revisiting import get_config
+from jdml.geometry import l2_normalize
 from jdml.losses import LOSSES
 from jdml.methods import StandardMethod
-from jdml.models.embedding import l2_normalize
 from jdml.throughput import alternating_rounds
 
 BATCH, DIM, SPC = 112, 128, 2

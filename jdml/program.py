@@ -105,24 +105,24 @@ class Program:
         steps_per_epoch: int = 1,
         size: int | None = None,
     ) -> None:
-        c = config.cohort
+        cohort = config.cohort
         self.config = config
         self.method = method
-        self.size = int(c.size if size is None else size)
+        self.size = int(cohort.size if size is None else size)
         self.cohort = self.size > 1
         if self.cohort and len(method.phases) > 1:
             raise ConfigError(
                 "a cohort trains one joint update per step; the method's config sets "
                 f"phases={tuple(config.phases)}: use phases=() with cohort.size > 1"
             )
-        self.weight = float(c.mutual_weight) if self.cohort else 0.0
-        self.warmup_steps = round(c.warmup_epochs * steps_per_epoch)
-        self.relation = c.relation
-        self.loop = c.member_loop if self.cohort else "unroll"
-        self.model_diversity = bool(c.model_diversity)
-        self.view_diversity = bool(c.view_diversity) and self.cohort
+        self.weight = float(cohort.mutual_weight) if self.cohort else 0.0
+        self.warmup_steps = round(cohort.warmup_epochs * steps_per_epoch)
+        self.relation = cohort.relation
+        self.loop = cohort.member_loop if self.cohort else "unroll"
+        self.model_diversity = bool(cohort.model_diversity)
+        self.view_diversity = bool(cohort.view_diversity) and self.cohort
         self.probabilities = update_probabilities(
-            self.size, bool(c.temporal_diversity) and self.cohort
+            self.size, bool(cohort.temporal_diversity) and self.cohort
         )
         # The evaluated embedding: the method's main head, or member 1's.
         self.head = member_name(0) if self.cohort else method.head
@@ -379,12 +379,7 @@ class Program:
             if i == 0:
                 embeddings, totals, losses, mutual = emb, total, loss, exchange
         all_ok = jnp.all(gather(ok))
-        apply = jnp.broadcast_to(all_ok, (local,))
-        if np.any(self.probabilities < 1.0):
-            probs = jnp.asarray(self.probabilities)[offset + jnp.arange(local)]
-            tag = lambda k: jax.random.fold_in(k, _TEMPORAL_TAG)  # noqa: E731
-            draws = jax.vmap(lambda k: jax.random.uniform(tag(k)))(keys)
-            apply = apply & (draws < probs)
+        apply = all_ok & self._temporal_draws(keys, offset)
         method_state = jax.vmap(method.update_method_state, (0, 0, 0, None))(
             state.method_state, params, outputs, batch["labels"]
         )
@@ -402,19 +397,38 @@ class Program:
         out = {k: jnp.mean(gather(v)) for k, v in metrics.items()}
         if len(method.phases) > 1:
             out["loss"] = sum(out[f"phase{i}/loss"] for i in range(len(method.phases)))
-        if not self.cohort:
-            return new_state, out
-        everyone_losses, everyone_mutual = gather(losses), gather(mutual)
-        updated = gather(apply).astype(jnp.float32)
-        for i in range(self.size):
-            out[f"{member_name(i)}/loss"] = everyone_losses[i]
-            out[f"{member_name(i)}/mutual"] = everyone_mutual[i]
-            out[f"{member_name(i)}/updated"] = updated[i]
-        out["loss"] = jnp.mean(gather(totals))
-        out["mutual/loss"] = jnp.mean(everyone_mutual)
-        out["mutual/weight"] = lam
-        out["updated_fraction"] = jnp.mean(updated)
+        if self.cohort:
+            out.update(
+                self._cohort_metrics(gather(totals), gather(losses), gather(mutual), gather(apply))
+            )
+            out["mutual/weight"] = lam
         return new_state, out
+
+    def _temporal_draws(self, keys: jax.Array, offset: jax.Array | int) -> jax.Array:
+        """(L_local,) bool: which members apply their update this step (temporal diversity:
+        member l with probability ``2^-(l-1)``; all of them without it)."""
+        local = keys.shape[0]
+        if not np.any(self.probabilities < 1.0):
+            return jnp.ones((local,), bool)
+        probs = jnp.asarray(self.probabilities)[offset + jnp.arange(local)]
+        tag = lambda k: jax.random.fold_in(k, _TEMPORAL_TAG)  # noqa: E731
+        return jax.vmap(lambda k: jax.random.uniform(tag(k)))(keys) < probs
+
+    def _cohort_metrics(
+        self, totals: jax.Array, losses: jax.Array, mutual: jax.Array, applied: jax.Array
+    ) -> dict[str, jax.Array]:
+        """Per member its loss, DM2 term and whether it updated, and the cohort's means (every
+        argument (L,) over the whole cohort)."""
+        updated = applied.astype(jnp.float32)
+        out = {}
+        for i in range(self.size):
+            out[f"{member_name(i)}/loss"] = losses[i]
+            out[f"{member_name(i)}/mutual"] = mutual[i]
+            out[f"{member_name(i)}/updated"] = updated[i]
+        out["loss"] = jnp.mean(totals)
+        out["mutual/loss"] = jnp.mean(mutual)
+        out["updated_fraction"] = jnp.mean(updated)
+        return out
 
     def make_train_step(self, tx: optax.GradientTransformation, state: TrainState) -> StepFn:
         """The jitted, state-donating step ``(state, batch) -> (state, metrics)``.

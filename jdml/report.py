@@ -37,7 +37,8 @@ import numpy as np
 from jdml.config import RESUMABLE_CHANGES, flatten_config, selected_only
 from jdml.errors import ReportError
 from jdml.evaluation.embeddings import is_percent
-from jdml.fileio import atomic_path, read_jsonl
+from jdml.fileio import read_jsonl
+from jdml.visualize.figures import curves_with_bands, spectra_comparison
 
 log = logging.getLogger("jdml")
 
@@ -292,37 +293,15 @@ def _curve(runs: Sequence[RunResult], split: str, metric: str) -> tuple[np.ndarr
     return np.asarray(epochs), np.asarray([[p[e] for e in epochs] for p in per_run])
 
 
-def _save_figure(fig: Any, path: str) -> None:
-    with atomic_path(path, ".png") as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-
-
 def plot_curves(summaries: Sequence[Summary], split: str, metric: str, path: str) -> bool:
     """Plots ``metric`` over epochs, one line (mean) and band (std over seeds) per experiment."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    drawn = False
     scale = 100.0 if is_percent(metric) else 1.0
+    series = []
     for s in summaries:
         epochs, values = _curve(s.runs, split, metric)
-        if not len(epochs):
-            continue
-        mean, std = scale * values.mean(0), scale * values.std(0)
-        (line,) = ax.plot(epochs, mean, marker="o", ms=3, label=f"{s.name} (n={len(values)})")
-        ax.fill_between(epochs, mean - std, mean + std, color=line.get_color(), alpha=0.2)
-        drawn = True
-    if drawn:
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(f"{metric} ({split}{', %' if scale == 100.0 else ''})")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        _save_figure(fig, path)
-    plt.close(fig)
-    return drawn
+        series.append((s.name, epochs, scale * values))
+    ylabel = f"{metric} ({split}{', %' if scale == 100.0 else ''})"
+    return curves_with_bands(series, path, xlabel="epoch", ylabel=ylabel)
 
 
 def _best_spectrum(run: RunResult) -> np.ndarray | None:
@@ -336,18 +315,11 @@ def plot_spectra(summaries: Sequence[Summary], split: str, path: str) -> bool:
     One line per experiment (mean over seeds), log scale, labelled with the experiment's
     mean selection-split Recall@1 at the best checkpoint and its training rho.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    drawn = False
+    series = []
     for s in summaries:
         spectra = [x for x in map(_best_spectrum, s.runs) if x is not None]
         if not spectra or len({len(x) for x in spectra}) != 1:
             continue
-        spectrum = np.mean(spectra, axis=0)
         label = s.name
         recall = s.values["best"].get("recall@1")
         rho = s.values["rho"].get(RHO)
@@ -355,17 +327,9 @@ def plot_spectra(summaries: Sequence[Summary], split: str, path: str) -> bool:
             label += f": R@1 {100 * _stats(recall)[0]:.2f}"
         if rho:
             label += f", rho {_stats(rho)[0]:.3f}"
-        ax.semilogy(np.arange(1, len(spectrum) + 1), spectrum, label=label)
-        drawn = True
-    if drawn:
-        ax.set_xlabel("singular value index")
-        ax.set_ylabel("normalised singular value (train embeddings)")
-        ax.set_title(f"Spectrum at the best epoch (R@1 on {split})", fontsize=9)
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-        _save_figure(fig, path)
-    plt.close(fig)
-    return drawn
+        series.append((label, np.mean(spectra, axis=0)))
+    title = f"Spectrum at the best epoch (R@1 on {split})"
+    return spectra_comparison(series, path, title=title)
 
 
 def report(

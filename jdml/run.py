@@ -40,22 +40,21 @@ class Run:
         self.config = config
         self.splits = load_splits(config.data)
         train = self.splits["train"]
-        tc = config.train
-        if len(train) < tc.batch_size:
+        if len(train) < config.train.batch_size:
             raise ConfigError(
                 f"the training split has {len(train)} images, fewer than train.batch_size="
-                f"{tc.batch_size}; lower the batch size or add data"
+                f"{config.train.batch_size}; lower the batch size or add data"
             )
         sampler_cls = SAMPLERS.get(config.sampler.name)
         self.sampler = sampler_cls(
             train.labels,
-            batch_size=tc.batch_size,
+            batch_size=config.train.batch_size,
             samples_per_class=config.sampler.samples_per_class,
             seed=config.seed,
             **config.sampler[config.sampler.name].to_dict(),
         )
-        self.steps_per_epoch = tc.steps_per_epoch or self.sampler.steps_per_epoch
-        self.total_steps = tc.epochs * self.steps_per_epoch
+        self.steps_per_epoch = config.train.steps_per_epoch or self.sampler.steps_per_epoch
+        self.total_steps = config.train.epochs * self.steps_per_epoch
         self.method = Method(config, num_classes=train.num_classes)
         self.augment = make_augmentation(config.data)
         # One member of the method, or a DM2 cohort (cohort.size > 1) of several.
@@ -72,7 +71,7 @@ class Run:
         # Two images shape the parameters as well as a batch does (the state is identical);
         # a whole batch would cost eager forward passes: 49 s instead of 17 s for ResNet-50
         # on 2 CPU cores, plus decoding its photos.
-        sample = train.eval_images(np.arange(min(2, tc.batch_size)))
+        sample = train.eval_images(np.arange(min(2, config.train.batch_size)))
         placeholders = empty_sampler_state(
             self.sampler,
             num_train=len(train),

@@ -110,54 +110,54 @@ def _validate_numbers(c: ml_collections.ConfigDict) -> None:
                 _check_number(where, value, ranges[key])
             elif isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{where}={value!r} must be finite; change --config.{where}")
-    m = c.model
-    if not len(m.stage_features) == len(m.stage_blocks) == len(m.stage_strides):
+    model = c.model
+    if not len(model.stage_features) == len(model.stage_blocks) == len(model.stage_strides):
         raise ConfigError(
             "model.stage_features, model.stage_blocks and model.stage_strides need one entry per "
-            f"stage; got {len(m.stage_features)}, {len(m.stage_blocks)} and "
-            f"{len(m.stage_strides)}"
+            f"stage; got {len(model.stage_features)}, {len(model.stage_blocks)} and "
+            f"{len(model.stage_strides)}"
         )
-    if m.backbone == "small_resnet":
+    if model.backbone == "small_resnet":
         from jdml.models.small_resnet import check_map_sizes
 
         try:
-            check_map_sizes(c.data.image_size, m.stem_strides, m.stage_strides)
+            check_map_sizes(c.data.image_size, model.stem_strides, model.stage_strides)
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
 
-def _validate_model(m: ml_collections.ConfigDict, channels: int) -> None:
+def _validate_model(model: ml_collections.ConfigDict, channels: int) -> None:
     """Pooling and pretrained weights of the ``model`` section (``channels``: data.channels)."""
     from jdml.models.embedding import frozen_backbone_modules
     from jdml.models.pretrained.backbones import CONVERTERS, weight_path
 
-    if m.pooling not in ("avg", "avg+max"):
-        raise ConfigError(f"model.pooling={m.pooling!r}; choose avg or avg+max")
+    if model.pooling not in ("avg", "avg+max"):
+        raise ConfigError(f"model.pooling={model.pooling!r}; choose avg or avg+max")
     try:
-        frozen_backbone_modules(m)
+        frozen_backbone_modules(model)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if not m.pretrained:
+    if not model.pretrained:
         return
     if channels != 3:
         raise ConfigError(
-            f"model.pretrained loads ImageNet weights of {m.backbone}, which take RGB images, but "
-            f"data.channels={channels}: set --config.data.channels=3 (grayscale images are then "
-            "repeated over the three channels)"
+            f"model.pretrained loads ImageNet weights of {model.backbone}, which take RGB images, "
+            f"but data.channels={channels}: set --config.data.channels=3 (grayscale images are "
+            "then repeated over the three channels)"
         )
-    if m.pretrained == "required":
+    if model.pretrained == "required":
         raise ConfigError(
-            f"this preset fine-tunes ImageNet weights of {m.backbone}: give their file with "
+            f"this preset fine-tunes ImageNet weights of {model.backbone}: give their file with "
             "--config.model.pretrained=<path> (a torchvision/timm/Cadene .pth or .safetensors; "
             "nothing is downloaded), or --config.model.pretrained='' to train from scratch"
         )
-    if m.backbone not in CONVERTERS:
+    if model.backbone not in CONVERTERS:
         raise ConfigError(
-            f"model.pretrained is set but backbone {m.backbone!r} has no weight converter; "
+            f"model.pretrained is set but backbone {model.backbone!r} has no weight converter; "
             f"backbones with one: {', '.join(CONVERTERS.names())}"
         )
     try:
-        weight_path(m.backbone, m.pretrained)
+        weight_path(model.backbone, model.pretrained)
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(str(e)) from None
 
@@ -177,23 +177,23 @@ def _validate_normalization(c: ml_collections.ConfigDict) -> None:
         )
 
 
-def _validate_photos(d: ml_collections.ConfigDict) -> None:
+def _validate_photos(data: ml_collections.ConfigDict) -> None:
     """Photo datasets need a photo augmentation; photo augmentations need RGB data."""
     from jdml.data.augment import AUGMENTATIONS
     from jdml.data.benchmarks import BENCHMARKS
 
     photos = AUGMENTATIONS.names_where("photo")
-    photo = d.augment in photos
-    if d.name in BENCHMARKS and not photo:
+    photo = data.augment in photos
+    if data.name in BENCHMARKS and not photo:
         raise ConfigError(
-            f"data.name={d.name} holds photos of many sizes: choose a photo augmentation "
-            f"(data.augment={' or '.join(photos)}), not {d.augment!r}"
+            f"data.name={data.name} holds photos of many sizes: choose a photo augmentation "
+            f"(data.augment={' or '.join(photos)}), not {data.augment!r}"
         )
-    if photo and d.channels != 3:
-        raise ConfigError(f"data.augment={d.augment} works on RGB images: set data.channels=3")
-    if photo and d.resize < d.image_size:
+    if photo and data.channels != 3:
+        raise ConfigError(f"data.augment={data.augment} works on RGB images: set data.channels=3")
+    if photo and data.resize < data.image_size:
         raise ConfigError(
-            f"data.resize={d.resize} is below the crop data.image_size={d.image_size}; the "
+            f"data.resize={data.resize} is below the crop data.image_size={data.image_size}; the "
             "evaluation resizes the short side to data.resize, then crops the centre"
         )
 
@@ -274,19 +274,21 @@ def validate(c: ml_collections.ConfigDict) -> None:
 def _validate_cohort(c: ml_collections.ConfigDict) -> None:
     from jdml.losses.mutual import RELATIONS
 
-    k = c.cohort
-    if k.relation not in RELATIONS:
-        raise ConfigError(f"cohort.relation={k.relation!r}; choose one of {', '.join(RELATIONS)}")
-    if k.member_loop not in ("unroll", "vmap"):
-        raise ConfigError(f"cohort.member_loop={k.member_loop!r}; choose unroll or vmap")
-    if c.train.batch_size % k.data_devices:
+    cohort = c.cohort
+    if cohort.relation not in RELATIONS:
         raise ConfigError(
-            f"cohort.data_devices={k.data_devices} must divide train.batch_size="
+            f"cohort.relation={cohort.relation!r}; choose one of {', '.join(RELATIONS)}"
+        )
+    if cohort.member_loop not in ("unroll", "vmap"):
+        raise ConfigError(f"cohort.member_loop={cohort.member_loop!r}; choose unroll or vmap")
+    if c.train.batch_size % cohort.data_devices:
+        raise ConfigError(
+            f"cohort.data_devices={cohort.data_devices} must divide train.batch_size="
             f"{c.train.batch_size}"
         )
-    if k.size > 1 and c.phases:
+    if cohort.size > 1 and c.phases:
         raise ConfigError(
-            f"phases={tuple(c.phases)} with cohort.size={k.size}: a cohort trains one joint "
+            f"phases={tuple(c.phases)} with cohort.size={cohort.size}: a cohort trains one joint "
             "update per step; use phases=() (the joint variant) for cohort members"
         )
 
@@ -303,13 +305,14 @@ def _validate_aux(c: ml_collections.ConfigDict) -> None:
             )
         TERMS.get(t.kind).validate(where, t)
         heads.add(t.head)
-    d = c.decorrelation
-    if len(d.pairs) != len(d.weights):
+    decorrelation = c.decorrelation
+    if len(decorrelation.pairs) != len(decorrelation.weights):
         raise ConfigError(
-            f"decorrelation.pairs has {len(d.pairs)} pair(s) but decorrelation.weights has "
-            f"{len(d.weights)}; give one weight per (source, target) pair"
+            f"decorrelation.pairs has {len(decorrelation.pairs)} pair(s) but "
+            f"decorrelation.weights has {len(decorrelation.weights)}; give one weight per "
+            "(source, target) pair"
         )
-    for pair in d.pairs:
+    for pair in decorrelation.pairs:
         unknown = [h for h in pair if h not in heads]
         if len(pair) != 2 or unknown or pair[0] == pair[1]:
             raise ConfigError(

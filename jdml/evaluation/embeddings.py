@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -27,6 +27,7 @@ from jdml.evaluation.metrics import (
     get_metric,
     singular_values,
 )
+from jdml.geometry import l2_normalize
 
 
 def resolve_metrics(names: Sequence[str]) -> list[Metric]:
@@ -71,11 +72,6 @@ def _class_ids(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
     inverse = inverse.reshape(-1)
     return inverse.astype(np.int32), counts[inverse], len(counts)
-
-
-def _normalize(x: jax.Array) -> jax.Array:
-    """L2-normalised rows (zero rows stay zero)."""
-    return x / jnp.maximum(jnp.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def _retrieval_requirements(
@@ -199,7 +195,7 @@ def _requirements(
     dim = embeddings.shape[1]
     class_ids, class_sizes, num_classes = _class_ids(labels)
     # The points the distance compares: k-means, the SVD and the class means work on them.
-    points = _normalize(embeddings) if distance == "cosine" else embeddings
+    points = l2_normalize(embeddings) if distance == "cosine" else embeddings
     retrieval = _retrieval_requirements(
         specs,
         embeddings,
@@ -420,10 +416,10 @@ def combine_heads(
       (N, sum of the heads' D) float32 unit-norm rows.
     """
     parts = [
-        float(weight) * _normalize(jnp.asarray(embeddings[head], jnp.float32))
+        float(weight) * l2_normalize(jnp.asarray(embeddings[head], jnp.float32))
         for head, weight in weights.items()
     ]
-    return _normalize(jnp.concatenate(parts, axis=1))
+    return l2_normalize(jnp.concatenate(parts, axis=1))
 
 
 def evaluate_heads(
@@ -431,24 +427,34 @@ def evaluate_heads(
     labels: jax.Array | np.ndarray,
     metrics: Sequence[str],
     *,
+    heads: Sequence[str] | None = None,
     combinations: Mapping[str, Mapping[str, float]] | None = None,
     distance: str = "euclidean",
     seed: int = 0,
     block_size: int = DEFAULT_BLOCK_SIZE,
     return_vectors: bool = False,
     kmeans_init: str = "k-means++",
+    evaluate: Callable[[jax.Array | np.ndarray], Any] | None = None,
 ) -> dict[str, dict[str, float]] | tuple[dict[str, dict[str, float]], dict[str, dict]]:
     """Multi-head evaluation: every head alone, then every weighted concatenation of heads.
+
+    The one multi-head evaluator: the training loop's evaluation of DiVA's and Sharing
+    Matters' heads and of a DM2 cohort's members and ensemble
+    (``jdml.evaluation.splits.evaluate_splits``) goes through it.
 
     Args:
       embeddings: {head name: (N, D_head) embeddings}, all for the same N samples.
       labels: (N,) integer class labels.
       metrics: metric names.
+      heads: the heads evaluated alone (default: all of ``embeddings``; combinations may use
+        the others).
       combinations: {combination name: {head: weight}}, e.g.
         ``{"disc0.5+others1": {"discriminative": 0.5, "selfsimilarity": 1, "shared": 1,
         "intra": 1}}``; each is :func:`combine_heads` of the named heads.
       distance, seed, block_size, return_vectors, kmeans_init: as in
         :func:`evaluate_embeddings`, used for every row.
+      evaluate: evaluates one row's embeddings instead of :func:`evaluate_embeddings` with the
+        options above (e.g. queries against a gallery).
 
     Returns:
       {head or combination name: {metric name: float}}, heads first in their order, then the
@@ -456,8 +462,9 @@ def evaluate_heads(
     """
     combinations = dict(combinations or {})
     resolve_metrics(metrics)  # every name and combination is checked before any work
+    alone = list(embeddings) if heads is None else list(heads)
     for name, weights in combinations.items():
-        if name in embeddings:
+        if name in alone:
             raise ValueError(f"combination {name!r} has the name of a head")
         missing = [head for head in weights if head not in embeddings]
         if missing or not weights:
@@ -466,19 +473,21 @@ def evaluate_heads(
                 f"available heads: {list(embeddings)}"
             )
 
-    def evaluate(emb: jax.Array | np.ndarray) -> Any:
-        return evaluate_embeddings(
-            emb,
-            labels,
-            metrics,
-            distance=distance,
-            seed=seed,
-            block_size=block_size,
-            return_vectors=return_vectors,
-            kmeans_init=kmeans_init,
-        )
+    if evaluate is None:
 
-    outputs = {head: evaluate(emb) for head, emb in embeddings.items()}
+        def evaluate(emb: jax.Array | np.ndarray) -> Any:
+            return evaluate_embeddings(
+                emb,
+                labels,
+                metrics,
+                distance=distance,
+                seed=seed,
+                block_size=block_size,
+                return_vectors=return_vectors,
+                kmeans_init=kmeans_init,
+            )
+
+    outputs = {head: evaluate(embeddings[head]) for head in alone}
     for name, weights in combinations.items():  # one combination in memory at a time
         outputs[name] = evaluate(combine_heads(embeddings, weights))
     if not return_vectors:

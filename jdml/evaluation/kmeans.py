@@ -48,6 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdml.geometry import squared_distances
+
 DEFAULT_NUM_ITERS = 20
 # Point-centroid distances per assignment block when ``block_size`` is not given (8 MB): the
 # block stays in cache between the matmul and the minimum. On 20,000 x 128 points (CPU), one
@@ -79,27 +81,6 @@ class KMeansResult(NamedTuple):
     inertia: jax.Array
 
 
-def _squared_distances(
-    x: jax.Array, centroids: jax.Array, x_sq: jax.Array | None = None
-) -> jax.Array:
-    """Squared Euclidean distances by the Gram expansion, clamped at 0.
-
-    Args:
-      x: (B, D) points.
-      centroids: (K, D) centres.
-      x_sq: (B, 1) squared norms of the points if already known (the same values as computed
-        here).
-
-    Returns:
-      (B, K) squared distances.
-    """
-    if x_sq is None:
-        x_sq = jnp.sum(x * x, axis=-1, keepdims=True)
-    c_sq = jnp.sum(centroids * centroids, axis=-1)
-    dots = jnp.matmul(x, centroids.T, precision=jax.lax.Precision.HIGHEST)
-    return jnp.maximum(x_sq + c_sq[None, :] - 2.0 * dots, 0.0)
-
-
 def _assign(
     blocks: jax.Array, centroids: jax.Array, norms: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array]:
@@ -124,7 +105,9 @@ def _assign(
 
     def one_block(block: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         points, points_sq = block
-        sq = _squared_distances(points, centroids, points_sq)
+        sq = squared_distances(
+            points, centroids, x_sq=points_sq[:, 0], precision=jax.lax.Precision.HIGHEST
+        )
         # argmin as two plain reductions (the minimum, then the lowest position holding it):
         # XLA's CPU argmin, a reduction over (value, index) pairs, took twice as long.
         closest = jnp.min(sq, axis=1, keepdims=True)
@@ -178,21 +161,25 @@ def _kmeans_plus_plus(x: jax.Array, num_clusters: int, key: jax.Array) -> jax.Ar
     trials = 2 + int(math.log(num_clusters))
     x_sq = jnp.sum(x * x, axis=-1)
 
-    def squared_distances(candidates: jax.Array) -> jax.Array:
+    def to_points(candidates: jax.Array) -> jax.Array:
         """(T,) point indices -> (T, N) squared distances to every point (norms reused)."""
-        c = x[candidates]
-        dots = jnp.matmul(c, x.T, precision=jax.lax.Precision.HIGHEST)
-        return jnp.maximum(x_sq[candidates][:, None] + x_sq[None, :] - 2.0 * dots, 0.0)
+        return squared_distances(
+            x[candidates],
+            x,
+            x_sq=x_sq[candidates],
+            y_sq=x_sq,
+            precision=jax.lax.Precision.HIGHEST,
+        )
 
     first_key, key = jax.random.split(key)
     first = jax.random.randint(first_key, (1,), 0, n, dtype=jnp.int32)
     centroids = jnp.zeros((num_clusters, x.shape[1]), x.dtype).at[0].set(x[first[0]])
-    closest = squared_distances(first)[0]
+    closest = to_points(first)[0]
 
     def add_centre(i: int, state: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         centroids, closest = state
         candidates = _sample_proportional(jax.random.fold_in(key, i), closest, trials)
-        new_closest = jnp.minimum(closest[None, :], squared_distances(candidates))
+        new_closest = jnp.minimum(closest[None, :], to_points(candidates))
         best = jnp.argmin(jnp.sum(new_closest, axis=1))
         return centroids.at[i].set(x[candidates[best]]), new_closest[best]
 

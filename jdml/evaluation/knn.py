@@ -53,6 +53,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdml.geometry import l2_normalize
+
 DISTANCES = ("euclidean", "cosine")
 DEFAULT_BLOCK_SIZE = 512
 DEFAULT_CHUNK_SIZE = 16384  # with 512-query blocks: 32 MB of float32 scores per block
@@ -62,19 +64,6 @@ BLOCK_SCORES = 2**22
 # Width of the groups of the two-stage top-k (see ``_top_k``); chunks are multiples of it.
 GROUP_SIZE = 16
 _INDEX_SENTINEL = np.iinfo(np.int32).max
-
-
-def _normalize(x: jax.Array) -> jax.Array:
-    """L2-normalises rows (zero rows stay zero).
-
-    Args:
-      x: (N, D) float32 vectors.
-
-    Returns:
-      (N, D) unit-norm rows.
-    """
-    norm = jnp.linalg.norm(x, axis=-1, keepdims=True)
-    return x / jnp.maximum(norm, 1e-12)
 
 
 _Block = TypeVar("_Block")
@@ -595,7 +584,7 @@ def knn_blocks(
         raise ValueError("block_size and chunk_size must be positive")
 
     if distance == "cosine":
-        queries, references = _normalize(queries), _normalize(references)
+        queries, references = l2_normalize(queries), l2_normalize(references)
     num_chunks, chunk = _chunk_layout(num_references, chunk_size)
     if _select_on_host(k + int(exclude_self), chunk):
         return _host_blocks(queries, references, k, exclude_self, distance, block_size)
@@ -912,7 +901,7 @@ def full_ranking_blocks(
     if block_size < 1:
         raise ValueError("block_size must be positive")
     if distance == "cosine":
-        x, refs = _normalize(x), _normalize(refs)
+        x, refs = l2_normalize(x), l2_normalize(refs)
     width = GROUP_SIZE * math.ceil(n / GROUP_SIZE)
     augmented = _augmented_references(refs, num_chunks=1, chunk=width, distance=distance)[0]
     members = _class_members(reference_ids, class_ids)

@@ -35,6 +35,7 @@ import numpy as np
 from sklearn.metrics import normalized_mutual_info_score
 
 from jdml.errors import UnknownMetricError
+from jdml.geometry import l2_normalize
 from jdml.registry import Registry
 
 RECALL_PATTERN = re.compile(r"recall@([1-9][0-9]*)")
@@ -554,13 +555,12 @@ def _class_sums(
       (1 each, 0 for a zero vector); and for the L2-normalised class means M_c:
       |sum_c M_c|^2 and sum_c |M_c|^2 (scalars).
     """
-    norms = jnp.linalg.norm(points, axis=1, keepdims=True)
-    unit = points / jnp.maximum(norms, 1e-12)
+    unit = l2_normalize(points)
     unit_sums = jax.ops.segment_sum(unit, class_ids, num_segments=num_classes)
     unit_sq = jax.ops.segment_sum(jnp.sum(unit * unit, axis=1), class_ids, num_classes)
     # Normalising the class sum is normalising the class mean.
     sums = jax.ops.segment_sum(points, class_ids, num_segments=num_classes)
-    means = sums / jnp.maximum(jnp.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
+    means = l2_normalize(sums)
     total = jnp.sum(means, axis=0)
     return (
         jnp.sum(unit_sums * unit_sums, axis=1),

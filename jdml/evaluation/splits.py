@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from jdml.data.arrays import ImageSet, QueryGallery
 from jdml.data.pipeline import eval_batches
-from jdml.evaluation.embeddings import combine_heads, evaluate_embeddings
+from jdml.evaluation.embeddings import evaluate_embeddings, evaluate_heads
 
 EmbedFn = Callable[[Any, Any, jax.Array], dict[str, jax.Array]]
 
@@ -144,14 +144,18 @@ def evaluate_splits(
         )
         if name not in full or not cfg.heads:
             continue
-        rows = {h: embeddings[h] for h in cfg.heads if h != head}
-        for weights in cfg.combinations:
-            heads = dict(zip(cfg.heads, weights, strict=True))
-            rows[combination_name(weights)] = combine_heads(embeddings, heads)
-        extra[name] = {
-            row: evaluate_split(emb, data, cfg.metrics, **_options(cfg, seed))
-            for row, emb in rows.items()
-        }
+        extra[name] = evaluate_heads(
+            embeddings,
+            data.labels,
+            cfg.metrics,
+            heads=[h for h in cfg.heads if h != head],
+            combinations={
+                combination_name(w): dict(zip(cfg.heads, w, strict=True)) for w in cfg.combinations
+            },
+            evaluate=lambda emb, data=data: evaluate_split(
+                emb, data, cfg.metrics, **_options(cfg, seed)
+            ),
+        )
     return scalars, vectors, extra
 
 

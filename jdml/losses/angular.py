@@ -9,21 +9,14 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
+from jdml.geometry import l2_normalize, l2_norms
 from jdml.losses.base import Loss, LossOutput, register_loss, require_tuples, safe_divide
-from jdml.losses.npair import l2_norms, log1p_sum_exp, npair_terms, other_label_mask
+from jdml.losses.npair import log1p_sum_exp, npair_terms, other_label_mask
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, Range
 
-# Smallest norm divided by in the normalisation (that of torch.nn.functional.normalize).
-_NORMALIZE_EPS = 1e-12
 # The reference's clamp of the N-pair exponents.
 _REFERENCE_CLAMP = 50.0
-
-
-def l2_normalize(x: jax.Array) -> jax.Array:
-    """Rows divided by max(|x|, 1e-12), (N, D) -> (N, D); finite gradients at x = 0."""
-    sq = jnp.sum(jnp.square(x), axis=-1, keepdims=True)
-    return x * jax.lax.rsqrt(jnp.maximum(sq, _NORMALIZE_EPS**2))
 
 
 def angular_terms(x: jax.Array, tuples: Tuples, alpha_degrees: float) -> jax.Array:

@@ -10,13 +10,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jdml.geometry import l2_normalize
 from jdml.losses.base import Loss, LossOutput, register_loss
-from jdml.losses.softmax import (
-    batch_accuracy,
-    l2_normalize,
-    softmax_cross_entropy,
-    symmetric_uniform,
-)
+from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, symmetric_uniform
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 

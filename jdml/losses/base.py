@@ -155,16 +155,6 @@ def gather_triplets(
     return x[tuples.anchors], x[tuples.positives], x[tuples.negatives]
 
 
-def squared_distance(a: jax.Array, b: jax.Array) -> jax.Array:
-    """Row-wise squared Euclidean distance, (N, D) x (N, D) -> (N,); smooth everywhere."""
-    return jnp.sum(jnp.square(a - b), axis=-1)
-
-
-def euclidean_distance(a: jax.Array, b: jax.Array, *, eps: float = 1e-8) -> jax.Array:
-    """Row-wise sqrt(|a - b|^2 + eps): finite gradients at a = b (duplicates, a = p)."""
-    return jnp.sqrt(squared_distance(a, b) + eps)
-
-
 def safe_divide(numerator: jax.Array, count: jax.Array) -> jax.Array:
     """numerator / count, or numerator itself when count is 0 (then the sums are empty, so 0)."""
     return numerator / jnp.maximum(count, 1).astype(jnp.float32)

@@ -28,8 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdml.geometry import l2_normalize
 from jdml.losses.base import LossOutput
-from jdml.losses.softmax import l2_normalize, symmetric_uniform
+from jdml.losses.softmax import symmetric_uniform
 from jdml.nn.gradient_reversal import gradient_reversal
 
 # PyTorch's nn.Linear default initialisation (the reference's psi): weights and biases are

@@ -8,16 +8,9 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from jdml.losses.base import (
-    Loss,
-    LossOutput,
-    euclidean_distance,
-    register_loss,
-    require_tuples,
-    safe_divide,
-)
+from jdml.geometry import euclidean_distance, l2_norms
+from jdml.losses.base import Loss, LossOutput, register_loss, require_tuples, safe_divide
 from jdml.losses.npair import (
-    l2_norms,
     masked_logsumexp,
     other_label_mask,
     same_label_others_mask,

@@ -18,10 +18,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jdml.geometry import euclidean_distance
 from jdml.losses.base import (
     Loss,
     LossOutput,
-    euclidean_distance,
     gather_triplets,
     register_loss,
     require_tuples,

@@ -15,6 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jdml.geometry import differentiable_distances
+
 RELATIONS = ("distance", "rkd")
 
 
@@ -24,11 +26,7 @@ def relation_matrix(embeddings: jax.Array, *, eps: float = 1e-12) -> jax.Array:
     The diagonal (and any pair of identical embeddings) is exactly 0 with a zero gradient, rather
     than the NaN gradient of ``sqrt`` at 0.
     """
-    x = embeddings.astype(jnp.float32)
-    diff = x[:, None, :] - x[None, :, :]
-    sq = jnp.sum(diff * diff, axis=-1)
-    positive = sq > eps
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, sq, 1.0)), 0.0)
+    return differentiable_distances(embeddings, eps=eps)
 
 
 def _rkd_normalize(psi: jax.Array) -> jax.Array:

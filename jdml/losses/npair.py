@@ -8,6 +8,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
+from jdml.geometry import l2_norms
 from jdml.losses.base import Loss, LossOutput, register_loss, require_tuples, safe_divide
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, Range
@@ -49,13 +50,6 @@ def log1p_sum_exp(values: jax.Array, mask: jax.Array) -> jax.Array:
     return masked_logsumexp(
         jnp.concatenate([zeros, values], axis=-1), jnp.concatenate([ones, mask], axis=-1)
     )
-
-
-def l2_norms(x: jax.Array) -> jax.Array:
-    """Row-wise Euclidean norms, (N, D) -> (N,), with a zero (not NaN) gradient at x = 0."""
-    sq = jnp.sum(jnp.square(x), axis=-1)
-    positive = sq > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, sq, 1.0)), 0.0)
 
 
 def other_label_mask(labels: jax.Array, anchors: jax.Array) -> jax.Array:

@@ -8,15 +8,14 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
+from jdml.geometry import euclidean_distance, norm_distance
 from jdml.losses.base import (
     Loss,
     LossOutput,
-    euclidean_distance,
     gather_triplets,
     register_loss,
     require_tuples,
     safe_divide,
-    squared_distance,
 )
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, Range
@@ -80,24 +79,6 @@ def reference_fourth_negatives(tuples: Tuples) -> tuple[jax.Array, jax.Array]:
     candidates = (negatives[None, :] != negatives[:, None]) & tuples.valid[None, :]
     positions = jnp.arange(negatives.shape[0], dtype=jnp.int32)
     return _first_cyclic(candidates, positions + 1)
-
-
-def norm_distance(a: jax.Array, b: jax.Array) -> jax.Array:
-    """Euclidean distance |a - b| without an epsilon, with gradient 0 at a = b.
-
-    This is ``torch.norm(a - b, p=2, dim=-1)`` of the reference, including PyTorch's zero
-    subgradient at a zero difference.
-
-    Args:
-      a: (..., D) float.
-      b: (..., D) float, broadcastable against ``a``.
-
-    Returns:
-      (...) float distances.
-    """
-    sq = squared_distance(a, b)
-    nonzero = sq > 0
-    return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, sq, 1.0)), 0.0)
 
 
 def reference_quadruplet_terms(

@@ -10,27 +10,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jdml.geometry import l2_normalize
 from jdml.losses.base import Loss, LossOutput, register_loss
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, POSITIVE, Range
-
-# Smallest norm a vector is divided by in ``l2_normalize`` (as PyTorch's ``F.normalize``).
-NORMALIZE_EPS = 1e-12
-
-
-def l2_normalize(x: jax.Array, axis: int = -1, *, eps: float = NORMALIZE_EPS) -> jax.Array:
-    """x / max(|x|, eps) along ``axis``, with finite gradients at x = 0.
-
-    Args:
-      x: float array of any shape.
-      axis: the axis along which each vector is normalised.
-      eps: lower bound of the norm.
-
-    Returns:
-      Array of the shape and dtype of ``x``.
-    """
-    squared_norm = jnp.sum(jnp.square(x), axis=axis, keepdims=True)
-    return x * jax.lax.rsqrt(jnp.maximum(squared_norm, eps * eps))
 
 
 def symmetric_uniform(bound: float) -> nn.initializers.Initializer:

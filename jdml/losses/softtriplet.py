@@ -11,13 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdml.geometry import l2_normalize
 from jdml.losses.base import Loss, LossOutput, register_loss
-from jdml.losses.softmax import (
-    batch_accuracy,
-    l2_normalize,
-    softmax_cross_entropy,
-    symmetric_uniform,
-)
+from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, symmetric_uniform
 from jdml.miners.base import Tuples
 from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
 

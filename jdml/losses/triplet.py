@@ -8,6 +8,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
+from jdml.geometry import squared_distance
 from jdml.losses.base import (
     Loss,
     LossOutput,
@@ -15,7 +16,6 @@ from jdml.losses.base import (
     register_loss,
     require_tuples,
     safe_divide,
-    squared_distance,
 )
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, Range

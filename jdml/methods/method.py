@@ -77,16 +77,16 @@ class Method:
             self.terms[name] = TERMS.get(t.kind).build(
                 t, num_classes=num_classes, batch_size=config.train.batch_size, dim=dim
             )
-        d = config.decorrelation
+        decorrelation = config.decorrelation
         self.decorrelation = (
             Decorrelation(
-                pairs=tuple(tuple(p) for p in d.pairs),
-                weights=tuple(float(w) for w in d.weights),
-                hidden=d.hidden,
-                renormalize=d.renormalize,
-                detach_target=d.detach_target,
+                pairs=tuple(tuple(p) for p in decorrelation.pairs),
+                weights=tuple(float(w) for w in decorrelation.weights),
+                hidden=decorrelation.hidden,
+                renormalize=decorrelation.renormalize,
+                detach_target=decorrelation.detach_target,
             )
-            if d.pairs
+            if decorrelation.pairs
             else None
         )
         self.views = max([1, *(t.views for t in self.terms.values())])
@@ -184,8 +184,8 @@ class Method:
             if group is not None:
                 groups[f"aux_{name}"] = group
         if self.decorrelation is not None:
-            d = self.config.decorrelation
-            groups["decorrelation"] = Group(d.lr, d.weight_decay)
+            decorrelation = self.config.decorrelation
+            groups["decorrelation"] = Group(decorrelation.lr, decorrelation.weight_decay)
         return groups
 
     def frozen_params(self) -> Callable[[tuple[str, ...]], bool] | None:

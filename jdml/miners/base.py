@@ -64,27 +64,6 @@ def make_miner(name: str, **hparams: Any) -> Callable[[jax.Array, jax.Array, jax
     return functools.partial(fn, **hparams)
 
 
-def pairwise_distances(embeddings: jax.Array) -> jax.Array:
-    """Euclidean distances via the Gram expansion, clamped at 0 before the square root.
-
-    Meant for mining (no gradients flow): the square root is not guarded for differentiation.
-
-    Args:
-      embeddings: (B, D) float.
-
-    Returns:
-      (B, B) float32 distances sqrt(max(|a|^2 + |b|^2 - 2 a.b, 0)).
-
-    References:
-      Roth et al., "Revisiting Training Strategies and Generalization Performance in Deep Metric
-      Learning", ICML 2020 (the shared ``pdist`` of its batch miners).
-    """
-    x = embeddings.astype(jnp.float32)
-    sq_norms = jnp.sum(x * x, axis=-1)
-    sq = sq_norms[:, None] + sq_norms[None, :] - 2.0 * (x @ x.T)
-    return jnp.sqrt(jnp.maximum(sq, 0.0))
-
-
 def same_label(labels: jax.Array) -> jax.Array:
     """(B, B) bool: True where two samples share a label (the diagonal included)."""
     return labels[:, None] == labels[None, :]

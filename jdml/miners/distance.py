@@ -5,7 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jdml.miners.base import MINERS, Tuples, pairwise_distances, same_label, sample_positives
+from jdml.geometry import pairwise_distances
+from jdml.miners.base import MINERS, Tuples, same_label, sample_positives
 from jdml.registry import NON_NEGATIVE, POSITIVE
 
 MAX_DISTANCE = 2.0 - 1e-4

@@ -5,10 +5,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jdml.geometry import pairwise_distances
 from jdml.miners.base import (
     MINERS,
     Tuples,
-    pairwise_distances,
     positive_mask,
     same_label,
     sample_positives,

@@ -1,5 +1,18 @@
-"""Backbones and embedding models, looked up by name."""
+"""Backbones and embedding models, looked up by name.
 
-from jdml.models.embedding import BACKBONES, EmbeddingModel, build_model, input_normalization
+Importing this package imports every module in it, which registers each backbone in
+``BACKBONES``; a new backbone only needs a module here with ``@BACKBONES.register``.
+"""
+
+import importlib
+import pkgutil
+
+from jdml.models.registry import BACKBONES, input_normalization
+
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.ispkg:
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+from jdml.models.embedding import EmbeddingModel, build_model  # noqa: E402
 
 __all__ = ["BACKBONES", "EmbeddingModel", "build_model", "input_normalization"]

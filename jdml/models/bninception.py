@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax.numpy as jnp
+import ml_collections
 
 from jdml.models.googlenet import max_pool_ceil
+from jdml.models.registry import BACKBONES
 from jdml.models.resnet50 import batch_norm, conv, global_pool
 
 # Cadene's mean (104, 117, 128) and std 1 on BGR 0-255 pixels, as RGB-order constants on [0, 1].
@@ -149,3 +151,12 @@ class BNInception(nn.Module):
         for name, widths in BLOCKS.items():
             x = Block(widths, self.train_bn, self.dtype, name=name)(x)
         return global_pool(x, self.pooling)
+
+
+@BACKBONES.register("bninception", input_normalization=(MEAN, STD))
+def bninception(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
+    """BN-Inception, Cadene's definition (1024-d pooled features; RGB input normalised with the
+    per-channel constants of ``jdml.models.bninception``, flipped to BGR inside)."""
+    return BNInception(
+        train_bn=train and not cfg.frozen_bn, pooling=cfg.pooling, dtype=jnp.dtype(cfg.dtype)
+    )

@@ -18,8 +18,10 @@ from typing import ClassVar
 
 import flax.linen as nn
 import jax.numpy as jnp
+import ml_collections
 
 from jdml.models.freeze import NOT_FROZEN, cut_after
+from jdml.models.registry import BACKBONES
 from jdml.models.resnet50 import batch_norm, global_pool
 from jdml.nn.depthwise import DepthwiseConv, Impl
 from jdml.nn.pointwise import PointwiseConv
@@ -160,3 +162,18 @@ class EfficientNetLite0(nn.Module):
         if self.num_classes:
             return nn.Dense(self.num_classes, dtype=jnp.float32, name="fc")(pooled)
         return pooled
+
+
+@BACKBONES.register(
+    "efficientnet_lite0",
+    input_normalization=((MEAN,) * 3, (STD,) * 3),
+)
+def efficientnet_lite0(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
+    """EfficientNet-Lite0 (1280-d pooled features; ImageNet weights with
+    ``model.pretrained=packaged``, see ``jdml.models.efficientnet``)."""
+    return EfficientNetLite0(
+        train_bn=train and not cfg.frozen_bn,
+        pooling=cfg.pooling,
+        dtype=jnp.dtype(cfg.dtype),
+        frozen_stages=cfg.get("frozen_stages", NOT_FROZEN),
+    )

@@ -2,97 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
-from jdml.models import bninception as bninception_module
-from jdml.models import efficientnet
-from jdml.models import googlenet as googlenet_module
-from jdml.models import resnet50 as resnet50_module
-from jdml.models.bninception import BNInception
-from jdml.models.efficientnet import EfficientNetLite0
+from jdml.geometry import l2_normalize
 from jdml.models.freeze import NOT_FROZEN, frozen_modules
-from jdml.models.googlenet import GoogLeNet
-from jdml.models.resnet50 import ResNet50
-from jdml.models.small_resnet import SmallResNet
-from jdml.registry import Registry
-
-BACKBONES: Registry[Callable[..., nn.Module]] = Registry("backbone")
-
-# A backbone with pretrained weights registers the per-channel (RGB) mean and standard deviation
-# on [0, 1] pixels that its weights expect, as ``input_normalization=(mean, std)``
-# (``data.normalization=backbone``; :func:`input_normalization`).
-
-
-def input_normalization(backbone: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-    """The (mean, std) per RGB channel the ``backbone``'s weights expect, or None if it
-    registered none."""
-    return BACKBONES.meta(backbone).get("input_normalization")
-
-
-@BACKBONES.register("small_resnet")
-def small_resnet(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
-    """The compact CPU-friendly ResNet (see ``jdml.models.small_resnet``)."""
-    return SmallResNet(
-        stage_features=tuple(cfg.stage_features),
-        stage_blocks=tuple(cfg.stage_blocks),
-        stage_strides=tuple(cfg.stage_strides),
-        stem_features=cfg.stem_features,
-        stem_strides=cfg.stem_strides,
-        train_bn=train and not cfg.frozen_bn,
-        pooling=cfg.pooling,
-        dtype=jnp.dtype(cfg.dtype),
-    )
-
-
-@BACKBONES.register(
-    "efficientnet_lite0",
-    input_normalization=((efficientnet.MEAN,) * 3, (efficientnet.STD,) * 3),
-)
-def efficientnet_lite0(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
-    """EfficientNet-Lite0 (1280-d pooled features; ImageNet weights with
-    ``model.pretrained=packaged``, see ``jdml.models.efficientnet``)."""
-    return EfficientNetLite0(
-        train_bn=train and not cfg.frozen_bn,
-        pooling=cfg.pooling,
-        dtype=jnp.dtype(cfg.dtype),
-        frozen_stages=cfg.get("frozen_stages", NOT_FROZEN),
-    )
-
-
-@BACKBONES.register("resnet50", input_normalization=(resnet50_module.MEAN, resnet50_module.STD))
-def resnet50(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
-    """ResNet-50, torchvision layout (2048-d pooled features; weights from torchvision, timm or
-    Cadene files, see ``jdml.models.resnet50``)."""
-    return ResNet50(
-        train_bn=train and not cfg.frozen_bn,
-        pooling=cfg.pooling,
-        dtype=jnp.dtype(cfg.dtype),
-        frozen_stages=cfg.get("frozen_stages", NOT_FROZEN),
-    )
-
-
-@BACKBONES.register("googlenet", input_normalization=(googlenet_module.MEAN, googlenet_module.STD))
-def googlenet(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
-    """GoogLeNet, torchvision variant (1024-d pooled features; inputs normalised with
-    data.mean = data.std = 0.5, see ``jdml.models.googlenet``)."""
-    return GoogLeNet(
-        train_bn=train and not cfg.frozen_bn, pooling=cfg.pooling, dtype=jnp.dtype(cfg.dtype)
-    )
-
-
-@BACKBONES.register(
-    "bninception", input_normalization=(bninception_module.MEAN, bninception_module.STD)
-)
-def bninception(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
-    """BN-Inception, Cadene's definition (1024-d pooled features; RGB input normalised with the
-    per-channel constants of ``jdml.models.bninception``, flipped to BGR inside)."""
-    return BNInception(
-        train_bn=train and not cfg.frozen_bn, pooling=cfg.pooling, dtype=jnp.dtype(cfg.dtype)
-    )
+from jdml.models.registry import BACKBONES
 
 
 def frozen_backbone_modules(cfg: ml_collections.ConfigDict) -> frozenset[str]:
@@ -118,12 +36,6 @@ def _stage_modules(cfg: ml_collections.ConfigDict, backbone: str) -> tuple | Non
     """The ``STAGE_MODULES`` a backbone's module declares (None: it declares none)."""
     module = BACKBONES.get(backbone)(cfg, train=False)
     return getattr(type(module), "STAGE_MODULES", None)
-
-
-def l2_normalize(x: jnp.ndarray, eps: float = 1e-12) -> jnp.ndarray:
-    """Row-wise L2 normalisation that is finite (and has finite gradients) at x = 0."""
-    sq = jnp.sum(jnp.square(x), axis=-1, keepdims=True)
-    return x / jnp.sqrt(jnp.maximum(sq, eps))
 
 
 class EmbeddingModel(nn.Module):

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax.numpy as jnp
+import ml_collections
 
+from jdml.models.registry import BACKBONES
 from jdml.models.resnet50 import batch_norm, conv, global_pool
 
 MEAN = (0.5, 0.5, 0.5)
@@ -163,3 +165,12 @@ class GoogLeNet(nn.Module):
             elif name == "inception4e":
                 x = max_pool_ceil(x, 2, 2)
         return global_pool(x, self.pooling)
+
+
+@BACKBONES.register("googlenet", input_normalization=(MEAN, STD))
+def googlenet(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
+    """GoogLeNet, torchvision variant (1024-d pooled features; inputs normalised with
+    data.mean = data.std = 0.5, see ``jdml.models.googlenet``)."""
+    return GoogLeNet(
+        train_bn=train and not cfg.frozen_bn, pooling=cfg.pooling, dtype=jnp.dtype(cfg.dtype)
+    )

@@ -23,8 +23,10 @@ from typing import ClassVar
 
 import flax.linen as nn
 import jax.numpy as jnp
+import ml_collections
 
 from jdml.models.freeze import NOT_FROZEN, cut_after
+from jdml.models.registry import BACKBONES
 from jdml.nn.frozen_bn import FrozenBatchNorm
 
 # ImageNet statistics in RGB order on [0, 1] pixels (torchvision's, timm's and Cadene's).
@@ -164,3 +166,15 @@ class ResNet50(nn.Module):
                 )(x)
             x = cut_after(x, stage, self.frozen_stages)
         return global_pool(x, self.pooling)
+
+
+@BACKBONES.register("resnet50", input_normalization=(MEAN, STD))
+def resnet50(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
+    """ResNet-50, torchvision layout (2048-d pooled features; weights from torchvision, timm or
+    Cadene files, see ``jdml.models.resnet50``)."""
+    return ResNet50(
+        train_bn=train and not cfg.frozen_bn,
+        pooling=cfg.pooling,
+        dtype=jnp.dtype(cfg.dtype),
+        frozen_stages=cfg.get("frozen_stages", NOT_FROZEN),
+    )

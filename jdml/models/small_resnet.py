@@ -20,7 +20,9 @@ from collections.abc import Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
+import ml_collections
 
+from jdml.models.registry import BACKBONES
 from jdml.nn.conv import Conv
 
 _MIN_CONV_MAP = 3
@@ -132,3 +134,18 @@ class SmallResNet(nn.Module):
         if self.pooling == "avg+max":
             pooled = pooled + jnp.max(x, axis=(1, 2))
         return pooled.astype(jnp.float32)
+
+
+@BACKBONES.register("small_resnet")
+def small_resnet(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
+    """The compact CPU-friendly ResNet (see ``jdml.models.small_resnet``)."""
+    return SmallResNet(
+        stage_features=tuple(cfg.stage_features),
+        stage_blocks=tuple(cfg.stage_blocks),
+        stage_strides=tuple(cfg.stage_strides),
+        stem_features=cfg.stem_features,
+        stem_strides=cfg.stem_strides,
+        train_bn=train and not cfg.frozen_bn,
+        pooling=cfg.pooling,
+        dtype=jnp.dtype(cfg.dtype),
+    )

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import eigh_tridiagonal
 
+from jdml.geometry import squared_distances
 from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
 from jdml.samplers.base import SAMPLERS
 from jdml.samplers.embedded import (
@@ -29,7 +30,6 @@ from jdml.samplers.embedded import (
     MemorySampler,
     maybe_project,
     single_threaded_lapack,
-    squared_distances,
 )
 
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdml.geometry import squared_distances
 from jdml.registry import COUNT, NON_NEGATIVE, Range
 from jdml.samplers.base import SAMPLERS
 from jdml.samplers.embedded import (
@@ -24,7 +25,6 @@ from jdml.samplers.embedded import (
     MemorySampler,
     maybe_project,
     single_threaded_lapack,
-    squared_distances,
 )
 
 SOFTENED_PERCENTILE = 97.0

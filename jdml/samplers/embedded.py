@@ -219,9 +219,3 @@ def random_projection(key: jax.Array, x: jax.Array, dim: int) -> jax.Array:
 def maybe_project(key: jax.Array, x: jax.Array, dim: int) -> jax.Array:
     """``random_projection`` for a positive ``dim``; the rows unchanged for -1."""
     return random_projection(key, x, dim) if dim > 0 else x
-
-
-def squared_distances(x: jax.Array) -> jax.Array:
-    """(M, M) squared Euclidean distances by the Gram trick, clamped at 0."""
-    sq = jnp.sum(x * x, axis=-1)
-    return jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * (x @ x.T), 0.0)

@@ -1115,3 +1115,69 @@ def spectrum_plot(
         heading = title if title is not None else f"{default} spectrum ({split} split)".strip()
         ax.set_title(heading, fontsize=11)
         return _save(fig, path)
+
+
+#: Pixel size of the plots over several runs (``jdml report``).
+REPORT_PX = (770, 500)
+
+
+def curves_with_bands(
+    series: Sequence[tuple[str, np.ndarray, np.ndarray]],
+    path: str | os.PathLike[str],
+    *,
+    xlabel: str,
+    ylabel: str,
+) -> bool:
+    """One line (the mean over runs) and band (their standard deviation) per named series.
+
+    Args:
+      series: ``(label, x (T,), values (runs, T))`` each; empty ones are skipped.
+      path: the PNG to write (only if something was drawn).
+      xlabel, ylabel: the axis labels.
+
+    Returns:
+      Whether a curve was drawn (and the PNG written).
+    """
+    series = [(label, x, v) for label, x, v in series if len(x)]
+    if not series:
+        return False
+    with _figure(*REPORT_PX, layout="constrained") as fig:
+        ax = fig.add_subplot()
+        for label, x, values in series:
+            mean, std = values.mean(0), values.std(0)
+            (line,) = ax.plot(x, mean, marker="o", ms=3, label=f"{label} (n={len(values)})")
+            ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        _save(fig, path)
+    return True
+
+
+def spectra_comparison(
+    series: Sequence[tuple[str, np.ndarray]], path: str | os.PathLike[str], *, title: str
+) -> bool:
+    """Normalised singular-value spectra of several experiments on one semilog-y plot.
+
+    Args:
+      series: ``(label, spectrum (D,))`` each.
+      path: the PNG to write (only if something was drawn).
+      title: the plot's title.
+
+    Returns:
+      Whether a spectrum was drawn (and the PNG written).
+    """
+    if not series:
+        return False
+    with _figure(*REPORT_PX, layout="constrained") as fig:
+        ax = fig.add_subplot()
+        for label, spectrum in series:
+            ax.semilogy(np.arange(1, len(spectrum) + 1), spectrum, label=label)
+        ax.set_xlabel("singular value index")
+        ax.set_ylabel("normalised singular value (train embeddings)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+        _save(fig, path)
+    return True

@@ -13,13 +13,13 @@ import numpy as np
 import optax
 import pytest
 
+from jdml.geometry import l2_normalize
 from jdml.losses import LOSSES
 from jdml.losses.decorrelation import (
     Decorrelation,
     DecorrelationMLP,
     measured_correlation,
 )
-from jdml.losses.softmax import l2_normalize
 from jdml.nn.gradient_reversal import gradient_reversal
 
 PAIRS = (("a", "b"), ("c", "a"))

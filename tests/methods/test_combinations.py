@@ -16,9 +16,9 @@ import pytest
 from configs.revisiting import get_config
 from jdml.config import validate
 from jdml.errors import ConfigError
+from jdml.geometry import l2_normalize
 from jdml.losses import LOSSES, compatible_miners
 from jdml.methods import StandardMethod
-from jdml.models.embedding import l2_normalize
 from jdml.program import make_train_step
 from jdml.run import Run
 from tests.helpers import make_npz, tiny_config

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from jdml.geometry import pairwise_distances
 from jdml.miners import MINERS, Tuples, make_miner
-from jdml.miners.base import pairwise_distances
 from jdml.miners.distance import MAX_DISTANCE
 from jdml.miners.diva import random_distance_labels
 from jdml.miners.rho import push_mask

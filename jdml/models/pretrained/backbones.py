@@ -7,47 +7,13 @@ the embedding heads keep their random initialisation.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from jdml.models.pretrained import bninception, efficientnet, googlenet, resnet50
-from jdml.models.pretrained.convert import Rule, fill
-from jdml.registry import Registry
-
-PACKAGED = "packaged"
-
-
-@dataclasses.dataclass(frozen=True)
-class Converter:
-    """How a backbone's weights are read.
-
-    Attributes:
-      rule: Flax leaf -> PyTorch key and transform (see ``jdml.models.pretrained.convert``).
-      ignore: PyTorch keys the backbone does not use (e.g. the ImageNet classifier).
-      packaged: the path of weights shipped by a pip package, if there is one.
-    """
-
-    rule: Rule
-    ignore: Callable[[str], bool] = lambda key: False
-    packaged: Callable[[], str] | None = None
-
-
-CONVERTERS: Registry[Converter] = Registry("pretrained backbone")
-CONVERTERS.register("efficientnet_lite0")(
-    Converter(
-        rule=efficientnet.rule,
-        ignore=lambda key: key.startswith("_fc."),
-        packaged=efficientnet.packaged_weights,
-    )
-)
-
-CONVERTERS.register("resnet50")(Converter(rule=resnet50.rule, ignore=resnet50.ignore))
-CONVERTERS.register("googlenet")(Converter(rule=googlenet.rule, ignore=googlenet.ignore))
-CONVERTERS.register("bninception")(Converter(rule=bninception.rule, ignore=bninception.ignore))
+from jdml.models.pretrained.convert import CONVERTERS, PACKAGED, fill
 
 
 def weight_path(backbone: str, pretrained: str) -> str:

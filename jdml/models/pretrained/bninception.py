@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from jdml.models.pretrained.convert import leaf_source
+from jdml.models.pretrained.convert import CONVERTERS, Converter, leaf_source
 from jdml.models.pretrained.resnet50 import leaf_kind
 
 
@@ -29,3 +29,6 @@ def rule(
 def ignore(key: str) -> bool:
     """The ImageNet classifier."""
     return key.startswith("last_linear.")
+
+
+CONVERTERS.register("bninception")(Converter(rule=rule, ignore=ignore))

@@ -9,12 +9,14 @@ weight file's key and the Flax path.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 from jdml.errors import WeightMismatchError
+from jdml.registry import Registry
 
 # (flax collection, path inside it) -> (torch key, transform) or None for "keep the init value".
 Rule = Callable[[str, tuple[str, ...]], tuple[str, Callable[[np.ndarray], np.ndarray]] | None]
@@ -145,3 +147,25 @@ def fill(
             "holds the weights of the configured backbone (model.backbone) and its variant"
         )
     return out
+
+
+PACKAGED = "packaged"  # model.pretrained value: the weights a pip package ships
+
+
+@dataclasses.dataclass(frozen=True)
+class Converter:
+    """How a backbone's weights are read.
+
+    Attributes:
+      rule: Flax leaf -> PyTorch key and transform (see ``jdml.models.pretrained.convert``).
+      ignore: PyTorch keys the backbone does not use (e.g. the ImageNet classifier).
+      packaged: the path of weights shipped by a pip package, if there is one.
+    """
+
+    rule: Rule
+    ignore: Callable[[str], bool] = lambda key: False
+    packaged: Callable[[], str] | None = None
+
+
+#: How each backbone with pretrained weights reads them; each converter module registers its own.
+CONVERTERS: Registry[Converter] = Registry("pretrained backbone")

