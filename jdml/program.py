@@ -126,6 +126,10 @@ class Program:
         )
         # The evaluated embedding: the method's main head, or member 1's.
         self.head = member_name(0) if self.cohort else method.head
+        # A device mesh for a cohort and for data parallelism; one member on one device runs
+        # without one.
+        self.data_devices = int(config.parallel.data_devices) if size is None else 1
+        self.on_mesh = self.cohort or self.data_devices != 1
 
     # -- names ----------------------------------------------------------------------------------
 
@@ -186,20 +190,28 @@ class Program:
 
     @functools.cached_property
     def mesh(self) -> Mesh | None:
-        """The cohort's ``(member, data)`` mesh; None for one member (built when first needed:
-        inference embeds without it).
+        """The ``(member, data)`` mesh; None for one member on one device (built when first
+        needed: inference embeds without it).
 
         Raises:
-          ConfigError: if the mesh does not fit the devices present.
+          ConfigError: if the mesh does not fit the devices present, or its data axis does not
+            divide the batch.
         """
-        if not self.cohort:
+        if not self.on_mesh:
             return None
-        c = self.config.cohort
-        return cohort_mesh(self.size, int(c.devices), int(c.data_devices))
+        mesh = cohort_mesh(self.size, int(self.config.cohort.devices), self.data_devices)
+        batch, data = int(self.config.train.batch_size), mesh.shape[DATA]
+        if batch % data:
+            raise ConfigError(
+                f"the mesh's data axis has {data} devices (parallel.data_devices="
+                f"{self.data_devices}), which do not divide train.batch_size={batch}; set "
+                "parallel.data_devices to a divisor of the batch size"
+            )
+        return mesh
 
     @functools.cached_property
     def replicated(self) -> NamedSharding | None:
-        return NamedSharding(self.mesh, P()) if self.cohort else None
+        return NamedSharding(self.mesh, P()) if self.on_mesh else None
 
     @functools.cached_property
     def members(self) -> tuple[int, ...]:
@@ -217,18 +229,17 @@ class Program:
         )
 
     def replicate(self, host: Any) -> Any:
-        """A host array as the step takes it: replicated on the cohort's mesh (unchanged for one
-        member)."""
-        if not self.cohort:
+        """A host array as the step takes it: replicated on the mesh (unchanged without one)."""
+        if not self.on_mesh:
             return host
         host = np.asarray(host)
         return global_array(host, self.replicated, host.shape)
 
     def place_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The batch as global arrays of a cohort: views on the member axis (each process
+        """The batch as global arrays on the mesh: views on the member axis (each process
         supplies its own members' views) under view diversity, the batch axis on the data axis;
-        unchanged for one member."""
-        if not self.cohort:
+        unchanged without a mesh."""
+        if not self.on_mesh:
             return batch
         out = {}
         for key, value in batch.items():
@@ -283,7 +294,7 @@ class Program:
             sampler_state=sampler_state or {},
             **dict(zip(MEMBER_FIELDS, fields, strict=True)),
         )
-        return jax.device_put(state, self.state_shardings(state)) if self.cohort else state
+        return jax.device_put(state, self.state_shardings(state)) if self.on_mesh else state
 
     def _state_specs(self, state: TrainState) -> TrainState:
         """PartitionSpecs: member-stacked fields on the ``member`` axis, the rest replicated."""
@@ -301,7 +312,10 @@ class Program:
         )
 
     def state_shardings(self, state: TrainState) -> TrainState:
-        """``NamedSharding``s placing each member's state on its device of the mesh."""
+        """``NamedSharding``s placing each member's state on its device of the mesh (replicated
+        over the data axis); one member's state (no member axis) is replicated."""
+        if not self.cohort:
+            return jax.tree.map(lambda _: self.replicated, state)
         return jax.tree.map(
             lambda spec: NamedSharding(self.mesh, spec),
             self._state_specs(state),
@@ -332,7 +346,7 @@ class Program:
         temporal-diversity draw is left unchanged.
         """
         method = self.method
-        on_mesh = self.cohort
+        on_mesh = self.on_mesh
         gather = (lambda x: jax.lax.all_gather(x, AXIS, tiled=True)) if on_mesh else (lambda x: x)
         local = state.rng.shape[0]
         offset = jax.lax.axis_index(AXIS) * local if on_mesh else 0
@@ -433,25 +447,35 @@ class Program:
     def make_train_step(self, tx: optax.GradientTransformation, state: TrainState) -> StepFn:
         """The jitted, state-donating step ``(state, batch) -> (state, metrics)``.
 
-        One member: the member axis is added and removed inside the step. A cohort: host batches
-        are placed on the mesh first (``place_batch``), and each device steps its members.
+        One member's state has no member axis: it is added and removed inside the step. On a
+        mesh, host batches are placed first (``place_batch``) and each device steps its members
+        (``shard_map`` over the member axis; the data axis is left to the compiler, which splits
+        the batch and gathers what the losses need).
         """
-        if not self.cohort:
+
+        def stacked(step: Callable) -> Callable:
+            if self.cohort:
+                return step
 
             def one(state: TrainState, batch: dict[str, jax.Array]):
                 add = lambda x: x[None]  # noqa: E731
                 drop = lambda x: x[0]  # noqa: E731
-                stacked = state.replace(
-                    **{f: jax.tree.map(add, getattr(state, f)) for f in MEMBER_FIELDS}
+                new, metrics = step(
+                    state.replace(
+                        **{f: jax.tree.map(add, getattr(state, f)) for f in MEMBER_FIELDS}
+                    ),
+                    batch,
                 )
-                new, metrics = self._step(tx, stacked, batch)
                 return new.replace(
                     **{f: jax.tree.map(drop, getattr(new, f)) for f in MEMBER_FIELDS}
                 ), metrics
 
-            return jax.jit(one, donate_argnums=0)
+            return one
 
-        specs = self._state_specs(state)
+        if not self.on_mesh:
+            return jax.jit(stacked(lambda s, b: self._step(tx, s, b)), donate_argnums=0)
+
+        specs = self._state_specs(state)  # the stacked state has the same structure
         per_member = P(AXIS) if self.view_diversity else P()
 
         def batch_specs(batch: dict[str, jax.Array]) -> dict[str, P]:
@@ -472,7 +496,9 @@ class Program:
         # Fixed output shardings: the returned state is placed exactly as the state it replaces
         # (on a one-device member axis the compiler would otherwise pick an equivalent spec and
         # the second call would compile again).
-        jitted = jax.jit(step, donate_argnums=0, out_shardings=(shardings, self.replicated))
+        jitted = jax.jit(
+            stacked(step), donate_argnums=0, out_shardings=(shardings, self.replicated)
+        )
         return _PlacedStep(jitted, self.place_batch, shardings)
 
     def key_functions(self, head: str) -> tuple[Callable, Callable]:
@@ -480,8 +506,17 @@ class Program:
         key network on host images (``(B, dim)``, or ``(L, B, dim)`` replicated for a cohort),
         and ``push(queue, keys, labels)`` into every member's queue, placed as the state."""
         method = self.method
-        if not self.cohort:
+        if not self.on_mesh:
             return jax.jit(lambda e, s, x: method.embed_keys(e, s, x)[head]), push
+        if not self.cohort:
+            keys_fn = jax.jit(
+                lambda e, s, x: method.embed_keys(e, s, x)[head], out_shardings=self.replicated
+            )
+            push_fn = jax.jit(push, out_shardings=self.replicated)
+            return (
+                lambda e, s, x: keys_fn(e, s, self.replicate(x)),
+                lambda q, k, y: push_fn(q, self.replicate(k), self.replicate(y)),
+            )
         members = NamedSharding(self.mesh, P(AXIS))
 
         def keys(ema: Any, batch_stats: Any, images: jax.Array) -> jax.Array:
@@ -515,9 +550,9 @@ class Program:
         return named
 
     def make_embed_fn(self) -> Callable[[Any, Any, Any], dict[str, jax.Array]]:
-        """``embed`` jitted, taking host images; a cohort's outputs are replicated (every
+        """``embed`` jitted, taking host images; on a mesh the outputs are replicated (every
         process gets every member's embeddings)."""
-        if not self.cohort:
+        if not self.on_mesh:
             return jax.jit(self.embed)
         jitted = jax.jit(self.embed, out_shardings=self.replicated)
 

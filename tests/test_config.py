@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -249,3 +250,20 @@ def test_apply_overrides_sets_literals_and_names_bad_items() -> None:
     for bad in ["model.nope=1", "model.dtype", "nosection.key=1", "optim.lr=abc", "seed.x=1"]:
         with pytest.raises(ConfigError, match="cannot set"):
             apply_overrides(get_config(), [bad])
+
+
+def test_a_config_json_with_a_renamed_key_resumes_under_the_new_name():
+    """``cohort.data_devices`` (written before data parallelism covered every method) is read as
+    ``parallel.data_devices``: evaluation sees the value, resuming sees no change."""
+    from jdml.config import base_config, flatten_config, incompatible_keys, saved_config, to_json
+
+    old = json.loads(to_json(base_config()))
+    del old["parallel"]
+    old["cohort"]["data_devices"] = 2
+    loaded = saved_config(json.dumps(old))
+    assert loaded.parallel.data_devices == 2 and "data_devices" not in loaded.cohort
+    new = json.loads(to_json(base_config()))
+    defaults = flatten_config(new)
+    assert incompatible_keys(old, new, defaults=defaults) == []  # placement may change
+    old["cohort"]["size"] = 3
+    assert incompatible_keys(old, new, defaults=defaults) == ["cohort.size: 3 -> 1"]

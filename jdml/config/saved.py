@@ -40,10 +40,35 @@ def _under(defaults: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Keys an earlier version wrote under another name: old dotted key -> new dotted key.
+RENAMED_KEYS = {"cohort.data_devices": "parallel.data_devices"}
+
+
+def upgrade(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config (nested dicts) with the keys of ``RENAMED_KEYS`` under their new names."""
+    out = json.loads(json.dumps(saved))
+    for old, new in RENAMED_KEYS.items():
+        *old_path, old_key = old.split(".")
+        section = out
+        for part in old_path:
+            section = section.get(part) if isinstance(section, dict) else None
+        if not isinstance(section, dict) or old_key not in section:
+            continue
+        value = section.pop(old_key)
+        *new_path, new_key = new.split(".")
+        target = out
+        for part in new_path:
+            target = target.setdefault(part, {})
+        target.setdefault(new_key, value)
+    return out
+
+
 def saved_config(text: str) -> ml_collections.ConfigDict:
     """A run's ``config.json`` for evaluation and inference: keys added to jdml after the run was
-    trained get their defaults, which keep the behaviour the run was trained with."""
-    return ml_collections.ConfigDict(_tuples(_under(base_config().to_dict(), json.loads(text))))
+    trained get their defaults, which keep the behaviour the run was trained with, and renamed
+    keys their new names."""
+    saved = upgrade(json.loads(text))
+    return ml_collections.ConfigDict(_tuples(_under(base_config().to_dict(), saved)))
 
 
 # Keys that may change between runs in the same workdir (they do not change the trained model).
@@ -57,6 +82,9 @@ RESUMABLE_CHANGES = (
     "data.num_workers",
     "data.cache_dir",
     "eval.",
+    # Where the arrays live: a checkpoint restores onto another device layout.
+    "parallel.",
+    "cohort.devices",
 )
 
 
@@ -103,9 +131,11 @@ def incompatible_keys(
 
     Keys of loss/miner/sampler components that are not selected are ignored, and so are keys
     the old config lacks (written by an earlier version) whose new value is their default in
-    ``defaults`` (a flattened config).
+    ``defaults`` (a flattened config); keys the old config wrote under an earlier name
+    (``RENAMED_KEYS``) are compared under their new one.
     """
-    fo, fn = selected_only(flatten_config(old)), selected_only(flatten_config(new))
+    fo = selected_only(flatten_config(upgrade(old)))
+    fn = selected_only(flatten_config(new))
     allowed = tuple(allowed)
     defaults = defaults or {}
     diffs = []

@@ -210,10 +210,17 @@ def base_config() -> ml_collections.ConfigDict:
     c.cohort.temporal_diversity = True  # member l updates with probability 2^-(l-1)
     c.cohort.view_diversity = True  # own augmentation of the batch per member
     c.cohort.devices = 0
-    c.cohort.data_devices = 1  # devices splitting each member's batch (data parallelism)
     # Members of one device: "unroll" traced one after the other, "vmap" vectorised (grouped
     # convolutions, which XLA runs slowly on CPU; try it on GPU/TPU).
     c.cohort.member_loop = "unroll"
+
+    # Data parallelism for every method (jdml.program): the global batch of each member split
+    # over ``data_devices`` devices of the mesh's data axis (0: every device the member axis
+    # leaves). The miner, the losses, DaNCE's queue and DM2's relations still see the whole
+    # global batch, and trained BatchNorm its statistics (the compiler gathers what they need),
+    # so the run computes what it computes on one device.
+    c.parallel = ml_collections.ConfigDict()
+    c.parallel.data_devices = 1
 
     _ = DATASETS  # the dataset name is validated in validate()
     return c

@@ -57,7 +57,7 @@ NUMERIC_KEYS: dict[str, Range] = {
     "cohort.mutual_weight": _NON_NEGATIVE,
     "cohort.warmup_epochs": _NON_NEGATIVE,
     "cohort.devices": _NON_NEGATIVE_INT,
-    "cohort.data_devices": _COUNT,
+    "parallel.data_devices": _NON_NEGATIVE_INT,
     "decorrelation.weights": _NON_NEGATIVE,
     "decorrelation.hidden": _COUNT,
     "decorrelation.lr": _NON_NEGATIVE,
@@ -281,10 +281,11 @@ def _validate_cohort(c: ml_collections.ConfigDict) -> None:
         )
     if cohort.member_loop not in ("unroll", "vmap"):
         raise ConfigError(f"cohort.member_loop={cohort.member_loop!r}; choose unroll or vmap")
-    if c.train.batch_size % cohort.data_devices:
+    data_devices = c.parallel.data_devices
+    if data_devices and c.train.batch_size % data_devices:
         raise ConfigError(
-            f"cohort.data_devices={cohort.data_devices} must divide train.batch_size="
-            f"{c.train.batch_size}"
+            f"parallel.data_devices={data_devices} must divide train.batch_size="
+            f"{c.train.batch_size}; choose a batch size that is a multiple of it"
         )
     if cohort.size > 1 and c.phases:
         raise ConfigError(

@@ -20,7 +20,7 @@ The step, the state and the embeddings of every run, one member or a cohort, are
 the ``member`` axis of a device mesh: ``jax.shard_map`` gives each device its
 block of members; the relation matrices (B x B per member) are all-gathered. On one device the
 same code runs with the whole cohort in one block. A second mesh axis ``data`` (left to the
-compiler's automatic partitioning) splits each member's batch over ``cohort.data_devices``
+compiler's automatic partitioning) splits each member's batch over ``parallel.data_devices``
 devices: data parallelism within a member, with the same results as on one device.
 
 Member 1 starts as the plain run of the same config and seed (same init, same batches and
@@ -58,23 +58,25 @@ def update_probabilities(size: int, temporal: bool) -> np.ndarray:
 
 
 def cohort_mesh(size: int, devices: int, data_devices: int = 1) -> Mesh:
-    """A ``(member, data)`` mesh: ``devices`` devices on the member axis (0: as many as divide
-    ``size``), each member's batch split over ``data_devices`` devices.
+    """The ``(member, data)`` mesh of a run: ``devices`` devices on the member axis (0: as many as
+    divide ``size`` and fit), each member's batch split over ``data_devices`` devices (0: every
+    device the member axis leaves).
 
     Raises:
       ConfigError: if ``devices`` does not divide the cohort size, or the mesh needs more devices
         than there are.
     """
     available = jax.devices()
-    data_devices = max(1, data_devices)
     if devices <= 0:
-        fits = len(available) // data_devices
+        fits = len(available) // max(1, data_devices)
         devices = max(d for d in range(1, max(1, min(size, fits)) + 1) if size % d == 0)
+    if data_devices <= 0:
+        data_devices = max(1, len(available) // devices)
     if devices * data_devices > len(available) or size % devices:
         raise ConfigError(
             f"cohort.devices={devices} must divide cohort.size={size}, and cohort.devices x "
-            f"cohort.data_devices={data_devices} be at most the {len(available)} device(s) "
-            "present; use cohort.devices=0 to choose automatically"
+            f"parallel.data_devices={data_devices} be at most the {len(available)} device(s) "
+            "present; use 0 for either to choose automatically"
         )
     grid = np.asarray(available[: devices * data_devices]).reshape(devices, data_devices)
     return Mesh(grid, (AXIS, DATA))

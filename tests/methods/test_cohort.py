@@ -93,7 +93,7 @@ def test_data_parallel_members_equal_one_device(npz):
     train as the same cohort on one device does."""
     overrides = {"cohort.size": 2, "cohort.warmup_epochs": 0.0}
     one = Run(tiny_config(npz, **overrides, **{"cohort.devices": 1}))
-    four = Run(tiny_config(npz, **overrides, **{"cohort.devices": 2, "cohort.data_devices": 2}))
+    four = Run(tiny_config(npz, **overrides, **{"cohort.devices": 2, "parallel.data_devices": 2}))
     assert dict(four.program.mesh.shape) == {"member": 2, "data": 2}
     _, state1, history1 = train(one)
     step4, state4, history4 = train(four)
@@ -176,8 +176,8 @@ def test_view_diversity_gives_each_member_its_own_augmentation(npz):
     "overrides, message",
     [
         ({"cohort.size": 4, "cohort.devices": 3}, "must divide cohort.size"),
-        ({"cohort.size": 2, "cohort.devices": 2, "cohort.data_devices": 4}, "at most the 4"),
-        ({"cohort.size": 2, "cohort.data_devices": 3}, "divide train.batch_size"),
+        ({"cohort.size": 2, "cohort.devices": 2, "parallel.data_devices": 4}, "at most the 4"),
+        ({"cohort.size": 2, "parallel.data_devices": 3}, "divide train.batch_size"),
         ({"cohort.size": 0}, "cohort.size=0"),
         ({"cohort.size": 2, "cohort.relation": "cosine"}, "cohort.relation"),
         ({"cohort.size": 2, "phases": (("main",),)}, "one joint"),

@@ -1,0 +1,107 @@
+"""Data parallelism for every method: with the global batch split over K (fake CPU) devices, the
+loss, the mined tuples' statistics, the EMA key network, the DaNCE queue and the parameters after
+a few steps equal the run on one device, within float tolerance."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.diva import get_config as diva_config
+from jdml.config import set_keys, validate
+from jdml.data.pipeline import TrainBatch
+from jdml.errors import ConfigError
+from jdml.run import Run
+from tests.helpers import TINY_OVERRIDES, make_npz, tiny_config
+
+STEPS = 3
+pytestmark = pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 (fake) devices")
+
+
+@pytest.fixture(scope="module")
+def npz(tmp_path_factory):
+    return make_npz(str(tmp_path_factory.mktemp("data") / "tiny.npz"))
+
+
+def train(run: Run, steps: int = STEPS):
+    """``steps`` steps from the prepared initial state: the metrics of each and the final state,
+    on the host."""
+    make = TrainBatch(
+        data=run.splits["train"],
+        sampler=run.sampler,
+        augment=run.augment,
+        seed=run.config.seed,
+        views=run.method.views,
+        members=run.members,
+    )
+    step = run.make_train_step()
+    state, history = run.prepare(run.initial_state), []
+    for s in range(steps):
+        state, metrics = step(state, make(s))
+        history.append(jax.tree.map(np.asarray, metrics))
+    return step, jax.tree.map(np.asarray, state), history
+
+
+def assert_same_run(one, many):
+    """Same losses and metrics at every step, and the same state after the last one (Adam
+    normalises each update, so rounding differences of the partitioned program reach the
+    params at about 1e-6 of an lr-1e-3 step)."""
+    (_, state1, history1), (step_k, state_k, history_k) = one, many
+    assert step_k._cache_size() == 1  # one compilation for every step
+    for m1, mk in zip(history1, history_k, strict=True):
+        assert m1.keys() == mk.keys()
+        for key in m1:
+            np.testing.assert_allclose(mk[key], m1[key], rtol=1e-4, atol=1e-6, err_msg=key)
+    for field in ("params", "batch_stats", "method_state"):
+        a, b = getattr(state1, field), getattr(state_k, field)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+            np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-5, err_msg=field)
+
+
+def test_margin_on_four_data_devices_equals_one_device(npz):
+    one = Run(tiny_config(npz))
+    four = Run(tiny_config(npz, **{"parallel.data_devices": 4}))
+    assert dict(four.program.mesh.shape) == {"member": 1, "data": 4}
+    leaf = jax.tree.leaves(four.initial_state.params)[0]
+    assert len(leaf.sharding.device_set) == 4  # replicated over the data axis
+    many = train(four)
+    batch = four.program.place_batch({"images": np.zeros((16, 16, 16, 1), np.float32)})
+    assert len(batch["images"].sharding.device_set) == 4
+    assert batch["images"].addressable_shards[0].data.shape[0] == 4  # 16 rows over 4 devices
+    assert_same_run(train(one), many)
+
+
+def test_all_devices_with_zero(npz):
+    run = Run(tiny_config(npz, **{"parallel.data_devices": 0}))
+    assert run.program.mesh.shape["data"] == len(jax.devices())
+
+
+def tiny_diva(npz_path: str, **overrides):
+    c = diva_config("data=npz")
+    set_keys(c, {**TINY_OVERRIDES, "data.path": npz_path})
+    set_keys(c, {"aux.selfsimilarity.queue_batches": 2, "decorrelation.hidden": 8, **overrides})
+    validate(c)
+    return c
+
+
+def test_diva_on_two_data_devices_equals_one_device(npz):
+    """Every term, the EMA key network and the DaNCE queue see the global batch."""
+    one = train(Run(tiny_diva(npz)))
+    two = train(Run(tiny_diva(npz, **{"parallel.data_devices": 2})))
+    assert_same_run(one, two)
+    queue = two[1].method_state["selfsimilarity"]["queue"]
+    assert np.any(np.asarray(jax.tree.leaves(queue)[0]) != 0)
+
+
+def test_a_batch_the_data_axis_does_not_divide_is_refused(npz):
+    with pytest.raises(ConfigError, match=r"parallel\.data_devices=3 must divide"):
+        validate(tiny_config(npz, **{"parallel.data_devices": 3}))
+
+
+def test_plain_step_keeps_one_device_without_data_parallelism(npz):
+    run = Run(tiny_config(npz))
+    assert run.program.mesh is None
+    leaf = jax.tree.leaves(run.initial_state.params)[0]
+    assert isinstance(leaf, jnp.ndarray) and len(leaf.sharding.device_set) == 1
