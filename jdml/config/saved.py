@@ -3,6 +3,7 @@ when the run resumes. Reading never executes anything from the file."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -46,7 +47,7 @@ RENAMED_KEYS = {"cohort.data_devices": "parallel.data_devices"}
 
 def upgrade(saved: dict[str, Any]) -> dict[str, Any]:
     """A saved config (nested dicts) with the keys of ``RENAMED_KEYS`` under their new names."""
-    out = json.loads(json.dumps(saved))
+    out = copy.deepcopy(saved)
     for old, new in RENAMED_KEYS.items():
         *old_path, old_key = old.split(".")
         section = out
