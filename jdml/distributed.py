@@ -54,3 +54,20 @@ def global_array(local: np.ndarray, sharding: jax.sharding.Sharding, shape: tupl
     if jax.process_count() == 1:
         return jax.device_put(local, sharding)
     return jax.make_array_from_process_local_data(sharding, local, shape)
+
+
+def local_rows(sharding: jax.sharding.Sharding, rows: int) -> tuple[int, int]:
+    """``(start, stop)``: the rows of a ``rows``-row global array, split on its first axis by
+    ``sharding``, that live on this process's devices (all of them in a single-process run).
+
+    Raises:
+      ValueError: if they are not one contiguous range (a mesh whose data axis interleaves the
+        processes' devices).
+    """
+    slices = {
+        s[0].indices(rows)[:2] for s in sharding.addressable_devices_indices_map((rows,)).values()
+    }
+    start, stop = min(a for a, _ in slices), max(b for _, b in slices)
+    if sum(b - a for a, b in slices) != stop - start:
+        raise ValueError(f"this process's rows {sorted(slices)} are not one contiguous range")
+    return start, stop

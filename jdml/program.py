@@ -32,7 +32,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jdml.distributed import global_array
+from jdml.distributed import global_array, local_rows
 from jdml.errors import ConfigError
 from jdml.losses.mutual import mutual_losses, mutual_weight, relation_matrix
 from jdml.methods.cohort import (
@@ -228,6 +228,16 @@ class Program:
             for i in range(d * block, (d + 1) * block)
         )
 
+    @functools.cached_property
+    def rows(self) -> tuple[int, int] | None:
+        """The rows of the global batch this process builds (multi-host input: those of its
+        devices on the data axis); None when it builds all of them."""
+        if not self.on_mesh or jax.process_count() == 1:
+            return None
+        sharding = NamedSharding(self.mesh, P(DATA))
+        start, stop = local_rows(sharding, int(self.config.train.batch_size))
+        return None if (start, stop) == (0, int(self.config.train.batch_size)) else (start, stop)
+
     def replicate(self, host: Any) -> Any:
         """A host array as the step takes it: replicated on the mesh (unchanged without one)."""
         if not self.on_mesh:
@@ -241,13 +251,14 @@ class Program:
         unchanged without a mesh."""
         if not self.on_mesh:
             return batch
+        rows = int(self.config.train.batch_size)  # the global batch
         out = {}
         for key, value in batch.items():
             value = np.asarray(value)
             if key in VIEWS and self.view_diversity:
-                spec, shape = P(AXIS, DATA), (self.size, *value.shape[1:])
+                spec, shape = P(AXIS, DATA), (self.size, rows, *value.shape[2:])
             else:
-                spec, shape = P(DATA), value.shape
+                spec, shape = P(DATA), (rows, *value.shape[1:])
             out[key] = global_array(value, NamedSharding(self.mesh, spec), shape)
         return out
 

@@ -248,6 +248,14 @@ def _train(config: ml_collections.ConfigDict, workdir: str, run: Run) -> dict[st
         run.steps_per_epoch,
         config.train.epochs,
     )
+    if run.program.rows:
+        log.info(
+            "Multi-host input: each of %d processes builds its own rows of every %d-row batch "
+            "(this one rows %d-%d)",
+            jax.process_count(),
+            config.train.batch_size,
+            *run.program.rows,
+        )
 
     def evaluate(state: TrainState, epoch: int) -> None:
         nonlocal best_value
@@ -317,6 +325,7 @@ def _epoch_batches(run: Run, state: TrainState, epoch: int, first_step: int):
         views=run.method.views,
         streams=run.method.streams,
         members=run.members,
+        rows=run.program.rows,
     )
     batches = train_batches(
         make_batch,

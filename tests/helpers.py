@@ -86,6 +86,61 @@ def write_tiny_config_file(directory: str, npz_path: str, **overrides) -> str:
     return path
 
 
+def restore_latest(workdir: str, run):
+    """The latest checkpoint of ``workdir`` restored as ``run``'s state, on the host."""
+    import jax
+
+    from jdml.checkpoint import Checkpoints
+
+    ckpts = Checkpoints(workdir)
+    try:
+        return jax.tree.map(np.asarray, ckpts.restore("latest", run.initial_state)[0])
+    finally:
+        ckpts.close()
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for a test's coordinator)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_in_processes(config_file: str, workdir: str, processes: int = 2) -> list[str]:
+    """Runs ``train.py`` as ``processes`` processes of one ``jax.distributed`` run on this
+    machine (two CPU devices each, gloo collectives) and returns each one's output; fails the
+    test if any exits non-zero."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                os.path.join(REPO, "train.py"),
+                f"--config={config_file}",
+                f"--workdir={workdir}",
+                f"--coordinator_address=127.0.0.1:{port}",
+                f"--num_processes={processes}",
+                f"--process_id={i}",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(processes)
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+    return outputs
+
+
 def central_differences(fn, x, *, eps: float = 1e-6) -> np.ndarray:
     """The gradient of a scalar NumPy function by central differences (float64)."""
     x = np.asarray(x, np.float64)

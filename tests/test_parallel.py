@@ -105,3 +105,88 @@ def test_plain_step_keeps_one_device_without_data_parallelism(npz):
     assert run.program.mesh is None
     leaf = jax.tree.leaves(run.initial_state.params)[0]
     assert isinstance(leaf, jnp.ndarray) and len(leaf.sharding.device_set) == 1
+
+
+def test_two_processes_train_margin_as_one_process(npz, tmp_path):
+    """``train.py`` under ``jax.distributed`` in two processes (two CPU devices each, gloo
+    collectives), the batch split over all four devices: each process builds only its own half
+    of every global batch, process 0 alone writes, and the parameters equal those of one process
+    with four devices."""
+    from jdml.fileio import read_jsonl
+    from jdml.trainer import train_and_evaluate
+    from tests.helpers import restore_latest, train_in_processes, write_tiny_config_file
+
+    overrides = {"parallel.data_devices": 0, "train.epochs": 1}
+    workdir = str(tmp_path / "two")
+    outputs = train_in_processes(write_tiny_config_file(str(tmp_path), npz, **overrides), workdir)
+    assert "results:" in outputs[0] and "results:" not in outputs[1]
+    assert "builds its own rows of every 16-row batch (this one rows 0-8)" in outputs[0]
+    config = tiny_config(npz, **overrides)
+    one = str(tmp_path / "one")
+    train_and_evaluate(config, one)
+    run = Run(config)
+    assert run.program.mesh.shape["data"] == 4
+    a, b = restore_latest(workdir, run), restore_latest(one, run)
+    assert int(a.step) == int(b.step) > 0
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+    evals = [r for r in read_jsonl(f"{workdir}/metrics.jsonl") if r["kind"] == "eval"]
+    assert len(evals) == len({(r["step"], r["split"], r.get("embedding")) for r in evals})
+
+
+def test_per_device_batch_norm_normalises_each_device_rows_alone(npz):
+    """``parallel.batch_norm="per_device"``: each device's rows get their own statistics (the
+    model run on each quarter of the batch alone), the running statistics their mean; the
+    default synchronises them (the one-device result)."""
+    run = Run(tiny_config(npz, **{"parallel.data_devices": 4, "parallel.batch_norm": "per_device"}))
+    method = run.method
+    assert method.bn_groups == 4
+    assert Run(tiny_config(npz, **{"parallel.data_devices": 4})).method.bn_groups == 1
+    state = run.initial_state
+    images = np.random.default_rng(0).random((16, 16, 16, 1), np.float32)
+    out, updates = method._apply_train(state.params["model"], state.batch_stats, images)
+    variables = {"params": state.params["model"], "batch_stats": state.batch_stats}
+    quarters = [
+        method.train_model.apply(variables, method.preprocess(q), mutable=["batch_stats"])
+        for q in np.split(images, 4)
+    ]
+    for head, x in out.items():
+        want = np.concatenate([q[0][head] for q in quarters])
+        np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-6)
+    mean = jax.tree.map(lambda *xs: np.mean(xs, axis=0), *[q[1] for q in quarters])
+    for x, y in zip(jax.tree.leaves(updates), jax.tree.leaves(mean), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    whole, _ = method.train_model.apply(
+        variables, method.preprocess(images), mutable=["batch_stats"]
+    )
+    assert not np.allclose(out[method.head], whole[method.head], atol=1e-4)  # not synchronised
+    step, state, history = train(run)  # and the step trains with it on the mesh
+    assert step._cache_size() == 1 and all(np.isfinite(h["loss"]) for h in history)
+
+
+def test_unknown_batch_norm_mode_is_refused(npz):
+    with pytest.raises(ConfigError, match=r"parallel\.batch_norm='sync'; choose one of global"):
+        validate(tiny_config(npz, **{"parallel.batch_norm": "sync"}))
+
+
+def test_a_checkpoint_restores_on_fewer_devices_and_training_continues(npz, tmp_path):
+    """Elastic restore: one epoch on 4 data devices, the next on 2 (the checkpoint resharded by
+    orbax), the last on 1: the same global batches, and the parameters of three epochs on one
+    device."""
+    from jdml.trainer import train_and_evaluate
+    from tests.helpers import restore_latest
+
+    workdir, one = str(tmp_path / "elastic"), str(tmp_path / "one")
+    for epochs, devices in ((1, 4), (2, 2), (3, 1)):
+        config = tiny_config(npz, **{"parallel.data_devices": devices, "train.epochs": epochs})
+        train_and_evaluate(config, workdir)
+    train_and_evaluate(tiny_config(npz, **{"train.epochs": 3}), one)
+    run = Run(tiny_config(npz, **{"train.epochs": 3}))
+    a, b = restore_latest(workdir, run), restore_latest(one, run)
+    assert int(a.step) == int(b.step) == 3 * run.steps_per_epoch
+    for field in ("params", "batch_stats", "opt_state"):
+        pairs = zip(
+            jax.tree.leaves(getattr(a, field)), jax.tree.leaves(getattr(b, field)), strict=True
+        )
+        for x, y in pairs:
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5, err_msg=field)

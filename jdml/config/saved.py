@@ -83,8 +83,9 @@ RESUMABLE_CHANGES = (
     "data.num_workers",
     "data.cache_dir",
     "eval.",
-    # Where the arrays live: a checkpoint restores onto another device layout.
-    "parallel.",
+    # Where the arrays live: a checkpoint restores onto another device layout (with
+    # parallel.batch_norm="per_device" the statistics then come from the new device count).
+    "parallel.data_devices",
     "cohort.devices",
 )
 

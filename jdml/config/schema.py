@@ -221,6 +221,11 @@ def base_config() -> ml_collections.ConfigDict:
     # so the run computes what it computes on one device.
     c.parallel = ml_collections.ConfigDict()
     c.parallel.data_devices = 1
+    # Trained BatchNorm (model.frozen_bn=False) on the data axis: "global" statistics of the whole
+    # batch (synchronised: the one-device result), or "per_device" statistics of each device's
+    # rows, as unsynchronised data-parallel training computes them (running statistics: the
+    # mean over the devices). Frozen BatchNorm, the papers' default, is the same either way.
+    c.parallel.batch_norm = "global"
 
     _ = DATASETS  # the dataset name is validated in validate()
     return c

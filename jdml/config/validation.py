@@ -65,6 +65,9 @@ NUMERIC_KEYS: dict[str, Range] = {
 }
 
 
+BATCH_NORM_MODES = ("global", "per_device")
+
+
 def _check_number(key: str, value: Any, allowed: Range) -> None:
     values = value if isinstance(value, tuple | list) else (value,)
     for v in values:
@@ -281,6 +284,11 @@ def _validate_cohort(c: ml_collections.ConfigDict) -> None:
         )
     if cohort.member_loop not in ("unroll", "vmap"):
         raise ConfigError(f"cohort.member_loop={cohort.member_loop!r}; choose unroll or vmap")
+    if c.parallel.batch_norm not in BATCH_NORM_MODES:
+        raise ConfigError(
+            f"parallel.batch_norm={c.parallel.batch_norm!r}; choose one of "
+            f"{', '.join(BATCH_NORM_MODES)}"
+        )
     data_devices = c.parallel.data_devices
     if data_devices and c.train.batch_size % data_devices:
         raise ConfigError(

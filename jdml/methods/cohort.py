@@ -57,28 +57,34 @@ def update_probabilities(size: int, temporal: bool) -> np.ndarray:
     return np.power(2.0, -np.arange(size)).astype(np.float32)
 
 
-def cohort_mesh(size: int, devices: int, data_devices: int = 1) -> Mesh:
-    """The ``(member, data)`` mesh of a run: ``devices`` devices on the member axis (0: as many as
-    divide ``size`` and fit), each member's batch split over ``data_devices`` devices (0: every
-    device the member axis leaves).
+def mesh_shape(size: int, devices: int, data_devices: int = 1) -> tuple[int, int]:
+    """``(member devices, data devices)`` of a run's mesh: ``devices`` devices on the member
+    axis (0: as many as divide ``size`` and fit), each member's batch split over
+    ``data_devices`` devices (0: every device the member axis leaves).
 
     Raises:
       ConfigError: if ``devices`` does not divide the cohort size, or the mesh needs more devices
         than there are.
     """
-    available = jax.devices()
+    available = len(jax.devices())
     if devices <= 0:
-        fits = len(available) // max(1, data_devices)
+        fits = available // max(1, data_devices)
         devices = max(d for d in range(1, max(1, min(size, fits)) + 1) if size % d == 0)
     if data_devices <= 0:
-        data_devices = max(1, len(available) // devices)
-    if devices * data_devices > len(available) or size % devices:
+        data_devices = max(1, available // devices)
+    if devices * data_devices > available or size % devices:
         raise ConfigError(
             f"cohort.devices={devices} must divide cohort.size={size}, and cohort.devices x "
-            f"parallel.data_devices={data_devices} be at most the {len(available)} device(s) "
+            f"parallel.data_devices={data_devices} be at most the {available} device(s) "
             "present; use 0 for either to choose automatically"
         )
-    grid = np.asarray(available[: devices * data_devices]).reshape(devices, data_devices)
+    return devices, data_devices
+
+
+def cohort_mesh(size: int, devices: int, data_devices: int = 1) -> Mesh:
+    """The ``(member, data)`` mesh of a run, of ``mesh_shape(size, devices, data_devices)``."""
+    shape = mesh_shape(size, devices, data_devices)
+    grid = np.asarray(jax.devices()[: shape[0] * shape[1]]).reshape(shape)
     return Mesh(grid, (AXIS, DATA))
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from jdml.errors import ConfigError
 from jdml.losses.decorrelation import Decorrelation
+from jdml.methods.cohort import mesh_shape
 from jdml.methods.terms import TERMS, Metrics, MetricTerm, Term, TermInputs
 from jdml.models import build_model
 from jdml.models import input_normalization as backbone_normalization
@@ -42,6 +43,14 @@ def input_normalization(
         mean, std = backbone_normalization(config.model.backbone)
         return np.asarray(mean, np.float32), np.asarray(std, np.float32)
     return float(config.data.mean), float(config.data.std)
+
+
+def batch_norm_groups(config: ml_collections.ConfigDict) -> int:
+    """How many row blocks of a batch get their own BatchNorm statistics: the data axis's
+    devices under ``parallel.batch_norm="per_device"`` with trained BatchNorm, else 1."""
+    if config.parallel.batch_norm != "per_device" or config.model.frozen_bn:
+        return 1
+    return mesh_shape(config.cohort.size, config.cohort.devices, config.parallel.data_devices)[1]
 
 
 class Method:
@@ -97,6 +106,7 @@ class Method:
             else None
         )
         self.train_model = build_model(config.model, train=True, heads=self.heads)
+        self.bn_groups = batch_norm_groups(config)
         self.eval_model = build_model(config.model, train=False, heads=self.heads)
         self.mean, self.std = input_normalization(config)
 
@@ -221,11 +231,7 @@ class Method:
           ``update_method_state`` needs (the DaNCE keys). Metrics: the main term's unprefixed,
           each auxiliary term's as ``<term>/<name>``, the decorrelation's, and ``loss`` = total.
         """
-        out, updates = self.train_model.apply(
-            {"params": params["model"], "batch_stats": batch_stats},
-            self.preprocess(batch["images"]),
-            mutable=["batch_stats"],
-        )
+        out, updates = self._apply_train(params["model"], batch_stats, batch["images"])
         labels = batch["labels"]
         active = lambda name: phase is None or name in phase  # noqa: E731
         total, metrics = jnp.zeros((), jnp.float32), {}
@@ -262,12 +268,26 @@ class Method:
     ) -> dict[str, jax.Array]:
         """Every head's embeddings under other model params (e.g. a term's EMA copy), in train
         mode (batch statistics of ``images``), the running statistics not updated."""
-        out, _ = self.train_model.apply(
-            {"params": model_params, "batch_stats": batch_stats},
-            self.preprocess(images),
-            mutable=["batch_stats"],
+        return self._apply_train(model_params, batch_stats, images)[0]
+
+    def _apply_train(
+        self, model_params: Any, batch_stats: Any, images: jax.Array
+    ) -> tuple[dict[str, jax.Array], dict[str, Any]]:
+        """The train-mode model on ``images``: every head's embeddings and the updated
+        variables. With per-device BatchNorm (``bn_groups`` G > 1) the batch's G row blocks
+        (one per device of the data axis) are normalised each with its own statistics, and the
+        running statistics move towards their mean over the blocks."""
+        variables = {"params": model_params, "batch_stats": batch_stats}
+        apply = lambda x: self.train_model.apply(  # noqa: E731
+            variables, self.preprocess(x), mutable=["batch_stats"]
         )
-        return out
+        groups = self.bn_groups
+        if groups == 1:
+            return apply(images)
+        blocks = images.reshape(groups, images.shape[0] // groups, *images.shape[1:])
+        out, updates = jax.vmap(apply)(blocks)
+        out = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
+        return out, jax.tree.map(lambda x: jnp.mean(x, axis=0), updates)
 
     def update_method_state(
         self, state: dict[str, Any], params: Any, outputs: dict[str, Any], labels: jax.Array

@@ -72,3 +72,25 @@ def test_worker_settings_are_checked(key, value) -> None:
     config = tiny_config("unused.npz", **{f"data.{key}": value})
     with pytest.raises(ConfigError, match=f"data.{key}={value} must be at least"):
         validate(config)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"views": 2, "streams": 2}, {"views": 2, "members": (0, 2)}],
+    ids=["plain", "views+streams", "members"],
+)
+def test_a_process_builds_only_its_rows_and_they_equal_the_whole_batch(make_batch, extra):
+    """Multi-host input: rows (start, stop) of the global batch, built alone from (seed, step),
+    are exactly those rows of the batch one process builds, for every view, stream and member."""
+    whole = dataclasses.replace(make_batch, **extra)
+    for step in (0, 5):
+        full = whole(step)
+        halves = [dataclasses.replace(whole, rows=r)(step) for r in ((0, 2), (2, 4))]
+        assert full.keys() == halves[0].keys() == halves[1].keys()
+        for key, value in full.items():
+            axis = 1 if extra.get("members") and key in ("images", "images_b") else 0  # members
+            joined = np.concatenate([h[key] for h in halves], axis=axis)
+            np.testing.assert_array_equal(joined, value, err_msg=key)
+        assert not np.array_equal(
+            full["images"][..., :2, :, :, :], full["images"][..., 2:, :, :, :]
+        )

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from configs.diva import get_config as diva_config
-from jdml.checkpoint import Checkpoints
 from jdml.config import set_keys, validate
 from jdml.data.pipeline import TrainBatch
 from jdml.errors import ConfigError
@@ -20,7 +19,7 @@ from jdml.fileio import read_jsonl
 from jdml.program import make_train_step
 from jdml.run import Run
 from jdml.trainer import train_and_evaluate
-from tests.helpers import TINY_OVERRIDES, make_npz, tiny_config
+from tests.helpers import TINY_OVERRIDES, make_npz, restore_latest, tiny_config
 
 STEPS = 3
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 (fake) devices")
@@ -188,14 +187,6 @@ def test_cohort_config_errors(npz, overrides, message):
         Run(tiny_config(npz, **overrides))
 
 
-def _restore(workdir: str, run: Run):
-    ckpts = Checkpoints(workdir)
-    try:
-        return host(ckpts.restore("latest", run.initial_state)[0])
-    finally:
-        ckpts.close()
-
-
 def test_cohort_trains_evaluates_and_resumes_exactly(npz, tmp_path):
     """Two members through the one training loop: every member and the ensemble are evaluated,
     the step compiles once, and a run interrupted after epoch 1 resumes to the same state."""
@@ -214,7 +205,7 @@ def test_cohort_trains_evaluates_and_resumes_exactly(npz, tmp_path):
     train_and_evaluate(first, resumed)
     train_and_evaluate(config, resumed)
     run = Run(config)
-    a, b = _restore(straight, run), _restore(resumed, run)
+    a, b = restore_latest(straight, run), restore_latest(resumed, run)
     assert int(a.step) == int(b.step) > 0
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
@@ -239,54 +230,21 @@ def test_diva_cohort_carries_each_members_ema_and_queue(npz):
     assert int(new.method_state["selfsimilarity"]["queue"].filled[0]) == 32
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_train_the_same_cohort_as_one(npz, tmp_path):
     """``train.py`` in two processes (two CPU devices each, gloo collectives) trains the cohort
     of four exactly as one process with four devices does; process 0 alone writes the files."""
-    import subprocess
-    import sys
-
-    from tests.helpers import REPO, write_tiny_config_file
+    from tests.helpers import train_in_processes, write_tiny_config_file
 
     overrides = {"cohort.size": 4, "train.epochs": 1}
     config_file = write_tiny_config_file(str(tmp_path), npz, **overrides)
     workdir = str(tmp_path / "two")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                os.path.join(REPO, "train.py"),
-                f"--config={config_file}",
-                f"--workdir={workdir}",
-                f"--coordinator_address=127.0.0.1:{port}",
-                "--num_processes=2",
-                f"--process_id={i}",
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
-    for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+    outputs = train_in_processes(config_file, workdir)
     assert "results:" in outputs[0] and "results:" not in outputs[1]
     config = tiny_config(npz, **overrides)
     one = str(tmp_path / "one")
     train_and_evaluate(config, one)
     run = Run(config)
-    a, b = _restore(workdir, run), _restore(one, run)
+    a, b = restore_latest(workdir, run), restore_latest(one, run)
     assert int(a.step) == int(b.step) > 0
     for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
