@@ -83,7 +83,8 @@ RESUMABLE_CHANGES = (
     "data.num_workers",
     "data.cache_dir",
     "eval.",
-    # Where the arrays live: a checkpoint restores onto another device layout.
+    # Where the arrays live: a checkpoint restores onto another device layout, and evaluation
+    # (parallel.eval_devices) runs where it is told with the same results.
     "parallel.",
     "cohort.devices",
 )

@@ -221,6 +221,11 @@ def base_config() -> ml_collections.ConfigDict:
     # so the run computes what it computes on one device.
     c.parallel = ml_collections.ConfigDict()
     c.parallel.data_devices = 1
+    # Evaluation on ``eval_devices`` devices (jdml.evaluation.sharded; 0: every device, of every
+    # host under jax.distributed): the kNN search with the queries split over the devices and
+    # the references passed around a ring, k-means and the SVD with the points split; the same
+    # metrics as on one device (1: the default device only), with about 1/D of the memory each.
+    c.parallel.eval_devices = 1
 
     _ = DATASETS  # the dataset name is validated in validate()
     return c
