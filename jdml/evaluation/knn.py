@@ -111,7 +111,11 @@ def _chunk_layout(num_references: int, chunk_size: int) -> tuple[int, int]:
 
 @functools.partial(jax.jit, static_argnames=("num_chunks", "chunk", "distance"))
 def _augmented_references(
-    references: jax.Array, num_chunks: int, chunk: int, distance: str
+    references: jax.Array,
+    num_chunks: int,
+    chunk: int,
+    distance: str,
+    num_valid: jax.Array | None = None,
 ) -> jax.Array:
     """References laid out as chunks, with the score-bias column appended.
 
@@ -120,16 +124,24 @@ def _augmented_references(
       num_chunks: M, number of chunks.
       chunk: C, rows per chunk (M * C >= N; the extra rows are padding).
       distance: "euclidean" (rows ``[2 r, -|r|^2]``) or "cosine" (rows ``[r, 0]``).
+      num_valid: () int32: the rows from this one on are padding too (a device's shard of
+        the sharded search, ``jdml.evaluation.sharded``); None: all N rows are references.
 
     Returns:
-      (M, C, D + 1) chunks; padding rows are ``[0, ..., 0, -inf]`` so they score ``-inf``.
+      (M, C, D + 1) chunks; padding rows are ``[0, ..., 0, -inf]`` (with ``num_valid``: ``[.,
+      -inf]``) so they score ``-inf``.
     """
     num_references = references.shape[0]
     if distance == "euclidean":
         bias = -jnp.sum(references * references, axis=-1, keepdims=True)
-        rows = jnp.concatenate([2.0 * references, bias], axis=1)
+        scaled = 2.0 * references
     else:
-        rows = jnp.concatenate([references, jnp.zeros((num_references, 1), jnp.float32)], 1)
+        bias = jnp.zeros((num_references, 1), jnp.float32)
+        scaled = references
+    if num_valid is not None:
+        row = jnp.arange(num_references, dtype=jnp.int32)[:, None]
+        bias = jnp.where(row < num_valid, bias, -jnp.inf)
+    rows = jnp.concatenate([scaled, bias], axis=1)
     padding = jnp.zeros((num_chunks * chunk - num_references, rows.shape[1]), jnp.float32)
     padding = padding.at[:, -1].set(-jnp.inf)
     return jnp.concatenate([rows, padding]).reshape(num_chunks, chunk, -1)

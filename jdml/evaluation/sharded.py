@@ -129,7 +129,7 @@ def eval_mesh(devices: int = 0) -> Mesh:
     return Mesh(np.asarray(available[: devices or len(available)]), (AXIS,))
 
 
-def _place(rows: np.ndarray, mesh: Mesh, per_device: int) -> jax.Array:
+def shard_rows(rows: np.ndarray, mesh: Mesh, per_device: int) -> jax.Array:
     """(D * per_device, ...) rows split over the mesh, from the host array of ``rows`` (every
     process passes the same array), zero-padded at the end."""
     total = mesh.size * per_device
@@ -252,10 +252,13 @@ def _knn_program(
     def search(queries: jax.Array, *references: jax.Array) -> tuple[jax.Array, jax.Array]:
         me = jax.lax.axis_index(AXIS)
         (own,) = references or (queries,)
-        shard = _augmented_references(own, num_chunks=num_chunks, chunk=chunk, distance=distance)
-        ids = me * per_device + jnp.arange(per_device, dtype=jnp.int32)
-        bias = jnp.where(ids.reshape(num_chunks, chunk) < num_references, shard[..., -1], -jnp.inf)
-        shard = shard.at[..., -1].set(bias)
+        shard = _augmented_references(
+            own,
+            num_chunks=num_chunks,
+            chunk=chunk,
+            distance=distance,
+            num_valid=num_references - me * per_device,  # rows >= N are padding
+        )
 
         count = queries.shape[0]
         full_blocks, rest = divmod(count, block)
@@ -440,7 +443,9 @@ def sharded_knn(
         chunk_size=chunk_size,
     )
     arrays = [queries, references][: len(inputs)]
-    placed = [_place(a, mesh, i.shape[0] // mesh.size) for a, i in zip(arrays, inputs, strict=True)]
+    placed = [
+        shard_rows(a, mesh, i.shape[0] // mesh.size) for a, i in zip(arrays, inputs, strict=True)
+    ]
     if distance == "cosine":
         placed = [_normalized(a) for a in placed]
     distances, indices = program(*placed)
@@ -583,7 +588,7 @@ def sharded_kmeans(
         init=init,
     )
     replicated = NamedSharding(mesh, P())
-    points = _place(x, mesh, per_device)
+    points = shard_rows(x, mesh, per_device)
     result = program(
         _normalized(points) if normalize else points,
         jax.device_put(jax.random.key(seed), replicated),
@@ -636,6 +641,6 @@ def sharded_singular_values(
     points = np.asarray(points, np.float32)
     if points.ndim != 2:
         raise ValueError(f"expected (N, D) points, got shape {points.shape}")
-    rows = _place(points, mesh, math.ceil(points.shape[0] / mesh.size))
+    rows = shard_rows(points, mesh, math.ceil(points.shape[0] / mesh.size))
     values = _singular_values_program(mesh)(_normalized(rows) if normalize else rows)
     return np.asarray(_to_host(values)[: min(points.shape)], np.float64)
