@@ -38,6 +38,8 @@ The returned distances come from the selected scores: ``sqrt(max(|q|^2 - score, 
 expansion, clamped at 0 against rounding; near 0 it carries float32 rounding of the order of
 ``sqrt(1e-7 |q|^2)``) or ``1 - score``. The k neighbours are sorted by (distance, index): ties
 are broken towards the lower reference index, deterministically.
+
+:mod:`jdml.evaluation.sharded` runs the same search over the devices of a mesh.
 """
 
 from __future__ import annotations
