@@ -162,4 +162,5 @@ class Run:
             head=self.head,
             seed=self.config.seed,
             full=full,
+            devices=int(self.config.parallel.eval_devices),
         )

@@ -267,3 +267,35 @@ def test_a_config_json_with_a_renamed_key_resumes_under_the_new_name():
     assert incompatible_keys(old, new, defaults=defaults) == []  # placement may change
     old["cohort"]["size"] = 3
     assert incompatible_keys(old, new, defaults=defaults) == ["cohort.size: 3 -> 1"]
+
+
+def test_eval_devices_is_a_non_negative_int_that_does_not_block_resuming():
+    """``parallel.eval_devices`` (where evaluation runs) defaults to 1, rejects negative values,
+    and changing it, or reading a config.json written before it existed, allows resuming."""
+    from jdml.config import flatten_config, incompatible_keys, saved_config
+
+    c = base_config()
+    assert c.parallel.eval_devices == 1
+    c.parallel.eval_devices = -1
+    with pytest.raises(ConfigError, match=r"parallel\.eval_devices=-1 must be at least 0"):
+        validate(c)
+    c.parallel.eval_devices = 0
+    validate(c)
+    old = json.loads(to_json(base_config()))
+    new = json.loads(to_json(base_config()))
+    new["parallel"]["eval_devices"] = 4
+    assert incompatible_keys(old, new) == []
+    del old["parallel"]["eval_devices"]  # written by a version without the key
+    assert saved_config(json.dumps(old)).parallel.eval_devices == 1
+    assert incompatible_keys(old, new, defaults=flatten_config(new)) == []
+
+
+def test_the_batch_norm_mode_blocks_resuming_and_the_data_devices_do_not():
+    from jdml.config import incompatible_keys
+
+    old = json.loads(to_json(base_config()))
+    new = json.loads(to_json(base_config()))
+    new["parallel"]["data_devices"] = 4
+    assert incompatible_keys(old, new) == []
+    new["parallel"]["batch_norm"] = "per_device"
+    assert incompatible_keys(old, new) == ["parallel.batch_norm: 'global' -> 'per_device'"]

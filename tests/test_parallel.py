@@ -110,13 +110,13 @@ def test_plain_step_keeps_one_device_without_data_parallelism(npz):
 def test_two_processes_train_margin_as_one_process(npz, tmp_path):
     """``train.py`` under ``jax.distributed`` in two processes (two CPU devices each, gloo
     collectives), the batch split over all four devices: each process builds only its own half
-    of every global batch, process 0 alone writes, and the parameters equal those of one process
-    with four devices."""
+    of every global batch, process 0 alone writes, the parameters equal those of one process
+    with four devices, and so do the metrics of the evaluator sharded over both processes."""
     from jdml.fileio import read_jsonl
     from jdml.trainer import train_and_evaluate
     from tests.helpers import restore_latest, train_in_processes, write_tiny_config_file
 
-    overrides = {"parallel.data_devices": 0, "train.epochs": 1}
+    overrides = {"parallel.data_devices": 0, "parallel.eval_devices": 0, "train.epochs": 1}
     workdir = str(tmp_path / "two")
     outputs = train_in_processes(write_tiny_config_file(str(tmp_path), npz, **overrides), workdir)
     assert "results:" in outputs[0] and "results:" not in outputs[1]
@@ -132,6 +132,13 @@ def test_two_processes_train_margin_as_one_process(npz, tmp_path):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
     evals = [r for r in read_jsonl(f"{workdir}/metrics.jsonl") if r["kind"] == "eval"]
     assert len(evals) == len({(r["step"], r["split"], r.get("embedding")) for r in evals})
+    alone = {(r["step"], r["split"]): r for r in read_jsonl(f"{one}/metrics.jsonl")}
+    for record in evals:
+        want = alone[(record["step"], record["split"])]
+        values = {k: v for k, v in want.items() if isinstance(v, float)}  # the metrics
+        assert values and values.keys() <= record.keys()
+        for name, value in values.items():
+            assert record[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
 
 
 def test_per_device_batch_norm_normalises_each_device_rows_alone(npz):

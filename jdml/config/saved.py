@@ -84,8 +84,10 @@ RESUMABLE_CHANGES = (
     "data.cache_dir",
     "eval.",
     # Where the arrays live: a checkpoint restores onto another device layout (with
-    # parallel.batch_norm="per_device" the statistics then come from the new device count).
+    # parallel.batch_norm="per_device" the statistics then come from the new device count), and
+    # evaluation (parallel.eval_devices) runs where it is told with the same results.
     "parallel.data_devices",
+    "parallel.eval_devices",
     "cohort.devices",
 )
 

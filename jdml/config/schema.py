@@ -226,6 +226,11 @@ def base_config() -> ml_collections.ConfigDict:
     # rows, as unsynchronised data-parallel training computes them (running statistics: the
     # mean over the devices). Frozen BatchNorm, the papers' default, is the same either way.
     c.parallel.batch_norm = "global"
+    # Evaluation on ``eval_devices`` devices (jdml.evaluation.sharded; 0: every device, of every
+    # host under jax.distributed): the kNN search with the queries split over the devices and
+    # the references passed around a ring, k-means and the SVD with the points split; the same
+    # metrics as on one device (1: the default device only), with about 1/D of the memory each.
+    c.parallel.eval_devices = 1
 
     _ = DATASETS  # the dataset name is validated in validate()
     return c

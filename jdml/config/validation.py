@@ -58,6 +58,7 @@ NUMERIC_KEYS: dict[str, Range] = {
     "cohort.warmup_epochs": _NON_NEGATIVE,
     "cohort.devices": _NON_NEGATIVE_INT,
     "parallel.data_devices": _NON_NEGATIVE_INT,
+    "parallel.eval_devices": _NON_NEGATIVE_INT,
     "decorrelation.weights": _NON_NEGATIVE,
     "decorrelation.hidden": _COUNT,
     "decorrelation.lr": _NON_NEGATIVE,

@@ -9,6 +9,7 @@ segment-sum pass only if a metric needs them) and derives every metric from them
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from jdml.evaluation.kmeans import kmeans
 from jdml.evaluation.knn import DEFAULT_BLOCK_SIZE, DISTANCES, full_ranking_blocks, knn_blocks
@@ -26,6 +28,12 @@ from jdml.evaluation.metrics import (
     class_distances,
     get_metric,
     singular_values,
+)
+from jdml.evaluation.sharded import (
+    eval_mesh,
+    sharded_kmeans,
+    sharded_knn_blocks,
+    sharded_singular_values,
 )
 from jdml.geometry import l2_normalize
 
@@ -84,6 +92,7 @@ def _retrieval_requirements(
     *,
     distance: str,
     block_size: int,
+    mesh: Mesh | None = None,
 ) -> dict[str, Any]:
     """The retrieval part of the requirements, one block of queries at a time.
 
@@ -102,6 +111,8 @@ def _retrieval_requirements(
       gallery_ids: (M,) class ids of the gallery (with ``gallery``).
       distance: "euclidean" or "cosine".
       block_size: queries per search block.
+      mesh: the devices of the kNN search (:func:`jdml.evaluation.sharded.sharded_knn`), or
+        None for the default device. The complete ranking runs on the default device.
 
     Returns:
       The keyword arguments ``query_values``, ``neighbour_labels`` and ``precision_sums`` of
@@ -124,7 +135,8 @@ def _retrieval_requirements(
             block_size=block_size,
         )
     elif num_neighbours > 0:
-        blocks = knn_blocks(
+        search = knn_blocks if mesh is None else functools.partial(sharded_knn_blocks, mesh=mesh)
+        blocks = search(
             queries,
             queries if leave_one_out else gallery,
             num_neighbours,
@@ -171,6 +183,7 @@ def _requirements(
     seed: int,
     block_size: int,
     kmeans_init: str,
+    mesh: Mesh | None = None,
 ) -> Requirements:
     """Computes each requirement of the metrics once.
 
@@ -188,14 +201,24 @@ def _requirements(
       block_size: queries per search block.
       kmeans_init: the k-means, "k-means++", "random" or "reference" (see
         :func:`jdml.evaluation.kmeans.kmeans`).
+      mesh: the devices of the kNN search, the k-means and the SVD (``embeddings`` on the
+        host; :mod:`jdml.evaluation.sharded`), or None for the default device.
 
     Returns:
       The shared :class:`Requirements`.
     """
     dim = embeddings.shape[1]
     class_ids, class_sizes, num_classes = _class_ids(labels)
-    # The points the distance compares: k-means, the SVD and the class means work on them.
-    points = l2_normalize(embeddings) if distance == "cosine" else embeddings
+    cosine = distance == "cosine"
+    # The points the distance compares: k-means, the SVD and the class means work on them (on
+    # a mesh, each device normalises its own rows for the k-means and the SVD).
+    if mesh is None:
+        points = l2_normalize(embeddings) if cosine else embeddings
+        cluster, spectrum_of = kmeans, singular_values
+    else:
+        points = None
+        cluster = functools.partial(sharded_kmeans, mesh=mesh, normalize=cosine)
+        spectrum_of = functools.partial(sharded_singular_values, mesh=mesh, normalize=cosine)
     retrieval = _retrieval_requirements(
         specs,
         embeddings,
@@ -205,6 +228,7 @@ def _requirements(
         None,
         distance=distance,
         block_size=block_size,
+        mesh=mesh,
     )
 
     assignments = None
@@ -212,11 +236,20 @@ def _requirements(
         # The reference k-means keeps faiss's fixed seed: the clustering of given embeddings
         # does not depend on the run's seed, as in the reference.
         kmeans_seed = None if kmeans_init == "reference" else seed
-        result = kmeans(points, num_classes, seed=kmeans_seed, init=kmeans_init)
+        result = cluster(
+            embeddings if points is None else points,
+            num_classes,
+            seed=kmeans_seed,
+            init=kmeans_init,
+        )
         assignments = np.asarray(result.assignments)
-    spectrum = singular_values(points) if any(m.needs_spectrum for m in specs) else None
+    spectrum = None
+    if any(m.needs_spectrum for m in specs):
+        spectrum = spectrum_of(embeddings if points is None else points)
     distances = None
     if any(m.needs_class_distances for m in specs):
+        if points is None:
+            points = l2_normalize(embeddings) if cosine else embeddings
         distances = class_distances(points, class_ids)
     return Requirements(
         labels=class_ids,
@@ -244,6 +277,7 @@ def _gallery_requirements(
     *,
     distance: str,
     block_size: int,
+    mesh: Mesh | None = None,
 ) -> Requirements:
     """The retrieval requirements of queries ranked against a separate gallery.
 
@@ -259,6 +293,7 @@ def _gallery_requirements(
       gallery_labels: (M,) labels, in the queries' label space.
       distance: "euclidean" or "cosine".
       block_size: queries per search block.
+      mesh: the devices of the kNN search, or None for the default device.
 
     Returns:
       :class:`Requirements` with ``leave_one_out=False``.
@@ -276,6 +311,7 @@ def _gallery_requirements(
         gallery_ids,
         distance=distance,
         block_size=block_size,
+        mesh=mesh,
     )
     return Requirements(
         labels=query_ids,
@@ -291,12 +327,16 @@ def _check_inputs(
     labels: jax.Array | np.ndarray,
     distance: str,
     minimum: int = 2,
-) -> tuple[jax.Array, np.ndarray]:
-    """Validated (N, D) float32 embeddings (on the default device) and (N,) labels, N >=
-    ``minimum``."""
+    on_host: bool = False,
+) -> tuple[jax.Array | np.ndarray, np.ndarray]:
+    """Validated (N, D) float32 embeddings (on the default device, or ``on_host``) and (N,)
+    labels, N >= ``minimum``."""
     if distance not in DISTANCES:
         raise ValueError(f"unknown distance {distance!r}; expected one of {DISTANCES}")
-    embeddings = jnp.asarray(embeddings, jnp.float32)
+    if on_host:
+        embeddings = np.asarray(embeddings, np.float32)
+    else:
+        embeddings = jnp.asarray(embeddings, jnp.float32)
     labels = np.asarray(labels).reshape(-1)
     if embeddings.ndim != 2 or embeddings.shape[0] != labels.shape[0]:
         raise ValueError(
@@ -319,6 +359,7 @@ def evaluate_embeddings(
     kmeans_init: str = "k-means++",
     gallery: jax.Array | np.ndarray | None = None,
     gallery_labels: jax.Array | np.ndarray | None = None,
+    devices: int = 1,
 ) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
     """Evaluates embeddings by retrieval, clustering and spectral statistics.
 
@@ -336,6 +377,13 @@ def evaluate_embeddings(
     items of its class as relevant (R of them), and the set-level metrics (``nmi``, ``f1``,
     ``rho_spectrum*``, ``dists@*``) describe the queries and the gallery together.
 
+    With ``devices`` other than 1 (``parallel.eval_devices``) the kNN search, the k-means and
+    the SVD run on a mesh of that many devices (:mod:`jdml.evaluation.sharded`: the queries,
+    the points and the rows split over the devices, the references passed around a ring), with
+    the embeddings kept on the host; the complete ranking of ``map``, the reference k-means and
+    the class distances stay on the default device. The metrics are those of one device, up to
+    float rounding.
+
     Args:
       embeddings: (N, D) float embeddings, N >= 2.
       labels: (N,) integer class labels.
@@ -352,13 +400,19 @@ def evaluate_embeddings(
       gallery: (M, D) gallery embeddings the queries are ranked against, or None for
         leave-one-out retrieval.
       gallery_labels: (M,) labels of the gallery, in the same label space as ``labels``.
+      devices: 1 for the default device; 0 for every device (``jax.devices()``, every host's
+        under ``jax.distributed``); D for the first D.
 
     Returns:
       {metric name: float} in the requested order; with ``return_vectors``, the pair
       ({name: float}, {name: 1-D array}).
     """
     specs = resolve_metrics(metrics)
-    embeddings, labels = _check_inputs(embeddings, labels, distance, 2 if gallery is None else 1)
+    mesh = None if devices == 1 else eval_mesh(devices)
+    on_host = mesh is not None
+    embeddings, labels = _check_inputs(
+        embeddings, labels, distance, 2 if gallery is None else 1, on_host
+    )
     vectors = [m for m in specs if m.vector]
     if vectors and not return_vectors:
         warnings.warn(
@@ -367,7 +421,7 @@ def evaluate_embeddings(
             stacklevel=2,
         )
         specs = [m for m in specs if not m.vector]
-    options = {"distance": distance, "block_size": block_size}
+    options = {"distance": distance, "block_size": block_size, "mesh": mesh}
     if gallery is None:
         whole = _requirements(
             specs, embeddings, labels, seed=seed, kmeans_init=kmeans_init, **options
@@ -376,7 +430,7 @@ def evaluate_embeddings(
     else:
         if gallery_labels is None:
             raise ValueError("a gallery needs its gallery_labels")
-        gallery, gallery_labels = _check_inputs(gallery, gallery_labels, distance, minimum=1)
+        gallery, gallery_labels = _check_inputs(gallery, gallery_labels, distance, 1, on_host)
         if gallery.shape[1] != embeddings.shape[1]:
             raise ValueError(
                 f"queries have {embeddings.shape[1]} dimensions but the gallery "
@@ -389,7 +443,9 @@ def evaluate_embeddings(
         )
         union = _requirements(
             set_level,
-            jnp.concatenate([embeddings, gallery]),
+            np.concatenate([embeddings, gallery])
+            if on_host
+            else jnp.concatenate([embeddings, gallery]),
             np.concatenate([labels, gallery_labels]),
             seed=seed,
             kmeans_init=kmeans_init,
@@ -435,6 +491,7 @@ def evaluate_heads(
     return_vectors: bool = False,
     kmeans_init: str = "k-means++",
     evaluate: Callable[[jax.Array | np.ndarray], Any] | None = None,
+    devices: int = 1,
 ) -> dict[str, dict[str, float]] | tuple[dict[str, dict[str, float]], dict[str, dict]]:
     """Multi-head evaluation: every head alone, then every weighted concatenation of heads.
 
@@ -451,7 +508,7 @@ def evaluate_heads(
       combinations: {combination name: {head: weight}}, e.g.
         ``{"disc0.5+others1": {"discriminative": 0.5, "selfsimilarity": 1, "shared": 1,
         "intra": 1}}``; each is :func:`combine_heads` of the named heads.
-      distance, seed, block_size, return_vectors, kmeans_init: as in
+      distance, seed, block_size, return_vectors, kmeans_init, devices: as in
         :func:`evaluate_embeddings`, used for every row.
       evaluate: evaluates one row's embeddings instead of :func:`evaluate_embeddings` with the
         options above (e.g. queries against a gallery).
@@ -485,6 +542,7 @@ def evaluate_heads(
                 block_size=block_size,
                 return_vectors=return_vectors,
                 kmeans_init=kmeans_init,
+                devices=devices,
             )
 
     outputs = {head: evaluate(embeddings[head]) for head in alone}

@@ -81,6 +81,51 @@ class KMeansResult(NamedTuple):
     inertia: jax.Array
 
 
+class Shards(NamedTuple):
+    """Where the points are when the k-means runs on every device of a mesh axis, inside
+    ``jax.shard_map`` (:func:`jdml.evaluation.sharded.sharded_kmeans`); None everywhere else.
+
+    Each device holds an equal, contiguous slice of the points; the last devices' slices end
+    with zero rows of padding (global indices >= ``num_points``), which are excluded from every
+    sum and never drawn.
+
+    Attributes:
+      axis: the mesh axis the points are split over.
+      num_points: N, the points of all devices without the padding.
+    """
+
+    axis: str
+    num_points: int
+
+
+def _is_point(x: jax.Array, shards: Shards) -> jax.Array:
+    """(n,) whether each local row of ``x`` is a point rather than padding."""
+    first = jax.lax.axis_index(shards.axis) * x.shape[0]
+    return first + jnp.arange(x.shape[0]) < shards.num_points
+
+
+def _total(value: jax.Array, shards: Shards | None) -> jax.Array:
+    """A sum over the points: ``value`` itself on one device, its sum over the devices."""
+    return value if shards is None else jax.lax.psum(value, shards.axis)
+
+
+def _rows(x: jax.Array, indices: jax.Array, shards: Shards | None) -> jax.Array:
+    """``x[indices]`` for global point indices: on shards, each device contributes the rows it
+    holds and zeros for the others, summed over the devices (exact: one term is not 0)."""
+    if shards is None:
+        return x[indices]
+    local = indices - jax.lax.axis_index(shards.axis) * x.shape[0]
+    mine = (local >= 0) & (local < x.shape[0])
+    picked = x[jnp.clip(local, 0, x.shape[0] - 1)]
+    mine = mine.reshape(mine.shape + (1,) * (picked.ndim - mine.ndim))
+    return jax.lax.psum(jnp.where(mine, picked, 0), shards.axis)
+
+
+def _row(x: jax.Array, index: jax.Array, shards: Shards | None) -> jax.Array:
+    """``x[index]`` for one global point index (see :func:`_rows`)."""
+    return x[index] if shards is None else _rows(x, index[None], shards)[0]
+
+
 def _assign(
     blocks: jax.Array, centroids: jax.Array, norms: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array]:
@@ -142,46 +187,66 @@ def _sample_proportional(key: jax.Array, weights: jax.Array, num_samples: int) -
     return jnp.where(cdf[-1] > 0, drawn, fallback)
 
 
-def _kmeans_plus_plus(x: jax.Array, num_clusters: int, key: jax.Array) -> jax.Array:
+def _kmeans_plus_plus(
+    x: jax.Array, num_clusters: int, key: jax.Array, shards: Shards | None = None
+) -> jax.Array:
     """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007, with local trials).
 
     Memory is O(trials * N + K * D) whatever K: each step only holds the (trials, N) squared
     distances of its candidates and the (N,) squared distance of every point to its closest
     centre so far. Work is O(K * trials * N * D) (K sequential steps, each one pass over x).
 
+    On ``shards`` (x is this device's slice) every device holds the distances to its own
+    points; the (N,) closest distances are gathered for the draws, which then see the same
+    weights and keys as on one device, and the candidates' totals are summed over the devices.
+
     Args:
-      x: (N, D) points.
+      x: (N, D) points (this device's rows on ``shards``).
       num_clusters: K, number of centres.
       key: PRNG key.
+      shards: the layout of a sharded k-means, or None.
 
     Returns:
       (K, D) initial centres, all drawn from ``x``.
     """
-    n = x.shape[0]
+    n = x.shape[0] if shards is None else shards.num_points
     trials = 2 + int(math.log(num_clusters))
     x_sq = jnp.sum(x * x, axis=-1)
 
     def to_points(candidates: jax.Array) -> jax.Array:
         """(T,) point indices -> (T, N) squared distances to every point (norms reused)."""
         return squared_distances(
-            x[candidates],
+            _rows(x, candidates, shards),
             x,
-            x_sq=x_sq[candidates],
+            x_sq=_rows(x_sq, candidates, shards),
             y_sq=x_sq,
             precision=jax.lax.Precision.HIGHEST,
         )
 
+    def weights(closest: jax.Array) -> jax.Array:
+        """The (N,) closest distances of all points, the draws' weights."""
+        if shards is None:
+            return closest
+        return jax.lax.all_gather(closest, shards.axis, tiled=True)[:n]
+
+    def candidate_totals(new_closest: jax.Array) -> jax.Array:
+        """(T,) total squared distance of the points with each candidate added."""
+        if shards is None:
+            return jnp.sum(new_closest, axis=1)
+        mask = _is_point(x, shards)[None, :]
+        return _total(jnp.sum(jnp.where(mask, new_closest, 0.0), axis=1), shards)
+
     first_key, key = jax.random.split(key)
     first = jax.random.randint(first_key, (1,), 0, n, dtype=jnp.int32)
-    centroids = jnp.zeros((num_clusters, x.shape[1]), x.dtype).at[0].set(x[first[0]])
+    centroids = jnp.zeros((num_clusters, x.shape[1]), x.dtype).at[0].set(_row(x, first[0], shards))
     closest = to_points(first)[0]
 
     def add_centre(i: int, state: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         centroids, closest = state
-        candidates = _sample_proportional(jax.random.fold_in(key, i), closest, trials)
+        candidates = _sample_proportional(jax.random.fold_in(key, i), weights(closest), trials)
         new_closest = jnp.minimum(closest[None, :], to_points(candidates))
-        best = jnp.argmin(jnp.sum(new_closest, axis=1))
-        return centroids.at[i].set(x[candidates[best]]), new_closest[best]
+        best = jnp.argmin(candidate_totals(new_closest))
+        return centroids.at[i].set(_row(x, candidates[best], shards)), new_closest[best]
 
     centroids, _ = jax.lax.fori_loop(1, num_clusters, add_centre, (centroids, closest))
     return centroids
@@ -210,8 +275,7 @@ def random_indices(num_points: int, num_clusters: int, seed: int) -> np.ndarray:
 KMEANS_MODES = ("k-means++", "random", "reference")
 
 
-@functools.partial(jax.jit, static_argnames=("num_clusters", "num_iters", "block_size", "init"))
-def _kmeans(
+def lloyd_kmeans(
     x: jax.Array,
     key: jax.Array,
     initial: jax.Array,
@@ -220,27 +284,64 @@ def _kmeans(
     num_iters: int,
     block_size: int,
     init: str,
+    shards: Shards | None = None,
 ) -> KMeansResult:
-    """Jitted body of :func:`kmeans` (same arguments; ``block_size`` already <= N; ``initial``:
-    the (K,) indices of the initial centres for "random", ignored by "k-means++")."""
+    """The k-means of :func:`kmeans` ("k-means++" or "random"), traced: the body of the jitted
+    one-device k-means, and of the sharded one inside ``jax.shard_map`` with ``shards``.
+
+    On ``shards`` each device assigns its own points; the mean, the per-cluster sums and
+    counts and the inertia are summed over the devices (``psum``), so every device holds the
+    same centroids; the assignments are this device's (padding rows get K).
+
+    Args:
+      x: (N, D) points (this device's rows on ``shards``).
+      key: PRNG key of the k-means++ seeding.
+      initial: the (K,) indices of the initial centres for "random" (ignored by "k-means++").
+      num_clusters, num_iters, init: as in :func:`kmeans`.
+      block_size: points per assignment block, at most the (local) points.
+      shards: the layout of a sharded k-means, or None on one device.
+
+    Returns:
+      A :class:`KMeansResult`.
+    """
     n = x.shape[0]
-    mean = jnp.mean(x, axis=0)
+    if shards is None:
+        mean = jnp.mean(x, axis=0)
+    else:  # padding rows are zeros
+        mean = _total(jnp.sum(x, axis=0), shards) / shards.num_points
     x = x - mean
     blocks, norms = _point_blocks(x, block_size)
     ones = jnp.ones((n,), x.dtype)
+    is_point = None if shards is None else _is_point(x, shards)
+
+    def without_padding(assignments: jax.Array) -> jax.Array:
+        """Padding rows (on shards) assigned to K: out of range, so segment_sum drops them."""
+        return assignments if is_point is None else jnp.where(is_point, assignments, num_clusters)
 
     def lloyd_step(_: int, centroids: jax.Array) -> jax.Array:
         assignments, _ = _assign(blocks, centroids, norms)
-        assignments = assignments[:n]
-        sums = jax.ops.segment_sum(x, assignments, num_segments=num_clusters)
-        counts = jax.ops.segment_sum(ones, assignments, num_segments=num_clusters)
+        assignments = without_padding(assignments[:n])
+        sums = _total(jax.ops.segment_sum(x, assignments, num_segments=num_clusters), shards)
+        counts = _total(jax.ops.segment_sum(ones, assignments, num_segments=num_clusters), shards)
         means = sums / jnp.maximum(counts, 1.0)[:, None]
         return jnp.where((counts > 0)[:, None], means, centroids)
 
-    centroids = x[initial] if init == "random" else _kmeans_plus_plus(x, num_clusters, key)
+    if init == "random":
+        centroids = _rows(x, initial, shards)
+    else:
+        centroids = _kmeans_plus_plus(x, num_clusters, key, shards)
     centroids = jax.lax.fori_loop(0, num_iters, lloyd_step, centroids)
     assignments, sq = _assign(blocks, centroids, norms)
-    return KMeansResult(centroids + mean, assignments[:n], jnp.sum(sq[:n]))
+    centroids = centroids + mean
+    assignments, sq = without_padding(assignments[:n]), sq[:n]
+    if is_point is not None:
+        sq = jnp.where(is_point, sq, 0.0)
+    return KMeansResult(centroids, assignments, _total(jnp.sum(sq), shards))
+
+
+_kmeans = jax.jit(
+    lloyd_kmeans, static_argnames=("num_clusters", "num_iters", "block_size", "init", "shards")
+)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,6 +38,8 @@ The returned distances come from the selected scores: ``sqrt(max(|q|^2 - score, 
 expansion, clamped at 0 against rounding; near 0 it carries float32 rounding of the order of
 ``sqrt(1e-7 |q|^2)``) or ``1 - score``. The k neighbours are sorted by (distance, index): ties
 are broken towards the lower reference index, deterministically.
+
+:mod:`jdml.evaluation.sharded` runs the same search over the devices of a mesh.
 """
 
 from __future__ import annotations
@@ -111,7 +113,11 @@ def _chunk_layout(num_references: int, chunk_size: int) -> tuple[int, int]:
 
 @functools.partial(jax.jit, static_argnames=("num_chunks", "chunk", "distance"))
 def _augmented_references(
-    references: jax.Array, num_chunks: int, chunk: int, distance: str
+    references: jax.Array,
+    num_chunks: int,
+    chunk: int,
+    distance: str,
+    num_valid: jax.Array | None = None,
 ) -> jax.Array:
     """References laid out as chunks, with the score-bias column appended.
 
@@ -120,16 +126,24 @@ def _augmented_references(
       num_chunks: M, number of chunks.
       chunk: C, rows per chunk (M * C >= N; the extra rows are padding).
       distance: "euclidean" (rows ``[2 r, -|r|^2]``) or "cosine" (rows ``[r, 0]``).
+      num_valid: () int32: the rows from this one on are padding too (a device's shard of
+        the sharded search, ``jdml.evaluation.sharded``); None: all N rows are references.
 
     Returns:
-      (M, C, D + 1) chunks; padding rows are ``[0, ..., 0, -inf]`` so they score ``-inf``.
+      (M, C, D + 1) chunks; padding rows are ``[0, ..., 0, -inf]`` (with ``num_valid``: ``[.,
+      -inf]``) so they score ``-inf``.
     """
     num_references = references.shape[0]
     if distance == "euclidean":
         bias = -jnp.sum(references * references, axis=-1, keepdims=True)
-        rows = jnp.concatenate([2.0 * references, bias], axis=1)
+        scaled = 2.0 * references
     else:
-        rows = jnp.concatenate([references, jnp.zeros((num_references, 1), jnp.float32)], 1)
+        bias = jnp.zeros((num_references, 1), jnp.float32)
+        scaled = references
+    if num_valid is not None:
+        row = jnp.arange(num_references, dtype=jnp.int32)[:, None]
+        bias = jnp.where(row < num_valid, bias, -jnp.inf)
+    rows = jnp.concatenate([scaled, bias], axis=1)
     padding = jnp.zeros((num_chunks * chunk - num_references, rows.shape[1]), jnp.float32)
     padding = padding.at[:, -1].set(-jnp.inf)
     return jnp.concatenate([rows, padding]).reshape(num_chunks, chunk, -1)
@@ -213,6 +227,78 @@ def _scores_to_distances(queries: jax.Array, scores: jax.Array, distance: str) -
     return 1.0 - scores
 
 
+def _chunks_top_k(
+    augmented: jax.Array, ref_chunks: jax.Array, wanted: int
+) -> tuple[jax.Array, jax.Array]:
+    """Exact top-``wanted`` references of a query block, with a running top-k over chunks.
+
+    Args:
+      augmented: (B, D + 1) queries with a column of ones appended.
+      ref_chunks: (M, C, D + 1) augmented reference chunks from ``_augmented_references``.
+      wanted: number of candidates to keep.
+
+    Returns:
+      scores (B, w) descending and int32 indices (B, w) into the M * C references, equal
+      scores ordered by lower index; w = min(wanted, C) with one chunk, else ``wanted`` (the
+      running top-k starts as ``-inf`` at index ``_INDEX_SENTINEL``).
+    """
+    num_chunks, chunk, _ = ref_chunks.shape
+    block = augmented.shape[0]
+    chunk_k = min(wanted, chunk)
+
+    def chunk_top_k(rows: jax.Array, offset: jax.Array) -> tuple[jax.Array, jax.Array]:
+        scores = jnp.matmul(augmented, rows.T, precision=jax.lax.Precision.HIGHEST)
+        values, local = _top_k(scores, chunk_k)
+        return values, local + offset
+
+    if num_chunks == 1:
+        return chunk_top_k(ref_chunks[0], jnp.int32(0))
+
+    def merge(
+        carry: tuple[jax.Array, jax.Array], chunk_inputs: tuple[jax.Array, jax.Array]
+    ) -> tuple[tuple[jax.Array, jax.Array], None]:
+        best_values, best_indices = carry
+        values, indices = chunk_top_k(*chunk_inputs)
+        # The running top-k comes first: on equal scores top_k keeps the earlier position,
+        # which is the lower reference index because chunks are visited in index order.
+        all_values = jnp.concatenate([best_values, values], axis=1)
+        all_indices = jnp.concatenate([best_indices, indices], axis=1)
+        best_values, position = jax.lax.top_k(all_values, wanted)
+        best_indices = jnp.take_along_axis(all_indices, position, axis=1)
+        return (best_values, best_indices), None
+
+    init = (
+        jnp.full((block, wanted), -jnp.inf, jnp.float32),
+        jnp.full((block, wanted), _INDEX_SENTINEL, jnp.int32),
+    )
+    offsets = chunk * jnp.arange(num_chunks, dtype=jnp.int32)
+    (values, indices), _ = jax.lax.scan(merge, init, (ref_chunks, offsets))
+    return values, indices
+
+
+def _with_ones(queries: jax.Array) -> jax.Array:
+    """(B, D) queries with a column of ones appended (the bias column's multiplier)."""
+    return jnp.concatenate([queries, jnp.ones((queries.shape[0], 1), jnp.float32)], axis=1)
+
+
+def _neighbours_from_scores(
+    queries: jax.Array,
+    values: jax.Array,
+    indices: jax.Array,
+    query_ids: jax.Array,
+    *,
+    k: int,
+    exclude_self: bool,
+    distance: str,
+) -> tuple[jax.Array, jax.Array]:
+    """The k nearest from the k (+ 1 with ``exclude_self``) best scores of a query block:
+    the own index dropped, scores turned into distances, rows in (distance, index) order."""
+    if exclude_self:
+        values, indices = _drop_own_index(values, indices, query_ids, k)
+    distances = _scores_to_distances(queries, values, distance)
+    return _by_distance_then_index(distances, indices)
+
+
 @functools.partial(jax.jit, static_argnames=("k", "exclude_self", "distance"))
 def _knn_block(
     queries: jax.Array,
@@ -238,46 +324,12 @@ def _knn_block(
       distances (B, k) float32 ascending, and indices (B, k) int32 into the reference set;
       equal distances are ordered by lower index.
     """
-    num_chunks, chunk, _ = ref_chunks.shape
     block = queries.shape[0]
     query_ids = query_offset + jnp.arange(block, dtype=jnp.int32)
-    augmented = jnp.concatenate([queries, jnp.ones((block, 1), jnp.float32)], axis=1)
-    wanted = k + int(exclude_self)
-    chunk_k = min(wanted, chunk)
-
-    def chunk_top_k(rows: jax.Array, offset: jax.Array) -> tuple[jax.Array, jax.Array]:
-        scores = jnp.matmul(augmented, rows.T, precision=jax.lax.Precision.HIGHEST)
-        values, local = _top_k(scores, chunk_k)
-        return values, local + offset
-
-    if num_chunks == 1:
-        values, indices = chunk_top_k(ref_chunks[0], jnp.int32(0))
-    else:
-
-        def merge(
-            carry: tuple[jax.Array, jax.Array], chunk_inputs: tuple[jax.Array, jax.Array]
-        ) -> tuple[tuple[jax.Array, jax.Array], None]:
-            best_values, best_indices = carry
-            values, indices = chunk_top_k(*chunk_inputs)
-            # The running top-k comes first: on equal scores top_k keeps the earlier position,
-            # which is the lower reference index because chunks are visited in index order.
-            all_values = jnp.concatenate([best_values, values], axis=1)
-            all_indices = jnp.concatenate([best_indices, indices], axis=1)
-            best_values, position = jax.lax.top_k(all_values, wanted)
-            best_indices = jnp.take_along_axis(all_indices, position, axis=1)
-            return (best_values, best_indices), None
-
-        init = (
-            jnp.full((block, wanted), -jnp.inf, jnp.float32),
-            jnp.full((block, wanted), _INDEX_SENTINEL, jnp.int32),
-        )
-        offsets = chunk * jnp.arange(num_chunks, dtype=jnp.int32)
-        (values, indices), _ = jax.lax.scan(merge, init, (ref_chunks, offsets))
-
-    if exclude_self:
-        values, indices = _drop_own_index(values, indices, query_ids, k)
-    distances = _scores_to_distances(queries, values, distance)
-    return _by_distance_then_index(distances, indices)
+    values, indices = _chunks_top_k(_with_ones(queries), ref_chunks, k + int(exclude_self))
+    return _neighbours_from_scores(
+        queries, values, indices, query_ids, k=k, exclude_self=exclude_self, distance=distance
+    )
 
 
 def _by_distance_then_index(
@@ -542,6 +594,38 @@ def _host_blocks(
         yield NeighbourBlock(first, distances, indices)
 
 
+def check_search(
+    queries_shape: tuple[int, ...],
+    references_shape: tuple[int, ...],
+    k: int,
+    exclude_self: bool,
+    distance: str,
+    block_size: int,
+    chunk_size: int,
+) -> None:
+    """Raises ``ValueError`` unless the arguments of :func:`knn` (given the shapes of the
+    queries and references) describe a search."""
+    if distance not in DISTANCES:
+        raise ValueError(f"unknown distance {distance!r}; expected one of {DISTANCES}")
+    if (
+        len(queries_shape) != 2
+        or len(references_shape) != 2
+        or queries_shape[1] != references_shape[1]
+    ):
+        raise ValueError(
+            f"expected (Q, D) queries and (N, D) references, got {queries_shape} and "
+            f"{references_shape}"
+        )
+    num_references = references_shape[0]
+    if exclude_self and queries_shape[0] != num_references:
+        raise ValueError("exclude_self needs the queries to be the references (same length)")
+    available = num_references - int(exclude_self)
+    if not 1 <= k <= available:
+        raise ValueError(f"k={k} must be in [1, {available}] for {num_references} references")
+    if block_size < 1 or chunk_size < 1:
+        raise ValueError("block_size and chunk_size must be positive")
+
+
 def knn_blocks(
     queries: jax.Array | np.ndarray,
     references: jax.Array | np.ndarray,
@@ -565,23 +649,10 @@ def knn_blocks(
     Returns:
       An iterator of :class:`NeighbourBlock`, covering the queries in order.
     """
-    if distance not in DISTANCES:
-        raise ValueError(f"unknown distance {distance!r}; expected one of {DISTANCES}")
     queries = jnp.asarray(queries, jnp.float32)
     references = jnp.asarray(references, jnp.float32)
-    if queries.ndim != 2 or references.ndim != 2 or queries.shape[1] != references.shape[1]:
-        raise ValueError(
-            f"expected (Q, D) queries and (N, D) references, got {queries.shape} and "
-            f"{references.shape}"
-        )
+    check_search(queries.shape, references.shape, k, exclude_self, distance, block_size, chunk_size)
     num_queries, num_references = queries.shape[0], references.shape[0]
-    if exclude_self and num_queries != num_references:
-        raise ValueError("exclude_self needs the queries to be the references (same length)")
-    available = num_references - int(exclude_self)
-    if not 1 <= k <= available:
-        raise ValueError(f"k={k} must be in [1, {available}] for {num_references} references")
-    if block_size < 1 or chunk_size < 1:
-        raise ValueError("block_size and chunk_size must be positive")
 
     if distance == "cosine":
         queries, references = l2_normalize(queries), l2_normalize(references)

@@ -87,18 +87,25 @@ def split_metrics(
     return out
 
 
-def _options(cfg: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
+def _options(cfg: ml_collections.ConfigDict, seed: int, devices: int = 1) -> dict[str, Any]:
     """The evaluator's options from the ``eval`` config section: the distance, the k-means
-    (``eval.kmeans``) and the seed of its initialisation (unused by the reference k-means).
+    (``eval.kmeans``) and the seed of its initialisation (unused by the reference k-means),
+    and the devices it runs on.
 
     Args:
       cfg: the ``eval`` config section.
       seed: the run's seed.
+      devices: ``parallel.eval_devices`` (1: the default device, 0: every device).
 
     Returns:
       Keyword arguments of :func:`jdml.evaluation.embeddings.evaluate_embeddings`.
     """
-    return {"distance": cfg.distance, "seed": seed, "kmeans_init": cfg.kmeans}
+    return {
+        "distance": cfg.distance,
+        "seed": seed,
+        "kmeans_init": cfg.kmeans,
+        "devices": int(devices),
+    }
 
 
 def combination_name(weights: Sequence[float]) -> str:
@@ -117,6 +124,7 @@ def evaluate_splits(
     head: str,
     seed: int = 0,
     full: Sequence[str] = (),
+    devices: int = 1,
 ) -> tuple[
     dict[str, dict[str, float]],
     dict[str, dict[str, np.ndarray]],
@@ -126,7 +134,9 @@ def evaluate_splits(
 
     On the splits in ``full``, the heads of ``eval.heads`` other than ``head`` are evaluated
     alone and ``eval.combinations`` as weighted concatenations (DiVA's evaluation), with
-    ``eval.metrics``; every head is embedded once per split.
+    ``eval.metrics``; every head is embedded once per split. ``devices``
+    (``parallel.eval_devices``): the devices of the evaluation, see
+    :func:`jdml.evaluation.embeddings.evaluate_embeddings`.
 
     Returns:
       ``({split: {metric: value}}, {split: {vector metric: 1-D array}},
@@ -140,7 +150,7 @@ def evaluate_splits(
             data,
             metrics[name],
             return_vectors=True,
-            **_options(cfg, seed),
+            **_options(cfg, seed, devices),
         )
         if name not in full or not cfg.heads:
             continue
@@ -153,18 +163,23 @@ def evaluate_splits(
                 combination_name(w): dict(zip(cfg.heads, w, strict=True)) for w in cfg.combinations
             },
             evaluate=lambda emb, data=data: evaluate_split(
-                emb, data, cfg.metrics, **_options(cfg, seed)
+                emb, data, cfg.metrics, **_options(cfg, seed, devices)
             ),
         )
     return scalars, vectors, extra
 
 
 def evaluate_raw_pixels(
-    splits: Mapping[str, ImageSet], cfg: ml_collections.ConfigDict, *, seed: int = 0
+    splits: Mapping[str, ImageSet],
+    cfg: ml_collections.ConfigDict,
+    *,
+    seed: int = 0,
+    devices: int = 1,
 ) -> dict[str, dict[str, float]]:
-    """The raw-pixel baseline: the same metrics on flattened pixel vectors scaled to [0, 1]."""
+    """The raw-pixel baseline: the same metrics on flattened pixel vectors scaled to [0, 1]
+    (on ``devices`` devices, as :func:`evaluate_splits`)."""
     out = {}
     for name, data in splits.items():
         x = data.eval_images(np.arange(len(data))).reshape(len(data), -1)
-        out[name] = evaluate_split(x, data, cfg.metrics, **_options(cfg, seed))
+        out[name] = evaluate_split(x, data, cfg.metrics, **_options(cfg, seed, devices))
     return out
