@@ -132,9 +132,13 @@ def test_two_processes_train_margin_as_one_process(npz, tmp_path):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
     evals = [r for r in read_jsonl(f"{workdir}/metrics.jsonl") if r["kind"] == "eval"]
     assert len(evals) == len({(r["step"], r["split"], r.get("embedding")) for r in evals})
-    alone = {(r["step"], r["split"]): r for r in read_jsonl(f"{one}/metrics.jsonl")}
+    alone = {
+        (r["step"], r["split"], r.get("embedding")): r
+        for r in read_jsonl(f"{one}/metrics.jsonl")
+        if r["kind"] == "eval"
+    }
     for record in evals:
-        want = alone[(record["step"], record["split"])]
+        want = alone[(record["step"], record["split"], record.get("embedding"))]
         values = {k: v for k, v in want.items() if isinstance(v, float)}  # the metrics
         assert values and values.keys() <= record.keys()
         for name, value in values.items():

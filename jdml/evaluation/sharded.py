@@ -143,6 +143,13 @@ def shard_rows(rows: np.ndarray, mesh: Mesh, per_device: int) -> jax.Array:
     return jax.make_array_from_callback(padded.shape, sharding, lambda index: padded[index])
 
 
+def replicate(value: np.ndarray, mesh: Mesh) -> jax.Array:
+    """A host array (the same in every process) on every device of the mesh."""
+    value = np.asarray(value)
+    sharding = NamedSharding(mesh, P())
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
 def _normalized(rows: jax.Array) -> jax.Array:
     """:func:`jdml.geometry.l2_normalize` of rows split over the devices, op by op as the
     one-device evaluator calls it: each device normalises its own rows, bit-identically to the
@@ -502,14 +509,15 @@ def _kmeans_program(
     block_size: int,
     init: str,
 ) -> Any:
-    """The jitted sharded k-means on ``mesh``: ``(points, key, initial) -> KMeansResult`` with
-    the points and assignments split over the devices, the rest replicated."""
+    """The jitted sharded k-means on ``mesh``: ``(points, key data, initial) -> KMeansResult``
+    with the points and assignments split over the devices, the rest replicated (the key as its
+    raw data, which places on the devices of every host as any array)."""
     shards = Shards(AXIS, num_points)
 
-    def run(points: jax.Array, key: jax.Array, initial: jax.Array) -> KMeansResult:
+    def run(points: jax.Array, key_data: jax.Array, initial: jax.Array) -> KMeansResult:
         return lloyd_kmeans(
             points,
-            key,
+            jax.random.wrap_key_data(key_data),
             initial,
             num_clusters=num_clusters,
             num_iters=num_iters,
@@ -591,12 +599,11 @@ def sharded_kmeans(
         block_size=_block_rows(per_device, num_clusters, block_size),
         init=init,
     )
-    replicated = NamedSharding(mesh, P())
     points = shard_rows(x, mesh, per_device)
     result = program(
         _normalized(points) if normalize else points,
-        jax.device_put(jax.random.key(seed), replicated),
-        jax.device_put(jnp.asarray(initial), replicated),
+        replicate(jax.random.key_data(jax.random.key(seed)), mesh),
+        replicate(initial, mesh),
     )
     return KMeansResult(
         _to_host(result.centroids), _to_host(result.assignments)[:n], _to_host(result.inertia)
