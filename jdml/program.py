@@ -561,14 +561,29 @@ class Program:
         return named
 
     def make_embed_fn(self) -> Callable[[Any, Any, Any], dict[str, jax.Array]]:
-        """``embed`` jitted, taking host images; on a mesh the outputs are replicated (every
-        process gets every member's embeddings)."""
+        """``embed`` jitted, taking host images (the same in every process). On a mesh the
+        images are split over the data axis (zero rows pad them to a multiple of its size;
+        eval-mode embeddings are per image), so each device embeds its share, and the outputs
+        are replicated: every process gets every member's embeddings."""
         if not self.on_mesh:
             return jax.jit(self.embed)
-        jitted = jax.jit(self.embed, out_shardings=self.replicated)
+        data = self.mesh.shape[DATA]
+        rows = NamedSharding(self.mesh, P(DATA))
+
+        def embed_rows(params: Any, batch_stats: Any, images: jax.Array, count: int):
+            out = self.embed(params, batch_stats, images)
+            return jax.tree.map(lambda x: x[..., :count, :], out)
+
+        jitted = jax.jit(embed_rows, static_argnums=3, out_shardings=self.replicated)
 
         def embed_fn(params: Any, batch_stats: Any, images: Any) -> dict[str, jax.Array]:
-            return jitted(params, batch_stats, self.replicate(images))
+            images = np.asarray(images)
+            count = len(images)
+            if count % data:
+                pad = np.zeros((data - count % data, *images.shape[1:]), images.dtype)
+                images = np.concatenate([images, pad])
+            placed = jax.make_array_from_callback(images.shape, rows, lambda i: images[i])
+            return jitted(params, batch_stats, placed, count)
 
         return embed_fn
 
