@@ -14,10 +14,19 @@ from jdml.losses.base import (
     LossOutput,
     check_compatible,
     compatible_miners,
+    get,
     register_loss,
 )
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["LOSSES", "Loss", "LossOutput", "check_compatible", "compatible_miners", "register_loss"]
+__all__ = [
+    "LOSSES",
+    "Loss",
+    "LossOutput",
+    "check_compatible",
+    "compatible_miners",
+    "get",
+    "register_loss",
+]

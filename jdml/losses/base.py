@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import flax.linen as nn
 import jax
@@ -94,6 +94,40 @@ def register_loss(cls: LossT) -> LossT:
         )
     LOSSES.register(cls.loss_name, ranges=cls.param_ranges)(cls)
     return cls
+
+
+def get(name: str, **hparams: Any) -> Loss:
+    """A registered loss with its hyperparameters, for use in any training loop.
+
+    Unknown names, unknown hyperparameters and values outside a hyperparameter's declared
+    range are refused at once. The loss is a Flax module: ``params = loss.init(key, embeddings,
+    labels, tuples)`` (``{}`` for a loss without learnable parameters) and ``value, metrics =
+    loss.apply(params, embeddings, labels, tuples)``, with ``tuples`` from a miner of
+    ``jdml.miners.get`` (None for a loss that mines itself, see ``compatible_miners``).
+
+    Args:
+      name: registered loss name, e.g. ``"margin"``.
+      **hparams: its keyword hyperparameters (the reference defaults otherwise); per-class
+        losses need ``num_classes``.
+
+    Raises:
+      UnknownNameError: for an unregistered name (the message lists the known losses).
+      TypeError: for a hyperparameter the loss does not take (the message lists those it does).
+      ValueError: for a value outside the hyperparameter's range.
+    """
+    cls = LOSSES.get(name)
+    fields = sorted(f.name for f in dataclasses.fields(cls) if f.name not in ("parent", "name"))
+    unknown = sorted(set(hparams) - set(fields))
+    if unknown:
+        raise TypeError(f"loss {name!r} takes no {unknown}; its hyperparameters: {fields}")
+    for key, allowed in LOSSES.ranges(name).items():
+        if key in hparams:
+            values = hparams[key] if isinstance(hparams[key], tuple | list) else (hparams[key],)
+            for value in values:
+                problem = allowed.problem(value)
+                if problem:
+                    raise ValueError(f"loss {name!r}: {key}={hparams[key]!r} {problem}")
+    return cls(**hparams)
 
 
 def compatible_miners(loss_name: str) -> list[str]:

@@ -9,7 +9,9 @@ import pkgutil
 
 from jdml.miners.base import MINERS, MinerFn, Tuples, make_miner
 
+get = make_miner  # jdml.miners.get(name, **hparams) -> fn(key, embeddings, labels) -> Tuples
+
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["MINERS", "MinerFn", "Tuples", "make_miner"]
+__all__ = ["MINERS", "MinerFn", "Tuples", "get", "make_miner"]
