@@ -19,6 +19,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
 
 
@@ -124,6 +125,34 @@ def _look(args: argparse.Namespace) -> None:
         options=options,
     )
     print("wrote " + ", ".join(out.values()))
+
+
+EXPORT_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+def _platforms(text: str) -> tuple[str, ...]:
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in names if p not in EXPORT_PLATFORMS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown platform(s) {unknown or [text]}; choose from {', '.join(EXPORT_PLATFORMS)}"
+        )
+    return names
+
+
+def _export(args: argparse.Namespace) -> None:
+    from jdml.inference import load
+    from jdml.workdir import check_writable
+
+    check_writable(os.path.dirname(os.path.abspath(args.out)), "output folder")
+    model = load(args.workdir, args.checkpoint, args.embedding)
+    info = model.export(args.out, args.platforms)
+    print(
+        f"wrote {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB) and {args.out}.json: "
+        f"embedding {info['embedding']!r} ({info['output']['shape'][1]}-d) of {args.workdir} "
+        f"(step {info['step']}) for {', '.join(info['platforms'])}, images of shape "
+        f"(batch, {', '.join(map(str, info['input']['shape'][1:]))}) in [0, 1]"
+    )
 
 
 def _data_fetch(args: argparse.Namespace) -> None:
@@ -232,6 +261,25 @@ def parser() -> argparse.ArgumentParser:
     lk.add_argument("--seed", type=_count(0), default=0)
     _model_arguments(lk, "best")
     lk.set_defaults(func=_look)
+
+    x = sub.add_parser(
+        "export",
+        help="serialize a checkpoint's embedding function with its weights (jax.export)",
+        description="Writes the embedding of a checkpoint as a jax.export module (any batch "
+        "size; float32 images in [0, 1] in, embeddings out) and a JSON description next to it. "
+        "It runs with only jax and numpy: jax.export.deserialize(bytearray(open(path, 'rb')"
+        ".read())).call(images).",
+    )
+    x.add_argument("workdir", help="a training run directory")
+    x.add_argument("--out", required=True, help="the file to write (e.g. model.jaxexp)")
+    x.add_argument(
+        "--platforms",
+        type=_platforms,
+        default=("cpu",),
+        help="comma-separated: cpu, cuda, rocm, tpu (default cpu)",
+    )
+    _model_arguments(x, "best")
+    x.set_defaults(func=_export)
 
     d = sub.add_parser("data", help="fetch and build downloadable datasets")
     fetch = d.add_subparsers(dest="action", required=True).add_parser(

@@ -357,6 +357,50 @@ class Model:
         ]
         return np.concatenate(parts)
 
+    def export(self, path: str, platforms: Sequence[str] = ("cpu",)) -> dict[str, Any]:
+        """Writes the model's embedding function, weights included, as a serialized
+        ``jax.export`` module (``path``) and what it expects and returns as JSON
+        (``path + ".json"``). The input is float32 images ``(batch, H, W, C)`` in [0, 1] for any
+        batch size; the output ``(batch, dim)`` is the model's embedding (``self.embedding``).
+        Running it needs only jax and numpy::
+
+            exported = jax.export.deserialize(bytearray(open(path, "rb").read()))
+            embeddings = exported.call(images)
+
+        Args:
+          path: the file to write (e.g. ``model.jaxexp``).
+          platforms: the backends it runs on ("cpu", "cuda", "rocm", "tpu").
+
+        Returns:
+          The JSON description written next to it.
+        """
+        params, stats, combine = self._params, self._batch_stats, self._combine
+
+        def embed(images: jax.Array) -> jax.Array:
+            out = self.program.embed(params, stats, images)
+            return out[self.embedding] if combine is None else combine_heads(out, combine)
+
+        shape = jax.export.symbolic_shape("batch, {}, {}, {}".format(*self.input_shape))
+        exported = jax.export.export(jax.jit(embed), platforms=tuple(platforms))(
+            jax.ShapeDtypeStruct(shape, jnp.float32)
+        )
+        info = {
+            "format": "jax.export",
+            "input": {"shape": ["batch", *self.input_shape], "dtype": "float32", "range": [0, 1]},
+            "output": {"shape": ["batch", int(exported.out_avals[0].shape[1])]},
+            "platforms": list(exported.platforms),
+            "embedding": self.embedding,
+            "preprocessing": self.input_spec,
+            "workdir": os.path.abspath(self.workdir),
+            "checkpoint": self._checkpoint,
+            "step": int(self.step),
+        }
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            f.write(exported.serialize())
+        with atomic_path(path + ".json") as tmp, open(tmp, "w") as f:
+            json.dump(info, f, indent=2)
+        return info
+
     def index(
         self,
         images: np.ndarray | Sequence[str | Path],

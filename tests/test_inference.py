@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import jax
 import numpy as np
 import pytest
 from PIL import Image
@@ -185,6 +186,52 @@ def test_cohort_ensemble_is_the_members_concatenation(npz, tmp_path):
         atol=1e-6,
     )
     assert ensemble.fingerprint["weights"] == member.fingerprint["weights"]
+    out = str(tmp_path / "ensemble.jaxexp")
+    ensemble.export(out)  # the exported ensemble: every member, concatenated
+    exported = jax.export.deserialize(bytearray((tmp_path / "ensemble.jaxexp").read_bytes()))
+    np.testing.assert_allclose(
+        exported.call(images.astype(np.float32) / 255.0), ensemble.embed(images), atol=1e-6
+    )
     index = member.index(images)
     with pytest.raises(IndexMismatchError, match="their embedding differ"):
         index.search(ensemble.embed(images[:1]), fingerprint=ensemble.fingerprint)
+
+
+def test_export_runs_with_only_jax_and_numpy(model, run_dir, test_split, tmp_path, capsys):
+    """``jdml export``: the serialized embedding function reproduces ``jdml.load(...).embed``
+    on the test split to 1e-6, for any batch size, in a process that imports only jax and
+    numpy."""
+    import subprocess
+    import sys
+
+    out = str(tmp_path / "model.jaxexp")
+    jdml_main(["export", run_dir, "--out", out])
+    assert "wrote" in capsys.readouterr().out
+    with open(out + ".json") as f:
+        info = json.load(f)
+    assert info["platforms"] == ["cpu"] and info["embedding"] == model.embedding
+    images = test_split.images.astype(np.float32) / 255.0
+    np.save(tmp_path / "images.npy", images)
+    script = f"""
+import sys
+import jax, numpy as np
+exported = jax.export.deserialize(bytearray(open({out!r}, "rb").read()))
+images = np.load({str(tmp_path / "images.npy")!r})
+parts = [np.asarray(exported.call(images[:7])), np.asarray(exported.call(images[7:]))]
+np.save({str(tmp_path / "out.npy")!r}, np.concatenate(parts))
+assert not any(m == "jdml" or m.startswith("jdml.") for m in sys.modules), "jdml imported"
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=str(tmp_path)
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = np.load(tmp_path / "out.npy")
+    np.testing.assert_allclose(got, model.embed(test_split.images), rtol=1e-6, atol=1e-6)
+
+
+def test_export_refuses_an_unknown_platform(run_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        jdml_main(["export", run_dir, "--out", str(tmp_path / "m"), "--platforms", "cpu,gpu"])
+    assert e.value.code != 0
+    assert "unknown platform(s) ['gpu']" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
