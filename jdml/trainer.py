@@ -31,6 +31,7 @@ from jdml.config import (
     to_json,
     validate,
 )
+from jdml.config.validation import profile_range
 from jdml.data.arrays import ImageSet
 from jdml.data.pipeline import TrainBatch, train_batches
 from jdml.distributed import barrier, is_main_process
@@ -39,6 +40,7 @@ from jdml.evaluation.embeddings import format_table
 from jdml.evaluation.splits import SPECTRUM
 from jdml.fileio import atomic_write, read_jsonl
 from jdml.metric_writer import MetricWriter
+from jdml.optim import lr_multiplier
 from jdml.program import StepFn
 from jdml.run import Run
 from jdml.samplers.memory import epoch_sampler
@@ -202,7 +204,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             stack.enter_context(run_lock(workdir))
         prepare_workdir(config, workdir)
         setup_logging(workdir)
-        return _train(config, workdir, run)
+        return _train(config, workdir, run, stack)
 
 
 def _check_not_past_the_end(run: Run, workdir: str) -> None:
@@ -217,8 +219,11 @@ def _check_not_past_the_end(run: Run, workdir: str) -> None:
         )
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, run: Run) -> dict[str, Any]:
-    """The body of :func:`train_and_evaluate` once the workdir is prepared and locked."""
+def _train(
+    config: ml_collections.ConfigDict, workdir: str, run: Run, stack: contextlib.ExitStack
+) -> dict[str, Any]:
+    """The body of :func:`train_and_evaluate` once the workdir is prepared and locked (what it
+    opens is closed by ``stack``, also on failure)."""
     ckpts = Checkpoints(workdir)
     state = run.initial_state
     start = 0
@@ -230,8 +235,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str, run: Run) -> dict[st
     # evaluation included) are recomputed, so they are dropped first.
     resume_step = start if ckpts.latest.latest_step() is not None else -1
     writer = MetricWriter(
-        os.path.join(workdir, "metrics.jsonl"), resume_step=resume_step, enabled=is_main_process()
+        os.path.join(workdir, "metrics.jsonl"),
+        resume_step=resume_step,
+        enabled=is_main_process(),
+        tensorboard=config.train.tensorboard,
     )
+    stack.callback(writer.close)
     records = read_jsonl(writer.path) if os.path.exists(writer.path) else []
     selection = _selection_split(run.splits)
     metric = config.eval.selection_metric
@@ -291,7 +300,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, run: Run) -> dict[st
             evaluate(state, 0)
         state = run.prepare(state)
     train_step = run.make_train_step()
-    _Loop(run, train_step, writer, ckpts, evaluate)(state, start)
+    _Loop(run, train_step, writer, ckpts, evaluate, os.path.join(workdir, "profile"))(state, start)
     done = read_jsonl(writer.path) if os.path.exists(writer.path) else []
     summary = summarize(done, selection, metric)
     compiles = train_step._cache_size()  # type: ignore[attr-defined]
@@ -348,10 +357,16 @@ class _Loop:
         writer: MetricWriter,
         ckpts: Checkpoints,
         evaluate: Callable[[TrainState, int], None],
+        profile_dir: str,
     ) -> None:
         self.run, self.train_step, self.writer = run, train_step, writer
         self.ckpts, self.evaluate = ckpts, evaluate
         self.pending: list[dict[str, jax.Array]] = []
+        cfg = run.config
+        self.lr = lr_multiplier(cfg.optim, run.steps_per_epoch, run.total_steps)
+        self.profile = profile_range(cfg.profile_steps) if is_main_process() else None
+        self.profile_dir = profile_dir
+        self.tracing = False
 
     def __call__(self, state: TrainState, start: int) -> TrainState:
         spe, tc = self.run.steps_per_epoch, self.run.config.train
@@ -368,11 +383,28 @@ class _Loop:
         for epoch in range(start // spe, tc.epochs):
             batches, state = _epoch_batches(self.run, state, epoch, max(start, epoch * spe))
             for batch in batches:
+                self._profile(state, step)
                 state, metrics = self.train_step(state, batch)
                 step += 1
                 self._after_step(state, metrics, step)
+        self._profile(state, step, stop=True)
         self.bar.close()
         return state
+
+    def _profile(self, state: TrainState, step: int, stop: bool = False) -> None:
+        """Starts the profiler trace before step ``a`` of ``profile_steps`` and stops it before
+        step ``b`` (or at the end), once the traced steps have finished."""
+        if self.profile is None:
+            return
+        first, end = self.profile
+        if step == first and not stop:
+            jax.profiler.start_trace(self.profile_dir)
+            self.tracing = True
+        elif self.tracing and (step == end or stop):
+            jax.block_until_ready(state)
+            jax.profiler.stop_trace()
+            self.tracing = False
+            log.info("Profiler trace of steps %d-%d in %s", first, step - 1, self.profile_dir)
 
     def _after_step(self, state: TrainState, metrics: dict[str, jax.Array], step: int) -> None:
         tc, ec = self.run.config.train, self.run.config.eval
@@ -402,7 +434,9 @@ class _Loop:
         )
         self.tick, self.tick_step = now, step
         epoch = step / self.run.steps_per_epoch
-        self.writer.write({"kind": "train", "step": step, "epoch": epoch, **means, "img_s": ips})
+        lr = float(self.run.config.optim.lr * self.lr(step - 1))  # of the last update
+        record = {"kind": "train", "step": step, "epoch": epoch, **means, "lr": lr, "img_s": ips}
+        self.writer.write(record)
         self.bar.set_postfix(loss=f"{means['loss']:.4f}", img_s=f"{ips:.0f}")
 
 

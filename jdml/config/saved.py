@@ -78,6 +78,8 @@ RESUMABLE_CHANGES = (
     "train.log_every_steps",
     "train.checkpoint_every_steps",
     "train.progress_bar",
+    "train.tensorboard",
+    "profile_steps",
     "data.num_threads",
     "data.prefetch",
     "data.num_workers",

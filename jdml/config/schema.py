@@ -101,6 +101,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     c = ml_collections.ConfigDict()
     c.seed = 0
+    # "a:b" records a JAX profiler trace of steps a to b - 1 in <workdir>/profile (open it in
+    # TensorBoard's profile tab or Perfetto); "" records none.
+    c.profile_steps = ""
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "glyphs"  # one of DATASETS.names()
@@ -167,6 +170,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.log_every_steps = 50
     c.train.checkpoint_every_steps = 200
     c.train.progress_bar = True
+    # TensorBoard event files in <workdir>/tensorboard: the training scalars (losses, terms,
+    # learning rate, images/s) and every evaluation's metrics per split, head and member.
+    c.train.tensorboard = True
 
     c.eval = ml_collections.ConfigDict()
     c.eval.every_epochs = 5

@@ -69,6 +69,27 @@ NUMERIC_KEYS: dict[str, Range] = {
 BATCH_NORM_MODES = ("global", "per_device")
 
 
+def profile_range(text: str) -> tuple[int, int] | None:
+    """``profile_steps`` ("a:b", steps a to b - 1; "" for none) as ``(a, b)``.
+
+    Raises:
+      ConfigError: for anything but two integers 0 <= a < b.
+    """
+    if not text:
+        return None
+    parts = str(text).split(":")
+    try:
+        first, stop = (int(p) for p in parts)
+    except ValueError:
+        first, stop = -1, -1
+    if len(parts) != 2 or not 0 <= first < stop:
+        raise ConfigError(
+            f"profile_steps={text!r} must be 'a:b' with integers 0 <= a < b (steps a to b - 1), "
+            "e.g. --config.profile_steps=10:15, or '' for no trace"
+        )
+    return first, stop
+
+
 def _check_number(key: str, value: Any, allowed: Range) -> None:
     values = value if isinstance(value, tuple | list) else (value,)
     for v in values:
@@ -228,6 +249,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
                 f"{key}={value!r} is not a known {registry.kind}; choose one of: "
                 + ", ".join(registry.names())
             )
+    profile_range(c.profile_steps)
     if c.data.name not in DATASETS and c.data.name not in BENCHMARKS:
         raise ConfigError(
             f"data.name={c.data.name!r} is not a known dataset; choose one of: "
