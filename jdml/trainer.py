@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -289,6 +290,8 @@ def _train(
                         "spectrum": spectrum,
                     }
                 )
+                if writer.board is not None:
+                    writer.add_image(f"eval/{split}/spectrum", _spectrum_image(writer, split), step)
         table = {**results, **{f"{s} {e}": v for s, rows in extra.items() for e, v in rows.items()}}
         log.info("Evaluation at epoch %d (step %d):\n%s", epoch, step, format_table(table))
         if step > 0 and results[selection][metric] > best_value:
@@ -310,6 +313,18 @@ def _train(
         atomic_write(os.path.join(workdir, "results.json"), json.dumps(summary, indent=2))
     ckpts.close()
     return summary
+
+
+def _spectrum_image(writer: MetricWriter, split: str) -> np.ndarray:
+    """The run's spectrum plot of ``split`` so far (latest against first), as RGB pixels."""
+    from PIL import Image
+
+    from jdml.visualize.figures import spectrum_plot
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = spectrum_plot(read_jsonl(writer.path), os.path.join(folder, "s.png"), split=split)
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"))
 
 
 def _previous_compiles(workdir: str) -> int:

@@ -51,13 +51,24 @@ def test_the_event_files_hold_every_scalar_of_metrics_jsonl(run_dir):
     got = {}
     for event in read_events(os.path.join(run_dir, "tensorboard")):
         for value in event.summary.value:
-            got[(value.tag, event.step)] = value.simple_value
+            if not value.HasField("image"):
+                got[(value.tag, event.step)] = value.simple_value
     assert got.keys() == want.keys()
     for key, value in want.items():
         assert got[key] == pytest.approx(value, rel=1e-6), key
     tags = {tag for tag, _ in got}
     assert {"train/loss", "train/lr", "train/img_s", "eval/test/recall_at_1"} <= tags
     assert "eval/train/rho_spectrum_at_1" in tags
+
+
+def test_each_evaluation_adds_the_spectrum_picture(run_dir):
+    steps = [
+        event.step
+        for event in read_events(os.path.join(run_dir, "tensorboard"))
+        for value in event.summary.value
+        if value.tag == "eval/train/spectrum" and value.image.encoded_image_string
+    ]
+    assert steps == [0, 3, 6]
 
 
 def test_profile_steps_record_a_trace(run_dir):
