@@ -2,8 +2,10 @@
 
 Trains the default glyph run for one epoch twice in this process, alternating, with
 ``train.tensorboard`` on and off (everything else equal: the same records go to metrics.jsonl),
-and prints the wall time per step of each and the difference. Then times the writer alone on
-that run's own records, to give the cost per record without the noise of whole runs.
+and prints the wall time per step of each and the difference (compilation and evaluation
+included, so run-to-run noise dominates it). Then times the writer alone on that run's own
+records, to give the cost per step without that noise, and the spectrum picture each
+evaluation adds, against the time of one epoch.
 
 Usage: python bench/bench_tensorboard.py [--rounds 2] [--log-every 50]
 """
@@ -20,7 +22,7 @@ import numpy as np
 from configs.revisiting import get_config
 from jdml.fileio import read_jsonl
 from jdml.metric_writer import MetricWriter
-from jdml.trainer import train_and_evaluate
+from jdml.trainer import _spectrum_image, train_and_evaluate
 
 
 def _train(tensorboard: bool, log_every: int, folder: str) -> tuple[float, int, str]:
@@ -65,6 +67,12 @@ def main() -> None:
                 times[tensorboard].append(seconds / steps * 1e3)
         records = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
         repeats = 50
+        writer = MetricWriter(os.path.join(workdir, "metrics.jsonl"), enabled=False)
+        _spectrum_image(writer, "train")  # matplotlib's first figure
+        start = time.perf_counter()
+        for _ in range(5):
+            _spectrum_image(writer, "train")
+        picture_ms = (time.perf_counter() - start) / 5 * 1e3
         with_tb = _writer_cost(records, True, folder, repeats)
         without = _writer_cost(records, False, folder, repeats)
     on, off = float(np.median(times[True])), float(np.median(times[False]))
@@ -76,6 +84,8 @@ def main() -> None:
     print(f"  writer alone: the run's {len(records)} records cost {extra_ms:.2f} ms more with "
           f"TensorBoard, {extra_ms / steps:.4f} ms per step = "
           f"{100 * extra_ms / steps / off:.3f}% of a step")  # fmt: skip
+    print(f"  spectrum picture: {picture_ms:.0f} ms per evaluation of a split that records it, "
+          f"{100 * picture_ms / (steps * off):.2f}% of an epoch")  # fmt: skip
 
 
 if __name__ == "__main__":
