@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -273,6 +273,23 @@ def random_indices(num_points: int, num_clusters: int, seed: int) -> np.ndarray:
 # Every mode of :func:`kmeans`: the two initialisations of the jitted Lloyd iterations, and
 # faiss's algorithm.
 KMEANS_MODES = ("k-means++", "random", "reference")
+
+
+def check_points(x: Any, num_clusters: int, init: str | None = None) -> int:
+    """The number of points of an (N, D) array, checked for ``num_clusters`` clusters (and
+    ``init`` among ``KMEANS_MODES`` when given).
+
+    Raises:
+      ValueError: for another shape, ``num_clusters`` outside [1, N], or an unknown ``init``.
+    """
+    if x.ndim != 2:
+        raise ValueError(f"expected (N, D) points, got shape {x.shape}")
+    n = x.shape[0]
+    if not 1 <= num_clusters <= n:
+        raise ValueError(f"num_clusters={num_clusters} must be in [1, {n}]")
+    if init is not None and init not in KMEANS_MODES:
+        raise ValueError(f"unknown init {init!r}; expected one of {KMEANS_MODES}")
+    return n
 
 
 def lloyd_kmeans(
@@ -670,11 +687,7 @@ def reference_kmeans(
       A :class:`KMeansResult` with (K, D) centroids, (N,) assignments and the inertia.
     """
     x = np.asarray(x, np.float32)
-    if x.ndim != 2:
-        raise ValueError(f"expected (N, D) points, got shape {x.shape}")
-    n = x.shape[0]
-    if not 1 <= num_clusters <= n:
-        raise ValueError(f"num_clusters={num_clusters} must be in [1, {n}]")
+    n = check_points(x, num_clusters)
     rows = _block_rows(n, num_clusters, block_size)
     points = jnp.asarray(x)
     if n == num_clusters:
@@ -727,12 +740,7 @@ def kmeans(
       A :class:`KMeansResult` with (K, D) centroids, (N,) assignments and the inertia.
     """
     x = jnp.asarray(x, jnp.float32)
-    if x.ndim != 2:
-        raise ValueError(f"expected (N, D) points, got shape {x.shape}")
-    if not 1 <= num_clusters <= x.shape[0]:
-        raise ValueError(f"num_clusters={num_clusters} must be in [1, {x.shape[0]}]")
-    if init not in KMEANS_MODES:
-        raise ValueError(f"unknown init {init!r}; expected one of {KMEANS_MODES}")
+    check_points(x, num_clusters, init)
     if init == "reference":
         return reference_kmeans(
             x,

@@ -85,11 +85,11 @@ from jdml.errors import ConfigError
 from jdml.evaluation import knn as knn_module
 from jdml.evaluation.kmeans import (
     DEFAULT_NUM_ITERS,
-    KMEANS_MODES,
     REFERENCE_SEED,
     KMeansResult,
     Shards,
     _block_rows,
+    check_points,
     lloyd_kmeans,
     random_indices,
     reference_kmeans,
@@ -566,13 +566,7 @@ def sharded_kmeans(
       A :class:`~jdml.evaluation.kmeans.KMeansResult` of numpy arrays on the host.
     """
     x = np.asarray(x, np.float32)
-    if x.ndim != 2:
-        raise ValueError(f"expected (N, D) points, got shape {x.shape}")
-    n = x.shape[0]
-    if not 1 <= num_clusters <= n:
-        raise ValueError(f"num_clusters={num_clusters} must be in [1, {n}]")
-    if init not in KMEANS_MODES:
-        raise ValueError(f"unknown init {init!r}; expected one of {KMEANS_MODES}")
+    n = check_points(x, num_clusters, init)
     if init == "reference":
         points = np.asarray(l2_normalize(x)) if normalize else x
         result = reference_kmeans(
