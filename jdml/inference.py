@@ -52,9 +52,8 @@ from jdml.evaluation.embeddings import combine_heads
 from jdml.evaluation.knn import knn
 from jdml.evaluation.splits import embed_split
 from jdml.fileio import atomic_path
-from jdml.methods import Method
 from jdml.methods.method import input_normalization
-from jdml.program import Program
+from jdml.program import build_program
 
 INDEX_FORMAT = "jdml-index-1"
 
@@ -225,10 +224,15 @@ class Model:
         config = ml_collections.ConfigDict(config.to_dict())
         config.model.pretrained = ""
         self.workdir, self.config, self.step = workdir, config, step
-        method = Method(config, num_classes=2)  # class counts only size loss parameters
-        self.program = Program(config, method)
+        # Class counts only size loss parameters.
+        self.program = build_program(config, num_classes=2)
         self.cohort_size = self.program.size
-        self._params = {"model": state["params"]["model"]}
+        params = state["params"]
+        self._params = (
+            {n: {"model": params[n]["model"]} for n in self.program.names}
+            if self.program.heterogeneous
+            else {"model": params["model"]}
+        )
         self._batch_stats = state["batch_stats"]
         self._embed_all = jax.jit(self.program.embed)
         self.heads = self.program.embedding_names

@@ -9,7 +9,7 @@ learning rate and no weight decay. Both schedules are applied per epoch, as its 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -127,3 +127,21 @@ def make_optimizer(
 
 #: The label of frozen leaves (not a params group name: those are dict keys of the model).
 FROZEN = "__frozen__"
+
+
+def per_member(txs: Mapping[str, optax.GradientTransformation]) -> optax.GradientTransformation:
+    """One optimiser over params ``{member name: member params}``: each member's own
+    transformation (heterogeneous DM2 cohorts, whose members have different param trees and
+    frozen parts) on its own subtree, with its own state."""
+
+    def init(params: Any) -> dict[str, Any]:
+        return {name: tx.init(params[name]) for name, tx in txs.items()}
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        out = {
+            name: tx.update(updates[name], state[name], None if params is None else params[name])
+            for name, tx in txs.items()
+        }
+        return {k: v[0] for k, v in out.items()}, {k: v[1] for k, v in out.items()}
+
+    return optax.GradientTransformation(init, update)

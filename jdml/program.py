@@ -40,6 +40,7 @@ from jdml.methods.cohort import (
     DATA,
     VIEWS,
     cohort_mesh,
+    member_configs,
     member_name,
     over_members,
     stack_members,
@@ -47,6 +48,7 @@ from jdml.methods.cohort import (
 )
 from jdml.methods.ema_queue import push
 from jdml.methods.method import Method
+from jdml.optim import make_optimizer, per_member
 from jdml.samplers.memory import update_memory
 from jdml.state import TrainState
 
@@ -91,11 +93,22 @@ def only_groups(
 class Program:
     """The members of a run (one, or a DM2 cohort), their state, step and embeddings.
 
+    Two layouts of the members' state:
+
+    * identical members (every cohort without ``cohort.members``): each field of the state
+      stacked on a leading member axis, placed on the mesh's ``member`` axis;
+    * a heterogeneous cohort (``cohort.members``, DM2's Table 5: other backbones or embedding
+      sizes per member): each field a dict ``{member<l>: that member's tree}``, every member
+      with its own method (``methods``) and optimiser; the members are traced one after the
+      other into the one step, their relation matrices exchanged inside it, and the state is
+      replicated over the devices of the data axis (each member's batch split over them).
+
     Args:
       config: the full run config (its ``cohort`` section; see ``jdml.config.base_config``).
-      method: the method every member runs.
+      method: the method every member runs (member 1's in a heterogeneous cohort).
       steps_per_epoch: for the length of lambda's warm-up (training only).
       size: the number of members (default ``cohort.size``).
+      methods: each member's method, for a heterogeneous cohort (see ``build_program``).
     """
 
     def __init__(
@@ -104,11 +117,17 @@ class Program:
         method: Method,
         steps_per_epoch: int = 1,
         size: int | None = None,
+        methods: tuple[Method, ...] = (),
     ) -> None:
         cohort = config.cohort
         self.config = config
         self.method = method
-        self.size = int(cohort.size if size is None else size)
+        self.methods = tuple(methods)
+        self.heterogeneous = bool(self.methods)
+        self.size = (
+            len(self.methods) if self.methods else int(cohort.size if size is None else size)
+        )
+        self.names = tuple(member_name(i) for i in range(self.size))
         self.cohort = self.size > 1
         if self.cohort and len(method.phases) > 1:
             raise ConfigError(
@@ -129,7 +148,13 @@ class Program:
         # A device mesh for a cohort and for data parallelism; one member on one device runs
         # without one.
         self.data_devices = int(config.parallel.data_devices) if size is None else 1
-        self.on_mesh = self.cohort or self.data_devices != 1
+        self.on_mesh = (self.cohort and not self.heterogeneous) or self.data_devices != 1
+        if self.heterogeneous and any(t.stateful for m in self.methods for t in m.terms.values()):
+            raise ConfigError(
+                "cohort.members (a heterogeneous cohort) with a term that keeps a state (DaNCE's "
+                "key queue) is not supported; use identical members (cohort.members=()) or drop "
+                "the DaNCE term"
+            )
 
     # -- names ----------------------------------------------------------------------------------
 
@@ -186,6 +211,23 @@ class Program:
             choices.append("concat:<one weight per head of " + ",".join(heads) + ">")
         raise ConfigError(f"unknown embedding {spec!r}; choose one of: {', '.join(choices)}")
 
+    def optimizer(self, steps_per_epoch: int, total_steps: int) -> optax.GradientTransformation:
+        """The optimiser of ``config.optim`` over the method's param groups and frozen parts;
+        a heterogeneous cohort's is each member's own (``jdml.optim.per_member``)."""
+
+        def of(method: Method) -> optax.GradientTransformation:
+            return make_optimizer(
+                self.config.optim,
+                method.param_groups(),
+                steps_per_epoch=steps_per_epoch,
+                total_steps=total_steps,
+                frozen=method.frozen_params(),
+            )
+
+        if not self.heterogeneous:
+            return of(self.method)
+        return per_member({n: of(m) for n, m in zip(self.names, self.methods, strict=True)})
+
     # -- devices --------------------------------------------------------------------------------
 
     @functools.cached_property
@@ -199,7 +241,10 @@ class Program:
         """
         if not self.on_mesh:
             return None
-        mesh = cohort_mesh(self.size, int(self.config.cohort.devices), self.data_devices)
+        if self.heterogeneous:  # every member on every device of the data axis
+            mesh = cohort_mesh(1, 1, self.data_devices)
+        else:
+            mesh = cohort_mesh(self.size, int(self.config.cohort.devices), self.data_devices)
         batch, data = int(self.config.train.batch_size), mesh.shape[DATA]
         if batch % data:
             raise ConfigError(
@@ -219,6 +264,8 @@ class Program:
         diversity, else none (every member trains on the one batch)."""
         if not self.view_diversity:
             return ()
+        if self.heterogeneous:  # every process holds every member
+            return tuple(range(self.size))
         block = self.size // self.mesh.devices.shape[0]
         me = jax.process_index()
         return tuple(
@@ -256,7 +303,8 @@ class Program:
         for key, value in batch.items():
             value = np.asarray(value)
             if key in VIEWS and self.view_diversity:
-                spec, shape = P(AXIS, DATA), (self.size, rows, *value.shape[2:])
+                member_axis = None if self.heterogeneous else AXIS
+                spec, shape = P(member_axis, DATA), (self.size, rows, *value.shape[2:])
             else:
                 spec, shape = P(DATA), (rows, *value.shape[1:])
             out[key] = global_array(value, NamedSharding(self.mesh, spec), shape)
@@ -276,6 +324,8 @@ class Program:
         its own key and the rest of the model from member 1. One member: no member axis."""
         key = jax.random.PRNGKey(seed)
         images = jnp.asarray(sample)
+        if self.heterogeneous:
+            return self._init_members(tx, key, images, sampler_state)
         params0, stats0 = self.method.init(jax.random.fold_in(key, 0), images)
         rng0 = jax.random.fold_in(key, 1)
         members = []
@@ -307,6 +357,36 @@ class Program:
         )
         return jax.device_put(state, self.state_shardings(state)) if self.on_mesh else state
 
+    def _init_members(
+        self,
+        tx: optax.GradientTransformation,
+        key: jax.Array,
+        images: jax.Array,
+        sampler_state: dict | None,
+    ) -> TrainState:
+        """The step-0 state of a heterogeneous cohort: each field ``{member<l>: tree}``. Member
+        1 is initialised as a plain run of its config; with model diversity member ``l > 1``
+        draws its whole network from its own key (without it, from member 1's key)."""
+        fields: dict[str, dict[str, Any]] = {f: {} for f in MEMBER_FIELDS if f != "opt_state"}
+        rng0 = jax.random.fold_in(key, 1)
+        for i, (name, method) in enumerate(zip(self.names, self.methods, strict=True)):
+            init_key = jax.random.fold_in(key, 0)
+            if i > 0 and self.model_diversity:
+                init_key = jax.random.fold_in(init_key, i)
+            params, stats = method.init(init_key, images)
+            fields["params"][name] = params
+            fields["batch_stats"][name] = stats
+            fields["rng"][name] = rng0 if i == 0 else jax.random.fold_in(rng0, i)
+            fields["method_state"][name] = method.init_method_state(params)
+        state = TrainState(
+            step=jnp.zeros((), jnp.int32),
+            nonfinite=jnp.zeros((), jnp.int32),
+            sampler_state=sampler_state or {},
+            opt_state=tx.init(fields["params"]),
+            **fields,
+        )
+        return jax.device_put(state, self.state_shardings(state)) if self.on_mesh else state
+
     def _state_specs(self, state: TrainState) -> TrainState:
         """PartitionSpecs: member-stacked fields on the ``member`` axis, the rest replicated."""
         member = lambda tree: jax.tree.map(lambda _: P(AXIS), tree)  # noqa: E731
@@ -325,7 +405,7 @@ class Program:
     def state_shardings(self, state: TrainState) -> TrainState:
         """``NamedSharding``s placing each member's state on its device of the mesh (replicated
         over the data axis); one member's state (no member axis) is replicated."""
-        if not self.cohort:
+        if not self.cohort or self.heterogeneous:
             return jax.tree.map(lambda _: self.replicated, state)
         return jax.tree.map(
             lambda spec: NamedSharding(self.mesh, spec),
@@ -337,6 +417,9 @@ class Program:
         """Member ``index``'s slice of the state, as the state of a one-member program."""
         if not self.cohort:
             return state
+        if self.heterogeneous:
+            name = self.names[index]
+            return state.replace(**{f: getattr(state, f)[name] for f in MEMBER_FIELDS})
         take = lambda tree: jax.tree.map(lambda x: x[index], tree)  # noqa: E731
         return state.replace(**{f: take(getattr(state, f)) for f in MEMBER_FIELDS})
 
@@ -429,6 +512,81 @@ class Program:
             out["mutual/weight"] = lam
         return new_state, out
 
+    def _members_step(
+        self, tx: optax.GradientTransformation, state: TrainState, batch: dict[str, jax.Array]
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        """One step of a heterogeneous cohort (state fields ``{member<l>: tree}``): the same
+        objective as ``_step`` (member l's loss plus ``lambda * L^l_DM2`` against its peers'
+        relation matrices as constants; the non-finite guard; temporal diversity), each member
+        through its own method and optimiser, traced one after the other. The relation
+        matrices (B x B whatever each member's embedding size) meet inside the step."""
+        names, methods = self.names, self.methods
+        keys = {n: jax.random.fold_in(state.rng[n], state.step) for n in names}
+        views = {k: v for k, v in batch.items() if k in VIEWS and self.view_diversity}
+        shared = {k: v for k, v in batch.items() if k not in views}
+        lam = mutual_weight(state.step, self.weight, self.warmup_steps)
+
+        def cohort_loss(params: dict[str, Any]):
+            losses, auxes = [], {}
+            for i, (n, method) in enumerate(zip(names, methods, strict=True)):
+                member_batch = {**shared, **{k: v[i] for k, v in views.items()}}
+                loss, auxes[n] = method.loss_fn(
+                    params[n],
+                    state.batch_stats[n],
+                    member_batch,
+                    keys[n],
+                    state.method_state[n],
+                    method.phases[0],
+                )
+                losses.append(loss)
+            loss = jnp.stack(losses)
+            if self.weight == 0.0:
+                exchange = jnp.zeros_like(loss)
+            else:
+                psi = jnp.stack([relation_matrix(auxes[n][2]) for n in names])
+                exchange = mutual_losses(psi, jax.lax.stop_gradient(psi), 0, self.relation)
+            total = loss + lam * exchange
+            return jnp.sum(total), (total, loss, exchange, auxes)
+
+        grads, (total, loss, exchange, auxes) = jax.grad(cohort_loss, has_aux=True)(state.params)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        finite = lambda tree: jnp.all(  # noqa: E731
+            jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)] or [True])
+        )
+        ok = jnp.stack(
+            [
+                jnp.isfinite(total[i]) & finite(grads[n]) & finite(params[n])
+                for i, n in enumerate(names)
+            ]
+        )
+        all_ok = jnp.all(ok)
+        apply = all_ok & self._temporal_draws(jnp.stack([keys[n] for n in names]), 0)
+        new: dict[str, dict[str, Any]] = {f: {} for f in MEMBER_FIELDS if f != "rng"}
+        for i, (n, method) in enumerate(zip(names, methods, strict=True)):
+            stats, _, _, outputs = auxes[n]
+            method_state = method.update_method_state(
+                state.method_state[n], params[n], outputs, batch["labels"]
+            )
+            keep = lambda a, b, i=i: jax.tree.map(  # noqa: E731
+                lambda x, y: jnp.where(apply[i], x, y), a, b
+            )
+            new["params"][n] = keep(params[n], state.params[n])
+            new["opt_state"][n] = keep(opt_state[n], state.opt_state[n])
+            new["batch_stats"][n] = keep(stats, state.batch_stats[n])
+            new["method_state"][n] = keep(method_state, state.method_state[n])
+        first = auxes[names[0]]
+        new_state = state.replace(
+            step=state.step + 1,
+            nonfinite=state.nonfinite + (~all_ok).astype(jnp.int32),
+            sampler_state=update_memory(state.sampler_state, shared.get("indices"), first[2]),
+            **new,
+        )
+        out = {k: jnp.mean(jnp.stack([auxes[n][1][k] for n in names])) for k in first[1]}
+        out.update(self._cohort_metrics(total, loss, exchange, apply))
+        out["mutual/weight"] = lam
+        return new_state, out
+
     def _temporal_draws(self, keys: jax.Array, offset: jax.Array | int) -> jax.Array:
         """(L_local,) bool: which members apply their update this step (temporal diversity:
         member l with probability ``2^-(l-1)``; all of them without it)."""
@@ -483,6 +641,13 @@ class Program:
 
             return one
 
+        if self.heterogeneous:
+            step = functools.partial(self._members_step, tx)
+            if not self.on_mesh:
+                return jax.jit(step, donate_argnums=0)
+            shardings = self.state_shardings(state)
+            jitted = jax.jit(step, donate_argnums=0, out_shardings=(shardings, self.replicated))
+            return _PlacedStep(jitted, self.place_batch, shardings)
         if not self.on_mesh:
             return jax.jit(stacked(lambda s, b: self._step(tx, s, b)), donate_argnums=0)
 
@@ -551,6 +716,13 @@ class Program:
         """Eval-mode embeddings ``{name: (B, dim)}`` of every name of ``embedding_names``."""
         if not self.cohort:
             return self.method.embed(params, batch_stats, images)
+        if self.heterogeneous:
+            out = {}
+            for i, (name, method) in enumerate(zip(self.names, self.methods, strict=True)):
+                for head, emb in method.embed(params[name], batch_stats[name], images).items():
+                    suffix = "" if head == method.head else f"/{head}"
+                    out[member_name(i) + suffix] = emb
+            return out
         embed = lambda p, s: self.method.embed(p, s, images)  # noqa: E731
         out = over_members(embed, self.loop, params, batch_stats)
         named = {}
@@ -586,6 +758,21 @@ class Program:
             return jitted(params, batch_stats, placed, count)
 
         return embed_fn
+
+
+def build_program(
+    config: ml_collections.ConfigDict, num_classes: int, steps_per_epoch: int = 1
+) -> Program:
+    """The program of a run config: its method (one per member of a heterogeneous cohort,
+    ``cohort.members``) and members.
+
+    Raises:
+      ConfigError: for a config the method or the cohort cannot run.
+    """
+    configs = member_configs(config)
+    methods = tuple(Method(c, num_classes=num_classes) for c in configs)
+    method = methods[0] if methods else Method(config, num_classes=num_classes)
+    return Program(config, method, steps_per_epoch, methods=methods)
 
 
 def make_train_step(method: Method, tx: optax.GradientTransformation) -> StepFn:

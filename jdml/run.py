@@ -16,9 +16,7 @@ from jdml.data.augment import make_augmentation
 from jdml.data.loading import load_splits
 from jdml.errors import ConfigError
 from jdml.evaluation.splits import embed_split, evaluate_splits, split_metrics
-from jdml.methods import Method
-from jdml.optim import make_optimizer
-from jdml.program import Program, StepFn
+from jdml.program import StepFn, build_program
 from jdml.samplers import SAMPLERS
 from jdml.samplers.memory import empty_sampler_state
 from jdml.state import TrainState
@@ -55,19 +53,13 @@ class Run:
         )
         self.steps_per_epoch = config.train.steps_per_epoch or self.sampler.steps_per_epoch
         self.total_steps = config.train.epochs * self.steps_per_epoch
-        self.method = Method(config, num_classes=train.num_classes)
         self.augment = make_augmentation(config.data)
         # One member of the method, or a DM2 cohort (cohort.size > 1) of several.
-        self.program = Program(config, self.method, self.steps_per_epoch)
+        self.program = build_program(config, train.num_classes, self.steps_per_epoch)
+        self.method = self.program.method
         self.head = self.program.head
         self.members = self.program.members
-        self.tx = make_optimizer(
-            config.optim,
-            self.method.param_groups(),
-            steps_per_epoch=self.steps_per_epoch,
-            total_steps=self.total_steps,
-            frozen=self.method.frozen_params(),
-        )
+        self.tx = self.program.optimizer(self.steps_per_epoch, self.total_steps)
         # Two images shape the parameters as well as a batch does (the state is identical);
         # a whole batch would cost eager forward passes: 49 s instead of 17 s for ResNet-50
         # on 2 CPU cores, plus decoding its photos.
@@ -75,7 +67,7 @@ class Run:
         placeholders = empty_sampler_state(
             self.sampler,
             num_train=len(train),
-            dim=config.model.embed_dim,
+            dim=self.method.heads[self.method.head],
             steps_per_epoch=self.steps_per_epoch,
         )
         self.initial_state = self.program.init_state(self.tx, config.seed, sample, placeholders)
@@ -94,7 +86,7 @@ class Run:
     def prefill_terms(self, state: TrainState) -> TrainState:
         """Each term with a state prepares it (``Term.prefill``) from augmented training images
         drawn with a fixed seed and the program's per-member functions."""
-        if not state.method_state:
+        if not state.method_state or self.program.heterogeneous:  # no stateful terms there
             return state
         new = dict(state.method_state)
         for name, term_state in state.method_state.items():

@@ -219,6 +219,10 @@ def base_config() -> ml_collections.ConfigDict:
     # Members of one device: "unroll" traced one after the other, "vmap" vectorised (grouped
     # convolutions, which XLA runs slowly on CPU; try it on GPU/TPU).
     c.cohort.member_loop = "unroll"
+    # Heterogeneous cohorts (DM2's Table 5): one entry per member, each "" or ";"-separated
+    # model.* overrides of that member's network, e.g. ("", "model.embed_dim=64",
+    # "model.backbone=efficientnet_lite0;model.pretrained=packaged"). () = identical members.
+    c.cohort.members = ()
 
     # Data parallelism for every method (jdml.program): the global batch of each member split
     # over ``data_devices`` devices of the mesh's data axis (0: every device the member axis

@@ -318,6 +318,21 @@ def _validate_cohort(c: ml_collections.ConfigDict) -> None:
             f"parallel.data_devices={data_devices} must divide train.batch_size="
             f"{c.train.batch_size}; choose a batch size that is a multiple of it"
         )
+    if cohort.members:
+        from jdml.methods.cohort import member_configs
+
+        members = member_configs(c)
+        if cohort.devices > 1:
+            raise ConfigError(
+                f"cohort.devices={cohort.devices} with cohort.members: a heterogeneous cohort "
+                "keeps every member on every device (split the batch with "
+                "parallel.data_devices); use cohort.devices=0"
+            )
+        for i, member in enumerate(members):
+            try:
+                validate(member)
+            except ConfigError as e:
+                raise ConfigError(f"cohort.members[{i}] {cohort.members[i]!r}: {e}") from None
     if cohort.size > 1 and c.phases:
         raise ConfigError(
             f"phases={tuple(c.phases)} with cohort.size={cohort.size}: a cohort trains one joint "

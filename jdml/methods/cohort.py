@@ -35,6 +35,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
@@ -48,6 +49,52 @@ VIEWS = ("images", "images_b")  # batch entries with a member axis under view di
 def member_name(index: int) -> str:
     """The evaluation name of member ``index`` (0-based) : ``member1``, ``member2``, ..."""
     return f"member{index + 1}"
+
+
+def member_overrides(spec: str) -> dict[str, Any]:
+    """One entry of ``cohort.members``: ``";"``-separated ``model.key=value`` overrides (values
+    read as Python literals where they are one, else as strings) as dotted key -> value.
+
+    Raises:
+      ConfigError: for an item without ``=`` or a key outside the ``model`` section.
+    """
+    from jdml.config.schema import parse_assignments
+
+    items = [item.strip() for item in spec.split(";") if item.strip()]
+    values = parse_assignments(items)
+    outside = [k for k in values if not k.startswith("model.")]
+    if outside:
+        raise ConfigError(
+            f"cohort.members entry {spec!r} sets {', '.join(outside)}: a member may only change "
+            "its network (model.* keys); the data, losses and optimiser are the cohort's"
+        )
+    return values
+
+
+def member_configs(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict, ...]:
+    """The config of each member of a heterogeneous cohort (``cohort.members``): the run's
+    config with that member's ``model.*`` overrides; () for a cohort of identical members.
+
+    Raises:
+      ConfigError: if ``cohort.members`` does not have one entry per member, or an entry sets an
+        unknown key or a value of the wrong type.
+    """
+    from jdml.config.schema import set_keys
+
+    specs = tuple(config.cohort.members)
+    if not specs:
+        return ()
+    if len(specs) != int(config.cohort.size) or len(specs) < 2:
+        raise ConfigError(
+            f"cohort.members has {len(specs)} entries for cohort.size={config.cohort.size}: "
+            'give one entry per member ("" keeps the run\'s model), and at least two'
+        )
+    out = []
+    for spec in specs:
+        member = ml_collections.ConfigDict(config.to_dict())
+        member.cohort.members = ()
+        out.append(set_keys(member, member_overrides(spec)))
+    return tuple(out)
 
 
 def update_probabilities(size: int, temporal: bool) -> np.ndarray:

@@ -78,6 +78,7 @@ class Term:
 
     kind: ClassVar[str] = ""
     views: ClassVar[int] = 1
+    stateful: ClassVar[bool] = False  # whether ``init_state`` returns a state (filled by prefill)
     head: str
     weight: float
 

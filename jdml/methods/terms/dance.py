@@ -40,6 +40,7 @@ class DanceTerm(Term):
     """
 
     views = 2
+    stateful = True
 
     def __init__(self, cfg: ml_collections.ConfigDict, *, batch_size: int, dim: int) -> None:
         self.head, self.weight = cfg.head, float(cfg.weight)

@@ -1,0 +1,164 @@
+"""Heterogeneous DM2 cohorts (``cohort.members``): members with other widths and embedding sizes
+train as independent runs without the mutual term, as a stacked cohort when they are identical,
+on a data-parallel mesh as on one device, and through the one loop to checkpoints, evaluation
+of every member and the ensemble, and ``jdml.load``."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs.diva import get_config as diva_config
+from jdml.config import set_keys
+from jdml.errors import ConfigError
+from jdml.fileio import read_jsonl
+from jdml.inference import load
+from jdml.program import build_program, make_train_step
+from jdml.run import Run
+from jdml.trainer import train_and_evaluate
+from tests.helpers import TINY_OVERRIDES, make_npz, restore_latest, tiny_config
+from tests.methods.test_cohort import batches, host, train
+
+# The tiny model, and a member twice as wide with half its embedding size.
+MEMBERS = ("", "model.stem_features=16;model.stage_features=(16,32);model.embed_dim=8")
+pytestmark = pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 (fake) devices")
+
+
+@pytest.fixture(scope="module")
+def npz(tmp_path_factory):
+    return make_npz(str(tmp_path_factory.mktemp("data") / "tiny.npz"))
+
+
+def hetero(npz: str, members: tuple[str, ...] = MEMBERS, **overrides) -> Run:
+    return Run(
+        tiny_config(npz, **{"cohort.size": len(members), "cohort.members": members, **overrides})
+    )
+
+
+def test_members_have_their_own_networks(npz):
+    run = hetero(npz)
+    params = run.initial_state.params
+    assert set(params) == {"member1", "member2"}
+    dims = [method.heads["discriminative"] for method in run.program.methods]
+    assert dims == [16, 8]
+    images = np.zeros((2, 16, 16, 1), np.float32)
+    out = run.embed_fn(params, run.initial_state.batch_stats, images)
+    assert {k: v.shape for k, v in out.items()} == {"member1": (2, 16), "member2": (2, 8)}
+    widths = [p["model"]["backbone"]["stem"]["kernel"].shape[-1] for p in params.values()]
+    assert widths == [8, 16]
+
+
+def test_without_mutual_term_members_are_independent_runs(npz):
+    """lambda = 0, no temporal or view diversity: member l = the plain step of its own config
+    from its own init; member 1 starts exactly as the plain run of the same config and seed."""
+    overrides = {
+        "cohort.mutual_weight": 0.0,
+        "cohort.temporal_diversity": False,
+        "cohort.view_diversity": False,
+    }
+    run = hetero(npz, **overrides)
+    init = host(run.initial_state)
+    _, state, _ = train(run)
+    plain = Run(tiny_config(npz))
+    for a, b in zip(
+        jax.tree.leaves(run.program.member_state(init, 0).params),
+        jax.tree.leaves(plain.initial_state.params),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)
+    for i, method in enumerate(run.program.methods):
+        alone = build_program(method.config, run.splits["train"].num_classes)
+        step = make_train_step(method, alone.optimizer(run.steps_per_epoch, run.total_steps))
+        member = jax.device_put(run.program.member_state(init, i))
+        for batch in batches(run):
+            member, _ = step(member, batch)
+        got = jax.tree.leaves(run.program.member_state(state, i).params)
+        for a, b in zip(got, jax.tree.leaves(host(member.params)), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_identical_members_train_as_the_stacked_cohort(npz):
+    """Two members without overrides, every diversity but the model's on and lambda = 20
+    from the first step: the same losses, DM2 terms, update draws and params as the cohort of
+    two stacked on a member axis."""
+    overrides = {"cohort.model_diversity": False, "cohort.warmup_epochs": 0.0}
+    listed = hetero(npz, ("", ""), **overrides)
+    stacked = Run(tiny_config(npz, **{"cohort.size": 2, "cohort.devices": 1, **overrides}))
+    _, state_a, history_a = train(listed)
+    _, state_b, history_b = train(stacked)
+    for (_, a), (_, b) in zip(history_a, history_b, strict=True):
+        assert a["mutual/loss"] > 0
+        for key in ("loss", "mutual/loss", "member2/loss", "member2/mutual"):
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-7)
+        for i in range(2):
+            assert a[f"member{i + 1}/updated"] == b[f"member{i + 1}/updated"]
+    for i in range(2):
+        got = jax.tree.leaves(listed.program.member_state(state_a, i).params)
+        want = jax.tree.leaves(stacked.program.member_state(state_b, i).params)
+        for x, y in zip(got, want, strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_data_parallel_heterogeneous_cohort_equals_one_device(npz):
+    overrides = {"cohort.warmup_epochs": 0.0}
+    one = hetero(npz, **overrides)
+    two = hetero(npz, **overrides, **{"parallel.data_devices": 2})
+    assert dict(two.program.mesh.shape) == {"member": 1, "data": 2}
+    _, state1, history1 = train(one)
+    step2, state2, history2 = train(two)
+    assert step2._cache_size() == 1
+    for (_, a), (_, b) in zip(history1, history2, strict=True):
+        np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(state1.params), jax.tree.leaves(state2.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_heterogeneous_cohort_trains_evaluates_resumes_and_loads(npz, tmp_path):
+    """Through the one loop: a run stopped after epoch 1 resumes from its checkpoint (the
+    per-member dicts restore) and compiles its step once, every member and the ensemble are
+    evaluated, and ``jdml.load`` embeds with each as the program does."""
+    overrides = {"cohort.size": 2, "cohort.members": MEMBERS, "cohort.warmup_epochs": 1.0}
+    config = tiny_config(npz, **overrides)
+    workdir = str(tmp_path / "run")
+    train_and_evaluate(tiny_config(npz, **overrides, **{"train.epochs": 1}), workdir)
+    summary = train_and_evaluate(config, workdir)
+    assert summary["train_step_compiles"] == 1
+    records = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    evals = {r.get("embedding", "main") for r in records if r["kind"] == "eval"}
+    assert evals == {"main", "member2", "concat:1,1"}
+    assert any(r["kind"] == "train" and r["step"] > 0 for r in records)
+    run = Run(config)
+    a = restore_latest(workdir, run)
+    assert int(a.step) == run.total_steps
+    images = np.random.default_rng(0).random((3, 16, 16, 1)).astype(np.float32)
+    assert load(workdir, embedding="ensemble").embed(images).shape == (3, 16 + 8)
+    member2 = load(workdir, embedding="member2").embed(images)
+    assert member2.shape == (3, 8)
+    want = run.program.embed(a.params, a.batch_stats, images)["member2"]
+    np.testing.assert_allclose(member2, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"cohort.size": 3, "cohort.members": ("", "")}, "2 entries for cohort.size=3"),
+        ({"cohort.size": 2, "cohort.members": ("", "train.epochs=3")}, "only change its network"),
+        ({"cohort.size": 2, "cohort.members": ("", "model.embed_dims=3")}, "model.embed_dims"),
+        ({"cohort.size": 2, "cohort.members": ("", "model.backbone=alexnet")}, r"members\[1\]"),
+        ({"cohort.size": 2, "cohort.members": ("", ""), "cohort.devices": 2}, "cohort.devices=0"),
+    ],
+)
+def test_heterogeneous_config_errors(npz, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        Run(tiny_config(npz, **overrides))
+
+
+def test_heterogeneous_dance_is_refused(npz):
+    config = diva_config()
+    set_keys(config, {**TINY_OVERRIDES, "data.path": npz})
+    set_keys(config, {"cohort.size": 2, "cohort.members": ("", "model.embed_dim=8")})
+    with pytest.raises(ConfigError, match="DaNCE"):
+        Run(config)
