@@ -167,6 +167,8 @@ PRESETS: dict[str, Preset] = {
     "glyphs": Preset(protocol={}, dm2_any_method={"cohort.warmup_epochs": 1.0}),
     "folder": Preset(protocol={"data.name": "folder", "data.image_size": 64}),
     "npz": Preset(protocol={"data.name": "npz"}),
+    # Any prepared tfds image dataset: --config.data.tfds_name=<builder> --config.data.path=<dir>.
+    "tfds": Preset(protocol={"data.name": "tfds", "data.image_size": 64}),
     # Cross-design emoji retrieval under the papers' protocol (EMOJI_PROTOCOL); build the data
     # first with `python -m jdml data fetch emoji`. DiVA and Sharing: SOP's weights (the emoji
     # are shaped like SOP and fine-tuned like the benchmarks), no lr decay within the 20 epochs,

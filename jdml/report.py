@@ -44,7 +44,7 @@ log = logging.getLogger("jdml")
 
 RHO = "rho_spectrum@1"
 # Keys that do not make two runs different experiments.
-_NOT_EXPERIMENT = (*RESUMABLE_CHANGES, "seed", "data.path", "data.num_threads")
+_NOT_EXPERIMENT = (*RESUMABLE_CHANGES, "seed", "data.path", "data.source", "data.num_threads")
 
 
 @dataclasses.dataclass

@@ -228,6 +228,8 @@ def tfds_example(name: str, label: int, pixels: np.ndarray, key: str) -> dict[st
         }
     if name == "cars196":
         return {"image": png_bytes(pixels), "label": label, "bbox": bbox, "id": key}
+    if name == "mnist":  # grayscale, as the real digits (of other sizes than 28 x 28 here)
+        return {"image": png_bytes(pixels[..., 0]), "label": label}
     if name == "stanford_online_products":
         return {
             "image": png_bytes(pixels),

@@ -107,7 +107,17 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "glyphs"  # one of DATASETS.names()
-    c.data.path = ""  # root folder / npz file for the generic sources
+    c.data.path = ""  # root folder / npz file for the generic sources; tfds data folder for tfds
+    # How the benchmarks are read: "files" (the official archives' layouts) or "tfds" (cub200,
+    # cars196 and sop as tfds builders prepared in data.path; pip install 'jdml[tfds]').
+    c.data.source = "files"
+    # data.name=tfds (any prepared tfds image dataset; a loader's own options are its
+    # data.<name>_<option> keys): the builder, its image and label features, and the splits
+    # read (tfds's split syntax, e.g. "train+test" or "train[:50%]"; "": all of them).
+    c.data.tfds_name = ""
+    c.data.tfds_image_key = "image"
+    c.data.tfds_label_key = "label"
+    c.data.tfds_splits = ""
     c.data.cache_dir = ""  # glyph cache (default: $JDML_CACHE/glyphs or ~/.cache/jdml/glyphs)
     c.data.image_size = 32  # photo datasets: the crop size (224)
     c.data.resize = 256  # photo datasets: short side before the evaluation's centre crop

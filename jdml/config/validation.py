@@ -223,6 +223,31 @@ def _validate_photos(data: ml_collections.ConfigDict) -> None:
         )
 
 
+def _validate_source(data: ml_collections.ConfigDict) -> None:
+    """``data.source`` is a known source that holds ``data.name``: a benchmark it has a reader
+    of, or a dataset registered with that source (``data.name=tfds``); ``files`` (the default)
+    also suits every in-memory dataset."""
+    from jdml.data.benchmarks import BENCHMARKS, SOURCES
+    from jdml.data.sources import DATASETS
+
+    if data.source not in SOURCES:
+        raise ConfigError(
+            f"data.source={data.source!r} is not a known data source; choose one of: "
+            + ", ".join(SOURCES.names())
+        )
+    readers = SOURCES.get(data.source)
+    if data.name in BENCHMARKS:
+        held = data.name in readers
+    else:
+        held = data.source == "files" or DATASETS.meta(data.name).get("source") == data.source
+    if not held:
+        readable = sorted([*readers.names(), *DATASETS.names_where("source", data.source)])
+        raise ConfigError(
+            f"data.source={data.source} has no reader of data.name={data.name} (it reads "
+            f"data.name={', '.join(readable)}); use --config.data.source=files"
+        )
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
     """Checks the combination of choices before anything runs; raises ``ConfigError``."""
     from jdml.data.augment import AUGMENTATIONS
@@ -255,6 +280,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
             f"data.name={c.data.name!r} is not a known dataset; choose one of: "
             + ", ".join(sorted([*DATASETS.names(), *BENCHMARKS.names()]))
         )
+    _validate_source(c.data)
     check_sections("", c.loss, c.miner)  # the main term's loss and miner
     _validate_numbers(c)
     bs, spc = c.train.batch_size, c.sampler.samples_per_class

@@ -14,6 +14,23 @@ from typing import Any, Protocol
 import numpy as np
 
 
+def compact_labels(
+    labels: np.ndarray, class_names: tuple[str, ...]
+) -> tuple[np.ndarray, tuple[str, ...]]:
+    """The labels present mapped onto 0..K-1 in sorted order, and the names of those classes.
+
+    Args:
+      labels: (N,) integer labels indexing ``class_names``.
+      class_names: one name per label value.
+
+    Returns:
+      int32 (N,) labels and the K names they now index.
+    """
+    present = np.unique(labels)
+    new = np.searchsorted(present, labels).astype(np.int32)
+    return new, tuple(class_names[i] for i in present)
+
+
 class ImageSet(Protocol):
     """What the pipeline, the samplers and the evaluator need of a split of labelled images."""
 
@@ -88,10 +105,8 @@ class ImageArrays:
 
     def relabel(self) -> ImageArrays:
         """Maps the labels present onto 0..K-1 in sorted order (keeps class names aligned)."""
-        present = np.unique(self.labels)
-        new = np.searchsorted(present, self.labels).astype(np.int32)
-        names = tuple(self.class_names[i] for i in present)
-        return dataclasses.replace(self, labels=new, class_names=names)
+        labels, names = compact_labels(self.labels, self.class_names)
+        return dataclasses.replace(self, labels=labels, class_names=names)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,8 +24,9 @@ def load_splits(cfg: ml_collections.ConfigDict) -> dict[str, ImageSet]:
 
     In-memory sources (``DATASETS``) are cut into classes halves by ``split_by_class``; the
     benchmarks (``BENCHMARKS``: cub200, cars196, sop, inshop) come with their own train and
-    test splits, read as file lists whose photos are decoded as batches are drawn; In-Shop's
-    test split is its queries ranked against its gallery (a :class:`QueryGallery`).
+    test splits, read from ``data.source`` (the archive's files, or a prepared tfds builder
+    for cub200, cars196 and sop) as photo lists decoded as batches are drawn; In-Shop's test
+    split is its queries ranked against its gallery (a :class:`QueryGallery`).
     """
     splits = _benchmark_splits(cfg) if cfg.name in BENCHMARKS else _array_splits(cfg)
     for name, split in splits.items():
@@ -60,6 +61,13 @@ def warn_singleton_classes(name: str, split: ImageSet) -> None:
     )
 
 
+def loader_options(cfg: ml_collections.ConfigDict) -> dict[str, object]:
+    """The options of the loader ``cfg.name`` of its own: its ``data.<name>_<option>`` keys as
+    ``{option: value}`` (``data.tfds_name`` -> ``name`` for ``data.name=tfds``)."""
+    prefix = f"{cfg.name}_"
+    return {key.removeprefix(prefix): cfg[key] for key in cfg if key.startswith(prefix)}
+
+
 def _array_splits(cfg: ml_collections.ConfigDict) -> dict[str, ImageSet]:
     """The in-memory sources (``DATASETS``), cut into class halves."""
     loader = DATASETS.get(cfg.name)
@@ -69,6 +77,7 @@ def _array_splits(cfg: ml_collections.ConfigDict) -> dict[str, ImageSet]:
         cache_dir=cfg.cache_dir or None,
         channels=cfg.channels,
         skip_unreadable=cfg.skip_unreadable,
+        **loader_options(cfg),
     )
     return split_by_class(data, val_fraction=cfg.val_fraction, seed=cfg.split_seed)
 
@@ -76,7 +85,7 @@ def _array_splits(cfg: ml_collections.ConfigDict) -> dict[str, ImageSet]:
 def _benchmark_splits(cfg: ml_collections.ConfigDict) -> dict[str, ImageSet]:
     if cfg.channels != 3:
         raise DataError(f"{cfg.name} holds colour photos: set data.channels=3")
-    splits = read_benchmark(cfg.name, cfg.path, verify_counts=cfg.verify_counts)
+    splits = read_benchmark(cfg.name, cfg.path, source=cfg.source, verify_counts=cfg.verify_counts)
     sized = {
         name: dataclasses.replace(files, resize=cfg.resize, crop=cfg.image_size)
         for name, files in splits.items()

@@ -24,6 +24,9 @@ from PIL import Image
 
 from jdml.errors import UnsupportedImageError
 
+#: What Pillow (and :func:`to_8bit`) raise for an image that cannot be opened or decoded: an
+#: unidentified format, truncated data and a missing file are OSErrors.
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 BACKGROUND = (255, 255, 255)  # what transparent pixels are composited onto
 _EXACT_MODES = frozenset({"1", "L", "P", "RGB", "CMYK", "YCbCr", "LAB", "HSV"})
 _ALPHA_MODES = frozenset({"LA", "La", "PA", "RGBA", "RGBa"})

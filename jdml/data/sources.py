@@ -4,6 +4,9 @@ Every loader in :data:`DATASETS` is called with keyword arguments only::
 
     DATASETS.get(name)(path=..., image_size=..., cache_dir=..., channels=1, skip_unreadable=False)
 
+and with its own options, the config's ``data.<name>_<option>`` keys as ``option=...``
+(``data.tfds_name`` -> ``name=`` for ``tfds``, :mod:`jdml.data.tfds_datasets`).
+
 ``glyphs``
   The embedded default dataset (see :mod:`jdml.data.glyphs`); ``path`` is ignored and the
   images are always grayscale (``channels=1``).
@@ -16,6 +19,9 @@ Every loader in :data:`DATASETS` is called with keyword arguments only::
 ``npz``
   An ``.npz`` file with ``images`` (N, H, W) or (N, H, W, C) uint8, ``labels`` (N,) int and
   optionally ``class_names`` (K,) strings.
+``tfds``
+  Any tensorflow-datasets image dataset with class labels prepared in ``path``
+  (:mod:`jdml.data.tfds_datasets`, which registers it).
 
 Images are converted to ``channels`` (1: grayscale, 3: RGB) and brought to
 ``image_size x image_size`` by resizing the short side and cropping the centre. Bad input
@@ -29,13 +35,14 @@ import warnings
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps
 
 from jdml.data.arrays import ImageArrays
 from jdml.data.glyphs import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, load_glyphs
-from jdml.data.pixels import to_8bit
+from jdml.data.pixels import DECODE_ERRORS, to_8bit
 from jdml.errors import DataError, MissingFontsError
 from jdml.registry import Registry
 
@@ -205,14 +212,21 @@ def _image_files(folder: Path) -> list[Path]:
     return files
 
 
+def square_image(file: Path | str | BinaryIO, size: int, channels: int) -> np.ndarray:
+    """Decodes one image (a file or a binary file object; EXIF orientation applied) into the
+    (size, size, channels) square. Raises what Pillow raises for a bad image (``DECODE_ERRORS``).
+    """
+    with Image.open(file) as image:
+        image.load()
+        return to_array(ImageOps.exif_transpose(image), size, channels)
+
+
 def read_image(file: Path | str, size: int, channels: int, hint: str = "") -> np.ndarray:
     """Decodes one image file (EXIF orientation applied) into the (size, size, channels) square;
     errors name the file (and end with ``hint``)."""
     try:
-        with Image.open(file) as image:
-            image.load()
-            return to_array(ImageOps.exif_transpose(image), size, channels)
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        return square_image(file, size, channels)
+    except DECODE_ERRORS as err:
         raise DataError(f"cannot read image {file}: {err}; fix or delete the file{hint}") from err
 
 

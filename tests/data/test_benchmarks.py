@@ -330,8 +330,7 @@ def test_tfds_birds_are_recut_by_class(tmp_path: Path) -> None:
         for label, pixels in examples:
             pixels_by_label.setdefault(label, []).append(pixels)
     for split, offset in ((train, 98), (test, 100)):
-        for i in range(len(split)):
-            image, label = split[i]
+        for image, label in zip(split.load(np.arange(len(split))), split.labels, strict=True):
             assert image.dtype == np.uint8 and image.shape[2] == 3
             original = int(split.class_names[label].split("_")[1])
             assert original >= offset
@@ -355,7 +354,7 @@ def test_tfds_sop_keeps_its_splits(tmp_path: Path) -> None:
     assert splits["train"].class_names == ("1", "6")
     assert splits["test"].class_names == ("11319", "22634")
     assert sorted(splits["train"].labels.tolist()) == [0, 0, 1]
-    image, _ = splits["test"][1]
+    (image,) = splits["test"].load(np.array([1]))
     assert image.ndim == 3 and image.dtype == np.uint8
 
 

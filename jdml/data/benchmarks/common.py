@@ -1,4 +1,4 @@
-"""Shared parts of the benchmark readers: the file list, the registry, locating and checking.
+"""Shared parts of the benchmark readers: the photo lists, the registries, locating and checking.
 
 A reader finds the dataset folder (``root`` itself or one of its subfolders), parses the index
 files into :class:`FileList` splits, and optionally checks the counts against the full dataset
@@ -17,24 +17,31 @@ from typing import Protocol
 
 import numpy as np
 
+from jdml.data.arrays import compact_labels
 from jdml.data.benchmarks.images import decode_image
 from jdml.data.transforms import eval_view
 from jdml.errors import DataError
 from jdml.registry import Registry
 
 
-@dataclasses.dataclass(frozen=True)
-class FileList:
-    """The image files of one split with their class labels (images are decoded later).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Photos:
+    """The photos of one split with their class labels, decoded as they are read.
+
+    The split interface of :class:`jdml.data.arrays.ImageSet` on photos of their own sizes; a
+    subclass says where photo ``i`` comes from (:meth:`decode`) and how many it lists
+    (:meth:`count`), and keeps a selection of them (:meth:`select`): files
+    (:class:`FileList`) or the records of a prepared tfds dataset
+    (:class:`jdml.data.benchmarks.tfds_sources.TfdsSplit`).
 
     Attributes:
-      paths: absolute image paths.
       labels: int32 (N,), values 0..K-1 in sorted order of the dataset's own class ids.
       class_names: one name per label.
-      source: where the list came from (for logs and results).
+      source: where the split came from (for logs and results).
+      resize: the evaluation view's short side.
+      crop: the evaluation view's centre square.
     """
 
-    paths: tuple[str, ...]
     labels: np.ndarray
     class_names: tuple[str, ...]
     source: str = ""
@@ -42,42 +49,71 @@ class FileList:
     crop: int = 224
 
     def __post_init__(self) -> None:
-        if self.labels.shape != (len(self.paths),) or self.labels.dtype != np.int32:
+        if self.labels.shape != (self.count(),) or self.labels.dtype != np.int32:
             raise ValueError(
-                f"labels must be int32 with one entry per path ({len(self.paths)}), "
+                f"labels must be int32 with one entry per photo ({self.count()}), "
                 f"got {self.labels.dtype} {self.labels.shape}"
             )
 
+    def count(self) -> int:
+        """The number of photos listed (the labels must match it)."""
+        raise NotImplementedError
+
+    def decode(self, i: int) -> np.ndarray:
+        """Photo ``i`` as uint8 (H, W, 3) RGB (raises DataError if it cannot be read)."""
+        raise NotImplementedError
+
+    def select(self, chosen: np.ndarray) -> Photos:
+        """The photos at the positions ``chosen``, with their labels."""
+        raise NotImplementedError
+
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.labels)
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
 
-    def subset(self, mask_or_index: np.ndarray) -> FileList:
-        """The selected files; labels keep their values (see ``relabel``)."""
-        chosen = np.arange(len(self.paths))[mask_or_index]
-        return dataclasses.replace(
-            self, paths=tuple(self.paths[i] for i in chosen), labels=self.labels[chosen]
-        )
+    def subset(self, mask_or_index: np.ndarray) -> Photos:
+        """The selected photos; labels keep their values (see ``relabel``)."""
+        return self.select(np.arange(len(self))[mask_or_index])
 
-    def relabel(self) -> FileList:
+    def relabel(self) -> Photos:
         """Maps the labels present onto 0..K-1 in sorted order (class names kept aligned)."""
-        present = np.unique(self.labels)
-        new = np.searchsorted(present, self.labels).astype(np.int32)
-        names = tuple(self.class_names[i] for i in present)
-        return dataclasses.replace(self, labels=new, class_names=names)
+        labels, names = compact_labels(self.labels, self.class_names)
+        return dataclasses.replace(self, labels=labels, class_names=names)
 
     def load(self, index: np.ndarray) -> list[np.ndarray]:
         """The decoded photos ``index`` as uint8 (H, W, 3) RGB arrays of their own sizes."""
-        return [decode_image(self.paths[i]) for i in np.asarray(index).reshape(-1)]
+        return [self.decode(int(i)) for i in np.asarray(index).reshape(-1)]
 
     def eval_images(self, index: np.ndarray) -> np.ndarray:
         """The photos ``index`` as the evaluation sees them: the short side resized to
         ``resize``, the centre ``crop`` x ``crop`` square, float32 in [0, 1]."""
         crops = [eval_view(photo, self.resize, self.crop) for photo in self.load(index)]
         return np.stack(crops).astype(np.float32) / 255.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FileList(Photos):
+    """The image files of one split with their class labels (images are decoded later).
+
+    Attributes:
+      paths: absolute image paths (and the :class:`Photos` attributes).
+    """
+
+    paths: tuple[str, ...]
+
+    def count(self) -> int:
+        return len(self.paths)
+
+    def decode(self, i: int) -> np.ndarray:
+        return decode_image(self.paths[i])
+
+    def select(self, chosen: np.ndarray) -> FileList:
+        return dataclasses.replace(
+            self, paths=tuple(self.paths[i] for i in chosen), labels=self.labels[chosen]
+        )
 
 
 class Counted(Protocol):
@@ -90,25 +126,40 @@ class Counted(Protocol):
 
 
 class Reader(Protocol):
-    """The signature every benchmark reader has."""
+    """The signature every benchmark reader has (``check_files`` only matters for files)."""
 
     def __call__(
         self, root: str, *, verify_counts: bool = True, check_files: bool = True
-    ) -> dict[str, FileList]: ...
+    ) -> Mapping[str, Photos]: ...
 
 
-#: Benchmark readers by name; each returns ``{split name: FileList}``.
+#: Benchmark readers by name, of the files in the official archives' layouts; each returns
+#: ``{split name: FileList}``.
 BENCHMARKS: Registry[Reader] = Registry("benchmark")
+#: The benchmarks read from prepared tensorflow-datasets builders instead (``root`` is the tfds
+#: data folder), by the same names and into the same splits (:mod:`.tfds_sources`).
+TFDS_BENCHMARKS: Registry[Reader] = Registry("tfds benchmark")
+#: ``data.source`` -> the readers of the benchmarks that source holds.
+SOURCES: Registry[Registry[Reader]] = Registry("data source")
+SOURCES.register("files")(BENCHMARKS)
+SOURCES.register("tfds")(TFDS_BENCHMARKS)
 
 
 def read_benchmark(
-    name: str, root: str, *, verify_counts: bool = True, check_files: bool = True
-) -> dict[str, FileList]:
-    """Looks ``name`` up in :data:`BENCHMARKS` and reads the dataset under ``root``.
+    name: str,
+    root: str,
+    *,
+    source: str = "files",
+    verify_counts: bool = True,
+    check_files: bool = True,
+) -> Mapping[str, Photos]:
+    """Looks ``name`` up in the readers of ``source`` and reads the dataset under ``root``.
 
     Args:
       name: a registered benchmark (``cub200``, ``cars196``, ``sop``, ``inshop``).
-      root: the folder the dataset archive unpacked to, or its parent.
+      root: the folder the dataset archive unpacked to, or its parent; for ``source="tfds"``
+        the tfds data folder.
+      source: ``files`` (:data:`BENCHMARKS`) or ``tfds`` (:data:`TFDS_BENCHMARKS`).
       verify_counts: check the class and image counts against the full dataset.
       check_files: check that every listed image file exists.
 
@@ -116,10 +167,11 @@ def read_benchmark(
       The splits by name.
 
     Raises:
-      UnknownNameError: for an unregistered name.
+      UnknownNameError: for an unregistered source, or a name its source does not hold.
       DataError: when the dataset is missing, malformed, partial or lacks images.
     """
-    return BENCHMARKS.get(name)(root, verify_counts=verify_counts, check_files=check_files)
+    reader = SOURCES.get(source).get(name)
+    return reader(root, verify_counts=verify_counts, check_files=check_files)
 
 
 # --------------------------------------------------------------------------- locating

@@ -8,12 +8,8 @@ from typing import BinaryIO
 import numpy as np
 from PIL import Image, ImageOps
 
-from jdml.data.pixels import to_8bit
+from jdml.data.pixels import DECODE_ERRORS, to_8bit
 from jdml.errors import DataError
-
-# What Pillow raises for a file it cannot open or decode (UnidentifiedImageError, truncated
-# data and a missing file are OSErrors).
-_DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 
 def _to_rgb(image: Image.Image) -> np.ndarray:
@@ -45,7 +41,7 @@ def decode_file(file: str | BinaryIO, name: str) -> np.ndarray:
             return _to_rgb(image)
     except FileNotFoundError as err:
         raise DataError(f"image {name} does not exist: {err}") from err
-    except _DECODE_ERRORS as err:
+    except DECODE_ERRORS as err:
         raise DataError(
             f"cannot decode image {name}: {err}; re-extract it from the dataset archive"
         ) from err

@@ -1,18 +1,23 @@
 """The benchmarks as prepared tensorflow-datasets builders, read without TensorFlow.
 
-``tfds.data_source`` gives random access to a dataset prepared in the ArrayRecord format; this
-needs no TensorFlow. Preparing one does (the builders read their archives through TensorFlow):
+``data.source=tfds`` reads ``data.name=cub200``, ``cars196`` and ``sop`` from their tfds builders
+prepared in ``data.path`` (a tfds data folder) for random access:
 ``tfds build NAME --data_dir=DIR --file_format=array_record`` on a machine with TensorFlow, then
-copy ``DIR`` here.
+copy ``DIR`` here (see :mod:`jdml.data.tfds_datasets`, also for why tensorflow-datasets is the
+optional extra ``jdml[tfds]``). Each reader is registered in ``TFDS_BENCHMARKS`` under the
+benchmark's name and returns the splits the file reader of ``BENCHMARKS`` returns: the same
+unseen classes, counts checked against the same numbers, and the same split interface
+(:class:`Photos`), so the validation hold-out, the augmentations and the evaluation view are
+those of the files.
 
 The builders' own splits are re-cut into the deep-metric-learning ones where they share
 classes:
 
-``caltech_birds2011``
+``caltech_birds2011`` (``cub200``)
   train and test together, labels (class id - 1) below 100 for training, the rest for testing.
-``cars196``
+``cars196`` (``cars196``)
   train and test together, labels below 98 for training, the rest for testing.
-``stanford_online_products``
+``stanford_online_products`` (``sop``)
   its own train and test (disjoint classes already).
 
 Images are kept encoded in the source and decoded on access, with the same conversion to RGB
@@ -27,18 +32,19 @@ from typing import Any
 
 import numpy as np
 
-from jdml.data.benchmarks.common import check_counts
+from jdml.data.arrays import compact_labels
+from jdml.data.benchmarks import cars, cub, sop
+from jdml.data.benchmarks.common import TFDS_BENCHMARKS, Photos, Reader, check_counts
 from jdml.data.benchmarks.images import decode_bytes
+from jdml.data.tfds_datasets import examples, open_records, text
 from jdml.errors import DataError
-
-# Records read at a time when scanning a source for its labels.
-_SCAN_CHUNK = 1024
 
 
 @dataclasses.dataclass(frozen=True)
 class _Builder:
     """How to read one tfds builder: its features and how its splits become the DML ones."""
 
+    benchmark: str  # the name in BENCHMARKS and TFDS_BENCHMARKS
     title: str
     label: str  # the ClassLabel feature
     images: tuple[str, ...]  # encoded image features (read as bytes, not decoded)
@@ -47,89 +53,75 @@ class _Builder:
     expected: dict[str, tuple[int, int]]
 
 
+# The builders' labels are the class ids - 1: label < LAST_TRAIN_CLASS is class id <= it.
 BUILDERS = {
     "caltech_birds2011": _Builder(
-        title="CUB-200-2011",
+        benchmark="cub200",
+        title=cub.TITLE,
         label="label",
         images=("image", "segmentation_mask"),
-        cut=100,
+        cut=cub.LAST_TRAIN_CLASS,
         class_name="label_name",
-        expected={"train": (5_864, 100), "test": (5_924, 100)},
+        expected=cub.EXPECTED,
     ),
     "cars196": _Builder(
-        title="Cars196",
+        benchmark="cars196",
+        title=cars.TITLE,
         label="label",
         images=("image",),
-        cut=98,
+        cut=cars.LAST_TRAIN_CLASS,
         class_name=None,
-        expected={"train": (8_054, 98), "test": (8_131, 98)},
+        expected=cars.EXPECTED,
     ),
     "stanford_online_products": _Builder(
-        title="Stanford Online Products",
+        benchmark="sop",
+        title=sop.TITLE,
         label="class_id",
         images=("image",),
         cut=None,
         class_name=None,
-        expected={"train": (59_551, 11_318), "test": (60_502, 11_316)},
+        expected=sop.EXPECTED,
     ),
 }
 
 
-class TfdsSplit:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TfdsSplit(Photos):
     """One deep-metric-learning split of a prepared tfds dataset, with random access.
 
-    ``split[i]`` is ``(image, label)``: the image decoded to uint8 (H, W, 3) RGB, the label in
-    0..K-1 (sorted order of the builder's labels).
+    Photo ``i`` is example ``indices[i]`` of ``records``, decoded to uint8 (H, W, 3) RGB when it
+    is read; its label is in 0..K-1 (sorted order of the builder's labels).
 
     Attributes:
-      labels: int32 (N,), the label of every example.
-      class_names: one name per label.
-      source: where the split came from (for logs and results).
+      records: the tfds data source (picklable: grain's worker processes reopen it).
+      indices: int64 (N,), the examples of ``records`` in this split.
+      image_key: the image feature.
+      (and the :class:`Photos` attributes)
     """
 
-    def __init__(
-        self,
-        records: Any,
-        indices: np.ndarray,
-        labels: np.ndarray,
-        class_names: tuple[str, ...],
-        source: str,
-    ) -> None:
-        """Wraps examples ``indices`` of the tfds data source ``records``."""
-        self._records = records
-        self._indices = indices
-        self.labels = labels
-        self.class_names = class_names
-        self.source = source
+    records: Any
+    indices: np.ndarray
+    image_key: str = "image"
 
-    def __len__(self) -> int:
-        return len(self._indices)
+    def count(self) -> int:
+        return len(self.indices)
 
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
+    def decode(self, i: int) -> np.ndarray:
+        index = int(self.indices[i])
+        return decode_bytes(self.records[index][self.image_key], f"{index} of {self.source}")
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        """The decoded image and label of example ``i`` (raises DataError if undecodable)."""
-        record = self._records[int(self._indices[i])]
-        image = decode_bytes(record["image"], f"{i} of {self.source}")
-        return image, int(self.labels[i])
-
-
-def _text(value: object) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    def select(self, chosen: np.ndarray) -> TfdsSplit:
+        return dataclasses.replace(self, indices=self.indices[chosen], labels=self.labels[chosen])
 
 
 def _scan(records: Any, spec: _Builder) -> tuple[np.ndarray, dict[int, str]]:
     """Every example's label, and class names from the per-example names if there are any."""
     labels = np.empty(len(records), np.int64)
     names: dict[int, str] = {}
-    for start in range(0, len(records), _SCAN_CHUNK):
-        keys = list(range(start, min(start + _SCAN_CHUNK, len(records))))
-        for key, example in zip(keys, records.__getitems__(keys), strict=True):
-            labels[key] = int(example[spec.label])
-            if spec.class_name is not None:
-                names.setdefault(int(labels[key]), _text(example[spec.class_name]))
+    for key, example in examples(records):
+        labels[key] = int(example[spec.label])
+        if spec.class_name is not None:
+            names.setdefault(int(labels[key]), text(example[spec.class_name]))
     return labels, names
 
 
@@ -137,35 +129,13 @@ def _split(
     records: Any, indices: np.ndarray, labels: np.ndarray, names: Sequence[str], source: str
 ) -> TfdsSplit:
     """The examples ``indices`` (with their builder ``labels``) relabelled to 0..K-1."""
-    present = np.unique(labels)
+    compact, present_names = compact_labels(labels, tuple(names))
     return TfdsSplit(
         records=records,
         indices=indices,
-        labels=np.searchsorted(present, labels).astype(np.int32),
-        class_names=tuple(names[c] for c in present),
+        labels=compact,
+        class_names=present_names,
         source=source,
-    )
-
-
-def _cannot_open(tfds: Any, name: str, data_dir: str | None, err: Exception) -> DataError:
-    """The DataError for a dataset that ``tfds.data_source`` could not open, with the fix."""
-    builder = tfds.builder(name, data_dir=data_dir)
-    build = f"tfds build {name} --data_dir={builder.data_dir_root} --file_format=array_record"
-    if not builder.is_prepared():
-        return DataError(
-            f"no prepared {name} in {builder.data_dir_root} (looked for {builder.data_dir}); "
-            f"prepare it on a machine with TensorFlow with `{build}` and copy the folder there"
-        )
-    file_format = builder.info.file_format
-    if file_format not in tfds.core.FileFormat.with_random_access():
-        return DataError(
-            f"{name} is prepared in {builder.data_dir} as {file_format.value}, which has no "
-            f"random access; prepare it again with `{build}` (needs TensorFlow) or convert it "
-            "with `tfds convert_format`"
-        )
-    return DataError(
-        f"cannot open {name} in {builder.data_dir} for random access ({err}); is the copy "
-        f"complete? prepare it again with `{build}` (needs TensorFlow)"
     )
 
 
@@ -186,21 +156,14 @@ def tfds_source(
 
     Raises:
       DataError: for an unknown name, a dataset that is not prepared (or not in a random
-        access format), or a partial copy (with ``verify_counts``).
+        access format), a missing tensorflow-datasets, or a partial copy (with
+        ``verify_counts``).
     """
     if name not in BUILDERS:
         raise DataError(f"unknown tfds benchmark {name!r}; known: {', '.join(sorted(BUILDERS))}")
-    import tensorflow_datasets as tfds  # slow to import and only needed here
-
     spec = BUILDERS[name]
-    decoders = {feature: tfds.decode.SkipDecoding() for feature in spec.images}
     parts = ["train+test"] if spec.cut is not None else ["train", "test"]
-    try:
-        sources = tfds.data_source(
-            name, split=parts, data_dir=data_dir, download=False, decoders=decoders
-        )
-    except (NotImplementedError, FileNotFoundError, AssertionError, ValueError) as err:
-        raise _cannot_open(tfds, name, data_dir, err) from err
+    sources = open_records(name, data_dir, parts, spec.images)
     class_label = sources[0].dataset_info.features[spec.label]
     where = f"{name} in {data_dir or 'the default tfds data_dir'}"
     splits = {}
@@ -222,3 +185,23 @@ def tfds_source(
     if verify_counts:
         check_counts(splits, spec.expected, where=where, title=spec.title)
     return splits
+
+
+def _reader(builder: str) -> Reader:
+    """The TFDS_BENCHMARKS reader of the benchmark prepared as tfds ``builder``."""
+
+    def read(
+        root: str, *, verify_counts: bool = True, check_files: bool = True
+    ) -> dict[str, TfdsSplit]:
+        del check_files  # the images are records of the prepared dataset: no files to check
+        return tfds_source(builder, root or None, verify_counts=verify_counts)
+
+    read.__doc__ = (
+        f"Reads {BUILDERS[builder].title} from the tfds builder {builder} prepared in ``root`` "
+        "(a tfds data folder; tfds's default when empty)."
+    )
+    return read
+
+
+for _name, _spec in BUILDERS.items():
+    TFDS_BENCHMARKS.register(_spec.benchmark)(_reader(_name))
