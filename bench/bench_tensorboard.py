@@ -4,8 +4,8 @@ Trains the default glyph run for one epoch twice in this process, alternating, w
 ``train.tensorboard`` on and off (everything else equal: the same records go to metrics.jsonl),
 and prints the wall time per step of each and the difference (compilation and evaluation
 included, so run-to-run noise dominates it). Then times the writer alone on that run's own
-records, to give the cost per step without that noise, and the spectrum picture each
-evaluation adds, against the time of one epoch.
+records, to give the cost per step without that noise, and the pictures each evaluation adds
+(the spectrum, and the retrieval grid of the test split), against the time of one epoch.
 
 Usage: python bench/bench_tensorboard.py [--rounds 2] [--log-every 50]
 """
@@ -20,9 +20,10 @@ import time
 import numpy as np
 
 from configs.revisiting import get_config
+from jdml.data.loading import load_splits
 from jdml.fileio import read_jsonl
 from jdml.metric_writer import MetricWriter
-from jdml.trainer import _spectrum_image, train_and_evaluate
+from jdml.trainer import _retrieval_image, _spectrum_image, train_and_evaluate
 
 
 def _train(tensorboard: bool, log_every: int, folder: str) -> tuple[float, int, str]:
@@ -73,6 +74,12 @@ def main() -> None:
         for _ in range(5):
             _spectrum_image(writer, "train")
         picture_ms = (time.perf_counter() - start) / 5 * 1e3
+        test = load_splits(get_config().data)["test"]
+        embeddings = np.random.default_rng(0).standard_normal((len(test), 128), np.float32)
+        start = time.perf_counter()
+        for _ in range(5):
+            _retrieval_image(test, embeddings, "euclidean")
+        grid_ms = (time.perf_counter() - start) / 5 * 1e3
         with_tb = _writer_cost(records, True, folder, repeats)
         without = _writer_cost(records, False, folder, repeats)
     on, off = float(np.median(times[True])), float(np.median(times[False]))
@@ -86,6 +93,8 @@ def main() -> None:
           f"{100 * extra_ms / steps / off:.3f}% of a step")  # fmt: skip
     print(f"  spectrum picture: {picture_ms:.0f} ms per evaluation of a split that records it, "
           f"{100 * picture_ms / (steps * off):.2f}% of an epoch")  # fmt: skip
+    print(f"  retrieval grid: {grid_ms:.0f} ms per evaluated split ({len(test)} test images), "
+          f"{100 * grid_ms / (steps * off):.2f}% of an epoch")  # fmt: skip
 
 
 if __name__ == "__main__":

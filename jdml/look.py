@@ -68,6 +68,24 @@ def draw_retrieval_grid(
 ) -> str:
     """The retrieval grid of ``options.queries`` random items of ``data`` (a split) among the
     other items; for a query/gallery split, random queries among the gallery."""
+    title = f"{os.path.basename(model.workdir)}: {options.split} queries, {model.embedding}"
+    return split_retrieval_grid(
+        data, embeddings, path, options, distance=str(model.config.eval.distance), title=title
+    )
+
+
+def split_retrieval_grid(
+    data: Any,
+    embeddings: np.ndarray,
+    path: str,
+    options: LookOptions,
+    *,
+    distance: str,
+    title: str | None = None,
+) -> str:
+    """The retrieval grid of a split's ``embeddings`` (one row per item of ``data``): the
+    queries drawn with ``options.seed`` (the same ones at every call), their neighbours among
+    the other items (the gallery for a query/gallery split) by ``distance``."""
     if isinstance(data, QueryGallery):
         pool, references = np.arange(data.num_queries), np.arange(data.num_queries, len(data))
     else:
@@ -75,18 +93,19 @@ def draw_retrieval_grid(
     rng = np.random.default_rng(options.seed)
     queries = np.sort(rng.choice(pool, min(options.queries, len(pool)), replace=False))
     k = min(options.neighbours, len(references) - 1)
-    found = _neighbours(embeddings, queries, references, k, str(model.config.eval.distance))
+    found = _neighbours(np.asarray(embeddings), queries, references, k, distance)
     labels = np.asarray(data.labels)
-    neighbour_images = data.eval_images(found.reshape(-1)).reshape(*found.shape, *model.input_shape)
+    query_images = data.eval_images(queries)
+    neighbour_images = data.eval_images(found.reshape(-1))
     return retrieval_grid(
-        data.eval_images(queries),
-        neighbour_images,
+        query_images,
+        neighbour_images.reshape(*found.shape, *query_images.shape[1:]),
         labels[found] == labels[queries][:, None],
         path,
         query_labels=labels[queries],
         neighbour_labels=labels[found],
         class_names=list(data.class_names),
-        title=f"{os.path.basename(model.workdir)}: {options.split} queries, {model.embedding}",
+        title=title,
     )
 
 

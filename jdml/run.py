@@ -135,13 +135,15 @@ class Run:
         state: TrainState,
         splits: dict[str, ImageSet],
         full: Sequence[str] | None = None,
+        on_embeddings: Callable[[str, ImageSet, np.ndarray], None] | None = None,
     ) -> tuple[dict, dict, dict]:
         """Evaluates ``state`` on ``splits``: ``({split: {metric: value}}, {split: vectors},
         {split: {other head or combination: {metric: value}}})``.
 
         The splits in ``full`` (default: all) get ``eval.metrics`` and the multi-head evaluation;
         the training split also ``eval.train_metrics`` (see
-        ``jdml.evaluation.splits.split_metrics``).
+        ``jdml.evaluation.splits.split_metrics``). ``on_embeddings(split, data, embeddings)``
+        sees the evaluated head's embeddings of the splits in ``full``.
         """
         full = list(splits) if full is None else full
         return evaluate_splits(
@@ -155,4 +157,5 @@ class Run:
             seed=self.config.seed,
             full=full,
             devices=int(self.config.parallel.eval_devices),
+            on_embeddings=on_embeddings,
         )

@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+from PIL import Image
 from tqdm.auto import tqdm
 
 from jdml.checkpoint import Checkpoints, has_checkpoints, saved_steps
@@ -269,8 +270,15 @@ def _train(
 
     def evaluate(state: TrainState, epoch: int) -> None:
         nonlocal best_value
-        results, vectors, extra = run.evaluate(state, eval_splits, full_splits)
         step = int(state.step)
+
+        def draw(split: str, data: ImageSet, embeddings: np.ndarray) -> None:
+            if split != "train":  # the retrieval grid of the same queries at every evaluation
+                image = _retrieval_image(data, embeddings, str(config.eval.distance))
+                writer.add_image(f"eval/{split}/retrieval", image, step)
+
+        grid = draw if writer.board is not None else None
+        results, vectors, extra = run.evaluate(state, eval_splits, full_splits, grid)
         for split, rows in extra.items():
             for embedding, values in rows.items():
                 record = {"kind": "eval", "split": split, "embedding": embedding}
@@ -317,12 +325,22 @@ def _train(
 
 def _spectrum_image(writer: MetricWriter, split: str) -> np.ndarray:
     """The run's spectrum plot of ``split`` so far (latest against first), as RGB pixels."""
-    from PIL import Image
-
     from jdml.visualize.figures import spectrum_plot
 
     with tempfile.TemporaryDirectory() as folder:
         path = spectrum_plot(read_jsonl(writer.path), os.path.join(folder, "s.png"), split=split)
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"))
+
+
+def _retrieval_image(data: ImageSet, embeddings: np.ndarray, distance: str) -> np.ndarray:
+    """The retrieval grid of a split (``jdml look``'s six queries and six neighbours, the same
+    queries at every call) as RGB pixels."""
+    from jdml.look import LookOptions, split_retrieval_grid
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "grid.png")
+        split_retrieval_grid(data, embeddings, path, LookOptions(), distance=distance)
         with Image.open(path) as image:
             return np.asarray(image.convert("RGB"))
 

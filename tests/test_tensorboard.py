@@ -14,6 +14,7 @@ from jdml.errors import ConfigError
 from jdml.fileio import read_jsonl
 from jdml.metric_writer import scalar_tags
 from jdml.trainer import train_and_evaluate
+from jdml.visualize import retrieval_grid_size
 from tests.helpers import make_npz, tiny_config
 
 
@@ -69,6 +70,22 @@ def test_each_evaluation_adds_the_spectrum_picture(run_dir):
         if value.tag == "eval/train/spectrum" and value.image.encoded_image_string
     ]
     assert steps == [0, 3, 6]
+
+
+def test_each_evaluation_adds_the_retrieval_grid(run_dir):
+    """The test split's grid (six queries, six neighbours each) at every evaluation; none for
+    the training split."""
+    images = {
+        (value.tag, event.step): value.image
+        for event in read_events(os.path.join(run_dir, "tensorboard"))
+        for value in event.summary.value
+        if value.tag.endswith("/retrieval")
+    }
+    assert sorted(images) == [("eval/test/retrieval", step) for step in (0, 3, 6)]
+    width, height = retrieval_grid_size(6, 6)
+    for image in images.values():
+        assert (image.width, image.height) == (width, height)
+        assert image.encoded_image_string.startswith(b"\x89PNG")
 
 
 def test_profile_steps_record_a_trace(run_dir):

@@ -125,6 +125,7 @@ def evaluate_splits(
     seed: int = 0,
     full: Sequence[str] = (),
     devices: int = 1,
+    on_embeddings: Callable[[str, ImageSet, np.ndarray], None] | None = None,
 ) -> tuple[
     dict[str, dict[str, float]],
     dict[str, dict[str, np.ndarray]],
@@ -136,7 +137,8 @@ def evaluate_splits(
     alone and ``eval.combinations`` as weighted concatenations (DiVA's evaluation), with
     ``eval.metrics``; every head is embedded once per split. ``devices``
     (``parallel.eval_devices``): the devices of the evaluation, see
-    :func:`jdml.evaluation.embeddings.evaluate_embeddings`.
+    :func:`jdml.evaluation.embeddings.evaluate_embeddings`. ``on_embeddings(split, data,
+    embeddings)`` sees ``head``'s embeddings of each split in ``full`` (e.g. to draw them).
 
     Returns:
       ``({split: {metric: value}}, {split: {vector metric: 1-D array}},
@@ -152,6 +154,8 @@ def evaluate_splits(
             return_vectors=True,
             **_options(cfg, seed, devices),
         )
+        if name in full and on_embeddings is not None:
+            on_embeddings(name, data, np.asarray(embeddings[head]))
         if name not in full or not cfg.heads:
             continue
         extra[name] = evaluate_heads(
