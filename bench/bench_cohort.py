@@ -28,7 +28,6 @@ import jax
 import numpy as np
 
 from configs.dm2 import get_config
-from jdml.data.pipeline import TrainBatch
 from jdml.run import Run
 
 
@@ -40,14 +39,7 @@ def _build(size: int, **overrides) -> tuple[Run, object, object, list]:
             section, name = key.split(".")
             c[section][name] = value
     run = Run(c)
-    make = TrainBatch(
-        data=run.splits["train"],
-        sampler=run.sampler,
-        augment=run.augment,
-        seed=c.seed,
-        views=run.method.views,
-        members=run.members,
-    )
+    make = run.batch_maker()
     batches = [make(s) for s in range(4)]
     step = run.make_train_step()
     state = run.initial_state

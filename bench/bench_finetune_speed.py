@@ -30,7 +30,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs.revisiting import get_config
-from jdml.data.pipeline import TrainBatch
 from jdml.models.efficientnet import (
     BN_EPS,
     HEAD_CHANNELS,
@@ -51,9 +50,7 @@ def contenders(size: int, frozen: int, embed_batch: int) -> dict[str, Callable[[
     config.data.image_size = size
     config.model.frozen_stages = frozen
     run = Run(config)
-    make_batch = TrainBatch(
-        data=run.splits["train"], sampler=run.sampler, augment=run.augment, seed=0
-    )
+    make_batch = run.batch_maker()
     batch = {k: jnp.asarray(v) for k, v in make_batch(0).items()}
     step = make_train_step(run.method, run.tx)
     state = [jax.tree.map(jnp.copy, run.initial_state)]

@@ -27,7 +27,6 @@ import jax
 from configs.diva import get_config as diva_config
 from configs.revisiting import get_config as revisiting_config
 from configs.sharing import get_config as sharing_config
-from jdml.data.pipeline import TrainBatch
 from jdml.program import make_train_step
 from jdml.run import Run
 
@@ -41,14 +40,7 @@ METHODS = {
 
 def _stepper(build, steps: int):
     run = Run(build())
-    make_batch = TrainBatch(
-        data=run.splits["train"],
-        sampler=run.sampler,
-        augment=run.augment,
-        seed=0,
-        views=run.method.views,
-        streams=run.method.streams,
-    )
+    make_batch = run.batch_maker()
     batches = [jax.device_put(make_batch(i)) for i in range(steps)]
     step = make_train_step(run.method, run.tx)
     state = {"s": run.prepare(run.initial_state)}

@@ -35,7 +35,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from configs.revisiting import get_config
-from jdml.data.pipeline import TrainBatch
 from jdml.methods.cohort import DATA
 from jdml.run import Run
 
@@ -49,14 +48,7 @@ def _build(devices: int) -> dict:
         c.parallel.data_devices = devices
         c.parallel.eval_devices = devices
     run = Run(c)
-    make = TrainBatch(
-        data=run.splits["train"],
-        sampler=run.sampler,
-        augment=run.augment,
-        seed=c.seed,
-        views=run.method.views,
-        members=run.members,
-    )
+    make = run.batch_maker()
     batches = [make(s) for s in range(4)]
     step = run.make_train_step()
     state, metrics = step(run.prepare(run.initial_state), batches[0])  # compiles

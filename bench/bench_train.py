@@ -40,7 +40,7 @@ import optax
 
 from configs.revisiting import get_config
 from jdml.config import apply_overrides
-from jdml.data.pipeline import TrainBatch, train_batches
+from jdml.data.pipeline import train_batches
 from jdml.errors import ConfigError
 from jdml.nn.conv import conv2d
 from jdml.program import make_train_step
@@ -243,12 +243,7 @@ def main() -> None:
         raise SystemExit(f"error: {e}") from None
     run = Run(config)
     bs = config.train.batch_size
-    make_batch = TrainBatch(
-        data=run.splits["train"],
-        sampler=run.sampler,
-        augment=run.augment,
-        seed=0,
-    )
+    make_batch = run.batch_maker()
     batch = {k: jnp.asarray(v) for k, v in make_batch(0).items()}
 
     step = make_train_step(run.method, run.tx)

@@ -14,6 +14,7 @@ from jdml.config import validate
 from jdml.data.arrays import ImageSet
 from jdml.data.augment import make_augmentation
 from jdml.data.loading import load_splits
+from jdml.data.pipeline import TrainBatch
 from jdml.errors import ConfigError
 from jdml.evaluation.splits import embed_split, evaluate_splits, split_metrics
 from jdml.program import StepFn, build_program
@@ -73,6 +74,21 @@ class Run:
         self.initial_state = self.program.init_state(self.tx, config.seed, sample, placeholders)
         self.embed_fn = self.program.make_embed_fn()
         self.eval_config = self.program.eval_config
+
+    def batch_maker(self, sampler: Any = None) -> TrainBatch:
+        """The run's training batches as a function of the step: its split, sampler (or
+        ``sampler``, e.g. the epoch's memory-aware one), augmentation and seed, the views and
+        streams its method reads, the members' views and this process's rows."""
+        return TrainBatch(
+            data=self.splits["train"],
+            sampler=self.sampler if sampler is None else sampler,
+            augment=self.augment,
+            seed=self.config.seed,
+            views=self.method.views,
+            streams=self.method.streams,
+            members=self.members,
+            rows=self.program.rows,
+        )
 
     def make_train_step(self) -> StepFn:
         """The jitted, state-donating train step of the program."""

@@ -35,7 +35,7 @@ from jdml.config import (
 )
 from jdml.config.validation import profile_range
 from jdml.data.arrays import ImageSet
-from jdml.data.pipeline import TrainBatch, train_batches
+from jdml.data.pipeline import train_batches
 from jdml.distributed import barrier, is_main_process
 from jdml.errors import ConfigError, NonFiniteLossError
 from jdml.evaluation.embeddings import format_table
@@ -359,16 +359,7 @@ def _epoch_batches(run: Run, state: TrainState, epoch: int, first_step: int):
     """The batch iterator of one epoch (from ``first_step`` on) and the possibly updated state."""
     spe = run.steps_per_epoch
     sampler, sampler_state = epoch_sampler(run.sampler, state.sampler_state, epoch, spe)
-    make_batch = TrainBatch(
-        data=run.splits["train"],
-        sampler=sampler,
-        augment=run.augment,
-        seed=run.config.seed,
-        views=run.method.views,
-        streams=run.method.streams,
-        members=run.members,
-        rows=run.program.rows,
-    )
+    make_batch = run.batch_maker(sampler)
     batches = train_batches(
         make_batch,
         start_step=first_step,

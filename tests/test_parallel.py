@@ -11,7 +11,6 @@ import pytest
 
 from configs.diva import get_config as diva_config
 from jdml.config import set_keys, validate
-from jdml.data.pipeline import TrainBatch
 from jdml.errors import ConfigError
 from jdml.run import Run
 from tests.helpers import TINY_OVERRIDES, make_npz, tiny_config
@@ -28,14 +27,7 @@ def npz(tmp_path_factory):
 def train(run: Run, steps: int = STEPS):
     """``steps`` steps from the prepared initial state: the metrics of each and the final state,
     on the host."""
-    make = TrainBatch(
-        data=run.splits["train"],
-        sampler=run.sampler,
-        augment=run.augment,
-        seed=run.config.seed,
-        views=run.method.views,
-        members=run.members,
-    )
+    make = run.batch_maker()
     step = run.make_train_step()
     state, history = run.prepare(run.initial_state), []
     for s in range(steps):

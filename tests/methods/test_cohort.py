@@ -13,7 +13,6 @@ import pytest
 
 from configs.diva import get_config as diva_config
 from jdml.config import set_keys, validate
-from jdml.data.pipeline import TrainBatch
 from jdml.errors import ConfigError
 from jdml.fileio import read_jsonl
 from jdml.program import make_train_step
@@ -35,14 +34,7 @@ def cohort_run(npz: str, **overrides) -> Run:
 
 
 def batches(run: Run, steps: int = STEPS) -> list[dict[str, jax.Array]]:
-    make = TrainBatch(
-        data=run.splits["train"],
-        sampler=run.sampler,
-        augment=run.augment,
-        seed=run.config.seed,
-        views=run.method.views,
-        members=run.members,
-    )
+    make = run.batch_maker()
     return [{k: jnp.asarray(v) for k, v in make(s).items()} for s in range(steps)]
 
 

@@ -62,7 +62,6 @@ def test_stopping_the_gradient_changes_no_value_and_no_trained_gradient(lite0_gr
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """Parameters of a tiny Lite0 run before and after two steps, with frozen_stages=2."""
-    from jdml.data.pipeline import TrainBatch
     from jdml.program import make_train_step
     from jdml.run import Run
 
@@ -79,9 +78,7 @@ def trained(tmp_path_factory):
         },
     )
     run = Run(config)
-    make_batch = TrainBatch(
-        data=run.splits["train"], sampler=run.sampler, augment=run.augment, seed=0
-    )
+    make_batch = run.batch_maker()
     before = jax.tree.map(np.asarray, run.initial_state.params)
     step = make_train_step(run.method, run.tx)
     state = jax.tree.map(jnp.copy, run.initial_state)
