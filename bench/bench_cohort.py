@@ -10,7 +10,12 @@ and prints ms per step and ratios: cohort against sequential runs, and the mutua
 overhead. On this 2-core machine the L fake devices share the same two cores, so the sharded
 cohort can only show its overhead here, not the speed-up of L real accelerators.
 
-Usage: python bench/bench_cohort.py [--members 4] [--steps 20] [--rounds 3]
+``--heterogeneous`` times instead the three different networks of
+``bench/glyph_dm2_hetero.py``: each alone (its plain step), and their cohort (one step tracing
+the three, relation matrices exchanged inside it) with and without the mutual term, against
+the sum of the three plain steps.
+
+Usage: python bench/bench_cohort.py [--members 4] [--steps 20] [--rounds 3] [--heterogeneous]
 """
 
 from __future__ import annotations
@@ -28,16 +33,16 @@ import jax
 import numpy as np
 
 from configs.dm2 import get_config
+from jdml.config import set_keys
+from jdml.methods.cohort import member_overrides
 from jdml.run import Run
 
 
-def _build(size: int, **overrides) -> tuple[Run, object, object, list]:
-    c = get_config(f"size={size}")
+def _build(size: int, config: object = None, **overrides) -> tuple[Run, object, object, list]:
+    c = get_config(f"size={size}") if config is None else config
     with c.unlocked():
         c.train.progress_bar = False
-        for key, value in overrides.items():
-            section, name = key.split(".")
-            c[section][name] = value
+    set_keys(c, overrides)
     run = Run(c)
     make = run.batch_maker()
     batches = [make(s) for s in range(4)]
@@ -58,12 +63,40 @@ def _time(entry: list, steps: int) -> float:
     return (time.perf_counter() - start) / steps * 1e3
 
 
+def _heterogeneous(steps: int, rounds: int) -> None:
+    """The cohort of three different networks against its members' plain steps."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from glyph_dm2_hetero import MEMBERS, _config
+
+    cases = {}
+    for name, spec in MEMBERS.items():
+        alone = {"cohort.size": 1, "cohort.members": (), **member_overrides(spec)}
+        cases[f"{name} alone"] = list(_build(1, _config("md+vd", 0, 1), **alone))
+    cases["heterogeneous cohort"] = list(_build(3, _config("md+vd", 0, 1)))
+    cases["heterogeneous cohort, no mutual term"] = list(_build(3, _config("independent", 0, 1)))
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, entry in cases.items():
+            times[name].append(_time(entry, steps))
+    ms = {name: float(np.median(t)) for name, t in times.items()}
+    alone = sum(v for k, v in ms.items() if k.endswith(" alone"))
+    print(f"three different networks, glyphs, batch 112, median of {rounds} rounds x {steps}")
+    print(f"{'':40s} {'ms/step':>9s} {'vs sum alone':>13s}")
+    for name, value in ms.items():
+        print(f"{name:40s} {value:9.1f} {value / alone:13.2f}")
+    print(f"{'sum of the three alone':40s} {alone:9.1f} {1.0:13.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--heterogeneous", action="store_true")
     args = parser.parse_args()
+    if args.heterogeneous:
+        _heterogeneous(args.steps, args.rounds)
+        return
     size = args.members
     if len(jax.devices()) < size:
         sys.exit(f"needs {size} devices; run with XLA_FLAGS=--xla_force_host_platform_device_count")

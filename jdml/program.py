@@ -61,7 +61,7 @@ _TEMPORAL_TAG = 0x7D  # folded into a member's step key for its temporal-diversi
 
 def keep_where(mask: jax.Array, new: Any, old: Any) -> Any:
     """``new`` where ``mask`` else ``old``, leaf by leaf; ``mask`` is (L,) over the leading
-    member axis of the leaves."""
+    member axis of the leaves, or a scalar for a whole tree."""
 
     def pick(a: jax.Array, b: jax.Array) -> jax.Array:
         return jnp.where(mask.reshape(mask.shape + (1,) * (a.ndim - mask.ndim)), a, b)
@@ -69,13 +69,16 @@ def keep_where(mask: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(pick, new, old)
 
 
+def all_finite(tree: Any) -> jax.Array:
+    """Whether every value of every leaf of ``tree`` is finite (True for no leaves)."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)] or [True]))
+
+
 def finite_per_member(tree: Any) -> jax.Array:
     """(L,): whether every value of member l in a tree with a leading member axis is finite."""
-    leaves = jax.tree.leaves(tree)
-    if not leaves:
+    if not jax.tree.leaves(tree):
         return jnp.array(True)
-    per_leaf = [jnp.all(jnp.isfinite(x.reshape(x.shape[0], -1)), axis=1) for x in leaves]
-    return jnp.all(jnp.stack(per_leaf), axis=0)
+    return jax.vmap(all_finite)(tree)
 
 
 def only_groups(
@@ -551,12 +554,9 @@ class Program:
         grads, (total, loss, exchange, auxes) = jax.grad(cohort_loss, has_aux=True)(state.params)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        finite = lambda tree: jnp.all(  # noqa: E731
-            jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)] or [True])
-        )
         ok = jnp.stack(
             [
-                jnp.isfinite(total[i]) & finite(grads[n]) & finite(params[n])
+                jnp.isfinite(total[i]) & all_finite(grads[n]) & all_finite(params[n])
                 for i, n in enumerate(names)
             ]
         )
@@ -568,13 +568,10 @@ class Program:
             method_state = method.update_method_state(
                 state.method_state[n], params[n], outputs, batch["labels"]
             )
-            keep = lambda a, b, i=i: jax.tree.map(  # noqa: E731
-                lambda x, y: jnp.where(apply[i], x, y), a, b
-            )
-            new["params"][n] = keep(params[n], state.params[n])
-            new["opt_state"][n] = keep(opt_state[n], state.opt_state[n])
-            new["batch_stats"][n] = keep(stats, state.batch_stats[n])
-            new["method_state"][n] = keep(method_state, state.method_state[n])
+            new["params"][n] = keep_where(apply[i], params[n], state.params[n])
+            new["opt_state"][n] = keep_where(apply[i], opt_state[n], state.opt_state[n])
+            new["batch_stats"][n] = keep_where(apply[i], stats, state.batch_stats[n])
+            new["method_state"][n] = keep_where(apply[i], method_state, state.method_state[n])
         first = auxes[names[0]]
         new_state = state.replace(
             step=state.step + 1,
