@@ -27,9 +27,9 @@ import ml_collections
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from glyph_dm2 import METRICS, SMALL_MEMBER
+from glyph_dm2 import METRICS
+from glyph_dm2 import _config as dm2_config
 
-from configs.dm2 import get_config
 from jdml.errors import ReportError
 from jdml.report import find_runs, format_cell, load_run, summarize_group
 from jdml.trainer import atomic_write, train_and_evaluate
@@ -44,19 +44,10 @@ ROWS = {"Independent": "independent", "MD+VD": "md+vd", "MD+TD+VD (DM2)": "md+td
 
 
 def _config(diversity: str, seed: int, epochs: int, steps: int = 0) -> ml_collections.ConfigDict:
-    c = get_config(f"diversity={diversity},size={len(MEMBERS)}")
+    """``bench/glyph_dm2.py``'s cohort config with the three networks as its members."""
+    c = dm2_config(diversity, len(MEMBERS), seed, epochs, steps)
     with c.unlocked():
-        for key, value in SMALL_MEMBER.items():
-            section, name = key.split(".")
-            c[section][name] = value
         c.cohort.members = tuple(MEMBERS.values())
-        c.seed = seed
-        c.train.epochs = epochs
-        c.train.steps_per_epoch = steps
-        c.train.progress_bar = False
-        c.eval.every_epochs = epochs  # the final epoch only
-        c.eval.at_start = False
-        c.eval.metrics = METRICS
     return c
 
 
