@@ -52,6 +52,18 @@ def train(run: Run, steps: int = STEPS):
     return step, host(state), history
 
 
+def assert_trains_as_on_one_device(one: Run, many: Run) -> None:
+    """``many`` (on a mesh) trains with the losses and params of ``one`` (one device), and its
+    step compiles once."""
+    _, state1, history1 = train(one)
+    step, state, history = train(many)
+    assert step._cache_size() == 1
+    for (_, a), (_, b) in zip(history1, history, strict=True):
+        np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(state1.params), jax.tree.leaves(state.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def sharded(npz):
     """Four members on four devices, every diversity on, lambda = 20 from the first step."""
@@ -86,13 +98,7 @@ def test_data_parallel_members_equal_one_device(npz):
     one = Run(tiny_config(npz, **overrides, **{"cohort.devices": 1}))
     four = Run(tiny_config(npz, **overrides, **{"cohort.devices": 2, "parallel.data_devices": 2}))
     assert dict(four.program.mesh.shape) == {"member": 2, "data": 2}
-    _, state1, history1 = train(one)
-    step4, state4, history4 = train(four)
-    assert step4._cache_size() == 1
-    for (_, a), (_, b) in zip(history1, history4, strict=True):
-        np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(state1.params), jax.tree.leaves(state4.params), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert_trains_as_on_one_device(one, four)
 
 
 def test_temporal_diversity_leaves_skipped_members_bit_identical(sharded):

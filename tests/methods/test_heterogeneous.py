@@ -20,7 +20,7 @@ from jdml.program import build_program, make_train_step
 from jdml.run import Run
 from jdml.trainer import train_and_evaluate
 from tests.helpers import TINY_OVERRIDES, make_npz, restore_latest, tiny_config
-from tests.methods.test_cohort import batches, host, train
+from tests.methods.test_cohort import assert_trains_as_on_one_device, batches, host, train
 
 # The tiny model, and a member twice as wide with half its embedding size.
 MEMBERS = ("", "model.stem_features=16;model.stage_features=(16,32);model.embed_dim=8")
@@ -107,13 +107,7 @@ def test_data_parallel_heterogeneous_cohort_equals_one_device(npz):
     one = hetero(npz, **overrides)
     two = hetero(npz, **overrides, **{"parallel.data_devices": 2})
     assert dict(two.program.mesh.shape) == {"member": 1, "data": 2}
-    _, state1, history1 = train(one)
-    step2, state2, history2 = train(two)
-    assert step2._cache_size() == 1
-    for (_, a), (_, b) in zip(history1, history2, strict=True):
-        np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(state1.params), jax.tree.leaves(state2.params), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert_trains_as_on_one_device(one, two)
 
 
 def test_heterogeneous_cohort_trains_evaluates_restores_and_loads(npz, tmp_path):
