@@ -5,8 +5,11 @@ preset (frozen BatchNorm, batch 112 with SPC-2, Adam, 64 px) for ``--epochs`` ep
 first half of the classes minus the 15 % held out for validation, evaluates on the validation
 classes after every epoch, keeps the checkpoint with the best validation Recall@1 and evaluates
 only that one on the test classes (the second half, unseen). Runs go to
-``<out>/<row>/seed<seed>`` and resume; a finished run (its ``eval_best_step*.json`` exists) is
-skipped. Tables (mean ± std over seeds) are printed and written to ``<out>/<table>.md``:
+``<out>/<row>/seed<seed>`` and resume. A finished run leaves a small record (its test
+evaluation, the validation curve and the commit it was trained at) in
+``<results>/<row>/seed<seed>.json``, which is kept in the repository: a run with a record is
+skipped, and the tables are computed from the records alone, so they survive the loss of the run
+directories. Tables (mean ± std over seeds) are printed and written to ``<out>/<table>.md``:
 
 * ``protocol``: raw pixels and ImageNet features (no training) against the fine-tuned margin
   baseline (Revisiting's Tab. 1 analogue);
@@ -21,7 +24,8 @@ skipped. Tables (mean ± std over seeds) are printed and written to ``<out>/<tab
 ``<row>-frozen<k>`` directories and their tables say so.
 
 Usage: python bench/emoji_protocol.py [--tables protocol,rho] [--epochs 20] [--seeds 0 1 2]
-           [--out runs/emoji] [--frozen-stages -1] [--report-only]
+           [--out runs/emoji] [--results bench/results/emoji] [--frozen-stages -1]
+           [--report-only]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import glob
 import json
 import os
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -45,6 +50,7 @@ from configs.revisiting import get_config as revisiting_config
 from configs.sharing import get_config as sharing_config
 from jdml.evaluate_checkpoint import evaluate_checkpoint
 from jdml.evaluation.embeddings import evaluate_embeddings
+from jdml.fileio import read_jsonl
 from jdml.models.efficientnet import MEAN, STD, EfficientNetLite0
 from jdml.models.pretrained.backbones import load_backbone
 from jdml.report import load_run, plot_spectra, summarize_group
@@ -163,15 +169,76 @@ TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
 RHO_ROWS = frozenset({"margin", "R-margin", "triplet", "R-triplet"})
 
 
+def row_name(row: str, frozen: int) -> str:
+    return row if frozen < 0 else f"{row}-frozen{frozen}"
+
+
 def run_dir(out: str, row: str, seed: int, frozen: int) -> str:
-    suffix = "" if frozen < 0 else f"-frozen{frozen}"
-    return os.path.join(out, row + suffix, f"seed{seed}")
+    return os.path.join(out, row_name(row, frozen), f"seed{seed}")
+
+
+def record_path(args: argparse.Namespace, row: str, seed: int) -> str:
+    return os.path.join(args.results, row_name(row, args.frozen_stages), f"seed{seed}.json")
 
 
 def finished(workdir: str) -> str | None:
     """The test evaluation of the best checkpoint, if the run has one."""
     found = sorted(glob.glob(os.path.join(workdir, "eval_best_step*.json")))
     return found[-1] if found else None
+
+
+def load_record(args: argparse.Namespace, row: str, seed: int) -> dict | None:
+    """The finished run's record, if it was trained with this budget."""
+    path = record_path(args, row, seed)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        record = json.load(f)
+    return record if record.get("epochs") == args.epochs else None
+
+
+def commit() -> str:
+    """The commit the runs are trained at, with ``+dirty`` if the tree has local changes."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(
+            ["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (head or "unknown") + ("+dirty" if dirty else "")
+
+
+def write_record(args: argparse.Namespace, row: str, seed: int, workdir: str) -> dict:
+    """Keeps what the tables need from a finished run: the test evaluation of the selected
+    checkpoint, the validation curve it was selected on and the commit."""
+    with open(finished(workdir)) as f:
+        evaluation = json.load(f)
+    curve = [
+        {"step": r["step"], "epoch": r.get("epoch"), **{m: r[m] for m in METRICS if m in r}}
+        for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+        if r.get("kind") == "eval" and r.get("split") == "val" and "embedding" not in r
+    ]
+    record = {
+        "row": row,
+        "seed": seed,
+        "epochs": args.epochs,
+        "frozen_stages": args.frozen_stages,
+        "commit": commit(),
+        "meta": evaluation["meta"],
+        "results": evaluation["results"],
+        "embeddings": evaluation.get("embeddings", {}),
+        "val_curve": curve,
+    }
+    path = record_path(args, row, seed)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write(path, json.dumps(record, indent=1) + "\n")
+    return record
 
 
 def configure(c: ml_collections.ConfigDict, seed: int, epochs: int, frozen: int, rho: bool):
@@ -188,19 +255,20 @@ def configure(c: ml_collections.ConfigDict, seed: int, epochs: int, frozen: int,
 
 
 def train_row(row: str, seed: int, args: argparse.Namespace) -> None:
-    workdir = run_dir(args.out, row, seed, args.frozen_stages)
-    if finished(workdir):
+    if load_record(args, row, seed):
         return
-    print(f"== {row} seed {seed}", flush=True)
-    start = time.perf_counter()
+    workdir = run_dir(args.out, row, seed, args.frozen_stages)
     rho = row in RHO_ROWS
-    c = configure(ROWS[row][1](), seed, args.epochs, args.frozen_stages, rho)
-    train_and_evaluate(c, workdir)
-    splits = ("test", "train") if rho else ("test",)
-    out = evaluate_checkpoint(workdir, "best", splits)
-    best = out["meta"].get("epoch")
-    r1 = 100 * out["results"]["test"]["recall@1"]
-    print(f"   {time.perf_counter() - start:.0f} s, best epoch {best}, test R@1 {r1:.2f}")
+    if not finished(workdir):
+        print(f"== {row} seed {seed}", flush=True)
+        start = time.perf_counter()
+        c = configure(ROWS[row][1](), seed, args.epochs, args.frozen_stages, rho)
+        train_and_evaluate(c, workdir)
+        evaluate_checkpoint(workdir, "best", ("test", "train") if rho else ("test",))
+        print(f"   {time.perf_counter() - start:.0f} s", flush=True)
+    record = write_record(args, row, seed, workdir)
+    r1 = 100 * record["results"]["test"]["recall@1"]
+    print(f"   {row} seed {seed}: best epoch {record['meta'].get('epoch')}, test R@1 {r1:.2f}")
 
 
 # -- rows without training ----------------------------------------------------------------------
@@ -269,13 +337,8 @@ def _cell(xs: list[float], scale: float = 100.0, digits: int = 2) -> str:
 
 
 def _row_results(row: str, args: argparse.Namespace) -> list[dict]:
-    out = []
-    for seed in args.seeds:
-        path = finished(run_dir(args.out, row, seed, args.frozen_stages))
-        if path:
-            with open(path) as f:
-                out.append(json.load(f))
-    return out
+    records = (load_record(args, row, seed) for seed in args.seeds)
+    return [r for r in records if r]
 
 
 def _concat_name(c: ml_collections.ConfigDict) -> str | None:
@@ -337,7 +400,10 @@ def main() -> None:
     parser.add_argument("--tables", default="protocol,rho", help=", ".join(TABLES))
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--out", default="runs/emoji")
+    parser.add_argument("--out", default="runs/emoji", help="the run directories")
+    parser.add_argument(
+        "--results", default="bench/results/emoji", help="the finished runs' records (kept)"
+    )
     parser.add_argument("--frozen-stages", type=int, default=-1)
     parser.add_argument("--cohort", type=int, default=3, help="DM2 cohort size")
     parser.add_argument("--report-only", action="store_true")
@@ -359,7 +425,7 @@ def main() -> None:
                     train_row(row, seed, args)
         text = table(name, rows, args)
         print(text, flush=True)
-        suffix = "" if args.frozen_stages < 0 else f"-frozen{args.frozen_stages}"
+        suffix = row_name("", args.frozen_stages)
         atomic_write(os.path.join(args.out, f"{name}{suffix}.md"), text)
         if name == "rho":
             plot_rho(rows, args, os.path.join(args.out, f"rho_spectrum{suffix}.png"))

@@ -4,10 +4,17 @@
 # seeds, then group 3, so that if the budget runs out, seeds are cut before rows. Every call
 # resumes: finished runs are skipped, interrupted ones continue from their last checkpoint.
 #
+# Each finished run leaves its record in bench/results/emoji (kept in the repository); OUT and
+# RESULTS move the run directories and the records, e.g. to run the queue from a worktree
+# pinned at one commit while the records land in the main checkout.
+#
 # Usage: nohup bash bench/emoji_queue.sh > runs/emoji/queue.log 2>&1 &
 set -e
 cd "$(dirname "$0")/.."
-run() { python bench/emoji_protocol.py --out runs/emoji "$@"; }
+run() {
+  python bench/emoji_protocol.py --out "${OUT:-runs/emoji}" \
+    --results "${RESULTS:-bench/results/emoji}" "$@"
+}
 DM2=(--tables dm2 --frozen-stages 3 --cohort 3)
 run --tables diva --seeds 0
 run "${DM2[@]}" --seeds 0
