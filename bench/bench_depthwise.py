@@ -22,12 +22,6 @@ Usage: python bench/bench_depthwise.py [--sections layers,pointwise,step,embed] 
 from __future__ import annotations
 
 import argparse
-import collections
-import glob
-import gzip
-import json
-import os
-import tempfile
 from collections.abc import Callable
 
 import flax.linen as nn
@@ -45,14 +39,13 @@ from jdml.models.efficientnet import (
 )
 from jdml.nn.depthwise import depthwise_conv2d, same_padding
 from jdml.nn.pointwise import pointwise_conv
-from jdml.throughput import alternating_rounds
+from jdml.throughput import alternating_rounds, op_times
 
 NHWC = ("NHWC", "HWIO", "NHWC")
 
 # The implementations compared by default, the reference first (--impls).
 IMPLS = ("xla", "shifted")
 # Trace events of the host and the runtime rather than of XLA ops.
-HOST_EVENTS = ("$", "Thunk", "Pjit", "Slinky", "CommonPjRt", "ParseArguments")
 
 
 def lite0_depthwise_layers(size: int) -> list[tuple[int, int, int, int, int]]:
@@ -244,21 +237,7 @@ def profile_step(impl: str, size: int, batch: int, steps: int, top: int = 12) ->
     """The train step's time per kind of XLA op, from a ``jax.profiler`` trace of ``steps``
     steps (ms per step; a kind is a fusion's name without its number, e.g. every
     ``clamp_pad_fusion.N``; ops that overlap on several threads are each counted)."""
-    step = _train_step(impl, size, batch)
-    step(), step()  # compile and warm up
-    with tempfile.TemporaryDirectory() as folder:
-        with jax.profiler.trace(folder):
-            for _ in range(steps):
-                step()
-        (path,) = glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)
-        with gzip.open(path) as f:
-            events = json.load(f)["traceEvents"]
-    kinds: dict[str, float] = collections.Counter()
-    for e in events:
-        name = e.get("name", "")
-        if e.get("ph") != "X" or "dur" not in e or name.startswith(HOST_EVENTS):
-            continue
-        kinds[name.split(".")[0]] += e["dur"] / 1e3 / steps
+    kinds = op_times(_train_step(impl, size, batch), steps)
     total = sum(kinds.values())
     print(f"\nLite0 train step at {size} px, batch {batch}, {impl}: XLA ops, ms per step")
     for kind, ms in kinds.most_common(top):

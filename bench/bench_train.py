@@ -24,7 +24,10 @@ XLA and in PyTorch, and prints its GFLOP/s and the fraction of the matmul peak m
 sides, e.g. ``--set "model.stage_strides=(2, 2, 1)"`` or ``--set model.dtype=bfloat16`` (the
 PyTorch network follows the model keys; it stays float32).
 
-Usage: python bench/bench_train.py [--steps 20] [--repeats 3] [--layers] [--set KEY=VALUE ...]
+``--profile`` prints the jdml step's time per kind of XLA op (a ``jax.profiler`` trace).
+
+Usage: python bench/bench_train.py [--steps 20] [--repeats 3] [--layers] [--profile]
+           [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from jdml.throughput import (
     alternating_rounds,
     compiled_flops,
     measured_matmul_tflops,
+    op_times,
     throughput_line,
 )
 
@@ -229,6 +233,9 @@ def main() -> None:
         "--layers", action="store_true", help="also time every convolution on its own"
     )
     parser.add_argument(
+        "--profile", action="store_true", help="also print the jdml step's time per XLA op kind"
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -310,6 +317,13 @@ def main() -> None:
     params, stats, opt_state = plain[0]
     flops = compiled_flops(plain_update, params, stats, opt_state, batch["images"])
     print(throughput_line("backbone only", flops, times["backbone only"].median, dtype))
+    if args.profile:
+        kinds = op_times(jdml_step, args.steps)
+        total = sum(kinds.values())
+        print(f"\njdml step, time per XLA op kind (ms per step, {args.steps} steps profiled):")
+        for kind, ms in kinds.most_common(15):
+            print(f"  {kind:<40s} {ms:7.2f}  {100 * ms / total:5.1f} %")
+        print(f"  {'all ops':<40s} {total:7.2f}")
     if args.layers:
         layer_table(config, args.repeats, args.steps)
 

@@ -15,7 +15,15 @@ import os
 import threading
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+
+def cache_root(name: str) -> Path:
+    """The library's cache folder ``name``: ``$JDML_CACHE/<name>`` or ``~/.cache/jdml/<name>``
+    (built datasets, compiled native kernels)."""
+    base = os.environ.get("JDML_CACHE")
+    return (Path(base) if base else Path.home() / ".cache" / "jdml") / name
 
 
 @contextlib.contextmanager

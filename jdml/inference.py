@@ -53,6 +53,7 @@ from jdml.evaluation.knn import knn
 from jdml.evaluation.splits import embed_split
 from jdml.fileio import atomic_path
 from jdml.methods.method import input_normalization
+from jdml.nn import native
 from jdml.program import build_program
 
 INDEX_FORMAT = "jdml-index-1"
@@ -385,9 +386,10 @@ class Model:
             return out[self.embedding] if combine is None else combine_heads(out, combine)
 
         shape = jax.export.symbolic_shape("batch, {}, {}, {}".format(*self.input_shape))
-        exported = jax.export.export(jax.jit(embed), platforms=tuple(platforms))(
-            jax.ShapeDtypeStruct(shape, jnp.float32)
-        )
+        with native.xla_convolutions():  # a portable module: no custom calls
+            exported = jax.export.export(jax.jit(embed), platforms=tuple(platforms))(
+                jax.ShapeDtypeStruct(shape, jnp.float32)
+            )
         info = {
             "format": "jax.export",
             "input": {"shape": ["batch", *self.input_shape], "dtype": "float32", "range": [0, 1]},

@@ -12,14 +12,22 @@ fraction of the device's peak: the data-sheet dense peak for a known accelerator
 
 from __future__ import annotations
 
+import collections
 import functools
+import glob
+import gzip
+import json
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
+
+from jdml.nn import native
 
 # Dense (no sparsity) peak TFLOP/s per chip from the vendors' data sheets, by the start of
 # ``jax.Device.device_kind``: (float32 without tensor cores, bfloat16 on the matrix units).
@@ -123,12 +131,18 @@ def compiled_flops(fn: Callable[..., Any], *args: Any) -> float | None:
 
     Returns:
       The flops of the compiled program, or None where the backend gives no cost analysis.
+      XLA counts nothing for custom calls: the oneDNN convolutions' flops are added from the
+      program's text (``jdml.nn.native.conv_flops``).
     """
-    analysis = fn.lower(*args).compile().cost_analysis()
+    compiled = fn.lower(*args).compile()
+    analysis = compiled.cost_analysis()
     if isinstance(analysis, list | tuple):  # older JAX: one dict per program
         analysis = analysis[0] if analysis else None
     flops = (analysis or {}).get("flops")
-    return float(flops) if flops is not None and flops > 0 else None
+    if flops is None:
+        return None
+    flops += native.conv_flops(compiled.as_text())  # XLA counts custom calls as -1
+    return float(flops) if flops > 0 else None
 
 
 @functools.cache
@@ -174,3 +188,29 @@ def throughput_line(name: str, flops: float | None, seconds: float, dtype: str) 
         f"{name}: {flops / 1e9:.2f} GFLOP in {1e3 * seconds:.1f} ms = {achieved:.3f} TFLOP/s, "
         f"{100 * achieved / peak:.1f}% of {peak:.3f} TFLOP/s ({source})"
     )
+
+
+# Profiler events that are the runtime's own bookkeeping, not an XLA op.
+HOST_EVENTS = ("$", "Thunk", "Pjit", "Slinky", "CommonPjRt", "ParseArguments")
+
+
+def op_times(fn: Callable[[], Any], steps: int) -> collections.Counter[str]:
+    """Milliseconds per call of ``fn`` spent in each kind of XLA op, from a ``jax.profiler``
+    trace of ``steps`` calls (after two warm-up calls). A kind is an op's name without its
+    number (every ``fusion.N`` is ``fusion``); ops that overlap on several threads each count,
+    so the total can exceed the wall time."""
+    fn(), fn()
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder):
+            for _ in range(steps):
+                jax.block_until_ready(fn())
+        (path,) = glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)
+        with gzip.open(path) as f:
+            events = json.load(f)["traceEvents"]
+    kinds: collections.Counter[str] = collections.Counter()
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") != "X" or "dur" not in e or name.startswith(HOST_EVENTS):
+            continue
+        kinds[name.split(".")[0]] += e["dur"] / 1e3 / steps
+    return kinds

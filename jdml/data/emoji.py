@@ -79,7 +79,7 @@ from jdml.data.arrays import ImageArrays
 from jdml.data.glyphs import sha256_file
 from jdml.data.sources import DATASETS, _check_channels, _check_image_size, resize_images
 from jdml.errors import DataError, EmojiFetchError
-from jdml.fileio import atomic_write
+from jdml.fileio import atomic_write, cache_root
 
 FORMAT_VERSION = 1
 IMAGE_SIZE = 64
@@ -179,8 +179,7 @@ OPENMOJI_JSON = "package/data/openmoji.json"
 
 def default_cache_dir() -> Path:
     """``$JDML_CACHE/emoji`` or ``~/.cache/jdml/emoji``."""
-    base = os.environ.get("JDML_CACHE")
-    return (Path(base) if base else Path.home() / ".cache" / "jdml") / "emoji"
+    return cache_root("emoji")
 
 
 def _root(cache_dir: str | os.PathLike[str] | None) -> Path:

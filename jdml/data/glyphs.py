@@ -94,7 +94,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from jdml.data.arrays import ImageArrays
 from jdml.errors import GlyphCacheError, MissingFontsError
-from jdml.fileio import atomic_write
+from jdml.fileio import atomic_write, cache_root
 
 FORMAT_VERSION = 1
 
@@ -732,8 +732,7 @@ def _source_name(num_families: int, image_size: int) -> str:
 
 def default_cache_dir() -> Path:
     """``$JDML_CACHE/glyphs`` or ``~/.cache/jdml/glyphs``."""
-    base = os.environ.get("JDML_CACHE")
-    return (Path(base) if base else Path.home() / ".cache" / "jdml") / "glyphs"
+    return cache_root("glyphs")
 
 
 def _cache_paths(cache_dir: str | os.PathLike[str] | None, image_size: int) -> tuple[Path, Path]:

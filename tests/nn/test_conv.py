@@ -1,5 +1,6 @@
-"""jdml.nn.conv: values and gradients equal XLA's convolution and an explicit float64 sum, the
-kernel gradient in batch pieces included; Conv has nn.Conv's parameters and init."""
+"""jdml.nn.conv: values and gradients equal XLA's convolution and an explicit float64 sum, with
+XLA's convolution (kernel gradient in batch pieces included) and with oneDNN's; Conv has
+nn.Conv's parameters and init."""
 
 from __future__ import annotations
 
@@ -37,6 +38,14 @@ def explicit_conv(x: np.ndarray, kernel: np.ndarray, stride: int) -> np.ndarray:
     return out
 
 
+@pytest.fixture(params=["xla", "onednn"])
+def conv_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test with XLA's convolutions and again with oneDNN's (every channel count)."""
+    monkeypatch.setenv("JDML_CONV", request.param)
+    monkeypatch.setattr(conv_module, "ONEDNN_MIN_CHANNELS", 1)
+    return request.param
+
+
 @pytest.mark.parametrize(
     ("shape", "kernel_size", "stride", "pieces_min"),
     [
@@ -46,10 +55,17 @@ def explicit_conv(x: np.ndarray, kernel: np.ndarray, stride: int) -> np.ndarray:
         ((4, 6, 6, 3), 3, 1, 1),  # forced pieces on a small map
         ((3, 8, 8, 4), 1, 2, 64),  # 1x1, strided: a matmul on every other pixel
         ((3, 7, 7, 4), 1, 1, 64),
+        ((5, 9, 7, 3), 3, 3, 64),  # odd batch (uneven pieces), not square, stride 3
+        ((1, 6, 6, 2), 5, 2, 64),  # one image, 5x5 kernel
     ],
 )
 def test_values_and_gradients(
-    monkeypatch: pytest.MonkeyPatch, shape, kernel_size: int, stride: int, pieces_min: int
+    monkeypatch: pytest.MonkeyPatch,
+    conv_impl: str,
+    shape,
+    kernel_size: int,
+    stride: int,
+    pieces_min: int,
 ) -> None:
     monkeypatch.setattr(conv_module, "PIECES_MIN_POSITIONS", pieces_min)
     rng = np.random.default_rng(0)
@@ -88,3 +104,43 @@ def test_conv_has_nn_conv_parameters_and_init() -> None:
         assert jax.tree.map(jnp.shape, p_ours) == jax.tree.map(jnp.shape, p_ref)
         np.testing.assert_array_equal(p_ours["params"]["kernel"], p_ref["params"]["kernel"])
         np.testing.assert_allclose(ours.apply(p_ours, x), ref.apply(p_ref, x), rtol=1e-5, atol=1e-5)
+
+
+def lowered_targets(fn, *args) -> str:
+    """The program of ``fn``, traced afresh (jit caches traces per function, and
+    ``$JDML_CONV`` is read when tracing: set it before a process traces its functions)."""
+    return jax.jit(lambda *a: fn(*a)).lower(*args).as_text()
+
+
+def test_the_implementation_follows_jdml_conv(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = jnp.ones((2, 8, 8, 16), jnp.float32)
+    kernel = jnp.ones((3, 3, 16, 4), jnp.float32)
+    grad = jax.value_and_grad(lambda x, k: jnp.sum(conv2d(x, k, 1)), argnums=(0, 1))
+    monkeypatch.setenv("JDML_CONV", "onednn")
+    text = lowered_targets(grad, x, kernel)
+    for target in ("fwd", "bwd_data", "bwd_weights"):
+        assert f"jdml_dnnl_conv_{target}" in text
+    monkeypatch.setenv("JDML_CONV", "xla")
+    assert "jdml_dnnl_conv" not in lowered_targets(grad, x, kernel)
+    monkeypatch.setenv("JDML_CONV", "auto")
+    assert "jdml_dnnl_conv_fwd" in lowered_targets(grad, x, kernel)  # oneDNN builds here
+    # Few input channels (the glyph stem) and bfloat16 stay on XLA's convolution.
+    assert "jdml_dnnl_conv" not in lowered_targets(grad, x[..., :1], kernel[:, :, :1])
+    bf16 = lambda x, k: conv2d(x.astype(jnp.bfloat16), k.astype(jnp.bfloat16), 1)  # noqa: E731
+    assert "jdml_dnnl_conv" not in lowered_targets(bf16, x, kernel)
+
+
+def test_onednn_under_vmap_and_jit_equals_xla(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cohort maps its members' networks with vmap: the custom calls run member by member."""
+    monkeypatch.setenv("JDML_CONV", "onednn")
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.normal(size=(3, 4, 8, 8, 8)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(3, 3, 3, 8, 6)), jnp.float32)
+
+    def loss(fn):
+        return lambda x, k: jnp.sum(jnp.sin(jax.vmap(lambda a, b: fn(a, b, 2))(x, k)))
+
+    ours = jax.jit(jax.value_and_grad(loss(conv2d), argnums=(0, 1)))(x, kernel)
+    ref = jax.value_and_grad(loss(xla_conv), argnums=(0, 1))(x, kernel)
+    for got, want in zip(jax.tree.leaves(ours), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,196 @@
+"""Native kernels for XLA's CPU backend, compiled on first use and called through the XLA FFI.
+
+XLA's CPU convolutions are the slow part of a small convolutional network's train step on CPU
+(``bench/bench_train.py --layers``): on the glyph network's layers, oneDNN's convolutions, called
+from inside the jitted step as XLA FFI custom calls (``dnnl_conv.cc``), compute the forward pass,
+the input gradient and the kernel gradient 1.6-2.5x faster. Other backends never use them.
+
+The library is compiled the first time a CPU step needs it, with the C++ compiler (``$CXX``,
+default ``g++``) against the XLA FFI headers that jaxlib ships (``jax.ffi.include_dir()``) and
+oneDNN (Debian: ``apt-get install g++ libdnnl-dev``), into
+``$JDML_CACHE/native/dnnl_conv-<hash>.so``; the hash covers the source, jaxlib's version and the
+command, so a new jaxlib or source compiles again. Compiling writes a temporary file and renames
+it, so concurrent processes never load half a library.
+
+``$JDML_CONV`` chooses the convolution on CPU:
+
+* ``auto`` (default): oneDNN where the library compiles, else XLA's, with one warning saying why
+  and how to install oneDNN;
+* ``xla``: always XLA's convolution;
+* ``onednn``: oneDNN, and an error if the library cannot be built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+
+from jdml.errors import ConfigError
+from jdml.fileio import atomic_path, cache_root
+
+ENV = "JDML_CONV"
+MODES = ("auto", "xla", "onednn")
+SOURCE = Path(__file__).with_name("dnnl_conv.cc")
+TARGETS = ("jdml_dnnl_conv_fwd", "jdml_dnnl_conv_bwd_data", "jdml_dnnl_conv_bwd_weights")
+INSTALL_HINT = "install a C++ compiler and oneDNN (Debian: apt-get install g++ libdnnl-dev)"
+
+
+class NativeBuildError(RuntimeError):
+    """The native library could not be compiled or loaded; the message says why."""
+
+
+def conv_mode() -> str:
+    """``$JDML_CONV``, checked (see the module docstring)."""
+    mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ConfigError(f"{ENV}={mode!r} is not one of {', '.join(MODES)}: set {ENV}=auto")
+    return mode
+
+
+@contextlib.contextmanager
+def xla_convolutions() -> Iterator[None]:
+    """Functions traced inside use XLA's convolutions: for programs that leave this process
+    (``jax.export`` refuses custom calls, and another machine may lack the library). jit caches
+    traces per function, so trace a function created inside."""
+    before = os.environ.get(ENV)
+    os.environ[ENV] = "xla"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[ENV]
+        else:
+            os.environ[ENV] = before
+
+
+_CALL = re.compile(
+    r"= f32\[([\d,]+)\]\S* custom-call\(.*?custom_call_target=\"(jdml_dnnl_conv_\w+)\", "
+    r"operand_layout_constraints=\{f32\[([\d,]+)\]\S*, f32\[([\d,]+)\].*?"
+    r"pad_left = (\d+) : i64.*?pad_top = (\d+) : i64, stride = (\d+) : i64"
+)
+
+
+def _taps(size: int, out: int, k: int, stride: int, pad: int) -> int:
+    """(output position, kernel tap) pairs of one spatial side that read the input, not the
+    padding (as XLA counts a convolution's flops)."""
+    return sum(0 <= o * stride - pad + t < size for o in range(out) for t in range(k))
+
+
+def conv_flops(hlo_text: str) -> float:
+    """The flops of the oneDNN convolutions in a compiled program's HLO text, which XLA's cost
+    analysis does not count: 2 per multiply-add that reads the input (not the padding), as XLA
+    counts its own convolutions; the same for the forward pass, the input gradient and the
+    kernel gradient. A call inside a loop counts once. XLA's analysis counts -1 for each custom
+    call, which is added back."""
+    total = 0.0
+    for result, target, first, second, left, top, stride in _CALL.findall(hlo_text):
+        r, a, b = (tuple(int(d) for d in s.split(",")) for s in (result, first, second))
+        # (x or dx, y or dy, kernel or its gradient), each NHWC / HWIO
+        x, y, w = {
+            "jdml_dnnl_conv_fwd": (a, r, b),
+            "jdml_dnnl_conv_bwd_data": (r, a, b),
+            "jdml_dnnl_conv_bwd_weights": (a, b, r),
+        }[target]
+        s = int(stride)
+        rows = _taps(x[1], y[1], w[0], s, int(top))
+        cols = _taps(x[2], y[2], w[1], s, int(left))
+        total += 2.0 * x[0] * rows * cols * w[2] * w[3] + 1.0
+    return total
+
+
+def _command(output: str) -> list[str]:
+    return [
+        os.environ.get("CXX", "g++"),
+        "-O2",
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        "-fopenmp",
+        f"-I{jax.ffi.include_dir()}",
+        str(SOURCE),
+        "-o",
+        output,
+        "-ldnnl",
+    ]
+
+
+def library_path() -> Path:
+    """Where the compiled library of this source, jaxlib and command lives."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(jax.lib.__version__.encode() if hasattr(jax.lib, "__version__") else b"")
+    digest.update(jax.__version__.encode())
+    digest.update(" ".join(_command("OUT")).encode())
+    return cache_root("native") / f"dnnl_conv-{digest.hexdigest()[:16]}.so"
+
+
+def _compile(path: Path) -> None:
+    compiler = _command("")[0]
+    if shutil.which(compiler) is None:
+        raise NativeBuildError(f"no C++ compiler {compiler!r} on PATH")
+    with atomic_path(path, ".so") as tmp:
+        done = subprocess.run(_command(tmp), capture_output=True, text=True)
+        if done.returncode != 0:
+            lines = [line for line in done.stderr.splitlines() if "error" in line]
+            first = (lines or done.stderr.splitlines() or ["no output"])[0].strip()
+            raise NativeBuildError(f"compiling {SOURCE.name} failed: {first[:300]}")
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The compiled library with its FFI targets registered for the CPU platform (once per
+    process); compiles it first if needed. Raises ``NativeBuildError``."""
+    path = library_path()
+    if not path.is_file():
+        _compile(path)
+    try:
+        lib = ctypes.cdll.LoadLibrary(str(path))
+    except OSError as err:
+        raise NativeBuildError(f"loading {path} failed: {err}") from None
+    for name in TARGETS:
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
+    return lib
+
+
+@functools.cache
+def _unavailable() -> str | None:
+    """Why the library cannot be used (``None``: it can)."""
+    try:
+        library()
+    except NativeBuildError as err:
+        return str(err)
+    return None
+
+
+def onednn_enabled() -> bool:
+    """Whether CPU convolutions use oneDNN (``$JDML_CONV`` and whether the library builds)."""
+    mode = conv_mode()
+    if mode == "xla" or jax.default_backend() != "cpu":
+        return False
+    reason = _unavailable()
+    if reason is None:
+        return True
+    if mode == "onednn":
+        raise ConfigError(f"{ENV}=onednn but {reason}: {INSTALL_HINT}, or set {ENV}=auto")
+    _warn_once(reason)
+    return False
+
+
+@functools.cache
+def _warn_once(reason: str) -> None:
+    warnings.warn(
+        f"CPU convolutions fall back to XLA's, about 1.6x slower to train ({reason}); "
+        f"{INSTALL_HINT}, or set {ENV}=xla to silence this",
+        RuntimeWarning,
+        stacklevel=3,
+    )
