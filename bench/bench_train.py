@@ -17,8 +17,9 @@ Then the achieved TFLOP/s of the two jitted steps (XLA's flop count) and their f
 device's peak (``jdml/throughput.py``: a data-sheet figure on known GPUs and TPUs, a measured
 matmul elsewhere); the script runs unchanged on CPU, GPU and TPU.
 
-``--layers`` then times every convolution of the network on its own, forward and backward, in
-XLA and in PyTorch, and prints its GFLOP/s and the fraction of the matmul peak measured here.
+``--layers`` then times every convolution of the network on its own, forward and backward, as
+the step runs it (oneDNN on CPU where it builds), with XLA's convolution and in PyTorch, and
+prints its GFLOP/s and the fraction of the matmul peak measured here.
 
 ``--set KEY=VALUE`` (repeatable) changes the config first, to time another network on both
 sides, e.g. ``--set "model.stage_strides=(2, 2, 1)"`` or ``--set model.dtype=bfloat16`` (the
@@ -33,6 +34,7 @@ Usage: python bench/bench_train.py [--steps 20] [--repeats 3] [--layers] [--prof
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -45,6 +47,7 @@ from configs.revisiting import get_config
 from jdml.config import apply_overrides
 from jdml.data.pipeline import train_batches
 from jdml.errors import ConfigError
+from jdml.nn import native
 from jdml.nn.conv import conv2d
 from jdml.program import make_train_step
 from jdml.run import Run
@@ -152,22 +155,24 @@ def conv_layers(config) -> list[ConvLayer]:
     return layers
 
 
-def _xla_conv(layer: ConvLayer, batch: int) -> Callable[[], None]:
+def _jdml_conv(layer: ConvLayer, batch: int, xla: bool = False) -> Callable[[], None]:
     """Forward and backward of one convolution as the jdml model runs it (NHWC,
-    :func:`jdml.nn.conv.conv2d`), jitted."""
+    :func:`jdml.nn.conv.conv2d`: oneDNN's on CPU where it builds), jitted; ``xla``: traced with
+    XLA's convolutions instead (``JDML_CONV=xla``)."""
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((batch, layer.size, layer.size, layer.cin)), jnp.float32)
     w = jnp.asarray(
         rng.standard_normal((layer.kernel, layer.kernel, layer.cin, layer.cout)), jnp.float32
     )
 
-    @jax.jit
     def forward_backward(x, w):
         out, pull = jax.vjp(lambda x, w: conv2d(x, w, layer.stride), x, w)
         dx, dw = pull(jnp.ones_like(out))
         return (dw, dx) if layer.input_grad else (dw,)
 
-    return lambda: jax.block_until_ready(forward_backward(x, w))
+    with native.xla_convolutions() if xla else contextlib.nullcontext():
+        compiled = jax.jit(forward_backward).lower(x, w).compile()
+    return lambda: jax.block_until_ready(compiled(x, w))
 
 
 def _torch_conv(layer: ConvLayer, batch: int) -> Callable[[], None] | None:
@@ -192,37 +197,39 @@ def _torch_conv(layer: ConvLayer, batch: int) -> Callable[[], None] | None:
 
 
 def layer_table(config, repeats: int, steps: int) -> None:
-    """Per-convolution forward+backward GFLOP/s of XLA and PyTorch, against the matmul peak."""
+    """Per-convolution forward+backward time and GFLOP/s of jdml (what the step runs), of XLA's
+    convolution and of PyTorch, against the matmul peak."""
     batch = config.train.batch_size
     peak = measured_matmul_tflops("float32") * 1e3
     print(f"\nper convolution, forward + backward at batch {batch}, median of {repeats} "
-          f"rounds of {steps} calls; matmul peak here (2048^3 float32, jitted): "
-          f"{peak:.0f} GFLOP/s")  # fmt: skip
-    header = f"{'layer':<20}{'map':>6}{'cin':>5}{'cout':>5}{'k':>3}{'s':>3}{'x':>3}"
-    columns = f"{'GFLOP':>8}{'XLA ms':>9}{'GFLOP/s':>9}{'% peak':>8}"
-    print(f"{header}{columns}{'torch ms':>10}{'GFLOP/s':>9}")
-    totals = [0.0, 0.0]
+          f"rounds of {steps} calls; matmul peak here (2048^3 float32, jitted XLA): "
+          f"{peak:.0f} GFLOP/s; jdml = what the step runs (oneDNN on CPU where it builds, "
+          "jdml.nn.conv), XLA = the same with JDML_CONV=xla")  # fmt: skip
+    header = f"{'layer':<20}{'map':>6}{'cin':>5}{'cout':>5}{'k':>3}{'s':>3}{'x':>3}{'GFLOP':>8}"
+    print(f"{header}{'jdml ms':>9}{'GFLOP/s':>9}{'% peak':>8}{'XLA ms':>8}{'torch ms':>10}"
+          f"{'GFLOP/s':>9}")  # fmt: skip
+    totals = {"jdml": 0.0, "xla": 0.0, "torch": 0.0}
     for layer in conv_layers(config):
-        fns = {"xla": _xla_conv(layer, batch)}
+        fns = {"jdml": _jdml_conv(layer, batch), "xla": _jdml_conv(layer, batch, xla=True)}
         torch_fn = _torch_conv(layer, batch)
         if torch_fn is not None:
             fns["torch"] = torch_fn
         times = alternating_rounds(fns, repeats, calls=steps)
         gflop = layer.flops(batch) / 1e9
-        xla = times["xla"].median
-        totals[0] += layer.count * xla
+        t = {name: timing.median for name, timing in times.items()}
+        for name in t:
+            totals[name] += layer.count * t[name]
         row = (
             f"{layer.name:<20}{layer.size:>6}{layer.cin:>5}{layer.cout:>5}{layer.kernel:>3}"
-            f"{layer.stride:>3}{layer.count:>3}{gflop:>8.3f}{1e3 * xla:>9.2f}"
-            f"{gflop / xla:>9.0f}{100 * gflop / xla / peak:>8.1f}"
+            f"{layer.stride:>3}{layer.count:>3}{gflop:>8.3f}{1e3 * t['jdml']:>9.2f}"
+            f"{gflop / t['jdml']:>9.0f}{100 * gflop / t['jdml'] / peak:>8.1f}"
+            f"{1e3 * t['xla']:>8.2f}"
         )
-        if "torch" in times:
-            torch_t = times["torch"].median
-            totals[1] += layer.count * torch_t
-            row += f"{1e3 * torch_t:>10.2f}{gflop / torch_t:>9.0f}"
+        if "torch" in t:
+            row += f"{1e3 * t['torch']:>10.2f}{gflop / t['torch']:>9.0f}"
         print(row, flush=True)
-    print(f"{'all convolutions':<20}{'':>25}{'':>8}{1e3 * totals[0]:>9.2f}{'':>17}"
-          f"{1e3 * totals[1]:>10.2f}")  # fmt: skip
+    print(f"{'all convolutions':<53}{1e3 * totals['jdml']:>9.2f}{'':>17}"
+          f"{1e3 * totals['xla']:>8.2f}{1e3 * totals['torch']:>10.2f}")  # fmt: skip
 
 
 def main() -> None:
