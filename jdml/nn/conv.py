@@ -4,7 +4,7 @@ batch pieces on CPU).
 On the CPU backend, float32 convolutions with a kernel larger than 1x1 and at least
 ``ONEDNN_MIN_CHANNELS`` input channels run oneDNN's forward, input-gradient and kernel-gradient
 primitives as XLA FFI custom calls (``jdml.nn.native``; ``$JDML_CONV=xla`` turns this off). On
-the glyph network's layers, forward and backward, they are 1.2-1.9x faster than XLA's
+the glyph network's layers, forward and backward, they are 1.2-1.8x faster than XLA's
 convolutions, and equal to them up to float32 summation order. Under a mesh that splits the
 batch over several CPU devices, XLA gathers a custom call's inputs and runs it on the whole
 batch on each device: the same values, but no data parallelism for those layers (CPU meshes

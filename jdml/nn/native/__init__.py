@@ -3,7 +3,8 @@
 XLA's CPU convolutions are the slow part of a small convolutional network's train step on CPU
 (``bench/bench_train.py --layers``): on the glyph network's layers, oneDNN's convolutions, called
 from inside the jitted step as XLA FFI custom calls (``dnnl_conv.cc``), compute the forward pass,
-the input gradient and the kernel gradient 1.6-2.5x faster. Other backends never use them.
+the input gradient and the kernel gradient 1.2-1.8x faster (the glyph train step 1.5-1.7x).
+Other backends never use them.
 
 The library is compiled the first time a CPU step needs it, with the C++ compiler (``$CXX``,
 default ``g++``) against the XLA FFI headers that jaxlib ships (``jax.ffi.include_dir()``) and
@@ -189,7 +190,7 @@ def onednn_enabled() -> bool:
 @functools.cache
 def _warn_once(reason: str) -> None:
     warnings.warn(
-        f"CPU convolutions fall back to XLA's, about 1.6x slower to train ({reason}); "
+        f"CPU convolutions fall back to XLA's, about 1.5x slower to train ({reason}); "
         f"{INSTALL_HINT}, or set {ENV}=xla to silence this",
         RuntimeWarning,
         stacklevel=3,
