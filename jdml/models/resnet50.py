@@ -27,6 +27,7 @@ import ml_collections
 
 from jdml.models.freeze import NOT_FROZEN, cut_after
 from jdml.models.registry import BACKBONES
+from jdml.nn.batch_norm import BatchNorm
 from jdml.nn.frozen_bn import FrozenBatchNorm
 
 # ImageNet statistics in RGB order on [0, 1] pixels (torchvision's, timm's and Cadene's).
@@ -70,7 +71,7 @@ def batch_norm(
     stay trainable."""
     if not train_bn:
         return FrozenBatchNorm(epsilon=eps, dtype=dtype, name=name)
-    return nn.BatchNorm(
+    return BatchNorm(
         use_running_average=False,
         momentum=momentum,
         epsilon=eps,

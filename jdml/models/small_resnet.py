@@ -10,7 +10,9 @@ Design note (XLA CPU): a stride-1 3x3 convolution on a feature map smaller than 
 layout below is chosen so that every 3x3 convolution sees a map of at least 3x3 for the supported
 input sizes; ``SmallResNet`` checks this at trace time and refuses layouts that would hit the trap.
 The convolutions are :class:`jdml.nn.conv.Conv` (``nn.Conv``'s parameters; on CPU, the kernel
-gradient of wide maps is summed over batch pieces, which XLA computes about 2-3x faster).
+gradient of wide maps is summed over batch pieces, which XLA computes about 2-3x faster), and the
+BatchNorms :class:`jdml.nn.batch_norm.BatchNorm` (``nn.BatchNorm``'s variables and values, with
+a backward pass of one reduction and one elementwise pass).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from jdml.models.registry import BACKBONES
+from jdml.nn.batch_norm import BatchNorm
 from jdml.nn.conv import Conv
 
 _MIN_CONV_MAP = 3
@@ -45,7 +48,7 @@ class BasicBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-        norm = lambda name: nn.BatchNorm(  # noqa: E731
+        norm = lambda name: BatchNorm(  # noqa: E731
             use_running_average=not self.train_bn, momentum=0.9, dtype=self.dtype, name=name
         )
         conv = lambda f, k, s, name: Conv(f, k, s, dtype=self.dtype, name=name)  # noqa: E731
@@ -110,7 +113,7 @@ class SmallResNet(nn.Module):
         x = x.astype(self.dtype)
         x = Conv(self.stem_features, 3, self.stem_strides, dtype=self.dtype, name="stem")(x)
         x = nn.relu(
-            nn.BatchNorm(
+            BatchNorm(
                 use_running_average=not self.train_bn,
                 momentum=0.9,
                 dtype=self.dtype,
