@@ -36,6 +36,13 @@ the Revisiting-DML evaluation runs it (``niter=20``, no subsampling, ``nredo=1``
 
 In every mode, assignments are computed block by block over the points, so memory is
 O(block_size * num_clusters) rather than O(N * num_clusters).
+
+On CPU the assignment runs as a native kernel (``jdml/nn/native/kmeans.cc``;
+``$JDML_KMEANS=auto|xla|onednn`` as ``$JDML_CONV`` for the convolutions): the same formula and
+tie rule as the XLA ops, with the dot products from oneDNN's sgemm, so an assignment can differ
+from XLA's only where two centroids lie within float32 rounding of each other. The clusters'
+sums stay XLA's scatter-add (faster here than a native pass: 0.17 against 0.28 ms on 20,000 x
+128 points). The sharded k-means on a device mesh keeps XLA's ops.
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdml.geometry import squared_distances
+from jdml.geometry import squared_distances, squared_norms
+from jdml.nn import native
 
 DEFAULT_NUM_ITERS = 20
 # Point-centroid distances per assignment block when ``block_size`` is not given (8 MB): the
@@ -126,8 +134,31 @@ def _row(x: jax.Array, index: jax.Array, shards: Shards | None) -> jax.Array:
     return x[index] if shards is None else _rows(x, index[None], shards)[0]
 
 
+def native_enabled() -> bool:
+    """Whether this process's k-means runs the native assignment (``$JDML_KMEANS``, on CPU)."""
+    return native.onednn_enabled(native.KMEANS_ENV)
+
+
+def _native_assign(
+    points: jax.Array, norms: jax.Array, centroids: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`_assign`'s result for (N, D) points and their (N,) squared norms, as one native
+    call (``jdml_kmeans_assign``)."""
+    native.library()  # registers the targets (compiled once per machine)
+    n = points.shape[0]
+    call = jax.ffi.ffi_call(
+        "jdml_kmeans_assign",
+        (jax.ShapeDtypeStruct((n,), jnp.int32), jax.ShapeDtypeStruct((n,), jnp.float32)),
+        vmap_method="sequential",
+    )
+    return call(points, norms, centroids, squared_norms(centroids))
+
+
 def _assign(
-    blocks: jax.Array, centroids: jax.Array, norms: jax.Array | None = None
+    blocks: jax.Array,
+    centroids: jax.Array,
+    norms: jax.Array | None = None,
+    use_native: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Nearest centroid of every point, one block of points at a time.
 
@@ -137,6 +168,7 @@ def _assign(
       norms: (M, B, 1) squared norms of the points, computed once for many calls (a pass over
         the points each call costs as much as the distances when K is small); None to compute
         them here.
+      use_native: one native call over all the blocks (CPU; see the module docstring).
 
     Returns:
       assignments (M * B,) int32 (ties go to the lower centroid index) and the squared
@@ -147,6 +179,8 @@ def _assign(
     positions = jnp.arange(num_clusters, dtype=jnp.int32)[None, :]
     if norms is None:
         norms = jnp.sum(blocks * blocks, axis=-1, keepdims=True)
+    if use_native:
+        return _native_assign(blocks.reshape(-1, blocks.shape[-1]), norms.reshape(-1), centroids)
 
     def one_block(block: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         points, points_sq = block
@@ -302,6 +336,7 @@ def lloyd_kmeans(
     block_size: int,
     init: str,
     shards: Shards | None = None,
+    use_native: bool = False,
 ) -> KMeansResult:
     """The k-means of :func:`kmeans` ("k-means++" or "random"), traced: the body of the jitted
     one-device k-means, and of the sharded one inside ``jax.shard_map`` with ``shards``.
@@ -317,6 +352,7 @@ def lloyd_kmeans(
       num_clusters, num_iters, init: as in :func:`kmeans`.
       block_size: points per assignment block, at most the (local) points.
       shards: the layout of a sharded k-means, or None on one device.
+      use_native: the native assignment (one device on CPU; see the module docstring).
 
     Returns:
       A :class:`KMeansResult`.
@@ -336,7 +372,7 @@ def lloyd_kmeans(
         return assignments if is_point is None else jnp.where(is_point, assignments, num_clusters)
 
     def lloyd_step(_: int, centroids: jax.Array) -> jax.Array:
-        assignments, _ = _assign(blocks, centroids, norms)
+        assignments, _ = _assign(blocks, centroids, norms, use_native)
         assignments = without_padding(assignments[:n])
         sums = _total(jax.ops.segment_sum(x, assignments, num_segments=num_clusters), shards)
         counts = _total(jax.ops.segment_sum(ones, assignments, num_segments=num_clusters), shards)
@@ -348,7 +384,7 @@ def lloyd_kmeans(
     else:
         centroids = _kmeans_plus_plus(x, num_clusters, key, shards)
     centroids = jax.lax.fori_loop(0, num_iters, lloyd_step, centroids)
-    assignments, sq = _assign(blocks, centroids, norms)
+    assignments, sq = _assign(blocks, centroids, norms, use_native)
     centroids = centroids + mean
     assignments, sq = without_padding(assignments[:n]), sq[:n]
     if is_point is not None:
@@ -357,7 +393,8 @@ def lloyd_kmeans(
 
 
 _kmeans = jax.jit(
-    lloyd_kmeans, static_argnames=("num_clusters", "num_iters", "block_size", "init", "shards")
+    lloyd_kmeans,
+    static_argnames=("num_clusters", "num_iters", "block_size", "init", "shards", "use_native"),
 )
 
 
@@ -569,7 +606,12 @@ def _point_blocks(points: jax.Array, block_size: int) -> tuple[jax.Array, jax.Ar
 
 
 def _reference_update(
-    points: jax.Array, blocks: jax.Array, norms: jax.Array, centroids: jax.Array, num_points: int
+    points: jax.Array,
+    blocks: jax.Array,
+    norms: jax.Array,
+    centroids: jax.Array,
+    num_points: int,
+    use_native: bool,
 ) -> tuple[jax.Array, jax.Array]:
     """One Lloyd update of the reference mode, before the empty-cluster split.
 
@@ -583,12 +625,13 @@ def _reference_update(
       norms: (M, B, 1) squared norms of the blocks' points.
       centroids: (K, D) current centroids.
       num_points: N.
+      use_native: the native assignment (CPU).
 
     Returns:
       (K, D) float32 new centroids and (K,) float32 cluster sizes.
     """
     num_clusters = centroids.shape[0]
-    assignments = _assign(blocks, centroids, norms)[0][:num_points]
+    assignments = _assign(blocks, centroids, norms, use_native)[0][:num_points]
     # The sums read ``points``, not a slice of the blocks: with one block, XLA fused that slice
     # into the scatter and the update took twice as long.
     sums = jax.ops.segment_sum(points, assignments, num_segments=num_clusters)
@@ -599,7 +642,7 @@ def _reference_update(
     return sums * scale[:, None], counts
 
 
-@functools.partial(jax.jit, static_argnames=("num_points", "block_size"))
+@functools.partial(jax.jit, static_argnames=("num_points", "block_size", "use_native"))
 def _reference_updates(
     points: jax.Array,
     centroids: jax.Array,
@@ -607,6 +650,7 @@ def _reference_updates(
     *,
     num_points: int,
     block_size: int,
+    use_native: bool,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Up to ``remaining`` updates of the reference mode in one call, stopping after the first
     that leaves a cluster empty (the host then splits, see :func:`split_empty_clusters`).
@@ -617,6 +661,7 @@ def _reference_updates(
       remaining: () int32, the most updates to run (at least 1).
       num_points: N.
       block_size: points per assignment block.
+      use_native: the native assignment (CPU).
 
     Returns:
       The (K, D) centroids and (K,) float32 cluster sizes of the last update, and () int32 the
@@ -630,20 +675,22 @@ def _reference_updates(
 
     def update(state: tuple[jax.Array, jax.Array, jax.Array]) -> tuple:
         centroids, _, done = state
-        centroids, counts = _reference_update(points, blocks, norms, centroids, num_points)
+        centroids, counts = _reference_update(
+            points, blocks, norms, centroids, num_points, use_native
+        )
         return centroids, counts, done + 1
 
     start = (centroids, jnp.ones((centroids.shape[0],), jnp.float32), jnp.int32(0))
     return jax.lax.while_loop(more, update, start)
 
 
-@functools.partial(jax.jit, static_argnames=("block_size",))
+@functools.partial(jax.jit, static_argnames=("block_size", "use_native"))
 def _final_assignment(
-    points: jax.Array, centroids: jax.Array, *, block_size: int
+    points: jax.Array, centroids: jax.Array, *, block_size: int, use_native: bool
 ) -> tuple[jax.Array, jax.Array]:
     """(N,) int32 nearest centroid of every point (ties to the lower index) and the inertia."""
     blocks, norms = _point_blocks(points, block_size)
-    assignments, sq = _assign(blocks, centroids, norms)
+    assignments, sq = _assign(blocks, centroids, norms, use_native)
     return assignments[: points.shape[0]], jnp.sum(sq[: points.shape[0]])
 
 
@@ -689,6 +736,7 @@ def reference_kmeans(
     x = np.asarray(x, np.float32)
     n = check_points(x, num_clusters)
     rows = _block_rows(n, num_clusters, block_size)
+    use_native = native_enabled()
     points = jnp.asarray(x)
     if n == num_clusters:
         centroids = points
@@ -697,14 +745,21 @@ def reference_kmeans(
         done = 0
         while done < num_iters:  # one call runs every update up to the next empty cluster
             centroids, counts, steps = _reference_updates(
-                points, centroids, jnp.int32(num_iters - done), num_points=n, block_size=rows
+                points,
+                centroids,
+                jnp.int32(num_iters - done),
+                num_points=n,
+                block_size=rows,
+                use_native=use_native,
             )
             done += int(steps)
             counts = np.asarray(counts)
             if np.any(counts == 0):
                 split = split_empty_clusters(np.asarray(centroids), counts, n)
                 centroids = jnp.asarray(split.centroids)
-    assignments, inertia = _final_assignment(points, centroids, block_size=rows)
+    assignments, inertia = _final_assignment(
+        points, centroids, block_size=rows, use_native=use_native
+    )
     return KMeansResult(centroids, assignments, inertia)
 
 
@@ -763,4 +818,5 @@ def kmeans(
         num_iters=num_iters,
         block_size=_block_rows(x.shape[0], num_clusters, block_size),
         init=init,
+        use_native=native_enabled(),
     )

@@ -91,7 +91,7 @@ def test_a_compile_error_names_the_first_error(
 ) -> None:
     broken = tmp_path / "broken.cc"
     broken.write_text("#include <no_such_header.h>\n")
-    monkeypatch.setattr(native, "SOURCE", broken)
+    monkeypatch.setattr(native, "SOURCES", (broken,))
     with pytest.raises(native.NativeBuildError, match=r"compiling broken\.cc failed: .*no_such"):
         native._compile(tmp_path / "out.so")
     assert list(tmp_path.iterdir()) == [broken]  # nothing half-written

@@ -4,21 +4,23 @@ XLA's CPU convolutions are the slow part of a small convolutional network's trai
 (``bench/bench_train.py --layers``): on the glyph network's layers, oneDNN's convolutions, called
 from inside the jitted step as XLA FFI custom calls (``dnnl_conv.cc``), compute the forward pass,
 the input gradient and the kernel gradient 1.2-1.8x faster (the glyph train step 1.5-1.7x).
+The assignment pass of k-means (``kmeans.cc``: nearest centroids through oneDNN's sgemm)
+replaces XLA's matmul and reductions in the evaluator's k-means (``bench/bench_kmeans.py``).
 Other backends never use them.
 
 The library is compiled the first time a CPU step needs it, with the C++ compiler (``$CXX``,
 default ``g++``) against the XLA FFI headers that jaxlib ships (``jax.ffi.include_dir()``) and
 oneDNN (Debian: ``apt-get install g++ libdnnl-dev``), into
-``$JDML_CACHE/native/dnnl_conv-<hash>.so``; the hash covers the source, jaxlib's version and the
-command, so a new jaxlib or source compiles again. Compiling writes a temporary file and renames
+``$JDML_CACHE/native/jdml_native-<hash>.so``; the hash covers the sources, jaxlib's version and
+the command, so a new jaxlib or source compiles again. Compiling writes a temporary file and renames
 it, so concurrent processes never load half a library.
 
-``$JDML_CONV`` chooses the convolution on CPU:
+``$JDML_CONV`` chooses the convolution on CPU, and ``$JDML_KMEANS`` the k-means assignment:
 
-* ``auto`` (default): oneDNN where the library compiles, else XLA's, with one warning saying why
-  and how to install oneDNN;
-* ``xla``: always XLA's convolution;
-* ``onednn``: oneDNN, and an error if the library cannot be built.
+* ``auto`` (default): the native kernels where the library compiles, else XLA's ops, with one
+  warning saying why and how to install oneDNN;
+* ``xla``: always XLA's ops;
+* ``onednn``: the native kernels, and an error if the library cannot be built.
 """
 
 from __future__ import annotations
@@ -41,9 +43,21 @@ from jdml.errors import ConfigError
 from jdml.fileio import atomic_path, cache_root
 
 ENV = "JDML_CONV"
+KMEANS_ENV = "JDML_KMEANS"
 MODES = ("auto", "xla", "onednn")
-SOURCE = Path(__file__).with_name("dnnl_conv.cc")
-TARGETS = ("jdml_dnnl_conv_fwd", "jdml_dnnl_conv_bwd_data", "jdml_dnnl_conv_bwd_weights")
+# What falls back to XLA, and what it costs, per switch (the fallback's warning).
+FALLBACKS = {
+    ENV: "CPU convolutions fall back to XLA's, about 1.5x slower to train",
+    KMEANS_ENV: "CPU k-means falls back to XLA's ops, 1.5-3x slower",
+}
+SOURCES = (Path(__file__).with_name("dnnl_conv.cc"), Path(__file__).with_name("kmeans.cc"))
+HEADER = Path(__file__).with_name("pool.h")
+TARGETS = (
+    "jdml_dnnl_conv_fwd",
+    "jdml_dnnl_conv_bwd_data",
+    "jdml_dnnl_conv_bwd_weights",
+    "jdml_kmeans_assign",
+)
 INSTALL_HINT = "install a C++ compiler and oneDNN (Debian: apt-get install g++ libdnnl-dev)"
 
 
@@ -51,11 +65,11 @@ class NativeBuildError(RuntimeError):
     """The native library could not be compiled or loaded; the message says why."""
 
 
-def conv_mode() -> str:
-    """``$JDML_CONV``, checked (see the module docstring)."""
-    mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
+def conv_mode(env: str = ENV) -> str:
+    """``$JDML_CONV`` (or another switch, ``env``), checked (see the module docstring)."""
+    mode = os.environ.get(env, "auto").strip().lower() or "auto"
     if mode not in MODES:
-        raise ConfigError(f"{ENV}={mode!r} is not one of {', '.join(MODES)}: set {ENV}=auto")
+        raise ConfigError(f"{env}={mode!r} is not one of {', '.join(MODES)}: set {env}=auto")
     return mode
 
 
@@ -113,13 +127,14 @@ def conv_flops(hlo_text: str) -> float:
 def _command(output: str) -> list[str]:
     return [
         os.environ.get("CXX", "g++"),
-        "-O2",
+        "-O3",
+        "-ffp-contract=off",  # no fused multiply-adds: the k-means distances round as XLA's
         "-std=c++17",
         "-shared",
         "-fPIC",
         "-fopenmp",
         f"-I{jax.ffi.include_dir()}",
-        str(SOURCE),
+        *map(str, SOURCES),
         "-o",
         output,
         "-ldnnl",
@@ -127,12 +142,14 @@ def _command(output: str) -> list[str]:
 
 
 def library_path() -> Path:
-    """Where the compiled library of this source, jaxlib and command lives."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    """Where the compiled library of these sources, jaxlib and command lives."""
+    digest = hashlib.sha256()
+    for source in (*SOURCES, HEADER):
+        digest.update(source.read_bytes())
     digest.update(jax.lib.__version__.encode() if hasattr(jax.lib, "__version__") else b"")
     digest.update(jax.__version__.encode())
     digest.update(" ".join(_command("OUT")).encode())
-    return cache_root("native") / f"dnnl_conv-{digest.hexdigest()[:16]}.so"
+    return cache_root("native") / f"jdml_native-{digest.hexdigest()[:16]}.so"
 
 
 def _compile(path: Path) -> None:
@@ -144,7 +161,8 @@ def _compile(path: Path) -> None:
         if done.returncode != 0:
             lines = [line for line in done.stderr.splitlines() if "error" in line]
             first = (lines or done.stderr.splitlines() or ["no output"])[0].strip()
-            raise NativeBuildError(f"compiling {SOURCE.name} failed: {first[:300]}")
+            names = ", ".join(source.name for source in SOURCES)
+            raise NativeBuildError(f"compiling {names} failed: {first[:300]}")
 
 
 @functools.cache
@@ -173,25 +191,26 @@ def _unavailable() -> str | None:
     return None
 
 
-def onednn_enabled() -> bool:
-    """Whether CPU convolutions use oneDNN (``$JDML_CONV`` and whether the library builds)."""
-    mode = conv_mode()
+def onednn_enabled(env: str = ENV) -> bool:
+    """Whether the native kernels of switch ``env`` run: CPU convolutions (``$JDML_CONV``, the
+    default) or the k-means assignment (``$JDML_KMEANS``); the switch's mode and whether the
+    library builds decide."""
+    mode = conv_mode(env)
     if mode == "xla" or jax.default_backend() != "cpu":
         return False
     reason = _unavailable()
     if reason is None:
         return True
     if mode == "onednn":
-        raise ConfigError(f"{ENV}=onednn but {reason}: {INSTALL_HINT}, or set {ENV}=auto")
-    _warn_once(reason)
+        raise ConfigError(f"{env}=onednn but {reason}: {INSTALL_HINT}, or set {env}=auto")
+    _warn_once(env, reason)
     return False
 
 
 @functools.cache
-def _warn_once(reason: str) -> None:
+def _warn_once(env: str, reason: str) -> None:
     warnings.warn(
-        f"CPU convolutions fall back to XLA's, about 1.5x slower to train ({reason}); "
-        f"{INSTALL_HINT}, or set {ENV}=xla to silence this",
+        f"{FALLBACKS[env]} ({reason}); {INSTALL_HINT}, or set {env}=xla to silence this",
         RuntimeWarning,
         stacklevel=3,
     )

@@ -25,9 +25,12 @@
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
+#include "pool.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+using jdml::OneThread;
+using jdml::run_pieces;
 using dnnl::memory;
 using Tag = memory::format_tag;
 
@@ -46,16 +49,6 @@ struct Entry {
   dnnl::reorder to_primitive, to_user;  // HWIO <-> the primitive's weights format, if different
   size_t scratchpad_bytes = 0;
   bool packed = false;
-};
-
-// One OpenMP thread while in scope: the batch pieces are the parallelism. oneDNN plans a
-// primitive's work for the threads it sees when the primitive is created, so creation and
-// execution both run in this scope. The setting is the calling thread's own (which may be the
-// process's main thread, where PyTorch, say, runs its own OpenMP work), so it is restored.
-struct OneThread {
-  int before = omp_get_max_threads();
-  OneThread() { omp_set_num_threads(1); }
-  ~OneThread() { omp_set_num_threads(before); }
 };
 
 struct Context {
@@ -178,25 +171,6 @@ void run_piece(const Entry& e, Kind kind, float* src, float* weights, float* dst
   stream.wait();
 }
 
-// A piece of work that either a pool thread or the caller runs, whichever claims it first.
-struct Task {
-  std::atomic<bool> taken{false};
-  std::atomic<bool> done{false};
-  std::function<void()> work;
-  std::string error;  // what the work threw, if anything
-
-  // Runs the work if nobody has claimed it yet.
-  void claim_and_run() {
-    if (taken.exchange(true)) return;
-    try {
-      work();
-    } catch (const std::exception& err) {
-      error = err.what();
-    }
-    done.store(true, std::memory_order_release);
-  }
-};
-
 // Splits the batch into pieces, one per thread of XLA's intra-op pool (sizes differing by at
 // most one image), each run single-threaded: the caller runs the first and every piece no pool
 // thread has started yet, so it never waits on work that is not running (no deadlock when
@@ -255,21 +229,7 @@ ffi::Error run(ffi::ThreadPool pool, Kind kind, ffi::Span<const int64_t> x_dims,
                 dst + starts[i] * dst_image);
     };
 
-    // A task's work refers to this frame: the caller waits for every claimed task below, and
-    // a pool thread that finds its task claimed touches only the task itself.
-    std::vector<std::shared_ptr<Task>> tasks;
-    for (int64_t i = 1; i < used; ++i) {
-      auto task = std::make_shared<Task>();
-      task->work = [&work, i] { work(i); };
-      tasks.push_back(task);
-      pool.Schedule([task] { task->claim_and_run(); });
-    }
-    work(0);
-    for (auto& task : tasks) task->claim_and_run();
-    for (auto& task : tasks) {
-      while (!task->done.load(std::memory_order_acquire)) std::this_thread::yield();
-      if (!task->error.empty()) throw std::runtime_error(task->error);
-    }
+    run_pieces(pool, used, work);
 
     if (kind == kBackwardWeights) {
       float* total = packed[0].data();

@@ -1,0 +1,112 @@
+"""The native k-means assignment (jdml/nn/native/kmeans.cc) equals XLA's: the same nearest
+centroids (ties to the lower index, across vector lanes and centroid tiles), the same distances
+up to the rounding of the dot products, NaN rows as XLA treats them, and every k-means mode
+gives the same result with either ($JDML_KMEANS=onednn against =xla)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jdml.errors import ConfigError
+from jdml.evaluation import kmeans as km
+from jdml.nn import native
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _library() -> None:
+    native.library()  # compiled once per machine; the tests need it
+
+
+@jax.jit
+def _xla(points: jax.Array, centroids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return km._assign(points[None], centroids, use_native=False)
+
+
+@jax.jit
+def _native(points: jax.Array, centroids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return km._assign(points[None], centroids, use_native=True)
+
+
+def both(points: np.ndarray, centroids: np.ndarray) -> tuple[tuple, tuple]:
+    args = (jnp.asarray(points, jnp.float32), jnp.asarray(centroids, jnp.float32))
+    xla, ours = _xla(*args), _native(*args)
+    return tuple(map(np.asarray, xla)), tuple(map(np.asarray, ours))
+
+
+@pytest.mark.parametrize(
+    ("n", "dim", "k"),
+    [(1000, 16, 5), (700, 33, 37), (3000, 8, 1500), (100, 3, 100), (257, 128, 9)],
+)
+def test_assignment_equals_xla(n: int, dim: int, k: int) -> None:
+    """Fewer points than a thread's share, centroids not a multiple of the lanes, and more
+    centroids than one tile (1,024)."""
+    rng = np.random.default_rng(n + k)
+    points = rng.normal(size=(n, dim)).astype(np.float32)
+    centroids = rng.normal(size=(k, dim)).astype(np.float32)
+    (want, want_sq), (got, got_sq) = both(points, centroids)
+    np.testing.assert_array_equal(got, want)
+    scale = np.sum(points**2, 1) + np.sum(centroids[want] ** 2, 1)
+    np.testing.assert_allclose(got_sq, want_sq, rtol=0, atol=float(np.max(scale)) * 1e-6)
+    assert got.dtype == np.int32 and got_sq.dtype == np.float32
+
+
+def test_ties_go_to_the_lower_index() -> None:
+    """Integer coordinates make every distance exact, so duplicated centroids tie exactly: in
+    one vector lane, in different lanes, in the scalar tail and in another tile of 1,024."""
+    rng = np.random.default_rng(0)
+    k = 1100
+    centroids = rng.integers(-50, 50, size=(k, 6)).astype(np.float32)
+    for copy in (9, 15, 1050, 1099):  # lanes of 4 and 8, a later tile, the tail
+        centroids[copy] = centroids[7]
+    centroids[1098] = centroids[1030]  # both in the second tile
+    points = np.concatenate([centroids[[7, 1030]], centroids[[7, 1030]] + 0.5])
+    (want, want_sq), (got, got_sq) = both(points, centroids)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got[:2], [7, 1030])
+    np.testing.assert_array_equal(got_sq, want_sq)
+
+
+def test_points_at_their_centroid_are_at_distance_zero() -> None:
+    """The Gram expansion can round below 0: the distance is clamped at 0, as in XLA."""
+    rng = np.random.default_rng(1)
+    centroids = (rng.normal(size=(20, 64)) * 100).astype(np.float32)
+    (want, want_sq), (got, got_sq) = both(centroids, centroids)
+    np.testing.assert_array_equal(got, want)
+    assert np.all(got_sq >= 0) and np.all(want_sq >= 0)
+
+
+def test_a_nan_point_is_assigned_out_of_range_as_in_xla() -> None:
+    rng = np.random.default_rng(2)
+    points = rng.normal(size=(10, 4)).astype(np.float32)
+    points[3, 1] = np.nan
+    centroids = rng.normal(size=(12, 4)).astype(np.float32)
+    (want, want_sq), (got, got_sq) = both(points, centroids)
+    assert want[3] == got[3] == 12
+    assert np.isnan(want_sq[3]) and np.isnan(got_sq[3])
+    np.testing.assert_array_equal(np.delete(got, 3), np.delete(want, 3))
+
+
+@pytest.mark.parametrize("init", km.KMEANS_MODES)
+def test_every_mode_is_the_same_with_the_native_assignment(
+    monkeypatch: pytest.MonkeyPatch, init: str
+) -> None:
+    rng = np.random.default_rng(3)
+    centres = rng.normal(size=(8, 16)) * 3
+    x = (centres[np.arange(600) % 8] + rng.normal(size=(600, 16))).astype(np.float32)
+    results = {}
+    for mode in ("xla", "onednn"):
+        monkeypatch.setenv(native.KMEANS_ENV, mode)
+        assert km.native_enabled() == (mode == "onednn")
+        results[mode] = km.kmeans(x, 8, seed=None if init == "reference" else 0, init=init)
+    np.testing.assert_array_equal(results["onednn"].assignments, results["xla"].assignments)
+    np.testing.assert_allclose(results["onednn"].centroids, results["xla"].centroids, atol=1e-6)
+    np.testing.assert_allclose(results["onednn"].inertia, results["xla"].inertia, rtol=1e-5)
+
+
+def test_an_unknown_switch_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(native.KMEANS_ENV, "fast")
+    with pytest.raises(ConfigError, match=r"JDML_KMEANS='fast' is not one of .*JDML_KMEANS=auto"):
+        km.kmeans(np.zeros((4, 2), np.float32), 2)
