@@ -17,7 +17,7 @@ check that the clusterings are alike, not a goal), and the share of points that 
 near-ties, and a flipped point changes the later iterations).
 
 Usage: python bench/bench_kmeans.py [--cases 20000x128x5,20000x128x1000] [--iters 20]
-           [--inits random,reference,k-means++] [--repeats 3]
+           [--inits random,reference,k-means++] [--repeats 3] [--pause 0.05]
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ def faiss_kmeans(x: np.ndarray, k: int, iters: int) -> np.ndarray:
     return search.search(x, 1)[1][:, 0]
 
 
-def run_case(n: int, dim: int, k: int, iters: int, inits: list[str], repeats: int) -> None:
+def run_case(
+    n: int, dim: int, k: int, iters: int, inits: list[str], repeats: int, pause: float
+) -> None:
     """Times and prints one N x D x K case."""
     x, labels = clustered(n, dim, k)
     fns: dict[str, Callable[[], Any]] = {
@@ -80,7 +82,7 @@ def run_case(n: int, dim: int, k: int, iters: int, inits: list[str], repeats: in
         for init in inits
     }
     fns["faiss Clustering"] = lambda: faiss_kmeans(x, k, iters)
-    results = alternating_rounds(fns, repeats, pause=PAUSE_S)
+    results = alternating_rounds(fns, repeats, pause=pause)
     faiss_s = results["faiss Clustering"].median
     for name, timing in results.items():
         seconds = timing.median
@@ -99,13 +101,18 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--inits", default="random,reference,k-means++")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--pause", type=float, default=PAUSE_S, help="seconds idle before every timed call"
+    )
     args = parser.parse_args()
     inits = args.inits.split(",")
     print(f"jax {jax.__version__} on {jax.devices()[0]}; {os.cpu_count()} CPUs; {args.iters} "
-          f"Lloyd iterations; median of {args.repeats} alternating rounds")  # fmt: skip
+          f"Lloyd iterations; median of {args.repeats} alternating rounds, "
+          f"{1000 * args.pause:.0f} ms idle before each call")  # fmt: skip
     print(f"{'N':>7}{'D':>6}{'K':>7}  {'method':<20}{'s':>9}{'faiss / it':>12}{'NMI %':>8}")
     for case in args.cases.split(","):
-        run_case(*(int(v) for v in case.split("x")), args.iters, inits, args.repeats)
+        n, dim, k = (int(v) for v in case.split("x"))
+        run_case(n, dim, k, args.iters, inits, args.repeats, args.pause)
 
 
 if __name__ == "__main__":
