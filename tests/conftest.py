@@ -46,7 +46,7 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(knn, "BLOCK_SCORES", 1)
 
 
-@pytest.fixture(params=["xla", "host"])
+@pytest.fixture(params=["xla", "host", "native"])
 def selection(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a kNN test with the top-k taken by XLA and again with the host selection (the CPU
     path for most k, see ``jdml.evaluation.knn._select_on_host``), whatever the k."""

@@ -5,8 +5,10 @@ XLA's CPU convolutions are the slow part of a small convolutional network's trai
 from inside the jitted step as XLA FFI custom calls (``dnnl_conv.cc``), compute the forward pass,
 the input gradient and the kernel gradient 1.2-1.8x faster (the glyph train step 1.5-1.7x).
 The assignment pass of k-means (``kmeans.cc``: nearest centroids through oneDNN's sgemm)
-replaces XLA's matmul and reductions in the evaluator's k-means (``bench/bench_kmeans.py``).
-Other backends never use them.
+replaces XLA's matmul and reductions in the evaluator's k-means (``bench/bench_kmeans.py``), and
+the nearest-neighbour selection (``knn.cc``: top-k over sgemm tiles filtered in cache) replaces
+XLA's top-k and numpy's selection in the retrieval metrics (``bench/bench_eval.py``). Other
+backends never use them.
 
 The library is compiled the first time a CPU step needs it, with the C++ compiler (``$CXX``,
 default ``g++``) against the XLA FFI headers that jaxlib ships (``jax.ffi.include_dir()``) and
@@ -15,7 +17,8 @@ oneDNN (Debian: ``apt-get install g++ libdnnl-dev``), into
 the command, so a new jaxlib or source compiles again. Compiling writes a temporary file and renames
 it, so concurrent processes never load half a library.
 
-``$JDML_CONV`` chooses the convolution on CPU, and ``$JDML_KMEANS`` the k-means assignment:
+``$JDML_CONV`` chooses the convolution on CPU, ``$JDML_KMEANS`` the k-means assignment and
+``$JDML_KNN`` the nearest-neighbour selection:
 
 * ``auto`` (default): the native kernels where the library compiles, else XLA's ops, with one
   warning saying why and how to install oneDNN;
@@ -44,19 +47,23 @@ from jdml.fileio import atomic_path, cache_root
 
 ENV = "JDML_CONV"
 KMEANS_ENV = "JDML_KMEANS"
+KNN_ENV = "JDML_KNN"
 MODES = ("auto", "xla", "onednn")
 # What falls back to XLA, and what it costs, per switch (the fallback's warning).
 FALLBACKS = {
     ENV: "CPU convolutions fall back to XLA's, about 1.5x slower to train",
     KMEANS_ENV: "CPU k-means falls back to XLA's ops, about 1.5x slower from 100 clusters on",
+    KNN_ENV: "CPU nearest-neighbour search falls back to XLA's top-k and numpy's selection",
 }
-SOURCES = (Path(__file__).with_name("dnnl_conv.cc"), Path(__file__).with_name("kmeans.cc"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("dnnl_conv.cc", "kmeans.cc", "knn.cc"))
 HEADER = Path(__file__).with_name("pool.h")
 TARGETS = (
     "jdml_dnnl_conv_fwd",
     "jdml_dnnl_conv_bwd_data",
     "jdml_dnnl_conv_bwd_weights",
     "jdml_kmeans_assign",
+    "jdml_knn_top",
+    "jdml_order_rows",
 )
 INSTALL_HINT = "install a C++ compiler and oneDNN (Debian: apt-get install g++ libdnnl-dev)"
 

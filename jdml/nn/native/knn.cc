@@ -1,0 +1,300 @@
+// Exact top-k of nearest-neighbour search as an XLA FFI handler for the CPU backend (see
+// jdml/evaluation/knn.py and jdml/nn/native/__init__.py).
+//
+//   jdml_knn_top: for every query q, the k references r with the largest scores q.r + bias[r],
+//     best first: score descending, equal scores by lower reference index. knn.py passes the
+//     references scaled and their bias so that these are its ranking scores, 2 q.r - |r|^2
+//     (Euclidean) or q.r (cosine); padding references have bias -inf, and -inf never enters a
+//     result. Rows with fewer than k finite scores end in (-inf, INT32_MAX) slots.
+//   jdml_order_rows: rows of (distance, index) pairs in (distance, index) order.
+//
+// XLA computes a block's scores with a matmul whose (queries x references) result goes to
+// memory, and a top-k pass reads them back. Here each thread takes a range of queries; for a tile
+// of queries against a tile of references, oneDNN's sgemm writes the scores into a tile that
+// stays in cache, and each query's scores are filtered against the k-th best score found so far
+// (vector compares; almost every score fails once the first tiles are seen). The few that pass go
+// to the query's buffer of 2k + 16 candidates; a full buffer is cut back to its k best (one
+// nth_element), which raises the threshold.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
+#include "oneapi/dnnl/dnnl.h"
+#include "pool.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+using Matrix = ffi::Buffer<ffi::F32, 2>;
+using IntMatrix = ffi::Buffer<ffi::S32, 2>;
+using Vector = ffi::Buffer<ffi::F32, 1>;
+
+namespace {
+
+// Tiles: kQueryTile queries against kTileScores / kQueryTile references, so one tile of scores
+// (1 MB) stays in cache while it is filtered.
+constexpr int64_t kQueryTile = 256;
+constexpr int64_t kTileScores = 1 << 18;
+
+// A candidate as one integer key, smaller for a better candidate: the score's bits mapped to an
+// unsigned integer of the same order and complemented (higher score first) above the index (lower
+// index first on equal scores), so that selection and sorting compare integers.
+inline uint64_t key(float score, int32_t index) {
+  score += 0.0f;  // -0.0 + 0.0 = +0.0: equal zeros get one key
+  uint32_t bits;
+  std::memcpy(&bits, &score, sizeof bits);
+  const uint32_t ordered = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  return (static_cast<uint64_t>(~ordered) << 32) | static_cast<uint32_t>(index);
+}
+
+inline float score_of(uint64_t key) {
+  const uint32_t ordered = ~static_cast<uint32_t>(key >> 32);
+  const uint32_t bits = (ordered & 0x80000000u) ? (ordered & 0x7FFFFFFFu) : ~ordered;
+  float score;
+  std::memcpy(&score, &bits, sizeof score);
+  return score;
+}
+
+inline int32_t index_of(uint64_t key) { return static_cast<int32_t>(key & 0xFFFFFFFFu); }
+
+// Rearranges keys[0:n) so that keys[k - 1] is the k-th smallest and none before it is larger
+// (quickselect). Keys are distinct. The partitions are branch-free, each key written to both ends
+// of `scratch` (n keys) and the end it belongs to advanced: random keys would mispredict half the
+// branches of std::nth_element's partition, which then costs more than the rest of the search.
+void select_kth(uint64_t* keys, int64_t n, int64_t k, uint64_t* scratch) {
+  int64_t lo = 0, hi = n;
+  const int64_t target = k - 1;
+  while (hi - lo > 32) {
+    uint64_t a = keys[lo], b = keys[lo + (hi - lo) / 2], c = keys[hi - 1];
+    // median of three: at least one key is below it and two are not, so both sides shrink
+    const uint64_t pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));
+    int64_t left = 0, right = hi - lo - 1;
+    for (int64_t i = lo; i < hi; ++i) {
+      const uint64_t x = keys[i];
+      const bool below = x < pivot;
+      scratch[left] = x;
+      scratch[right] = x;
+      left += below;
+      right -= !below;
+    }
+    std::memcpy(keys + lo, scratch, (hi - lo) * sizeof(uint64_t));
+    if (target < lo + left) {
+      hi = lo + left;
+    } else {
+      lo += left;
+    }
+  }
+  std::nth_element(keys + lo, keys + target, keys + hi);
+}
+
+// The best k candidates seen so far of one query, among at most `cap` kept.
+//
+// References arrive in increasing index order, so a new candidate whose score equals the k-th
+// best's is worse than it (higher index): only scores strictly above the threshold can enter.
+struct Best {
+  uint64_t* buffer;
+  int64_t count;
+  float threshold;
+
+  uint64_t* scratch;
+
+  // Keeps the k best of the buffer; the k-th best's score becomes the threshold.
+  void cut(int64_t k) {
+    select_kth(buffer, count, k, scratch);
+    count = k;
+    threshold = score_of(buffer[k - 1]);
+  }
+
+  inline void push(float score, int32_t index, int64_t k, int64_t cap) {
+    if (!(score > threshold)) return;  // the threshold may have risen since the compare
+    buffer[count++] = key(score, index);
+    if (count == cap) cut(k);
+  }
+};
+
+// Offers the scores dots[j] + bias[j], j < cols, of references first, first + 1, ... to `best`,
+// a scalar compare each.
+void offer_scalar(const float* dots, const float* bias, int64_t cols, int32_t first, Best& best,
+                  int64_t k, int64_t cap) {
+  for (int64_t j = 0; j < cols; ++j) {
+    const float score = dots[j] + bias[j];
+    if (score > best.threshold) best.push(score, first + static_cast<int32_t>(j), k, cap);
+  }
+}
+
+using Offer = void (*)(const float*, const float*, int64_t, int32_t, Best&, int64_t, int64_t);
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// Eight compares at once where the CPU has AVX2 (the library is built for baseline x86-64); a
+// mask bit per passing score.
+__attribute__((target("avx2"))) void offer_avx2(const float* dots, const float* bias,
+                                                int64_t cols, int32_t first, Best& best,
+                                                int64_t k, int64_t cap) {
+  int64_t j = 0;
+  alignas(32) float scores[16];
+  for (; j + 16 <= cols; j += 16) {
+    const __m256 threshold = _mm256_set1_ps(best.threshold);
+    const __m256 low_scores =
+        _mm256_add_ps(_mm256_loadu_ps(dots + j), _mm256_loadu_ps(bias + j));
+    const __m256 high_scores =
+        _mm256_add_ps(_mm256_loadu_ps(dots + j + 8), _mm256_loadu_ps(bias + j + 8));
+    const int low = _mm256_movemask_ps(_mm256_cmp_ps(low_scores, threshold, _CMP_GT_OQ));
+    const int high = _mm256_movemask_ps(_mm256_cmp_ps(high_scores, threshold, _CMP_GT_OQ));
+    unsigned mask = static_cast<unsigned>(low | (high << 8));
+    if (!mask) continue;
+    _mm256_store_ps(scores, low_scores);
+    _mm256_store_ps(scores + 8, high_scores);
+    for (; mask; mask &= mask - 1) {
+      const int c = __builtin_ctz(mask);
+      best.push(scores[c], first + static_cast<int32_t>(j + c), k, cap);
+    }
+  }
+  offer_scalar(dots + j, bias + j, cols - j, first + static_cast<int32_t>(j), best, k, cap);
+}
+#endif
+
+Offer offer_function() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx2")) return offer_avx2;
+#endif
+  return offer_scalar;
+}
+
+// Queries [begin, end) against all references: their k best, written to values / indices.
+void top_range(const float* queries, const float* references, const float* bias, int64_t width,
+               int64_t refs, int64_t k, int64_t begin, int64_t end, float* values,
+               int32_t* indices) {
+  static const Offer offer = offer_function();
+  const int64_t cap = 2 * k + 16;
+  if (end <= begin) return;
+  const int64_t qtile = std::min(kQueryTile, end - begin);
+  const int64_t rtile = std::clamp<int64_t>(kTileScores / std::max<int64_t>(qtile, 1), 16, refs);
+  std::vector<float> scores(qtile * rtile);
+  std::vector<uint64_t> buffers(qtile * cap), scratch(cap);
+  std::vector<Best> best(qtile);
+  jdml::OneThread one_thread;  // sgemm runs on this piece's thread only
+  for (int64_t q0 = begin; q0 < end; q0 += qtile) {
+    const int64_t rows = std::min(qtile, end - q0);
+    for (int64_t i = 0; i < rows; ++i) {
+      best[i] = Best{buffers.data() + i * cap, 0, -std::numeric_limits<float>::infinity(),
+                     scratch.data()};
+    }
+    for (int64_t r0 = 0; r0 < refs; r0 += rtile) {
+      const int64_t cols = std::min(rtile, refs - r0);
+      // scores (rows x cols) = queries[q0:q0+rows] . references[r0:r0+cols]^T, row-major
+      const dnnl_status_t status =
+          dnnl_sgemm('N', 'T', rows, cols, width, 1.0f, queries + q0 * width, width,
+                     references + r0 * width, width, 0.0f, scores.data(), cols);
+      if (status != dnnl_success) throw std::runtime_error("dnnl_sgemm failed");
+      for (int64_t i = 0; i < rows; ++i) {
+        offer(scores.data() + i * cols, bias + r0, cols, static_cast<int32_t>(r0), best[i], k,
+              cap);
+      }
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      Best& b = best[i];
+      if (b.count > k) b.cut(k);
+      std::sort(b.buffer, b.buffer + b.count);
+      float* v = values + (q0 + i) * k;
+      int32_t* n = indices + (q0 + i) * k;
+      for (int64_t j = 0; j < k; ++j) {
+        const bool filled = j < b.count;
+        v[j] = filled ? score_of(b.buffer[j]) : -std::numeric_limits<float>::infinity();
+        n[j] = filled ? index_of(b.buffer[j]) : std::numeric_limits<int32_t>::max();
+      }
+    }
+  }
+}
+
+ffi::Error Top(ffi::ThreadPool pool, Matrix queries, Matrix references, Vector bias, int64_t k,
+               ffi::ResultBuffer<ffi::F32, 2> values,
+               ffi::ResultBuffer<ffi::S32, 2> indices) {
+  const int64_t n = queries.dimensions()[0], width = queries.dimensions()[1];
+  const int64_t refs = references.dimensions()[0];
+  if (references.dimensions()[1] != width || bias.dimensions()[0] != refs || k < 1 || refs < 1) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "k-nearest: bad shapes or k");
+  }
+  const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), n / 32));
+  try {
+    jdml::run_pieces(pool, pieces, [&](int64_t i) {
+      top_range(queries.typed_data(), references.typed_data(), bias.typed_data(), width, refs, k,
+                n * i / pieces, n * (i + 1) / pieces, values->typed_data(),
+                indices->typed_data());
+    });
+  } catch (const std::exception& err) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-nearest: ") + err.what());
+  }
+  return ffi::Error::Success();
+}
+
+// Rows [begin, end) of (distances, indices) in (distance, index) order, by insertion sort: the
+// rows arrive sorted by distance except within runs of equal distances, so this is one pass.
+void order_range(const float* distances, const int32_t* indices, int64_t k, int64_t begin,
+                 int64_t end, float* out_distances, int32_t* out_indices) {
+  std::vector<uint64_t> keys(k);
+  std::vector<float> row(k);
+  for (int64_t r = begin; r < end; ++r) {
+    const float* d = distances + r * k;
+    const int32_t* n = indices + r * k;
+    for (int64_t j = 0; j < k; ++j) {
+      // key() puts higher scores first: negated distances put smaller distances first
+      uint64_t x = key(-d[j], n[j]);
+      float v = d[j];
+      int64_t i = j;
+      for (; i > 0 && keys[i - 1] > x; --i) {
+        keys[i] = keys[i - 1];
+        row[i] = row[i - 1];
+      }
+      keys[i] = x;
+      row[i] = v;
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      out_distances[r * k + j] = row[j];
+      out_indices[r * k + j] = index_of(keys[j]);
+    }
+  }
+}
+
+ffi::Error Order(ffi::ThreadPool pool, Matrix distances, IntMatrix indices,
+                 ffi::ResultBuffer<ffi::F32, 2> out_distances,
+                 ffi::ResultBuffer<ffi::S32, 2> out_indices) {
+  const int64_t rows = distances.dimensions()[0], k = distances.dimensions()[1];
+  const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), rows / 64));
+  try {
+    jdml::run_pieces(pool, pieces, [&](int64_t i) {
+      order_range(distances.typed_data(), indices.typed_data(), k, rows * i / pieces,
+                  rows * (i + 1) / pieces, out_distances->typed_data(),
+                  out_indices->typed_data());
+    });
+  } catch (const std::exception& err) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("ordering rows: ") + err.what());
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_order_rows, Order,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<Matrix>()
+                                  .Arg<IntMatrix>()
+                                  .Ret<Matrix>()
+                                  .Ret<IntMatrix>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_knn_top, Top,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<Matrix>()
+                                  .Arg<Matrix>()
+                                  .Arg<Vector>()
+                                  .Attr<int64_t>("k")
+                                  .Ret<Matrix>()
+                                  .Ret<IntMatrix>());

@@ -1,0 +1,148 @@
+"""The native kNN kernels (jdml/nn/native/knn.cc): ``jdml_knn_top`` selects what an explicit
+sort of every score selects, ties to the lower index (within a vector of compares, across
+reference tiles, across buffer cuts and across threads), and ``jdml_order_rows`` orders rows as
+a lexicographic sort does; ``$JDML_KNN`` chooses the selection."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jdml.errors import ConfigError
+from jdml.evaluation import knn as knn_module
+from jdml.evaluation.knn import knn
+from jdml.nn import native
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _library() -> None:
+    native.library()  # compiled once per machine; the tests need it
+
+
+@jax.jit
+def _order(distances: jax.Array, indices: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return knn_module._by_distance_then_index(distances, indices, native_order=True)
+
+
+def top(queries: np.ndarray, scaled: np.ndarray, bias: np.ndarray, k: int):
+    values, indices = jax.jit(knn_module._native_top, static_argnums=3)(
+        jnp.asarray(queries), jnp.asarray(scaled), jnp.asarray(bias), k
+    )
+    return np.asarray(values), np.asarray(indices)
+
+
+def sorted_scores(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every row sorted by (score descending, index ascending) explicitly; its first k."""
+    order = np.lexsort((np.broadcast_to(np.arange(scores.shape[1]), scores.shape), -scores))
+    order = order[:, :k]
+    return np.take_along_axis(scores, order, axis=1), order
+
+
+def integer_problem(rng: np.random.Generator, n: int, refs: int, dim: int, grid: int):
+    """Small-integer queries, references and biases: every score is an exact float32 in any
+    summation order, so the selection can be checked for exact equality, ties included."""
+    queries = rng.integers(-grid, grid + 1, (n, dim)).astype(np.float32)
+    scaled = rng.integers(-grid, grid + 1, (refs, dim)).astype(np.float32)
+    bias = rng.integers(-grid, grid + 1, refs).astype(np.float32)
+    return queries, scaled, bias, queries @ scaled.T + bias
+
+
+@pytest.mark.parametrize(
+    ("n", "refs", "dim", "k", "grid"),
+    [
+        (300, 5000, 16, 1, 3),  # many exact ties for the single best, over 5 reference tiles
+        (300, 5000, 16, 40, 3),  # buffer cuts (cap 96) with ties at every threshold
+        (70, 3000, 8, 1000, 2),  # k larger than a reference tile
+        (65, 1037, 3, 1037, 1),  # every reference; a tail of 13 scalar compares
+        (1, 40, 5, 7, 4),  # one query: one thread
+    ],
+)
+def test_selection_equals_an_explicit_sort(n: int, refs: int, dim: int, k: int, grid: int):
+    queries, scaled, bias, scores = integer_problem(
+        np.random.default_rng(n + k), n, refs, dim, grid
+    )
+    values, indices = top(queries, scaled, bias, k)
+    want_values, want_indices = sorted_scores(scores, k)
+    np.testing.assert_array_equal(indices, want_indices)
+    np.testing.assert_array_equal(values, want_values)
+    assert values.dtype == np.float32 and indices.dtype == np.int32
+
+
+def test_random_scores_match_float64_up_to_rounding() -> None:
+    rng = np.random.default_rng(0)
+    queries = rng.standard_normal((200, 64)).astype(np.float32)
+    scaled = rng.standard_normal((4000, 64)).astype(np.float32)
+    bias = rng.standard_normal(4000).astype(np.float32)
+    values, indices = top(queries, scaled, bias, 50)
+    exact = queries.astype(np.float64) @ scaled.T.astype(np.float64) + bias
+    want_values, want_indices = sorted_scores(exact, 50)
+    np.testing.assert_allclose(values, want_values, atol=1e-4)
+    assert np.mean(indices == want_indices) > 0.999  # near-ties may swap under rounding
+
+
+def test_padding_references_never_enter_and_missing_slots_are_marked() -> None:
+    """References with bias -inf are padding: with fewer other references than k, the
+    remaining slots are (-inf, INT32_MAX), as the XLA selection's running top-k starts."""
+    rng = np.random.default_rng(1)
+    queries, scaled, bias, _ = integer_problem(rng, 9, 30, 4, 3)
+    bias[5:] = -np.inf
+    values, indices = top(queries, scaled, bias, 8)
+    want_values, want_indices = sorted_scores(queries @ scaled[:5].T + bias[:5], 5)
+    np.testing.assert_array_equal(indices[:, :5], want_indices)
+    np.testing.assert_array_equal(values[:, :5], want_values)
+    assert np.all(values[:, 5:] == -np.inf)
+    assert np.all(indices[:, 5:] == np.iinfo(np.int32).max)
+
+
+def test_zero_scores_of_either_sign_tie_by_index() -> None:
+    """-0.0 and +0.0 are equal scores: the lower index goes first whatever the sign."""
+    queries = np.array([[1.0]], np.float32)
+    scaled = np.zeros((4, 1), np.float32)
+    bias = np.array([0.0, -0.0, -0.0, 0.0], np.float32)
+    _, indices = top(queries, scaled, bias, 4)
+    np.testing.assert_array_equal(indices, [[0, 1, 2, 3]])
+
+
+@pytest.mark.parametrize("rows", [1, 200])
+def test_order_rows_equals_a_lexicographic_sort(rows: int) -> None:
+    """Rows sorted by distance with runs of equal distances out of index order (what rounding
+    leaves after the selection), and arbitrary rows: both come out in (distance, index) order."""
+    rng = np.random.default_rng(rows)
+    distances = np.sort(rng.integers(0, 6, (rows, 300)), axis=1).astype(np.float32)
+    distances[: rows // 2] = rng.integers(0, 6, (rows // 2, 300))  # not even distance order
+    distances[0, :4] = [0.0, -0.0, 0.0, -0.0]
+    indices = np.stack([rng.permutation(1000)[:300] for _ in range(rows)]).astype(np.int32)
+    got_d, got_i = map(np.asarray, _order(jnp.asarray(distances), jnp.asarray(indices)))
+    order = np.lexsort((indices, distances + np.float32(0)))
+    np.testing.assert_array_equal(got_i, np.take_along_axis(indices, order, axis=1))
+    np.testing.assert_array_equal(got_d, np.take_along_axis(distances, order, axis=1))
+
+
+@pytest.mark.parametrize("exclude_self", [True, False])
+def test_knn_with_the_native_selection_equals_the_others(
+    monkeypatch: pytest.MonkeyPatch, exclude_self: bool
+) -> None:
+    """The three selections give the same neighbours at k = 300 of 2,000, where rounding maps
+    many different scores to one distance and the rows need ordering."""
+    x = np.random.default_rng(4).standard_normal((2000, 32)).astype(np.float32)
+    results = {}
+    for selection in ("native", "host", "xla"):
+        monkeypatch.setattr(knn_module, "SELECTION", selection)
+        results[selection] = [np.asarray(a) for a in knn(x, x, 300, exclude_self=exclude_self)]
+    for selection in ("host", "xla"):
+        np.testing.assert_array_equal(results["native"][1], results[selection][1])
+        np.testing.assert_allclose(results["native"][0], results[selection][0], atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["xla", "onednn"])
+def test_the_switch_chooses_the_selection(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    monkeypatch.setenv(native.KNN_ENV, mode)
+    assert (knn_module._selection(5, 100) == "native") == (mode == "onednn")
+
+
+def test_an_unknown_switch_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(native.KNN_ENV, "fast")
+    with pytest.raises(ConfigError, match=r"JDML_KNN='fast' is not one of .*JDML_KNN=auto"):
+        knn(np.zeros((4, 2), np.float32), np.zeros((4, 2), np.float32), 1, exclude_self=False)
