@@ -116,6 +116,17 @@ def _chunk_layout(num_references: int, chunk_size: int) -> tuple[int, int]:
     return num_chunks, rounded if rounded <= chunk_size else rows
 
 
+# The ranking score is ``SCORE_SCALE * q.r + _score_bias(r)`` (see the module docstring).
+SCORE_SCALE = {"euclidean": 2.0, "cosine": 1.0}
+
+
+def _score_bias(references: jax.Array, distance: str) -> jax.Array:
+    """(N,) the ranking score's per-reference term: ``-|r|^2`` (Euclidean) or 0 (cosine)."""
+    if distance == "euclidean":
+        return -jnp.sum(references * references, axis=-1)
+    return jnp.zeros(references.shape[:1], jnp.float32)
+
+
 @functools.partial(jax.jit, static_argnames=("num_chunks", "chunk", "distance"))
 def _augmented_references(
     references: jax.Array,
@@ -139,12 +150,8 @@ def _augmented_references(
       -inf]``) so they score ``-inf``.
     """
     num_references = references.shape[0]
-    if distance == "euclidean":
-        bias = -jnp.sum(references * references, axis=-1, keepdims=True)
-        scaled = 2.0 * references
-    else:
-        bias = jnp.zeros((num_references, 1), jnp.float32)
-        scaled = references
+    bias = _score_bias(references, distance)[:, None]
+    scaled = SCORE_SCALE[distance] * references
     if num_valid is not None:
         row = jnp.arange(num_references, dtype=jnp.int32)[:, None]
         bias = jnp.where(row < num_valid, bias, -jnp.inf)
@@ -645,22 +652,24 @@ def _host_blocks(
 
 
 def _native_top(
-    queries: jax.Array, scaled: jax.Array, bias: jax.Array, wanted: int
+    queries: jax.Array, references: jax.Array, bias: jax.Array, wanted: int, distance: str
 ) -> tuple[jax.Array, jax.Array]:
-    """The ``wanted`` best scores ``q.r + bias`` of each query row (``_chunks_top_k``'s result
-    with one chunk), by the native kernel ``jdml_knn_top``.
+    """The ``wanted`` best ranking scores of each query row (``_chunks_top_k``'s result with one
+    chunk), by the native kernel ``jdml_knn_top``.
 
     Args:
       queries: (B, D) queries.
-      scaled: (N, D) the first D columns of ``_augmented_references``' rows.
-      bias: (N,) their last column (``-inf`` for padding).
+      references: (N, D) references.
+      bias: (N,) their ``_score_bias`` (``-inf`` marks padding).
       wanted: number of candidates to keep, at most N.
+      distance: "euclidean" or "cosine" (``SCORE_SCALE``).
 
     Returns:
       scores (B, wanted) descending and int32 indices, equal scores ordered by lower index. The
-      scores are the augmented product's up to float32 rounding: the bias is added to each dot
-      product rather than summed with it, so that sgemm runs on D columns (at D = 128, a
-      multiple of 16, 1.3x faster than on D + 1).
+      scores are the augmented product's up to float32 rounding: sgemm scales the dot products
+      (by 2, exactly) and the bias is added to each rather than summed with them, so that
+      sgemm runs on the D columns of the references as they are (at D = 128, a multiple of 16,
+      1.3x faster than on D + 1).
     """
     native.library()  # registers the targets (compiled once per machine)
     rows = queries.shape[0]
@@ -672,24 +681,24 @@ def _native_top(
         ),
         vmap_method="sequential",
     )
-    return call(queries, scaled, bias, k=np.int64(wanted))
+    scale = np.float32(SCORE_SCALE[distance])
+    return call(queries, references, bias, k=np.int64(wanted), scale=scale)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "exclude_self", "distance"))
 def _native_knn_block(
     queries: jax.Array,
     query_offset: jax.Array,
-    scaled: jax.Array,
+    references: jax.Array,
     bias: jax.Array,
     *,
     k: int,
     exclude_self: bool,
     distance: str,
 ) -> tuple[jax.Array, jax.Array]:
-    """:func:`_knn_block` with the native selection (``scaled`` and ``bias``: see
-    :func:`_native_top`)."""
+    """:func:`_knn_block` with the native selection (arguments: see :func:`_native_top`)."""
     query_ids = query_offset + jnp.arange(queries.shape[0], dtype=jnp.int32)
-    values, indices = _native_top(queries, scaled, bias, k + int(exclude_self))
+    values, indices = _native_top(queries, references, bias, k + int(exclude_self), distance)
     return _neighbours_from_scores(
         queries,
         values,
@@ -710,30 +719,25 @@ def _native_blocks(
     distance: str,
     block_size: int,
 ) -> Iterator[NeighbourBlock]:
-    """:func:`knn_blocks` with the native selection (see ``_selection``)."""
+    """:func:`knn_blocks` with the native selection (see ``_selection``). The kernel takes any
+    number of queries, so blocks are not padded: the last one compiles once more."""
     num_queries, num_references = queries.shape[0], references.shape[0]
-    augmented = _augmented_references(
-        references, num_chunks=1, chunk=num_references, distance=distance
-    )[0]
-    scaled, bias = augmented[:, :-1], augmented[:, -1]
+    bias = jax.jit(_score_bias, static_argnums=1)(references, distance)
     block = _query_block(num_queries, num_references, block_size)
-    num_blocks = math.ceil(num_queries / block)
-    padded = jnp.pad(queries, ((0, num_blocks * block - num_queries), (0, 0)))
 
     def dispatch(b: int) -> tuple[jax.Array, jax.Array]:
         return _native_knn_block(
-            padded[b * block : (b + 1) * block],
+            queries[b * block : (b + 1) * block],
             jnp.int32(b * block),
-            scaled,
+            references,
             bias,
             k=k,
             exclude_self=exclude_self,
             distance=distance,
         )
 
-    for b, (d, i) in _dispatched_ahead(dispatch, num_blocks):
-        count = min(block, num_queries - b * block)
-        yield NeighbourBlock(b * block, d[:count], i[:count])
+    for b, (d, i) in _dispatched_ahead(dispatch, math.ceil(num_queries / block)):
+        yield NeighbourBlock(b * block, d, i)
 
 
 def check_search(

@@ -26,9 +26,11 @@ def _order(distances: jax.Array, indices: jax.Array) -> tuple[jax.Array, jax.Arr
     return knn_module._by_distance_then_index(distances, indices, native_order=True)
 
 
-def top(queries: np.ndarray, scaled: np.ndarray, bias: np.ndarray, k: int):
-    values, indices = jax.jit(knn_module._native_top, static_argnums=3)(
-        jnp.asarray(queries), jnp.asarray(scaled), jnp.asarray(bias), k
+def top(queries: np.ndarray, references: np.ndarray, bias: np.ndarray, k: int, scale: float = 1):
+    """The kernel's selection of the scores ``scale * q.r + bias`` (scale 2: Euclidean)."""
+    distance = {1: "cosine", 2: "euclidean"}[scale]
+    values, indices = jax.jit(knn_module._native_top, static_argnums=(3, 4))(
+        jnp.asarray(queries), jnp.asarray(references), jnp.asarray(bias), k, distance
     )
     return np.asarray(values), np.asarray(indices)
 
@@ -44,9 +46,9 @@ def integer_problem(rng: np.random.Generator, n: int, refs: int, dim: int, grid:
     """Small-integer queries, references and biases: every score is an exact float32 in any
     summation order, so the selection can be checked for exact equality, ties included."""
     queries = rng.integers(-grid, grid + 1, (n, dim)).astype(np.float32)
-    scaled = rng.integers(-grid, grid + 1, (refs, dim)).astype(np.float32)
+    references = rng.integers(-grid, grid + 1, (refs, dim)).astype(np.float32)
     bias = rng.integers(-grid, grid + 1, refs).astype(np.float32)
-    return queries, scaled, bias, queries @ scaled.T + bias
+    return queries, references, bias, queries @ references.T + bias
 
 
 @pytest.mark.parametrize(
@@ -59,11 +61,15 @@ def integer_problem(rng: np.random.Generator, n: int, refs: int, dim: int, grid:
         (1, 40, 5, 7, 4),  # one query: one thread
     ],
 )
-def test_selection_equals_an_explicit_sort(n: int, refs: int, dim: int, k: int, grid: int):
-    queries, scaled, bias, scores = integer_problem(
+@pytest.mark.parametrize("scale", [1, 2])
+def test_selection_equals_an_explicit_sort(
+    n: int, refs: int, dim: int, k: int, grid: int, scale: int
+) -> None:
+    queries, references, bias, scores = integer_problem(
         np.random.default_rng(n + k), n, refs, dim, grid
     )
-    values, indices = top(queries, scaled, bias, k)
+    scores = scores + (scale - 1) * (queries @ references.T)
+    values, indices = top(queries, references, bias, k, scale)
     want_values, want_indices = sorted_scores(scores, k)
     np.testing.assert_array_equal(indices, want_indices)
     np.testing.assert_array_equal(values, want_values)
@@ -73,10 +79,10 @@ def test_selection_equals_an_explicit_sort(n: int, refs: int, dim: int, k: int, 
 def test_random_scores_match_float64_up_to_rounding() -> None:
     rng = np.random.default_rng(0)
     queries = rng.standard_normal((200, 64)).astype(np.float32)
-    scaled = rng.standard_normal((4000, 64)).astype(np.float32)
+    references = rng.standard_normal((4000, 64)).astype(np.float32)
     bias = rng.standard_normal(4000).astype(np.float32)
-    values, indices = top(queries, scaled, bias, 50)
-    exact = queries.astype(np.float64) @ scaled.T.astype(np.float64) + bias
+    values, indices = top(queries, references, bias, 50)
+    exact = queries.astype(np.float64) @ references.T.astype(np.float64) + bias
     want_values, want_indices = sorted_scores(exact, 50)
     np.testing.assert_allclose(values, want_values, atol=1e-4)
     assert np.mean(indices == want_indices) > 0.999  # near-ties may swap under rounding
@@ -86,10 +92,10 @@ def test_padding_references_never_enter_and_missing_slots_are_marked() -> None:
     """References with bias -inf are padding: with fewer other references than k, the
     remaining slots are (-inf, INT32_MAX), as the XLA selection's running top-k starts."""
     rng = np.random.default_rng(1)
-    queries, scaled, bias, _ = integer_problem(rng, 9, 30, 4, 3)
+    queries, references, bias, _ = integer_problem(rng, 9, 30, 4, 3)
     bias[5:] = -np.inf
-    values, indices = top(queries, scaled, bias, 8)
-    want_values, want_indices = sorted_scores(queries @ scaled[:5].T + bias[:5], 5)
+    values, indices = top(queries, references, bias, 8)
+    want_values, want_indices = sorted_scores(queries @ references[:5].T + bias[:5], 5)
     np.testing.assert_array_equal(indices[:, :5], want_indices)
     np.testing.assert_array_equal(values[:, :5], want_values)
     assert np.all(values[:, 5:] == -np.inf)
@@ -99,9 +105,9 @@ def test_padding_references_never_enter_and_missing_slots_are_marked() -> None:
 def test_zero_scores_of_either_sign_tie_by_index() -> None:
     """-0.0 and +0.0 are equal scores: the lower index goes first whatever the sign."""
     queries = np.array([[1.0]], np.float32)
-    scaled = np.zeros((4, 1), np.float32)
+    references = np.zeros((4, 1), np.float32)
     bias = np.array([0.0, -0.0, -0.0, 0.0], np.float32)
-    _, indices = top(queries, scaled, bias, 4)
+    _, indices = top(queries, references, bias, 4)
     np.testing.assert_array_equal(indices, [[0, 1, 2, 3]])
 
 

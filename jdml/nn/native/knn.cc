@@ -1,11 +1,11 @@
 // Exact top-k of nearest-neighbour search as an XLA FFI handler for the CPU backend (see
 // jdml/evaluation/knn.py and jdml/nn/native/__init__.py).
 //
-//   jdml_knn_top: for every query q, the k references r with the largest scores q.r + bias[r],
-//     best first: score descending, equal scores by lower reference index. knn.py passes the
-//     references scaled and their bias so that these are its ranking scores, 2 q.r - |r|^2
-//     (Euclidean) or q.r (cosine); padding references have bias -inf, and -inf never enters a
-//     result. Rows with fewer than k finite scores end in (-inf, INT32_MAX) slots.
+//   jdml_knn_top: for every query q, the k references r with the largest scores
+//     scale * q.r + bias[r], best first: score descending, equal scores by lower reference
+//     index. knn.py passes the scale and biases of its ranking scores, 2 q.r - |r|^2 (Euclidean)
+//     or q.r (cosine); padding references have bias -inf, and -inf never enters a result. Rows
+//     with fewer than k finite scores end in (-inf, INT32_MAX) slots.
 //   jdml_order_rows: rows of (distance, index) pairs in (distance, index) order.
 //
 // XLA computes a block's scores with a matmul whose (queries x references) result goes to
@@ -168,8 +168,8 @@ Offer offer_function() {
 }
 
 // Queries [begin, end) against all references: their k best, written to values / indices.
-void top_range(const float* queries, const float* references, const float* bias, int64_t width,
-               int64_t refs, int64_t k, int64_t begin, int64_t end, float* values,
+void top_range(const float* queries, const float* references, const float* bias, float scale,
+               int64_t width, int64_t refs, int64_t k, int64_t begin, int64_t end, float* values,
                int32_t* indices) {
   static const Offer offer = offer_function();
   const int64_t cap = 2 * k + 16;
@@ -188,9 +188,9 @@ void top_range(const float* queries, const float* references, const float* bias,
     }
     for (int64_t r0 = 0; r0 < refs; r0 += rtile) {
       const int64_t cols = std::min(rtile, refs - r0);
-      // scores (rows x cols) = queries[q0:q0+rows] . references[r0:r0+cols]^T, row-major
+      // dots (rows x cols) = scale * queries[q0:q0+rows] . references[r0:r0+cols]^T, row-major
       const dnnl_status_t status =
-          dnnl_sgemm('N', 'T', rows, cols, width, 1.0f, queries + q0 * width, width,
+          dnnl_sgemm('N', 'T', rows, cols, width, scale, queries + q0 * width, width,
                      references + r0 * width, width, 0.0f, scores.data(), cols);
       if (status != dnnl_success) throw std::runtime_error("dnnl_sgemm failed");
       for (int64_t i = 0; i < rows; ++i) {
@@ -214,6 +214,7 @@ void top_range(const float* queries, const float* references, const float* bias,
 }
 
 ffi::Error Top(ffi::ThreadPool pool, Matrix queries, Matrix references, Vector bias, int64_t k,
+               float scale,
                ffi::ResultBuffer<ffi::F32, 2> values,
                ffi::ResultBuffer<ffi::S32, 2> indices) {
   const int64_t n = queries.dimensions()[0], width = queries.dimensions()[1];
@@ -224,8 +225,8 @@ ffi::Error Top(ffi::ThreadPool pool, Matrix queries, Matrix references, Vector b
   const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), n / 32));
   try {
     jdml::run_pieces(pool, pieces, [&](int64_t i) {
-      top_range(queries.typed_data(), references.typed_data(), bias.typed_data(), width, refs, k,
-                n * i / pieces, n * (i + 1) / pieces, values->typed_data(),
+      top_range(queries.typed_data(), references.typed_data(), bias.typed_data(), scale, width,
+                refs, k, n * i / pieces, n * (i + 1) / pieces, values->typed_data(),
                 indices->typed_data());
     });
   } catch (const std::exception& err) {
@@ -296,5 +297,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_knn_top, Top,
                                   .Arg<Matrix>()
                                   .Arg<Vector>()
                                   .Attr<int64_t>("k")
+                                  .Attr<float>("scale")
                                   .Ret<Matrix>()
                                   .Ret<IntMatrix>());
