@@ -59,6 +59,7 @@ def integer_problem(rng: np.random.Generator, n: int, refs: int, dim: int, grid:
         (70, 3000, 8, 1000, 2),  # k larger than a reference tile
         (65, 1037, 3, 1037, 1),  # every reference; a tail of 13 scalar compares
         (1, 40, 5, 7, 4),  # one query: one thread
+        (100, 2000, 4, 5, 0),  # every score 0: the first tile's floor of the k-th best is 0
     ],
 )
 @pytest.mark.parametrize("scale", [1, 2])

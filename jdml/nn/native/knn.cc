@@ -16,6 +16,7 @@
 // to the query's buffer of 2k + 16 candidates; a full buffer is cut back to its k best (one
 // nth_element), which raises the threshold.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -167,11 +168,69 @@ Offer offer_function() {
   return offer_scalar;
 }
 
+// A lower bound of the k-th best of the scores dots[j] + bias[j], j < cols (cols >= k): the
+// smallest of the maxima of k groups of consecutive scores. Each maximum is a different score,
+// so at least k scores reach it. NaN scores are ignored.
+float kth_floor_scalar(const float* dots, const float* bias, int64_t cols, int64_t k) {
+  const int64_t size = cols / k;
+  float floor = std::numeric_limits<float>::infinity();
+  for (int64_t g = 0; g < k; ++g) {
+    float group = -std::numeric_limits<float>::infinity();
+    for (int64_t j = g * size; j < (g + 1) * size; ++j) group = std::max(group, dots[j] + bias[j]);
+    floor = std::min(floor, group);
+  }
+  return floor;
+}
+
+using KthFloor = float (*)(const float*, const float*, int64_t, int64_t);
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) float kth_floor_avx2(const float* dots, const float* bias,
+                                                     int64_t cols, int64_t k) {
+  const int64_t size = cols / k;
+  float floor = std::numeric_limits<float>::infinity();
+  for (int64_t g = 0; g < k; ++g) {
+    const int64_t start = g * size, stop = start + size;
+    __m256 lanes = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    int64_t j = start;
+    for (; j + 8 <= stop; j += 8) {
+      const __m256 scores = _mm256_add_ps(_mm256_loadu_ps(dots + j), _mm256_loadu_ps(bias + j));
+      lanes = _mm256_max_ps(scores, lanes);  // a NaN score leaves the lanes as they were
+    }
+    alignas(32) float lane[8];
+    _mm256_store_ps(lane, lanes);
+    float group = lane[0];
+    for (int l = 1; l < 8; ++l) group = std::max(group, lane[l]);
+    for (; j < stop; ++j) group = std::max(group, dots[j] + bias[j]);
+    floor = std::min(floor, group);
+  }
+  return floor;
+}
+#endif
+
+// A threshold below x that every score >= x exceeds, also where the thread flushes subnormal
+// floats to zero (XLA's threads do): the next float down, 0 or a subnormal would compare equal
+// to x there. Scores between the threshold and x only add candidates, which the final
+// selection drops.
+float below(float x) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  if (std::isinf(x)) return x > 0 ? std::numeric_limits<float>::max() : -kInf;
+  return x - std::max(std::abs(x) * 0x1p-20f, 2 * std::numeric_limits<float>::min());
+}
+
+KthFloor kth_floor_function() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx2")) return kth_floor_avx2;
+#endif
+  return kth_floor_scalar;
+}
+
 // Queries [begin, end) against all references: their k best, written to values / indices.
 void top_range(const float* queries, const float* references, const float* bias, float scale,
                int64_t width, int64_t refs, int64_t k, int64_t begin, int64_t end, float* values,
                int32_t* indices) {
   static const Offer offer = offer_function();
+  static const KthFloor kth_floor = kth_floor_function();
   const int64_t cap = 2 * k + 16;
   if (end <= begin) return;
   const int64_t qtile = std::min(kQueryTile, end - begin);
@@ -194,8 +253,19 @@ void top_range(const float* queries, const float* references, const float* bias,
                      references + r0 * width, width, 0.0f, scores.data(), cols);
       if (status != dnnl_success) throw std::runtime_error("dnnl_sgemm failed");
       for (int64_t i = 0; i < rows; ++i) {
-        offer(scores.data() + i * cols, bias + r0, cols, static_cast<int32_t>(r0), best[i], k,
-              cap);
+        const float* dots = scores.data() + i * cols;
+        if (r0 > 0 || cols < 4 * k) {
+          offer(dots, bias + r0, cols, static_cast<int32_t>(r0), best[i], k, cap);
+          continue;
+        }
+        // The first tile, from a threshold just below a floor of its k-th best score rather
+        // than from -inf: scores equal to the floor enter, and from the next tile on only
+        // higher ones, since k scores of lower index reach it. Without it the buffer would be
+        // cut again and again while its threshold rises.
+        const float floor = kth_floor(dots, bias, cols, k);
+        best[i].threshold = below(floor);
+        offer(dots, bias, cols, 0, best[i], k, cap);
+        best[i].threshold = std::max(best[i].threshold, floor);
       }
     }
     for (int64_t i = 0; i < rows; ++i) {
