@@ -795,8 +795,9 @@ def knn_blocks(
     Returns:
       An iterator of :class:`NeighbourBlock`, covering the queries in order.
     """
+    same = queries is references  # leave-one-out: one copy to the device, not two
     queries = jnp.asarray(queries, jnp.float32)
-    references = jnp.asarray(references, jnp.float32)
+    references = queries if same else jnp.asarray(references, jnp.float32)
     check_search(queries.shape, references.shape, k, exclude_self, distance, block_size, chunk_size)
     num_queries, num_references = queries.shape[0], references.shape[0]
 
