@@ -110,3 +110,33 @@ def test_an_unknown_switch_value_is_a_config_error(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv(native.KMEANS_ENV, "fast")
     with pytest.raises(ConfigError, match=r"JDML_KMEANS='fast' is not one of .*JDML_KMEANS=auto"):
         km.kmeans(np.zeros((4, 2), np.float32), 2)
+
+
+def numpy_lloyd(x: np.ndarray, centroids: np.ndarray, iters: int) -> np.ndarray:
+    """Lloyd's steps written out in float64: nearest centroid (lower index on ties), mean of
+    its points, an empty cluster keeps its centroid."""
+    c = centroids.astype(np.float64)
+    for _ in range(iters):
+        d = ((x[:, None, :].astype(np.float64) - c[None]) ** 2).sum(-1)
+        nearest = np.argmin(d, axis=1)
+        for k in range(len(c)):
+            if np.any(nearest == k):
+                c[k] = x[nearest == k].astype(np.float64).mean(0)
+    return c
+
+
+def test_native_lloyd_iterations_equal_lloyd_written_out() -> None:
+    """The fused iterations (``jdml_kmeans_lloyd``, few clusters): well separated clusters, one
+    initial centroid far from every point (its cluster stays empty and keeps it), and padding
+    rows after the points, filled with values that would move every centroid if counted."""
+    rng = np.random.default_rng(5)
+    centres = rng.normal(size=(3, 6)) * 5
+    x = (centres[np.arange(17000) % 3] + rng.normal(size=(17000, 6))).astype(np.float32)
+    initial = np.concatenate([x[:3], np.full((1, 6), 1e3, np.float32)])
+    padded = np.concatenate([x, np.full((24, 6), -50.0, np.float32)])
+    blocks = jnp.asarray(padded).reshape(4, 4256, 6)  # two pieces of 8,500 points
+    norms = jnp.sum(blocks * blocks, axis=-1, keepdims=True)
+    got = np.asarray(km._native_lloyd(blocks, norms, jnp.asarray(initial), 4, len(x)))
+    want = numpy_lloyd(x, initial, 4)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+    np.testing.assert_array_equal(got[3], initial[3])

@@ -62,6 +62,7 @@ TARGETS = (
     "jdml_dnnl_conv_bwd_data",
     "jdml_dnnl_conv_bwd_weights",
     "jdml_kmeans_assign",
+    "jdml_kmeans_lloyd",
     "jdml_knn_top",
     "jdml_order_rows",
 )

@@ -35,6 +35,11 @@ namespace {
 constexpr int64_t kCentroidTile = 1024;
 constexpr int64_t kTileScores = 1 << 18;
 constexpr int64_t kMaxPointTile = 4096;
+// Pieces of the points in a Lloyd iteration (jdml_kmeans_lloyd): one per kLloydPiecePoints
+// points, at most kLloydPieces, whatever the threads (each piece's sgemm call has a fixed cost).
+constexpr int64_t kLloydPiecePoints = 8192;
+constexpr int64_t kLloydPieces = 64;
+constexpr int64_t kLloydTile = 512;
 
 // The squared distance of squared_distances, (|x|^2 + |c|^2) - 2 x.c clamped at 0, in its float32
 // order (no fused multiply-add: -ffp-contract=off); NaN stays NaN, as in jnp.maximum.
@@ -180,7 +185,125 @@ ffi::Error Assign(ffi::ThreadPool pool, Points x, Floats x_sq, Points c, Floats 
   return ffi::Error::Success();
 }
 
+// Adds the points [begin, end) to the float32 sums (clusters x dim) of their nearest centroids
+// and counts them; NaN points (nearest == clusters) are left out.
+template <int Unused>
+__attribute__((always_inline)) inline void add_rows_body(const float* x, const int32_t* nearest,
+                                                         int64_t begin, int64_t end, int64_t dim,
+                                                         int64_t clusters, float* sums,
+                                                         int64_t* counts) {
+  for (int64_t i = begin; i < end; ++i) {
+    const int32_t k = nearest[i];
+    if (k >= clusters) continue;
+    ++counts[k];
+    float* __restrict__ row = sums + k * dim;
+    const float* __restrict__ point = x + i * dim;
+    for (int64_t d = 0; d < dim; ++d) row[d] += point[d];
+  }
+}
+
+using AddRows = void (*)(const float*, const int32_t*, int64_t, int64_t, int64_t, int64_t, float*,
+                         int64_t*);
+
+void add_rows_baseline(const float* x, const int32_t* nearest, int64_t begin, int64_t end,
+                       int64_t dim, int64_t clusters, float* sums, int64_t* counts) {
+  add_rows_body<0>(x, nearest, begin, end, dim, clusters, sums, counts);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) void add_rows_avx2(const float* x, const int32_t* nearest,
+                                                   int64_t begin, int64_t end, int64_t dim,
+                                                   int64_t clusters, float* sums,
+                                                   int64_t* counts) {
+  add_rows_body<0>(x, nearest, begin, end, dim, clusters, sums, counts);
+}
+#endif
+
+void add_rows(const float* x, const int32_t* nearest, int64_t begin, int64_t end, int64_t dim,
+              int64_t clusters, float* sums, int64_t* counts) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const AddRows chosen = __builtin_cpu_supports("avx2") ? add_rows_avx2 : add_rows_baseline;
+#else
+  static const AddRows chosen = add_rows_baseline;
+#endif
+  chosen(x, nearest, begin, end, dim, clusters, sums, counts);
+}
+
+// Lloyd iterations for few clusters, each one pass over the points: every piece of points is
+// assigned (assign_range) and summed into its own float64 partial sums while its rows are in
+// cache (float32 sums per tile of kLloydTile points, added to the piece's float64 sums); the
+// pieces' sums are added in piece order, so the result does not depend on the threads.
+// A cluster with no point keeps its centroid. XLA's loop instead scatters the points into the
+// sums in a second pass, which at 5 clusters costs as much as the assignment.
+void lloyd(ffi::ThreadPool& pool, const float* x, const float* x_sq, int64_t n, int64_t dim,
+           int64_t clusters, int64_t iters, float* centroids) {
+  const int64_t pieces = std::clamp<int64_t>(n / kLloydPiecePoints, 1, kLloydPieces);
+  std::vector<double> sums(pieces * clusters * dim);
+  std::vector<int64_t> counts(pieces * clusters);
+  std::vector<int32_t> nearest(n);
+  std::vector<float> best(n), c_sq(clusters);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int64_t k = 0; k < clusters; ++k) {
+      float total = 0.0f;
+      for (int64_t d = 0; d < dim; ++d) total += centroids[k * dim + d] * centroids[k * dim + d];
+      c_sq[k] = total;
+    }
+    jdml::run_pieces(pool, pieces, [&](int64_t p) {
+      const int64_t begin = n * p / pieces, end = n * (p + 1) / pieces;
+      double* sum = sums.data() + p * clusters * dim;
+      std::vector<float> tile_sum(clusters * dim);
+      int64_t* count = counts.data() + p * clusters;
+      std::fill(sum, sum + clusters * dim, 0.0);
+      std::fill(count, count + clusters, 0);
+      // Tiles of points small enough to be summed while the assignment's read left them in cache
+      for (int64_t t0 = begin; t0 < end; t0 += kLloydTile) {
+        const int64_t t1 = std::min(end, t0 + kLloydTile);
+        assign_range(x, x_sq, centroids, c_sq.data(), dim, clusters, t0, t1, nearest.data(),
+                     best.data());
+        std::fill(tile_sum.begin(), tile_sum.end(), 0.0f);
+        add_rows(x, nearest.data(), t0, t1, dim, clusters, tile_sum.data(), count);
+        for (int64_t j = 0; j < clusters * dim; ++j) sum[j] += tile_sum[j];
+      }
+    });
+    for (int64_t k = 0; k < clusters; ++k) {
+      int64_t count = 0;
+      for (int64_t p = 0; p < pieces; ++p) count += counts[p * clusters + k];
+      if (count == 0) continue;
+      for (int64_t d = 0; d < dim; ++d) {
+        double total = 0.0;
+        for (int64_t p = 0; p < pieces; ++p) total += sums[(p * clusters + k) * dim + d];
+        centroids[k * dim + d] = static_cast<float>(total / static_cast<double>(count));
+      }
+    }
+  }
+}
+
+ffi::Error Lloyd(ffi::ThreadPool pool, Points x, Floats x_sq, Points initial, int64_t iters,
+                 int64_t points, ffi::ResultBuffer<ffi::F32, 2> centroids) {
+  const int64_t dim = x.dimensions()[1], clusters = initial.dimensions()[0];
+  const int64_t n = std::min<int64_t>(points, x.dimensions()[0]);
+  std::copy(initial.typed_data(), initial.typed_data() + clusters * dim,
+            centroids->typed_data());
+  try {
+    lloyd(pool, x.typed_data(), x_sq.typed_data(), n, dim, clusters, iters,
+          centroids->typed_data());
+  } catch (const std::exception& err) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-means iterations: ") + err.what());
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_lloyd, Lloyd,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<Points>()
+                                  .Arg<Floats>()
+                                  .Arg<Points>()
+                                  .Attr<int64_t>("iters")
+                                  .Attr<int64_t>("points")
+                                  .Ret<Points>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_assign, Assign,
                               ffi::Ffi::Bind()
