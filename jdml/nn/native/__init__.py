@@ -4,8 +4,9 @@ XLA's CPU convolutions are the slow part of a small convolutional network's trai
 (``bench/bench_train.py --layers``): on the glyph network's layers, oneDNN's convolutions, called
 from inside the jitted step as XLA FFI custom calls (``dnnl_conv.cc``), compute the forward pass,
 the input gradient and the kernel gradient 1.2-1.8x faster (the glyph train step 1.5-1.7x).
-The assignment pass of k-means (``kmeans.cc``: nearest centroids through oneDNN's sgemm)
-replaces XLA's matmul and reductions in the evaluator's k-means (``bench/bench_kmeans.py``), and
+The assignment pass of k-means (``kmeans.cc``: nearest centroids through oneDNN's sgemm, and for
+few clusters whole Lloyd iterations) replaces XLA's matmul, reductions and scatter-add in the
+evaluator's k-means (``bench/bench_kmeans.py``), and
 the nearest-neighbour selection (``knn.cc``: top-k over sgemm tiles filtered in cache) replaces
 XLA's top-k and numpy's selection in the retrieval metrics (``bench/bench_eval.py``). Other
 backends never use them.
