@@ -12,9 +12,10 @@
 // memory, and a top-k pass reads them back. Here each thread takes a range of queries; for a tile
 // of queries against a tile of references, oneDNN's sgemm writes the scores into a tile that
 // stays in cache, and each query's scores are filtered against the k-th best score found so far
-// (vector compares; almost every score fails once the first tiles are seen). The few that pass go
-// to the query's buffer of 2k + 16 candidates; a full buffer is cut back to its k best (one
-// nth_element), which raises the threshold.
+// (vector compares; almost every score fails once the first tiles are seen; the first tile starts
+// from a floor of its k-th best rather than -inf). The few that pass go to the query's buffer of
+// 2k + 16 candidates; a full buffer is cut back to its k best (a branch-free quickselect), which
+// raises the threshold.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
