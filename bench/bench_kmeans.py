@@ -18,6 +18,7 @@ near-ties, and a flipped point changes the later iterations).
 
 Usage: python bench/bench_kmeans.py [--cases 20000x128x5,20000x128x1000] [--iters 20]
            [--inits random,reference,k-means++] [--repeats 3] [--pause 0.05]
+           [--calls 1] [--settle 0]
 """
 
 from __future__ import annotations
@@ -66,7 +67,15 @@ def faiss_kmeans(x: np.ndarray, k: int, iters: int) -> np.ndarray:
 
 
 def run_case(
-    n: int, dim: int, k: int, iters: int, inits: list[str], repeats: int, pause: float
+    n: int,
+    dim: int,
+    k: int,
+    iters: int,
+    inits: list[str],
+    repeats: int,
+    pause: float,
+    calls: int = 1,
+    settle: int = 0,
 ) -> None:
     """Times and prints one N x D x K case."""
     x, labels = clustered(n, dim, k)
@@ -82,7 +91,7 @@ def run_case(
         for init in inits
     }
     fns["faiss Clustering"] = lambda: faiss_kmeans(x, k, iters)
-    results = alternating_rounds(fns, repeats, pause=pause)
+    results = alternating_rounds(fns, repeats, pause=pause, calls=calls, settle=settle)
     faiss_s = results["faiss Clustering"].median
     for name, timing in results.items():
         seconds = timing.median
@@ -104,15 +113,30 @@ def main() -> None:
     parser.add_argument(
         "--pause", type=float, default=PAUSE_S, help="seconds idle before every timed call"
     )
+    parser.add_argument(
+        "--calls",
+        type=int,
+        default=1,
+        help="calls in a row per contender and round (after the idle); a round's figure is "
+        "their mean",
+    )
+    parser.add_argument(
+        "--settle",
+        type=int,
+        default=0,
+        help="untimed calls per contender and round between the idle and the timed calls (warm "
+        "timings: cores awake, the other contenders' threads quiet)",
+    )
     args = parser.parse_args()
     inits = args.inits.split(",")
     print(f"jax {jax.__version__} on {jax.devices()[0]}; {os.cpu_count()} CPUs; {args.iters} "
           f"Lloyd iterations; median of {args.repeats} alternating rounds, "
-          f"{1000 * args.pause:.0f} ms idle before each call")  # fmt: skip
+          f"{1000 * args.pause:.0f} ms idle, then {args.settle} untimed and {args.calls} timed "
+          "call(s) per contender and round")  # fmt: skip
     print(f"{'N':>7}{'D':>6}{'K':>7}  {'method':<20}{'s':>9}{'faiss / it':>12}{'NMI %':>8}")
     for case in args.cases.split(","):
         n, dim, k = (int(v) for v in case.split("x"))
-        run_case(n, dim, k, args.iters, inits, args.repeats, args.pause)
+        run_case(n, dim, k, args.iters, inits, args.repeats, args.pause, args.calls, args.settle)
 
 
 if __name__ == "__main__":

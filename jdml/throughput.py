@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 import glob
 import gzip
 import json
@@ -81,6 +82,7 @@ def alternating_rounds(
     calls: int = 1,
     warmup: int = 1,
     pause: float = 0.0,
+    settle: int = 0,
 ) -> dict[_Name, Timing]:
     """Times several contenders in turn, in the same process.
 
@@ -90,12 +92,20 @@ def alternating_rounds(
     runs ``calls`` times in a row. Every call's result is waited for with
     ``jax.block_until_ready``, so asynchronous dispatch does not hide work.
 
+    Python's garbage collector is run before each contender's calls and is off while they are
+    timed (as ``timeit`` does): otherwise a collection of the whole heap, set off by whichever
+    call happens to allocate past the threshold, charges one contender for the others' garbage
+    (several milliseconds with jax, faiss and scikit-learn loaded).
+
     Args:
       contenders: name (any hashable key) -> the work to time (no arguments).
       repeats: number of timed rounds, at least 1.
       calls: calls per contender and round; a round's figure is their mean.
       warmup: untimed calls before the rounds, at least 1.
       pause: seconds of idle time before each contender's calls in a round.
+      settle: untimed calls right before each contender's timed calls in a round, after the
+        pause: the timed calls then run warm (cores awake, caches and thread pools ready), as
+        in a loop, with the other contenders' threads quiet.
 
     Returns:
       name -> :class:`Timing`, in the order of ``contenders``.
@@ -111,14 +121,25 @@ def alternating_rounds(
         for _ in range(warmup - 1):
             results[name] = jax.block_until_ready(fn())
     rounds: dict[_Name, list[float]] = {name: [] for name in contenders}
-    for _ in range(repeats):
-        for name, fn in contenders.items():
-            if pause > 0:
-                time.sleep(pause)
-            start = time.perf_counter()
-            for _ in range(calls):
-                results[name] = jax.block_until_ready(fn())
-            rounds[name].append((time.perf_counter() - start) / calls)
+    collecting = gc.isenabled()
+    try:
+        for _ in range(repeats):
+            for name, fn in contenders.items():
+                gc.collect()
+                gc.disable()
+                if pause > 0:
+                    time.sleep(pause)
+                for _ in range(settle):
+                    jax.block_until_ready(fn())
+                start = time.perf_counter()
+                for _ in range(calls):
+                    results[name] = jax.block_until_ready(fn())
+                rounds[name].append((time.perf_counter() - start) / calls)
+                if collecting:
+                    gc.enable()
+    finally:
+        if collecting:
+            gc.enable()
     return {name: Timing(first[name], tuple(rounds[name]), results[name]) for name in contenders}
 
 

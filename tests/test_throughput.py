@@ -59,3 +59,28 @@ def test_alternating_rounds_interleaves_and_waits_for_results() -> None:
     assert float(timings["b"].result[0]) == len(order)  # the last call's result
     with pytest.raises(ValueError, match="at least 1"):
         throughput.alternating_rounds({"a": contender("a")}, repeats=0)
+
+
+def test_alternating_rounds_settles_untimed_and_collects_garbage_untimed() -> None:
+    """``settle`` untimed calls come right before each contender's timed calls in every round;
+    the garbage collector is off while a contender is timed and on again afterwards."""
+    import gc
+
+    log: list[tuple[str, bool]] = []
+
+    def contender(name: str):
+        def call():
+            log.append((name, gc.isenabled()))
+            return jnp.ones(2)
+
+        return call
+
+    assert gc.isenabled()
+    timings = throughput.alternating_rounds(
+        {"a": contender("a"), "b": contender("b")}, repeats=2, calls=1, settle=2
+    )
+    names = [name for name, _ in log]
+    assert names == ["a", "b"] + ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3
+    assert all(not enabled for _, enabled in log[2:])  # the rounds: collector off
+    assert gc.isenabled()
+    assert all(len(timing.rounds) == 2 for timing in timings.values())

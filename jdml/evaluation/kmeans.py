@@ -39,14 +39,23 @@ O(block_size * num_clusters) rather than O(N * num_clusters).
 
 On CPU the assignment runs as a native kernel (``jdml/nn/native/kmeans.cc``;
 ``$JDML_KMEANS=auto|xla|onednn`` as ``$JDML_CONV`` for the convolutions): the same formula and
-tie rule as the XLA ops, with the dot products from oneDNN's sgemm, so an assignment can differ
-from XLA's only where two centroids lie within float32 rounding of each other. Up to
-``NATIVE_LLOYD_MAX_CLUSTERS`` clusters the Lloyd iterations of "k-means++" and "random" run as
-one native call (``jdml_kmeans_lloyd``) that sums each tile of 512 points right after assigning
-it, while its rows are in cache: a separate pass over the points (XLA's scatter-add, or a native
-one) cost as much as the assignment at 5 clusters (20 iterations on 20,000 x 128 points: 29 ms
-before, 17 ms with it). Above that the sums stay XLA's scatter-add; the reference mode keeps
-faiss's float32 sums in point order; the sharded k-means on a device mesh keeps XLA's ops.
+tie rule as the XLA ops, with the dot products from oneDNN's sgemm, or, up to 16 centroids on a
+CPU with AVX-512, from a register tile of two points against up to 8 centroids (sgemm calls
+only a few centroids wide cost more than their arithmetic); so an assignment can differ from
+XLA's only where two centroids lie within float32 rounding of each other. "k-means++" and
+"random" centre the points as one native call (``jdml_kmeans_centre``). Up to
+``NATIVE_LLOYD_MAX_CLUSTERS`` clusters:
+
+* "k-means++" and "random" run the Lloyd iterations and the final assignment as one native
+  call (``jdml_kmeans_lloyd``), which sums each tile of 512 points right after assigning it,
+  while its rows are in cache, and keeps the same threads for every iteration. 20 iterations
+  on 20,000 x 128 points at 5 clusters took 29 ms with XLA's scatter-add, 17 ms with the first
+  fused version, 3.2 ms now.
+* The reference mode runs each update as one native call (``jdml_kmeans_reference_update``):
+  faiss's float32 sums in point order, a range of centroids per thread, as faiss sums them.
+
+Above that the sums stay XLA's scatter-add; the sharded k-means on a device mesh keeps XLA's
+ops.
 """
 
 from __future__ import annotations
@@ -158,6 +167,24 @@ def _native_assign(
     return call(points, norms, centroids, squared_norms(centroids))
 
 
+def _native_centre(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(N, D) points minus their (D,) mean, the centred points' (N,) squared norms and the mean,
+    as one native call (``jdml_kmeans_centre``; the mean's sums are float64, added in a fixed
+    order)."""
+    native.library()  # registers the targets (compiled once per machine)
+    n, dim = x.shape
+    call = jax.ffi.ffi_call(
+        "jdml_kmeans_centre",
+        (
+            jax.ShapeDtypeStruct((n, dim), jnp.float32),
+            jax.ShapeDtypeStruct((n,), jnp.float32),
+            jax.ShapeDtypeStruct((dim,), jnp.float32),
+        ),
+        vmap_method="sequential",
+    )
+    return call(x)
+
+
 # Up to this many clusters the native k-means runs the Lloyd iterations as one call
 # (``jdml_kmeans_lloyd``: each iteration one pass that assigns and sums); above it, the
 # per-piece partial sums grow with K and XLA's scatter-add is as fast.
@@ -166,8 +193,8 @@ NATIVE_LLOYD_MAX_CLUSTERS = 64
 
 def _native_lloyd(
     blocks: jax.Array, norms: jax.Array, centroids: jax.Array, num_iters: int, num_points: int
-) -> jax.Array:
-    """The centroids after ``num_iters`` Lloyd steps from ``centroids``, as one native call.
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``num_iters`` Lloyd steps from ``centroids`` and the final assignment, as one native call.
 
     Every step assigns each point as :func:`_assign` does and moves each centroid to the mean
     of its points (float64 sums, added over fixed pieces of the points in order, so the result
@@ -179,11 +206,19 @@ def _native_lloyd(
       centroids: (K, D) initial centroids.
       num_iters: Lloyd steps.
       num_points: N, the rows that are points.
+
+    Returns:
+      The (K, D) centroids after the steps, and :func:`_assign`'s (N,) assignments and squared
+      distances for them.
     """
     native.library()  # registers the targets (compiled once per machine)
     call = jax.ffi.ffi_call(
         "jdml_kmeans_lloyd",
-        jax.ShapeDtypeStruct(centroids.shape, jnp.float32),
+        (
+            jax.ShapeDtypeStruct(centroids.shape, jnp.float32),
+            jax.ShapeDtypeStruct((num_points,), jnp.int32),
+            jax.ShapeDtypeStruct((num_points,), jnp.float32),
+        ),
         vmap_method="sequential",
     )
     return call(
@@ -191,6 +226,31 @@ def _native_lloyd(
         norms.reshape(-1),
         centroids,
         iters=np.int64(num_iters),
+        points=np.int64(num_points),
+    )
+
+
+def _native_reference_update(
+    blocks: jax.Array, norms: jax.Array, centroids: jax.Array, num_points: int
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`_reference_update` as one native call (``jdml_kmeans_reference_update``): the
+    assignment, then each centroid's float32 sum of its points in point order (a range of
+    centroids per thread, as faiss sums them) times ``1 / count``. Same arguments and result
+    (``blocks`` zero-padded after ``num_points`` rows, which are ignored)."""
+    native.library()  # registers the targets (compiled once per machine)
+    call = jax.ffi.ffi_call(
+        "jdml_kmeans_reference_update",
+        (
+            jax.ShapeDtypeStruct(centroids.shape, jnp.float32),
+            jax.ShapeDtypeStruct((centroids.shape[0],), jnp.float32),
+        ),
+        vmap_method="sequential",
+    )
+    return call(
+        blocks.reshape(-1, blocks.shape[-1]),
+        norms.reshape(-1),
+        centroids,
+        squared_norms(centroids),
         points=np.int64(num_points),
     )
 
@@ -327,11 +387,14 @@ def _kmeans_plus_plus(
     return centroids
 
 
+@functools.lru_cache(maxsize=64)
 def random_indices(num_points: int, num_clusters: int, seed: int) -> np.ndarray:
     """K distinct point indices drawn uniformly, on the host (the "random" initialisation).
 
-    NumPy draws them in microseconds; a ``jax.random.permutation`` of 20,000 points took 10 ms
-    on CPU (XLA sorts), half of faiss's whole 20-iteration k-means at K = 5.
+    NumPy draws them in a fraction of a millisecond; a ``jax.random.permutation`` of 20,000
+    points took 10 ms on CPU (XLA sorts), half of faiss's whole 20-iteration k-means at K = 5.
+    The draw is remembered per arguments (read-only): seeding the generator and drawing took
+    0.17 ms, 3% of a 5-cluster k-means of 20,000 points.
 
     Args:
       num_points: N.
@@ -342,7 +405,15 @@ def random_indices(num_points: int, num_clusters: int, seed: int) -> np.ndarray:
       (K,) int32 distinct indices in [0, N).
     """
     rng = np.random.default_rng(seed)
-    return rng.choice(num_points, num_clusters, replace=False).astype(np.int32)
+    drawn = rng.choice(num_points, num_clusters, replace=False).astype(np.int32)
+    drawn.flags.writeable = False
+    return drawn
+
+
+@functools.lru_cache(maxsize=64)
+def _seed_key(seed: int) -> jax.Array:
+    """``jax.random.key(seed)``, made once per seed (each is a call on the device)."""
+    return jax.random.key(seed)
 
 
 # Every mode of :func:`kmeans`: the two initialisations of the jitted Lloyd iterations, and
@@ -399,12 +470,16 @@ def lloyd_kmeans(
       A :class:`KMeansResult`.
     """
     n = x.shape[0]
-    if shards is None:
-        mean = jnp.mean(x, axis=0)
-    else:  # padding rows are zeros
-        mean = _total(jnp.sum(x, axis=0), shards) / shards.num_points
-    x = x - mean
-    blocks, norms = _point_blocks(x, block_size)
+    if use_native and shards is None:  # one block: the native assignment takes every point
+        x, norms, mean = _native_centre(x)
+        blocks, norms = x[None], norms[None, :, None]
+    else:
+        if shards is None:
+            mean = jnp.mean(x, axis=0)
+        else:  # padding rows are zeros
+            mean = _total(jnp.sum(x, axis=0), shards) / shards.num_points
+        x = x - mean
+        blocks, norms = _point_blocks(x, block_size)
     ones = jnp.ones((n,), x.dtype)
     is_point = None if shards is None else _is_point(x, shards)
 
@@ -425,11 +500,10 @@ def lloyd_kmeans(
     else:
         centroids = _kmeans_plus_plus(x, num_clusters, key, shards)
     if use_native and shards is None and num_clusters <= NATIVE_LLOYD_MAX_CLUSTERS:
-        if num_iters > 0:
-            centroids = _native_lloyd(blocks, norms, centroids, num_iters, n)
+        centroids, assignments, sq = _native_lloyd(blocks, norms, centroids, num_iters, n)
     else:
         centroids = jax.lax.fori_loop(0, num_iters, lloyd_step, centroids)
-    assignments, sq = _assign(blocks, centroids, norms, use_native)
+        assignments, sq = _assign(blocks, centroids, norms, use_native)
     centroids = centroids + mean
     assignments, sq = without_padding(assignments[:n]), sq[:n]
     if is_point is not None:
@@ -676,6 +750,8 @@ def _reference_update(
       (K, D) float32 new centroids and (K,) float32 cluster sizes.
     """
     num_clusters = centroids.shape[0]
+    if use_native and num_clusters <= NATIVE_LLOYD_MAX_CLUSTERS:
+        return _native_reference_update(blocks, norms, centroids, num_points)
     assignments = _assign(blocks, centroids, norms, use_native)[0][:num_points]
     # The sums read ``points``, not a slice of the blocks: with one block, XLA fused that slice
     # into the scatter and the update took twice as long.
@@ -839,29 +915,44 @@ def kmeans(
     Returns:
       A :class:`KMeansResult` with (K, D) centroids, (N,) assignments and the inertia.
     """
-    x = jnp.asarray(x, jnp.float32)
+    from_host = not isinstance(x, jax.Array)
+    x = _on_device(x)
     check_points(x, num_clusters, init)
     if init == "reference":
-        return reference_kmeans(
+        result = reference_kmeans(
             x,
             num_clusters,
             num_iters=num_iters,
             seed=REFERENCE_SEED if seed is None else seed,
             block_size=block_size,
         )
-    seed = 0 if seed is None else seed
-    initial = (
-        random_indices(x.shape[0], num_clusters, seed)
-        if init == "random"
-        else np.zeros((num_clusters,), np.int32)
-    )
-    return _kmeans(
-        x,
-        jax.random.key(seed),
-        jnp.asarray(initial),
-        num_clusters=num_clusters,
-        num_iters=num_iters,
-        block_size=_block_rows(x.shape[0], num_clusters, block_size),
-        init=init,
-        use_native=native_enabled(),
-    )
+    else:
+        seed = 0 if seed is None else seed
+        initial = (
+            random_indices(x.shape[0], num_clusters, seed)
+            if init == "random"
+            else np.zeros((num_clusters,), np.int32)
+        )
+        result = _kmeans(
+            x,
+            _seed_key(seed),
+            jnp.asarray(initial),
+            num_clusters=num_clusters,
+            num_iters=num_iters,
+            block_size=_block_rows(x.shape[0], num_clusters, block_size),
+            init=init,
+            use_native=native_enabled(),
+        )
+    if from_host:  # x may share the caller's memory: done with it before the caller goes on
+        jax.block_until_ready(result)
+    return result
+
+
+def _on_device(x: jax.Array | np.ndarray) -> jax.Array:
+    """``x`` as a float32 array on the default device. A host array goes through
+    ``jax.device_put``, which on CPU shares a float32 array's memory when it is 64-byte
+    aligned instead of copying it (``jnp.asarray`` always copies: 0.3-0.8 ms for 20,000 x 128,
+    a tenth of a 5-cluster k-means)."""
+    if isinstance(x, jax.Array):
+        return x if x.dtype == jnp.float32 else x.astype(jnp.float32)
+    return jax.device_put(np.asarray(x, np.float32))

@@ -38,11 +38,22 @@ def both(points: np.ndarray, centroids: np.ndarray) -> tuple[tuple, tuple]:
 
 @pytest.mark.parametrize(
     ("n", "dim", "k"),
-    [(1000, 16, 5), (700, 33, 37), (3000, 8, 1500), (100, 3, 100), (257, 128, 9)],
+    [
+        (1000, 16, 5),
+        (700, 33, 37),
+        (3000, 8, 1500),
+        (100, 3, 100),
+        (257, 128, 9),
+        (1201, 33, 16),
+        (515, 7, 1),
+        (64, 200, 13),
+    ],
 )
 def test_assignment_equals_xla(n: int, dim: int, k: int) -> None:
     """Fewer points than a thread's share, centroids not a multiple of the lanes, and more
-    centroids than one tile (1,024)."""
+    centroids than one tile (1,024); up to 16 centroids (the direct dot products, on CPUs with
+    AVX-512): dimensions not a multiple of 16 and above 128, an odd number of points, more
+    points than a tile of 512, one centroid and all 16 lanes."""
     rng = np.random.default_rng(n + k)
     points = rng.normal(size=(n, dim)).astype(np.float32)
     centroids = rng.normal(size=(k, dim)).astype(np.float32)
@@ -66,6 +77,20 @@ def test_ties_go_to_the_lower_index() -> None:
     (want, want_sq), (got, got_sq) = both(points, centroids)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(got[:2], [7, 1030])
+    np.testing.assert_array_equal(got_sq, want_sq)
+
+
+def test_ties_go_to_the_lower_index_among_few_centroids() -> None:
+    """The same with at most 16 centroids (one register of distances on CPUs with AVX-512):
+    the first of equal distances, wherever the copies sit in the register."""
+    rng = np.random.default_rng(4)
+    centroids = rng.integers(-50, 50, size=(16, 5)).astype(np.float32)
+    centroids[[3, 11, 15]] = centroids[2]
+    centroids[14] = centroids[9]
+    points = np.concatenate([centroids[[2, 9, 3, 14]], centroids[[2, 9]] + 0.5])
+    (want, want_sq), (got, got_sq) = both(points, centroids)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got[:4], [2, 9, 2, 9])
     np.testing.assert_array_equal(got_sq, want_sq)
 
 
@@ -125,18 +150,46 @@ def numpy_lloyd(x: np.ndarray, centroids: np.ndarray, iters: int) -> np.ndarray:
     return c
 
 
-def test_native_lloyd_iterations_equal_lloyd_written_out() -> None:
-    """The fused iterations (``jdml_kmeans_lloyd``, few clusters): well separated clusters, one
-    initial centroid far from every point (its cluster stays empty and keeps it), and padding
-    rows after the points, filled with values that would move every centroid if counted."""
+@pytest.mark.parametrize(("dim", "clusters"), [(6, 4), (33, 16), (6, 20)])
+def test_native_lloyd_iterations_equal_lloyd_written_out(dim: int, clusters: int) -> None:
+    """The fused iterations (``jdml_kmeans_lloyd``, few clusters; up to 16 with the direct dot
+    products on CPUs with AVX-512, 20 with sgemm's): well separated clusters, one initial
+    centroid far from every point (its cluster stays empty and keeps it), a NaN point (in no
+    cluster, assigned out of range), and padding rows after the points, filled with values that
+    would move every centroid if counted. The final assignment is the nearest final centroid."""
     rng = np.random.default_rng(5)
-    centres = rng.normal(size=(3, 6)) * 5
-    x = (centres[np.arange(17000) % 3] + rng.normal(size=(17000, 6))).astype(np.float32)
-    initial = np.concatenate([x[:3], np.full((1, 6), 1e3, np.float32)])
-    padded = np.concatenate([x, np.full((24, 6), -50.0, np.float32)])
-    blocks = jnp.asarray(padded).reshape(4, 4256, 6)  # two pieces of 8,500 points
+    real = clusters - 1
+    centres = rng.normal(size=(real, dim)) * 5
+    x = (centres[np.arange(17000) % real] + rng.normal(size=(17000, dim))).astype(np.float32)
+    initial = np.concatenate([x[:real], np.full((1, dim), 1e3, np.float32)])
+    x[5000, 1] = np.nan
+    padded = np.concatenate([x, np.full((24, dim), -50.0, np.float32)])
+    blocks = jnp.asarray(padded).reshape(4, 4256, dim)  # two pieces of 8,500 points
     norms = jnp.sum(blocks * blocks, axis=-1, keepdims=True)
-    got = np.asarray(km._native_lloyd(blocks, norms, jnp.asarray(initial), 4, len(x)))
-    want = numpy_lloyd(x, initial, 4)
+    got, nearest, sq = map(
+        np.asarray, km._native_lloyd(blocks, norms, jnp.asarray(initial), 4, len(x))
+    )
+    finite = np.isfinite(x).all(axis=1)
+    want = numpy_lloyd(x[finite], initial, 4)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
-    np.testing.assert_array_equal(got[3], initial[3])
+    np.testing.assert_array_equal(got[-1], initial[-1])
+    d = ((x[finite, None, :].astype(np.float64) - got[None].astype(np.float64)) ** 2).sum(-1)
+    np.testing.assert_array_equal(nearest[finite], np.argmin(d, axis=1))
+    np.testing.assert_allclose(sq[finite], d.min(axis=1), rtol=1e-4, atol=1e-3)
+    assert nearest[5000] == clusters and np.isnan(sq[5000])
+    assert nearest.shape == sq.shape == (len(x),)
+
+
+@pytest.mark.parametrize(("n", "dim"), [(37, 5), (9000, 33), (20000, 128)])
+def test_native_centring_equals_numpy(n: int, dim: int) -> None:
+    """``jdml_kmeans_centre``: the mean (float64 sums, one piece or several), the centred
+    points (the float32 subtraction itself, so exactly) and their squared norms (float32 sums
+    in another order: within rounding), with an offset ten times the spread."""
+    rng = np.random.default_rng(n)
+    x = (rng.normal(size=(n, dim)) + 10.0).astype(np.float32)
+    centred, norms, mean = map(np.asarray, jax.jit(km._native_centre)(jnp.asarray(x)))
+    want_mean = x.astype(np.float64).mean(axis=0)
+    np.testing.assert_allclose(mean, want_mean, rtol=1e-6)
+    np.testing.assert_array_equal(centred, x - mean)
+    want_norms = np.sum((x - mean).astype(np.float64) ** 2, axis=1)
+    np.testing.assert_allclose(norms, want_norms, rtol=2e-6)

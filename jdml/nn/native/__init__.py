@@ -63,7 +63,9 @@ TARGETS = (
     "jdml_dnnl_conv_bwd_data",
     "jdml_dnnl_conv_bwd_weights",
     "jdml_kmeans_assign",
+    "jdml_kmeans_centre",
     "jdml_kmeans_lloyd",
+    "jdml_kmeans_reference_update",
     "jdml_knn_top",
     "jdml_order_rows",
 )
