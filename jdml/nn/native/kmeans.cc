@@ -455,28 +455,33 @@ void lloyd(ffi::ThreadPool& pool, const float* x, const float* x_sq, int64_t n, 
   std::vector<double> sums(pieces * clusters * dim);
   std::vector<int64_t> counts(pieces * clusters);
   std::vector<float> c_sq(clusters);
-  for (int64_t it = 0;; ++it) {
-    centroid_norms(centroids, clusters, dim, c_sq.data());
-    if (it == iters) break;
-    jdml::run_pieces(pool, pieces, [&](int64_t p) {
-      const int64_t begin = n * p / pieces, end = n * (p + 1) / pieces;
-      // This piece's sums and counts are its thread's own until the end: the pieces' slices of
-      // `sums` and `counts` share cache lines, and counting into them directly (false sharing)
-      // had cost more than the arithmetic.
-      std::vector<double> sum(clusters * dim, 0.0);
-      std::vector<float> tile_sum(clusters * dim);
-      std::vector<int64_t> count(clusters, 0);
-      // Tiles of points small enough to be summed while the assignment's read left them in cache
-      for (int64_t t0 = begin; t0 < end; t0 += kLloydTile) {
-        const int64_t t1 = std::min(end, t0 + kLloydTile);
-        std::fill(tile_sum.begin(), tile_sum.end(), 0.0f);
-        assign_range(x, x_sq, centroids, c_sq.data(), dim, clusters, t0, t1, nearest, best);
-        add_rows(x, nearest, t0, t1, dim, 0, clusters, tile_sum.data(), count.data());
-        for (int64_t j = 0; j < clusters * dim; ++j) sum[j] += tile_sum[j];
-      }
-      std::copy(sum.begin(), sum.end(), sums.begin() + p * clusters * dim);
-      std::copy(count.begin(), count.end(), counts.begin() + p * clusters);
-    });
+  centroid_norms(centroids, clusters, dim, c_sq.data());
+  // Rounds 0, ..., iters - 1 are the iterations, round iters the final assignment.
+  const auto piece = [&](int64_t round, int64_t p) {
+    const int64_t begin = n * p / pieces, end = n * (p + 1) / pieces;
+    if (round == iters) {
+      assign_range(x, x_sq, centroids, c_sq.data(), dim, clusters, begin, end, nearest, best);
+      return;
+    }
+    // This piece's sums and counts are its thread's own until the end: the pieces' slices of
+    // `sums` and `counts` share cache lines, and counting into them directly (false sharing)
+    // had cost more than the arithmetic.
+    std::vector<double> sum(clusters * dim, 0.0);
+    std::vector<float> tile_sum(clusters * dim);
+    std::vector<int64_t> count(clusters, 0);
+    // Tiles of points small enough to be summed while the assignment's read left them in cache
+    for (int64_t t0 = begin; t0 < end; t0 += kLloydTile) {
+      const int64_t t1 = std::min(end, t0 + kLloydTile);
+      std::fill(tile_sum.begin(), tile_sum.end(), 0.0f);
+      assign_range(x, x_sq, centroids, c_sq.data(), dim, clusters, t0, t1, nearest, best);
+      add_rows(x, nearest, t0, t1, dim, 0, clusters, tile_sum.data(), count.data());
+      for (int64_t j = 0; j < clusters * dim; ++j) sum[j] += tile_sum[j];
+    }
+    std::copy(sum.begin(), sum.end(), sums.begin() + p * clusters * dim);
+    std::copy(count.begin(), count.end(), counts.begin() + p * clusters);
+  };
+  const auto update = [&](int64_t round) {
+    if (round == iters) return;
     for (int64_t k = 0; k < clusters; ++k) {
       int64_t count = 0;
       for (int64_t p = 0; p < pieces; ++p) count += counts[p * clusters + k];
@@ -487,11 +492,9 @@ void lloyd(ffi::ThreadPool& pool, const float* x, const float* x_sq, int64_t n, 
         centroids[k * dim + d] = static_cast<float>(total / static_cast<double>(count));
       }
     }
-  }
-  jdml::run_pieces(pool, pieces, [&](int64_t p) {
-    assign_range(x, x_sq, centroids, c_sq.data(), dim, clusters, n * p / pieces,
-                 n * (p + 1) / pieces, nearest, best);
-  });
+    centroid_norms(centroids, clusters, dim, c_sq.data());
+  };
+  jdml::run_rounds(pool, pieces, iters + 1, piece, update);
 }
 
 // Pieces of the points for centring (jdml_kmeans_centre): a fixed count for N, whatever the
@@ -549,20 +552,27 @@ ffi::Error Centre(ffi::ThreadPool pool, Points x, ffi::ResultBuffer<ffi::F32, 2>
   std::vector<double> sums(pieces * dim, 0.0);
   float* m = mean->typed_data();
   try {
-    jdml::run_pieces(pool, pieces, [&](int64_t p) {
+    // Round 0: the column sums per piece; then the mean; round 1: the centred rows.
+    const auto piece = [&](int64_t round, int64_t p) {
+      const int64_t begin = n * p / pieces, end = n * (p + 1) / pieces;
+      if (round == 1) {
+        centre_rows(x.typed_data(), m, begin, end, dim, centred->typed_data(),
+                    norms->typed_data());
+        return;
+      }
       std::vector<double> sum(dim, 0.0);  // the thread's own (no false sharing)
-      add_columns(x.typed_data(), n * p / pieces, n * (p + 1) / pieces, dim, sum.data());
+      add_columns(x.typed_data(), begin, end, dim, sum.data());
       std::copy(sum.begin(), sum.end(), sums.begin() + p * dim);
-    });
-    for (int64_t d = 0; d < dim; ++d) {
-      double total = 0.0;
-      for (int64_t p = 0; p < pieces; ++p) total += sums[p * dim + d];
-      m[d] = static_cast<float>(total / static_cast<double>(n));
-    }
-    jdml::run_pieces(pool, pieces, [&](int64_t p) {
-      centre_rows(x.typed_data(), m, n * p / pieces, n * (p + 1) / pieces, dim,
-                  centred->typed_data(), norms->typed_data());
-    });
+    };
+    const auto to_mean = [&](int64_t round) {
+      if (round == 1) return;
+      for (int64_t d = 0; d < dim; ++d) {
+        double total = 0.0;
+        for (int64_t p = 0; p < pieces; ++p) total += sums[p * dim + d];
+        m[d] = static_cast<float>(total / static_cast<double>(n));
+      }
+    };
+    jdml::run_rounds(pool, pieces, 2, piece, to_mean);
   } catch (const std::exception& err) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-means centring: ") + err.what());
   }
