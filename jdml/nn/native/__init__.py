@@ -65,7 +65,7 @@ TARGETS = (
     "jdml_kmeans_assign",
     "jdml_kmeans_centre",
     "jdml_kmeans_lloyd",
-    "jdml_kmeans_reference_update",
+    "jdml_kmeans_reference_lloyd",
     "jdml_knn_top",
     "jdml_order_rows",
 )

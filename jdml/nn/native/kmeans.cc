@@ -481,7 +481,7 @@ void lloyd(ffi::ThreadPool& pool, const float* x, const float* x_sq, int64_t n, 
     std::copy(count.begin(), count.end(), counts.begin() + p * clusters);
   };
   const auto update = [&](int64_t round) {
-    if (round == iters) return;
+    if (round == iters) return true;
     for (int64_t k = 0; k < clusters; ++k) {
       int64_t count = 0;
       for (int64_t p = 0; p < pieces; ++p) count += counts[p * clusters + k];
@@ -493,6 +493,7 @@ void lloyd(ffi::ThreadPool& pool, const float* x, const float* x_sq, int64_t n, 
       }
     }
     centroid_norms(centroids, clusters, dim, c_sq.data());
+    return true;
   };
   jdml::run_rounds(pool, pieces, iters + 1, piece, update);
 }
@@ -565,12 +566,13 @@ ffi::Error Centre(ffi::ThreadPool pool, Points x, ffi::ResultBuffer<ffi::F32, 2>
       std::copy(sum.begin(), sum.end(), sums.begin() + p * dim);
     };
     const auto to_mean = [&](int64_t round) {
-      if (round == 1) return;
+      if (round == 1) return true;
       for (int64_t d = 0; d < dim; ++d) {
         double total = 0.0;
         for (int64_t p = 0; p < pieces; ++p) total += sums[p * dim + d];
         m[d] = static_cast<float>(total / static_cast<double>(n));
       }
+      return true;
     };
     jdml::run_rounds(pool, pieces, 2, piece, to_mean);
   } catch (const std::exception& err) {
@@ -579,29 +581,41 @@ ffi::Error Centre(ffi::ThreadPool pool, Points x, ffi::ResultBuffer<ffi::F32, 2>
   return ffi::Error::Success();
 }
 
-// One update of faiss's k-means (the "reference" mode of jdml/evaluation/kmeans.py) for few
-// clusters: every point's nearest centroid (assign_range, pieces of the points on the threads),
-// then each centroid the float32 sum of its points in point order times the float32 1 / count
-// (faiss's compute_centroids, which also gives each thread a range of centroids and scans every
-// point for them); an empty cluster's centroid becomes 0 and its count 0. NaN points are in no
-// cluster.
-ffi::Error ReferenceUpdate(ffi::ThreadPool pool, Points x, Floats x_sq, Points c, Floats c_sq,
-                           int64_t points, ffi::ResultBuffer<ffi::F32, 2> centroids,
-                           ffi::ResultBuffer<ffi::F32, 1> sizes) {
-  const int64_t dim = x.dimensions()[1], clusters = c.dimensions()[0];
+// Updates of faiss's k-means (the "reference" mode of jdml/evaluation/kmeans.py) for few
+// clusters, up to `remaining` of them, stopping after the first that leaves a cluster empty (the
+// caller then splits clusters as faiss does). Each update is two rounds: every point's nearest
+// centroid (assign_range, pieces of the points), then each centroid the float32 sum of its
+// points in point order times the float32 1 / count (faiss's compute_centroids, which also
+// gives each thread a range of centroids and scans every point for them); an empty cluster's
+// centroid becomes 0. NaN points are in no cluster. `sizes` are the last update's counts and
+// `steps` the number of updates run.
+ffi::Error ReferenceLloyd(ffi::ThreadPool pool, Points x, Floats x_sq, Points initial,
+                          Ints remaining, int64_t points, ffi::ResultBuffer<ffi::F32, 2> centroids,
+                          ffi::ResultBuffer<ffi::F32, 1> sizes,
+                          ffi::ResultBuffer<ffi::S32, 1> steps) {
+  const int64_t iters = remaining.typed_data()[0];
+  const int64_t dim = x.dimensions()[1], clusters = initial.dimensions()[0];
   const int64_t n = std::min<int64_t>(points, x.dimensions()[0]);
   const int64_t pieces = std::clamp<int64_t>(n / kLloydPiecePoints, 1, kLloydPieces);
   const int64_t ranges = std::clamp<int64_t>(pool.num_threads(), 1, clusters);
+  float* c = centroids->typed_data();
+  std::copy(initial.typed_data(), initial.typed_data() + clusters * dim, c);
+  std::fill(sizes->typed_data(), sizes->typed_data() + clusters, 1.0f);  // no update: as XLA's
   std::vector<int32_t> nearest(n);
-  std::vector<float> best(n);
+  std::vector<float> best(n), c_sq(clusters);
+  centroid_norms(c, clusters, dim, c_sq.data());
+  int32_t done = 0;
   try {
-    jdml::run_pieces(pool, pieces, [&](int64_t p) {
-      assign_range(x.typed_data(), x_sq.typed_data(), c.typed_data(), c_sq.typed_data(), dim,
-                   clusters, n * p / pieces, n * (p + 1) / pieces, nearest.data(), best.data());
-    });
-    jdml::run_pieces(pool, ranges, [&](int64_t r) {
-      const int64_t first = clusters * r / ranges, last = clusters * (r + 1) / ranges;
-      float* sums = centroids->typed_data() + first * dim;
+    const auto piece = [&](int64_t round, int64_t p) {
+      if (round % 2 == 0) {  // the assignment
+        if (p >= pieces) return;
+        assign_range(x.typed_data(), x_sq.typed_data(), c, c_sq.data(), dim, clusters,
+                     n * p / pieces, n * (p + 1) / pieces, nearest.data(), best.data());
+        return;
+      }
+      if (p >= ranges) return;  // the sums of a range of clusters
+      const int64_t first = clusters * p / ranges, last = clusters * (p + 1) / ranges;
+      float* sums = c + first * dim;
       std::fill(sums, sums + (last - first) * dim, 0.0f);
       std::vector<int64_t> counts(last - first, 0);
       add_rows(x.typed_data(), nearest.data(), 0, n, dim, first, last - first, sums,
@@ -612,10 +626,20 @@ ffi::Error ReferenceUpdate(ffi::ThreadPool pool, Points x, Floats x_sq, Points c
         for (int64_t d = 0; d < dim; ++d) sums[k * dim + d] *= scale;
         sizes->typed_data()[first + k] = size;
       }
-    });
+    };
+    const auto after = [&](int64_t round) {
+      if (round % 2 == 0) return true;
+      ++done;
+      const float* size = sizes->typed_data();
+      if (std::find(size, size + clusters, 0.0f) != size + clusters) return false;
+      centroid_norms(c, clusters, dim, c_sq.data());
+      return true;
+    };
+    jdml::run_rounds(pool, std::max(pieces, ranges), 2 * iters, piece, after);
   } catch (const std::exception& err) {
-    return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-means update: ") + err.what());
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-means updates: ") + err.what());
   }
+  steps->typed_data()[0] = done;
   return ffi::Error::Success();
 }
 
@@ -649,16 +673,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_lloyd, Lloyd,
                                   .Ret<Ints>()
                                   .Ret<Floats>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_reference_update, ReferenceUpdate,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_reference_lloyd, ReferenceLloyd,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<Points>()
                                   .Arg<Floats>()
                                   .Arg<Points>()
-                                  .Arg<Floats>()
+                                  .Arg<Ints>()
                                   .Attr<int64_t>("points")
                                   .Ret<Points>()
-                                  .Ret<Floats>());
+                                  .Ret<Floats>()
+                                  .Ret<Ints>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_centre, Centre,
                               ffi::Ffi::Bind()

@@ -106,7 +106,7 @@ struct Rounds {
 
 // Runs work(round, piece) for every piece in [0, pieces) of every round in [0, rounds), and
 // between(round) on the caller's thread once all of a round's pieces are done, before the next
-// round starts. Pool threads join as helpers when they start and stay for the later rounds,
+// round starts; the rounds stop early when between returns false. Pool threads join as helpers when they start and stay for the later rounds,
 // waiting between rounds with std::this_thread::yield: run_pieces per round (a k-means
 // iteration of 0.15 ms, say) had cost a thread wake-up each time. The caller claims every piece
 // no helper has claimed, so it never waits on work that is not running (no deadlock when the
@@ -114,13 +114,15 @@ struct Rounds {
 // of between.
 inline void run_rounds(xla::ffi::ThreadPool& pool, int64_t pieces, int64_t rounds,
                        const std::function<void(int64_t, int64_t)>& work,
-                       const std::function<void(int64_t)>& between) {
+                       const std::function<bool(int64_t)>& between) {
   if (pieces >= (int64_t{1} << 32)) throw std::runtime_error("too many pieces");
   auto state = std::make_shared<Rounds>();
   state->pieces = pieces;
   state->rounds = rounds;
   state->work = &work;
-  for (int64_t i = 1; i < pieces && rounds > 0; ++i) {
+  // The caller and a helper per further thread of the pool: more would only wait in its queue.
+  const int64_t helpers = std::min<int64_t>(pieces, pool.num_threads()) - 1;
+  for (int64_t i = 0; i < helpers && rounds > 0; ++i) {
     pool.Schedule([state] {
       state->helpers.fetch_add(1);
       while (!state->finished.load()) {
@@ -147,7 +149,7 @@ inline void run_rounds(xla::ffi::ThreadPool& pool, int64_t pieces, int64_t round
     }
     if (!error.empty()) break;
     try {
-      between(round);
+      if (!between(round)) break;
     } catch (const std::exception& err) {
       error = err.what();
     }
