@@ -161,9 +161,9 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 lane_sums(const 
   }
   // 128-bit lanes added in pairs: [q0 + q1, q2 + q3] of two registers, then of two more
   for (int j = 0; j < 2; ++j) {
-    halves[j] =
-        _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * j], quads[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                      _mm512_shuffle_f32x4(quads[2 * j], quads[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 a = quads[2 * j], b = quads[2 * j + 1];
+    halves[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
   }
   return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], _MM_SHUFFLE(2, 0, 2, 0)),
                        _mm512_shuffle_f32x4(halves[0], halves[1], _MM_SHUFFLE(3, 1, 3, 1)));

@@ -106,12 +106,12 @@ struct Rounds {
 
 // Runs work(round, piece) for every piece in [0, pieces) of every round in [0, rounds), and
 // between(round) on the caller's thread once all of a round's pieces are done, before the next
-// round starts; the rounds stop early when between returns false. Pool threads join as helpers when they start and stay for the later rounds,
-// waiting between rounds with std::this_thread::yield: run_pieces per round (a k-means
-// iteration of 0.15 ms, say) had cost a thread wake-up each time. The caller claims every piece
-// no helper has claimed, so it never waits on work that is not running (no deadlock when the
-// pool's threads are busy elsewhere). Rethrows the first error of a piece (after its round) or
-// of between.
+// round starts; the rounds stop early when between returns false. Pool threads join as helpers
+// when they start and stay for the later rounds, waiting between rounds with
+// std::this_thread::yield: run_pieces per round (a k-means iteration of 0.15 ms, say) had cost
+// a thread wake-up each time. The caller claims every piece no helper has claimed, so it never
+// waits on work that is not running (no deadlock when the pool's threads are busy elsewhere).
+// Rethrows the first error of a piece (after its round) or of between.
 inline void run_rounds(xla::ffi::ThreadPool& pool, int64_t pieces, int64_t rounds,
                        const std::function<void(int64_t, int64_t)>& work,
                        const std::function<bool(int64_t)>& between) {
