@@ -53,7 +53,9 @@ XLA's only where two centroids lie within float32 rounding of each other. "k-mea
   fused version, 3.2 ms now.
 * The reference mode runs its updates up to the next empty cluster as one native call
   (``jdml_kmeans_reference_lloyd``): faiss's float32 sums in point order, a range of centroids
-  per thread, as faiss sums them.
+  per thread, as faiss sums them (up to 16 clusters each group of clusters' sums in registers,
+  one pass over the points per group); when no cluster was left empty, the same call ends with
+  the final assignment.
 
 Above that the sums stay XLA's scatter-add; the sharded k-means on a device mesh keeps XLA's
 ops.
@@ -237,12 +239,13 @@ def _native_reference_updates(
     centroids: jax.Array,
     remaining: jax.Array,
     num_points: int,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """:func:`_reference_updates` as one native call (``jdml_kmeans_reference_lloyd``): up to
     ``remaining`` updates, each the assignment and then each centroid's float32 sum of its
-    points in point order (a range of centroids per thread, as faiss sums them) times
-    ``1 / count``, stopping after the first that leaves a cluster empty. ``blocks`` are
-    zero-padded after ``num_points`` rows, which are ignored."""
+    points in point order times ``1 / count`` (by ranges of dimensions up to 16 clusters, of
+    centroids above, as faiss sums them), stopping after the first that leaves a cluster empty;
+    then, if none did, the final assignment. ``blocks`` are zero-padded after ``num_points``
+    rows, which are ignored."""
     native.library()  # registers the targets (compiled once per machine)
     call = jax.ffi.ffi_call(
         "jdml_kmeans_reference_lloyd",
@@ -250,17 +253,19 @@ def _native_reference_updates(
             jax.ShapeDtypeStruct(centroids.shape, jnp.float32),
             jax.ShapeDtypeStruct((centroids.shape[0],), jnp.float32),
             jax.ShapeDtypeStruct((1,), jnp.int32),
+            jax.ShapeDtypeStruct((num_points,), jnp.int32),
+            jax.ShapeDtypeStruct((num_points,), jnp.float32),
         ),
         vmap_method="sequential",
     )
-    centroids, counts, steps = call(
+    centroids, counts, steps, assignments, sq = call(
         blocks.reshape(-1, blocks.shape[-1]),
         norms.reshape(-1),
         centroids,
         jnp.reshape(remaining, (1,)).astype(jnp.int32),
         points=np.int64(num_points),
     )
-    return centroids, counts, steps[0]
+    return centroids, counts, steps[0], assignments, sq
 
 
 def _assign(
@@ -782,9 +787,10 @@ def _reference_updates(
     num_points: int,
     block_size: int,
     use_native: bool,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """Up to ``remaining`` updates of the reference mode in one call, stopping after the first
-    that leaves a cluster empty (the host then splits, see :func:`split_empty_clusters`).
+    that leaves a cluster empty (the host then splits, see :func:`split_empty_clusters`), and
+    the final assignment (:func:`_final_assignment`) to the centroids it ends with.
 
     Args:
       points: (N, D) points.
@@ -795,12 +801,17 @@ def _reference_updates(
       use_native: the native assignment (CPU).
 
     Returns:
-      The (K, D) centroids and (K,) float32 cluster sizes of the last update, and () int32 the
-      number of updates run.
+      The (K, D) centroids and (K,) float32 cluster sizes of the last update, () int32 the
+      number of updates run, and the final assignment: (N,) int32 nearest centroids and ()
+      inertia. These are only valid if no cluster is empty (no split follows); the native call
+      then leaves them K and NaN.
     """
     blocks, norms = _point_blocks(points, block_size)
     if use_native and centroids.shape[0] <= NATIVE_LLOYD_MAX_CLUSTERS:
-        return _native_reference_updates(blocks, norms, centroids, remaining, num_points)
+        centroids, counts, steps, assignments, sq = _native_reference_updates(
+            blocks, norms, centroids, remaining, num_points
+        )
+        return centroids, counts, steps, assignments, jnp.sum(sq)
 
     def more(state: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
         _, counts, done = state
@@ -814,7 +825,9 @@ def _reference_updates(
         return centroids, counts, done + 1
 
     start = (centroids, jnp.ones((centroids.shape[0],), jnp.float32), jnp.int32(0))
-    return jax.lax.while_loop(more, update, start)
+    centroids, counts, steps = jax.lax.while_loop(more, update, start)
+    assignments, sq = _assign(blocks, centroids, norms, use_native)
+    return centroids, counts, steps, assignments[:num_points], jnp.sum(sq[:num_points])
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "use_native"))
@@ -871,13 +884,14 @@ def reference_kmeans(
     n = check_points(points, num_clusters)
     rows = _block_rows(n, num_clusters, block_size)
     use_native = native_enabled()
+    final = None  # the last update's final assignment, if no split came after it
     if n == num_clusters:
         centroids = points
     else:
         centroids = points[jnp.asarray(reference_permutation(n, num_clusters, seed + 1))]
         done = 0
         while done < num_iters:  # one call runs every update up to the next empty cluster
-            centroids, counts, steps = _reference_updates(
+            centroids, counts, steps, *final = _reference_updates(
                 points,
                 centroids,
                 jnp.int32(num_iters - done),
@@ -890,9 +904,13 @@ def reference_kmeans(
             if np.any(counts == 0):
                 split = split_empty_clusters(np.asarray(centroids), counts, n)
                 centroids = jnp.asarray(split.centroids)
-    assignments, inertia = _final_assignment(
-        points, centroids, block_size=rows, use_native=use_native
-    )
+                final = None
+    if final:
+        assignments, inertia = final
+    else:
+        assignments, inertia = _final_assignment(
+            points, centroids, block_size=rows, use_native=use_native
+        )
     result = KMeansResult(centroids, assignments, inertia)
     if from_host:  # points may share the caller's memory: done with it before the caller goes on
         jax.block_until_ready(result)

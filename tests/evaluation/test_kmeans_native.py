@@ -193,3 +193,90 @@ def test_native_centring_equals_numpy(n: int, dim: int) -> None:
     np.testing.assert_array_equal(centred, x - mean)
     want_norms = np.sum((x - mean).astype(np.float64) ** 2, axis=1)
     np.testing.assert_allclose(norms, want_norms, rtol=2e-6)
+
+
+def sequential_means(x: np.ndarray, nearest: np.ndarray, clusters: int) -> np.ndarray:
+    """Each cluster's float32 sum of its points in point order (``np.cumsum`` adds in order;
+    ``np.sum`` would add pairwise) times the float32 ``1 / count``; an empty cluster is 0."""
+    means = np.zeros((clusters, x.shape[1]), np.float32)
+    for k in range(clusters):
+        mine = x[nearest == k]
+        if len(mine):
+            means[k] = np.cumsum(mine, axis=0, dtype=np.float32)[-1] * (
+                np.float32(1) / np.float32(len(mine))
+            )
+    return means
+
+
+@pytest.mark.parametrize(("dim", "clusters"), [(40, 5), (200, 13), (130, 16), (7, 3)])
+def test_native_reference_updates_sum_in_point_order(dim: int, clusters: int) -> None:
+    """``jdml_kmeans_reference_lloyd`` up to 16 clusters sums each group of clusters in
+    registers, 8, 4, 2 or 1 registers of dimensions at a time (13 or 16 clusters take several
+    groups; each thread a range of clusters): each update equals the assignment followed by the
+    float32 sums in point order written out, bit for bit, and the fused final assignment equals
+    a separate assignment to the final centroids."""
+    rng = np.random.default_rng(dim)
+    x = rng.normal(size=(3000, dim)).astype(np.float32)
+    points = jnp.asarray(x)
+    rows = km._block_rows(len(x), clusters, None)
+    centroids = x[:clusters]
+    for _ in range(3):
+        nearest = np.asarray(
+            km._final_assignment(points, jnp.asarray(centroids), block_size=rows, use_native=True)[
+                0
+            ]
+        )
+        centroids = sequential_means(x, nearest, clusters)
+    got, counts, steps, assignments, inertia = km._reference_updates(
+        points,
+        jnp.asarray(x[:clusters]),
+        jnp.int32(3),
+        num_points=len(x),
+        block_size=rows,
+        use_native=True,
+    )
+    assert int(steps) == 3 and np.all(np.asarray(counts) > 0)
+    np.testing.assert_array_equal(np.asarray(got), centroids)
+    want, want_inertia = km._final_assignment(points, got, block_size=rows, use_native=True)
+    np.testing.assert_array_equal(np.asarray(assignments), np.asarray(want))
+    np.testing.assert_allclose(float(inertia), float(want_inertia), rtol=1e-6)
+
+
+def test_native_reference_updates_stop_at_an_empty_cluster_without_a_final_assignment() -> None:
+    """An update that leaves a cluster empty ends the call (the host splits next): the final
+    assignment is left out of range, and the reference k-means assigns after the split."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(500, 24)).astype(np.float32)
+    initial = np.concatenate([x[:3], np.full((1, 24), 1e3, np.float32)])  # cluster 3 stays empty
+    got, counts, steps, assignments, _ = km._reference_updates(
+        jnp.asarray(x),
+        jnp.asarray(initial),
+        jnp.int32(5),
+        num_points=len(x),
+        block_size=500,
+        use_native=True,
+    )
+    assert int(steps) == 1 and float(np.asarray(counts)[3]) == 0.0
+    np.testing.assert_array_equal(np.asarray(got)[3], 0.0)
+    np.testing.assert_array_equal(np.asarray(assignments), 4)
+
+
+def test_reference_updates_are_the_same_on_every_call() -> None:
+    """Two rounds per iteration on the caller and a helper thread (``run_rounds``): a helper
+    that started before the caller opened round 0 used to run a piece of it early and count it
+    into a later round, which then ended while its other piece still ran (about one call in 300
+    came out different with both cores busy). 1,000 calls must all agree."""
+    rng = np.random.default_rng(2)
+    centres = rng.normal(size=(8, 16)) * 5
+    x = jnp.asarray((centres[np.arange(240) % 8] + rng.normal(size=(240, 16))).astype(np.float32))
+
+    def update() -> np.ndarray:
+        return np.asarray(
+            km._reference_updates(
+                x, x[:20], jnp.int32(20), num_points=240, block_size=240, use_native=True
+            )[0]
+        )
+
+    first = update()
+    differing = sum(not np.array_equal(update(), first) for _ in range(1000))
+    assert differing == 0

@@ -116,9 +116,17 @@ def test_initial_centroids_are_faiss_permutation(n: int, k: int, seed: int) -> N
 # The whole algorithm against faiss.
 
 
-@pytest.mark.parametrize(("seed", "k"), [(0, 5), (0, 8), (1, 20), (2, 20), (3, 60), (4, 200)])
-def test_reference_kmeans_equals_faiss_on_blobs(seed: int, k: int) -> None:
-    assert_same_as_faiss(blobs(seed), k)
+@pytest.mark.parametrize(
+    ("seed", "k", "d"),
+    [
+        *[(0, 5, 16), (0, 8, 16), (1, 20, 16), (2, 20, 16), (3, 60, 16), (4, 200, 16)],
+        # wider points: the native sums of up to 16 clusters go R registers of dimensions at a
+        # time, the clusters in groups, the ranges of clusters on both threads
+        *[(5, 5, 40), (6, 13, 200), (7, 16, 130)],
+    ],
+)
+def test_reference_kmeans_equals_faiss_on_blobs(seed: int, k: int, d: int) -> None:
+    assert_same_as_faiss(blobs(seed, d=d), k)
 
 
 def smallest_margin(x: np.ndarray, k: int, niter: int = 20) -> float:

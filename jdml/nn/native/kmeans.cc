@@ -48,6 +48,9 @@ constexpr int64_t kLloydTile = 512;
 // products in registers (lloyd_tile_direct) instead of with sgemm, whose calls on tiles only a
 // few centroids wide cost more than their arithmetic.
 constexpr int64_t kDirectClusters = 16;
+// How many points ahead nearest_direct and add_rows_direct ask the cache for a row (10% faster
+// assignments at 20,000 x 128 points).
+constexpr int64_t kPrefetchPoints = 8;
 
 // The squared distance of squared_distances, (|x|^2 + |c|^2) - 2 x.c clamped at 0, in its float32
 // order (no fused multiply-add: -ffp-contract=off); NaN stays NaN, as in jnp.maximum.
@@ -182,7 +185,11 @@ __attribute__((target("avx512f"), always_inline)) inline void tile_dots(const fl
   int64_t d = 0;
   for (; d + 16 <= dim; d += 16) {
     __m512 v[P];
-    for (int i = 0; i < P; ++i) v[i] = _mm512_loadu_ps(p + i * dim + d);
+    for (int i = 0; i < P; ++i) {
+      const float* next = p + (i + kPrefetchPoints) * dim + d;  // never dereferenced
+      _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T0);
+      v[i] = _mm512_loadu_ps(p + i * dim + d);
+    }
     for (int g = 0; g < G; ++g) {
       const __m512 w = _mm512_loadu_ps(c + g * dim + d);
       for (int i = 0; i < P; ++i) acc[8 * i + g] = _mm512_fmadd_ps(v[i], w, acc[8 * i + g]);
@@ -268,41 +275,103 @@ __attribute__((target("avx512f"))) void nearest_direct(const float* x, const flo
   }
 }
 
-// add_rows for at most kDirectClusters clusters: for each cluster, the sum of its points in
-// [begin, end) (in point order, as add_rows sums them) in registers, added to its float32 row of
-// `sums` once, instead of one read and write of the row per point.
+// Adds one point's R registers of dimensions (lanes: the dimensions of each that are summed) to
+// the accumulators of cluster g of the group, J..G-1 tried in turn with constant indices so that
+// the accumulators stay in registers.
+template <int G, int R, int J = 0>
+__attribute__((target("avx512f"), always_inline)) inline void add_point(__m512 (&acc)[G][R],
+                                                                      uint32_t g,
+                                                                      const float* point,
+                                                                      const __mmask16* lanes) {
+  if constexpr (J < G) {
+    if (g != J) {
+      add_point<G, R, J + 1>(acc, g, point, lanes);
+      return;
+    }
+    for (int r = 0; r < R; ++r) {
+      acc[J][r] = _mm512_add_ps(acc[J][r], _mm512_maskz_loadu_ps(lanes[r], point + 16 * r));
+    }
+  }
+}
+
+// The sums over dimensions [d0, min(d0 + 16 R, dim)) of the points of `groups` (at most G)
+// consecutive clusters from `first`, in one pass over the points [begin, end) in point order (G x
+// R accumulators: at most 24 of the 32 registers), each added to its cluster's float32 row of
+// `sums` once; counts are increased when `count` is set.
+template <int R>
+__attribute__((target("avx512f"), always_inline)) inline void add_group(
+    const float* x, const int32_t* nearest, int64_t begin, int64_t end, int64_t dim, int64_t d0,
+    int32_t first, int64_t groups, float* sums, int64_t* counts, bool count) {
+  constexpr int G = R == 1 ? static_cast<int>(kDirectClusters) : 24 / R;
+  __mmask16 lanes[R];
+  __m512 acc[G][R];
+  for (int r = 0; r < R; ++r) {
+    const int64_t width = std::clamp<int64_t>(dim - d0 - 16 * r, 0, 16);
+    lanes[r] = static_cast<__mmask16>((1u << width) - 1u);
+    for (int g = 0; g < G; ++g) acc[g][r] = _mm512_setzero_ps();
+  }
+  int64_t seen[G] = {};
+  for (int64_t i = begin; i < end; ++i) {
+    // The group's points are not contiguous, so the hardware prefetcher misses them: ask for the
+    // one kPrefetchPoints points ahead, if it is in the group
+    const int64_t ahead = i + kPrefetchPoints;
+    if (ahead < end &&
+        static_cast<uint32_t>(nearest[ahead] - first) < static_cast<uint32_t>(groups)) {
+      for (int r = 0; r < R; ++r) {  // a cache line per register
+        _mm_prefetch(reinterpret_cast<const char*>(x + ahead * dim + d0 + 16 * r), _MM_HINT_T0);
+      }
+    }
+    const uint32_t g = static_cast<uint32_t>(nearest[i] - first);
+    if (g >= static_cast<uint32_t>(groups)) continue;
+    add_point<G, R>(acc, g, x + i * dim + d0, lanes);
+    ++seen[g];
+  }
+  // Over the constant G (unrolled, so that every accumulator has a constant index and stays in
+  // a register; a loop to the run-time `groups` had put them all on the stack)
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g) {
+    if (g >= groups) break;
+    float* row = sums + g * dim + d0;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 before = _mm512_maskz_loadu_ps(lanes[r], row + 16 * r);
+      _mm512_mask_storeu_ps(row + 16 * r, lanes[r], _mm512_add_ps(before, acc[g][r]));
+    }
+    if (count) counts[g] += seen[g];
+  }
+}
+
+// add_rows for at most kDirectClusters clusters: each cluster's sum of its points in [begin, end)
+// (in point order, as add_rows sums them) kept in registers and added to its float32 row of
+// `sums` once, instead of one read and write of the row per point. The dimensions go R registers
+// (16 R floats) at a time, and for each the clusters in groups of 24 / R, one pass over the
+// points per group: 5 clusters at D = 128 take 2 passes (a pass per cluster had read the points
+// 5 times). The counts are increased in the first pass.
 __attribute__((target("avx512f"))) void add_rows_direct(const float* x, const int32_t* nearest,
                                                       int64_t begin, int64_t end, int64_t dim,
                                                       int64_t first, int64_t clusters,
                                                       float* sums, int64_t* counts) {
-  constexpr int kRegisters = 8;
-  for (int64_t k = 0; k < clusters; ++k) {
-    const int32_t cluster = static_cast<int32_t>(first + k);
-    float* row = sums + k * dim;
-    for (int64_t d0 = 0; d0 < dim; d0 += kRegisters * 16) {
-      __mmask16 lanes[kRegisters];
-      __m512 acc[kRegisters];
-      for (int r = 0; r < kRegisters; ++r) {
-        const int64_t width = std::clamp<int64_t>(dim - d0 - 16 * r, 0, 16);
-        lanes[r] = static_cast<__mmask16>((1u << width) - 1u);
-        acc[r] = _mm512_setzero_ps();
+  for (int64_t d0 = 0; d0 < dim;) {
+    const int64_t registers = (dim - d0 + 15) / 16;
+    const int R = registers >= 8 ? 8 : registers >= 4 ? 4 : registers >= 2 ? 2 : 1;
+    const int64_t group = R == 1 ? kDirectClusters : 24 / R;
+    for (int64_t k = 0; k < clusters; k += group) {
+      const int64_t groups = std::min(group, clusters - k);
+      const int32_t at = static_cast<int32_t>(first + k);
+      float* rows = sums + k * dim;
+      const bool count = d0 == 0;
+      int64_t* tally = counts + k;
+      switch (R) {
+        case 8: add_group<8>(x, nearest, begin, end, dim, d0, at, groups, rows, tally, count);
+          break;
+        case 4: add_group<4>(x, nearest, begin, end, dim, d0, at, groups, rows, tally, count);
+          break;
+        case 2: add_group<2>(x, nearest, begin, end, dim, d0, at, groups, rows, tally, count);
+          break;
+        default: add_group<1>(x, nearest, begin, end, dim, d0, at, groups, rows, tally, count);
       }
-      int64_t count = 0;
-      for (int64_t i = begin; i < end; ++i) {
-        if (nearest[i] != cluster) continue;
-        ++count;
-        const float* point = x + i * dim + d0;
-        for (int r = 0; r < kRegisters; ++r) {
-          acc[r] = _mm512_add_ps(acc[r], _mm512_maskz_loadu_ps(lanes[r], point + 16 * r));
-        }
-      }
-      for (int r = 0; r < kRegisters; ++r) {
-        float* out = row + d0 + 16 * r;
-        _mm512_mask_storeu_ps(out, lanes[r],
-                              _mm512_add_ps(_mm512_maskz_loadu_ps(lanes[r], out), acc[r]));
-      }
-      if (d0 == 0) counts[k] += count;
     }
+    d0 = std::min(dim, d0 + 16 * R);
   }
 }
 
@@ -588,11 +657,15 @@ ffi::Error Centre(ffi::ThreadPool pool, Points x, ffi::ResultBuffer<ffi::F32, 2>
 // points in point order times the float32 1 / count (faiss's compute_centroids, which also
 // gives each thread a range of centroids and scans every point for them); an empty cluster's
 // centroid becomes 0. NaN points are in no cluster. `sizes` are the last update's counts and
-// `steps` the number of updates run.
+// `steps` the number of updates run. When all `remaining` updates ran and the last left no cluster
+// empty, one more round assigns the points to the final centroids (`final_nearest`,
+// `final_best`, as jdml_kmeans_assign); otherwise those hold K and NaN.
 ffi::Error ReferenceLloyd(ffi::ThreadPool pool, Points x, Floats x_sq, Points initial,
                           Ints remaining, int64_t points, ffi::ResultBuffer<ffi::F32, 2> centroids,
                           ffi::ResultBuffer<ffi::F32, 1> sizes,
-                          ffi::ResultBuffer<ffi::S32, 1> steps) {
+                          ffi::ResultBuffer<ffi::S32, 1> steps,
+                          ffi::ResultBuffer<ffi::S32, 1> final_nearest,
+                          ffi::ResultBuffer<ffi::F32, 1> final_best) {
   const int64_t iters = remaining.typed_data()[0];
   const int64_t dim = x.dimensions()[1], clusters = initial.dimensions()[0];
   const int64_t n = std::min<int64_t>(points, x.dimensions()[0]);
@@ -607,13 +680,17 @@ ffi::Error ReferenceLloyd(ffi::ThreadPool pool, Points x, Floats x_sq, Points in
   int32_t done = 0;
   try {
     const auto piece = [&](int64_t round, int64_t p) {
-      if (round % 2 == 0) {  // the assignment
+      if (round % 2 == 0) {  // the assignment; in the last round, to the final centroids
         if (p >= pieces) return;
+        const bool last = round == 2 * iters;
         assign_range(x.typed_data(), x_sq.typed_data(), c, c_sq.data(), dim, clusters,
-                     n * p / pieces, n * (p + 1) / pieces, nearest.data(), best.data());
+                     n * p / pieces, n * (p + 1) / pieces,
+                     last ? final_nearest->typed_data() : nearest.data(),
+                     last ? final_best->typed_data() : best.data());
         return;
       }
-      if (p >= ranges) return;  // the sums of a range of clusters
+      if (p >= ranges) return;
+      // the sums of a range of clusters
       const int64_t first = clusters * p / ranges, last = clusters * (p + 1) / ranges;
       float* sums = c + first * dim;
       std::fill(sums, sums + (last - first) * dim, 0.0f);
@@ -635,11 +712,18 @@ ffi::Error ReferenceLloyd(ffi::ThreadPool pool, Points x, Floats x_sq, Points in
       centroid_norms(c, clusters, dim, c_sq.data());
       return true;
     };
-    jdml::run_rounds(pool, std::max(pieces, ranges), 2 * iters, piece, after);
+    jdml::run_rounds(pool, std::max(pieces, ranges), 2 * iters + 1, piece, after);
   } catch (const std::exception& err) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-means updates: ") + err.what());
   }
   steps->typed_data()[0] = done;
+  if (done < iters || std::find(sizes->typed_data(), sizes->typed_data() + clusters, 0.0f) !=
+                          sizes->typed_data() + clusters) {  // no final assignment: out of range
+    std::fill(final_nearest->typed_data(), final_nearest->typed_data() + n,
+              static_cast<int32_t>(clusters));
+    std::fill(final_best->typed_data(), final_best->typed_data() + n,
+              std::numeric_limits<float>::quiet_NaN());
+  }
   return ffi::Error::Success();
 }
 
@@ -683,7 +767,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_reference_lloyd, ReferenceLloyd,
                                   .Attr<int64_t>("points")
                                   .Ret<Points>()
                                   .Ret<Floats>()
-                                  .Ret<Ints>());
+                                  .Ret<Ints>()
+                                  .Ret<Ints>()
+                                  .Ret<Floats>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_centre, Centre,
                               ffi::Ffi::Bind()

@@ -75,7 +75,9 @@ inline void run_pieces(xla::ffi::ThreadPool& pool, int64_t pieces,
 struct Rounds {
   int64_t pieces = 0, rounds = 0;
   const std::function<void(int64_t, int64_t)>* work = nullptr;  // the caller's; see run_rounds
-  std::atomic<uint64_t> next{0};     // (round << 32) | next unclaimed piece of that round
+  // (round << 32) | next unclaimed piece of that round; starts as round 0 with no piece left, so
+  // that a helper that starts before the caller opens round 0 claims nothing (see run_rounds)
+  std::atomic<uint64_t> next{0};
   std::atomic<int64_t> done{0};      // pieces of the current round finished
   std::atomic<int64_t> helpers{0};   // helpers inside their loop
   std::atomic<bool> finished{false};
@@ -120,6 +122,12 @@ inline void run_rounds(xla::ffi::ThreadPool& pool, int64_t pieces, int64_t round
   state->pieces = pieces;
   state->rounds = rounds;
   state->work = &work;
+  // Nothing is claimable until the caller opens round 0 below. (It had started claimable: a helper
+  // that ran a piece of round 0 before the caller reset `done` and reopened the round counted
+  // that piece into a later round, which then ended while one of its pieces still ran. The
+  // reference k-means, where a call is two rounds per iteration, gave another result about once
+  // in 300 calls with both cores busy.)
+  state->next.store(static_cast<uint64_t>(pieces), std::memory_order_relaxed);
   // The caller and a helper per further thread of the pool: more would only wait in its queue.
   const int64_t helpers = std::min<int64_t>(pieces, pool.num_threads()) - 1;
   for (int64_t i = 0; i < helpers && rounds > 0; ++i) {
