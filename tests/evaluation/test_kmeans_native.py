@@ -70,7 +70,9 @@ def test_ties_go_to_the_lower_index() -> None:
     rng = np.random.default_rng(0)
     k = 1100
     centroids = rng.integers(-50, 50, size=(k, 6)).astype(np.float32)
-    for copy in (9, 15, 1050, 1099):  # lanes of 4 and 8, a later tile, the tail
+    # lanes of 4, 8 and 16 (23: the same lane of 16 as 7, one register later), a later tile,
+    # the tail
+    for copy in (9, 15, 23, 1050, 1099):
         centroids[copy] = centroids[7]
     centroids[1098] = centroids[1030]  # both in the second tile
     points = np.concatenate([centroids[[7, 1030]], centroids[[7, 1030]] + 0.5])

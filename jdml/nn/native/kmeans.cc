@@ -75,6 +75,11 @@ struct LaneTypes<8> {
   typedef float Float __attribute__((vector_size(32)));
   typedef int32_t Int __attribute__((vector_size(32)));
 };
+template <>
+struct LaneTypes<16> {
+  typedef float Float __attribute__((vector_size(64)));
+  typedef int32_t Int __attribute__((vector_size(64)));
+};
 
 template <int Lanes>
 __attribute__((always_inline)) inline void nearest_lanes(const float* scores, float xs,
@@ -138,10 +143,20 @@ __attribute__((target("avx2"))) void nearest_avx2(const float* scores, float xs,
                                                   float& best, int32_t& nearest) {
   nearest_lanes<8>(scores, xs, c_sq, cols, first, best, nearest);
 }
+
+// 16 lanes in AVX-512's registers: at 1,000 centroids the minimum pass had taken a sixth of an
+// assignment in AVX2's.
+__attribute__((target("avx512f"))) void nearest_avx512(const float* scores, float xs,
+                                                      const float* c_sq, int64_t cols,
+                                                      int32_t first, float& best,
+                                                      int32_t& nearest) {
+  nearest_lanes<16>(scores, xs, c_sq, cols, first, best, nearest);
+}
 #endif
 
 NearestInRow nearest_in_row() {
 #if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f")) return nearest_avx512;
   if (__builtin_cpu_supports("avx2")) return nearest_avx2;
 #endif
   return nearest_128bit;
