@@ -242,10 +242,10 @@ def _native_reference_updates(
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """:func:`_reference_updates` as one native call (``jdml_kmeans_reference_lloyd``): up to
     ``remaining`` updates, each the assignment and then each centroid's float32 sum of its
-    points in point order times ``1 / count`` (by ranges of dimensions up to 16 clusters, of
-    centroids above, as faiss sums them), stopping after the first that leaves a cluster empty;
-    then, if none did, the final assignment. ``blocks`` are zero-padded after ``num_points``
-    rows, which are ignored."""
+    points in point order (a range of centroids per thread, as faiss sums them) times
+    ``1 / count``, stopping after the first that leaves a cluster empty; then, if none did, the
+    final assignment. ``blocks`` are zero-padded after ``num_points`` rows, which are
+    ignored."""
     native.library()  # registers the targets (compiled once per machine)
     call = jax.ffi.ffi_call(
         "jdml_kmeans_reference_lloyd",

@@ -75,8 +75,9 @@ inline void run_pieces(xla::ffi::ThreadPool& pool, int64_t pieces,
 struct Rounds {
   int64_t pieces = 0, rounds = 0;
   const std::function<void(int64_t, int64_t)>* work = nullptr;  // the caller's; see run_rounds
-  // (round << 32) | next unclaimed piece of that round; starts as round 0 with no piece left, so
-  // that a helper that starts before the caller opens round 0 claims nothing (see run_rounds)
+  // (round << 32) | next unclaimed piece of that round; run_rounds sets it to round 0 with no
+  // piece left before any helper starts, so that a helper claims nothing before the caller opens
+  // round 0
   std::atomic<uint64_t> next{0};
   std::atomic<int64_t> done{0};      // pieces of the current round finished
   std::atomic<int64_t> helpers{0};   // helpers inside their loop
