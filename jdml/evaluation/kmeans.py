@@ -71,6 +71,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdml.evaluation.points import float32_on_device
 from jdml.geometry import squared_distances, squared_norms
 from jdml.nn import native
 
@@ -880,7 +881,8 @@ def reference_kmeans(
       A :class:`KMeansResult` with (K, D) centroids, (N,) assignments and the inertia.
     """
     from_host = not isinstance(x, jax.Array)
-    points = _on_device(x)  # not through the host: a copy each way took 1-2 ms at 20,000 x 128
+    # not through the host: a copy each way took 1-2 ms at 20,000 x 128
+    points = float32_on_device(x)
     n = check_points(points, num_clusters)
     rows = _block_rows(n, num_clusters, block_size)
     use_native = native_enabled()
@@ -949,7 +951,7 @@ def kmeans(
       A :class:`KMeansResult` with (K, D) centroids, (N,) assignments and the inertia.
     """
     from_host = not isinstance(x, jax.Array)
-    x = _on_device(x)
+    x = float32_on_device(x)
     check_points(x, num_clusters, init)
     if init == "reference":
         result = reference_kmeans(
@@ -979,13 +981,3 @@ def kmeans(
     if from_host:  # x may share the caller's memory: done with it before the caller goes on
         jax.block_until_ready(result)
     return result
-
-
-def _on_device(x: jax.Array | np.ndarray) -> jax.Array:
-    """``x`` as a float32 array on the default device. A host array goes through
-    ``jax.device_put``, which on CPU shares a float32 array's memory when it is 64-byte
-    aligned instead of copying it (``jnp.asarray`` always copies: 0.3-0.8 ms for 20,000 x 128,
-    a tenth of a 5-cluster k-means)."""
-    if isinstance(x, jax.Array):
-        return x if x.dtype == jnp.float32 else x.astype(jnp.float32)
-    return jax.device_put(np.asarray(x, np.float32))

@@ -59,6 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdml.evaluation.points import staged
 from jdml.geometry import l2_normalize
 from jdml.nn import native
 
@@ -303,15 +304,14 @@ def _neighbours_from_scores(
     k: int,
     exclude_self: bool,
     distance: str,
-    native_order: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """The k nearest from the k (+ 1 with ``exclude_self``) best scores of a query block:
-    the own index dropped, scores turned into distances, rows in (distance, index) order
-    (by the native ``jdml_order_rows`` with ``native_order``, see ``_by_distance_then_index``)."""
+    the own index dropped, scores turned into distances, rows in (distance, index) order (see
+    ``_by_distance_then_index``; the native kernel ``jdml_knn_search`` does the same)."""
     if exclude_self:
         values, indices = _drop_own_index(values, indices, query_ids, k)
     distances = _scores_to_distances(queries, values, distance)
-    return _by_distance_then_index(distances, indices, native_order)
+    return _by_distance_then_index(distances, indices)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "exclude_self", "distance"))
@@ -348,29 +348,18 @@ def _knn_block(
 
 
 def _by_distance_then_index(
-    distances: jax.Array, indices: jax.Array, native_order: bool = False
+    distances: jax.Array, indices: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     """Rows in (distance, index) order, given rows already in ascending distance order.
 
     Rounding can map different scores to one distance, and the (score, index) order of the
     top-k then need not be the (distance, index) order. The sort (slow on CPU: 70 ns per entry
     of a (512, 1,000) block, where at k = 1,000 a fifth of the rows need it) runs only if some
-    row has two equal distances out of index order. With ``native_order`` (CPU, native library
-    loaded) every row goes through ``jdml_order_rows`` instead, an insertion sort that is one
-    pass over such rows.
+    row has two equal distances out of index order. (The native kernel ``jdml_knn_search``
+    orders its rows by an insertion sort instead, one pass over such rows.)
     """
     if distances.shape[1] < 2:
         return distances, indices
-    if native_order:
-        call = jax.ffi.ffi_call(
-            "jdml_order_rows",
-            (
-                jax.ShapeDtypeStruct(distances.shape, jnp.float32),
-                jax.ShapeDtypeStruct(indices.shape, jnp.int32),
-            ),
-            vmap_method="sequential",
-        )
-        return tuple(call(distances, indices))
     out_of_order = jnp.any(
         (distances[:, 1:] == distances[:, :-1]) & (indices[:, 1:] < indices[:, :-1])
     )
@@ -651,67 +640,75 @@ def _host_blocks(
 # 20,000 x 128 it is 1.5-2.5x faster than faiss-cpu at k = 1 to 1,000 (``bench/bench_eval.py``).
 
 
-def _native_top(
-    queries: jax.Array, references: jax.Array, bias: jax.Array, wanted: int, distance: str
-) -> tuple[jax.Array, jax.Array]:
-    """The ``wanted`` best ranking scores of each query row (``_chunks_top_k``'s result with one
-    chunk), by the native kernel ``jdml_knn_top``.
-
-    Args:
-      queries: (B, D) queries.
-      references: (N, D) references.
-      bias: (N,) their ``_score_bias`` (``-inf`` marks padding).
-      wanted: number of candidates to keep, at most N.
-      distance: "euclidean" or "cosine" (``SCORE_SCALE``).
-
-    Returns:
-      scores (B, wanted) descending and int32 indices, equal scores ordered by lower index. The
-      scores are the augmented product's up to float32 rounding: sgemm scales the dot products
-      (by 2, exactly) and the bias is added to each rather than summed with them, so that
-      sgemm runs on the D columns of the references as they are (at D = 128, a multiple of 16,
-      1.3x faster than on D + 1).
-    """
+@jax.jit
+def _native_bias(references: jax.Array) -> jax.Array:
+    """(N,) the Euclidean ``_score_bias`` -|r|^2 as ``jdml_knn_search`` computes it (the same
+    float32 sums, so that a search gives the same neighbours in one block or in several)."""
     native.library()  # registers the targets (compiled once per machine)
-    rows = queries.shape[0]
     call = jax.ffi.ffi_call(
-        "jdml_knn_top",
-        (
-            jax.ShapeDtypeStruct((rows, wanted), jnp.float32),
-            jax.ShapeDtypeStruct((rows, wanted), jnp.int32),
-        ),
-        vmap_method="sequential",
+        "jdml_knn_bias", jax.ShapeDtypeStruct(references.shape[:1], jnp.float32)
     )
-    scale = np.float32(SCORE_SCALE[distance])
-    return call(queries, references, bias, k=np.int64(wanted), scale=scale)
+    return call(references)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "exclude_self", "distance"))
 def _native_knn_block(
-    queries: jax.Array,
-    query_offset: jax.Array,
-    references: jax.Array,
+    queries: jax.Array | np.ndarray,
+    query_offset: jax.Array | np.ndarray,
+    references: jax.Array | np.ndarray | None,
     bias: jax.Array | None,
     *,
     k: int,
     exclude_self: bool,
     distance: str,
 ) -> tuple[jax.Array, jax.Array]:
-    """:func:`_knn_block` with the native selection (arguments: see :func:`_native_top`).
-    ``bias`` None: computed here, for a search of one block (a separate call would cost
-    0.3-0.8 ms more at N = 1,000; with many blocks, once for all of them is cheaper)."""
-    query_ids = query_offset + jnp.arange(queries.shape[0], dtype=jnp.int32)
+    """:func:`_knn_block` with the native selection: the whole block in one call of the native
+    kernel ``jdml_knn_search`` (the ``wanted`` best scores of each query as the XLA path
+    selects them, the own index dropped, distances from the scores, rows in (distance, index)
+    order, as :func:`_neighbours_from_scores` does).
+
+    The jitted program is that call alone, so XLA's CPU client runs it on the calling thread
+    (see ``knn.cc``). Its scores are the augmented product's up to float32 rounding: sgemm
+    scales the dot products (by 2, exactly) and the bias is added to each rather than summed
+    with them, so that sgemm runs on the D columns of the references as they are (at D = 128,
+    a multiple of 16, 1.3x faster than on D + 1).
+
+    Args:
+      queries: (B, D) queries (unit-norm rows for the cosine distance).
+      query_offset: () int32, the index of the first query among the references.
+      references: (N, D) references; None: the queries are the references.
+      bias: (N,) their Euclidean bias from :func:`_native_bias`, or None: computed by the
+        kernel (a search of one block, or cosine, where it is 0; with many blocks, once for all
+        of them is cheaper).
+      k, exclude_self, distance: as in :func:`knn`.
+
+    Returns:
+      distances (B, k) float32 ascending and int32 indices, ties by lower index.
+    """
+    native.library()  # registers the targets (compiled once per machine)
+    if references is None:
+        references = queries
     if bias is None:
-        bias = _score_bias(references, distance)
-    values, indices = _native_top(queries, references, bias, k + int(exclude_self), distance)
-    return _neighbours_from_scores(
-        queries,
-        values,
-        indices,
-        query_ids,
-        k=k,
-        exclude_self=exclude_self,
-        distance=distance,
-        native_order=True,
+        bias = jnp.zeros((0,), jnp.float32)
+    rows = queries.shape[0]
+    call = jax.ffi.ffi_call(
+        "jdml_knn_search",
+        (
+            jax.ShapeDtypeStruct((rows, k), jnp.float32),
+            jax.ShapeDtypeStruct((rows, k), jnp.int32),
+        ),
+        vmap_method="sequential",
+    )
+    return tuple(
+        call(
+            queries,
+            references,
+            bias,
+            query_offset,
+            k=np.int64(k),
+            exclude_self=np.bool_(exclude_self),
+            cosine=np.bool_(distance == "cosine"),
+        )
     )
 
 
@@ -724,11 +721,22 @@ def _native_blocks(
     block_size: int,
 ) -> Iterator[NeighbourBlock]:
     """:func:`knn_blocks` with the native selection (see ``_selection``). The kernel takes any
-    number of queries, so blocks are not padded: the last one compiles once more."""
+    number of queries, so blocks are not padded: the last one compiles once more.
+
+    Host (NumPy) queries and references go into the jitted block function as they are: its
+    arguments reach the device in one step, where ``jax.device_put`` or ``jnp.asarray`` first
+    would be a dispatch of their own (after the process has been idle for a while, as between
+    two evaluations, each JAX call costs 0.2-0.5 ms on a 2-core VM: at N = 1,000 these were a
+    third of a search). With several blocks the references go to the device once."""
     num_queries, num_references = queries.shape[0], references.shape[0]
     block = _query_block(num_queries, num_references, block_size)
     num_blocks = math.ceil(num_queries / block)
-    bias = None if num_blocks == 1 else jax.jit(_score_bias, static_argnums=1)(references, distance)
+    same = queries is references
+    bias = None
+    if num_blocks > 1:
+        references = jnp.asarray(references)
+        if distance == "euclidean":
+            bias = _native_bias(references)
 
     def dispatch(b: int) -> tuple[jax.Array, jax.Array]:
         # One block takes the queries as they are (a slice is one more dispatch), and the offset
@@ -738,7 +746,7 @@ def _native_blocks(
         return _native_knn_block(
             rows,
             np.int32(b * block),
-            references,
+            None if same and num_blocks == 1 else references,
             bias,
             k=k,
             exclude_self=exclude_self,
@@ -805,17 +813,53 @@ def knn_blocks(
       An iterator of :class:`NeighbourBlock`, covering the queries in order.
     """
     same = queries is references  # leave-one-out: one copy to the device, not two
-    queries = jnp.asarray(queries, jnp.float32)
+    queries = jnp.asarray(queries, jnp.float32)  # a copy: the caller may change its arrays
     references = queries if same else jnp.asarray(references, jnp.float32)
+    return _search_blocks(
+        queries,
+        references,
+        k,
+        exclude_self=exclude_self,
+        distance=distance,
+        block_size=block_size,
+        chunk_size=chunk_size,
+    )
+
+
+def _float32(x: jax.Array | np.ndarray, slot: int) -> jax.Array | np.ndarray:
+    """``x`` as float32; a host array stays on the host, as JAX on CPU can share it
+    (``points.staged`` in ``slot``)."""
+    if isinstance(x, jax.Array):
+        return x if x.dtype == jnp.float32 else x.astype(jnp.float32)
+    return staged(np.ascontiguousarray(x, np.float32), slot)
+
+
+def _search_blocks(
+    queries: jax.Array | np.ndarray,
+    references: jax.Array | np.ndarray,
+    k: int,
+    *,
+    exclude_self: bool,
+    distance: str,
+    block_size: int,
+    chunk_size: int,
+) -> Iterator[NeighbourBlock]:
+    """:func:`knn_blocks` on float32 queries and references that may be host arrays, which the
+    search may read until its last block is computed (JAX shares a host array's memory where it
+    can, also in a jitted function's arguments)."""
+    same = queries is references
     check_search(queries.shape, references.shape, k, exclude_self, distance, block_size, chunk_size)
     num_queries, num_references = queries.shape[0], references.shape[0]
 
     if distance == "cosine":
         queries, references = l2_normalize(queries), l2_normalize(references)
+        references = queries if same else references
     num_chunks, chunk = _chunk_layout(num_references, chunk_size)
     selection = _selection(k + int(exclude_self), chunk)
     if selection == "native":
         return _native_blocks(queries, references, k, exclude_self, distance, block_size)
+    queries = jnp.asarray(queries)
+    references = queries if same else jnp.asarray(references)
     if selection == "host":
         return _host_blocks(queries, references, k, exclude_self, distance, block_size)
     ref_chunks = _augmented_references(
@@ -876,8 +920,14 @@ def knn(
       equal distances are ordered by lower reference index. On CPU, where the selection runs on
       the host (see ``_select_on_host``), ``chunk_size`` is not used.
     """
+    # Host arrays may be shared rather than copied (see ``_search_blocks``), so the search is
+    # waited for before returning.
+    from_host = not isinstance(queries, jax.Array) or not isinstance(references, jax.Array)
+    same = queries is references
+    queries = _float32(queries, slot=0)
+    references = queries if same else _float32(references, slot=1)
     blocks = list(
-        knn_blocks(
+        _search_blocks(
             queries,
             references,
             k,
@@ -888,16 +938,18 @@ def knn(
         )
     )
     if isinstance(blocks[0].distances, np.ndarray):
-        return (
+        found = (
             jnp.asarray(np.concatenate([b.distances for b in blocks])),
             jnp.asarray(np.concatenate([b.indices for b in blocks])),
         )
-    if len(blocks) == 1:  # no concatenation to dispatch
-        return blocks[0].distances, blocks[0].indices
-    return (
-        jnp.concatenate([b.distances for b in blocks]),
-        jnp.concatenate([b.indices for b in blocks]),
-    )
+    elif len(blocks) == 1:  # no concatenation to dispatch
+        found = blocks[0].distances, blocks[0].indices
+    else:
+        found = (
+            jnp.concatenate([b.distances for b in blocks]),
+            jnp.concatenate([b.indices for b in blocks]),
+        )
+    return jax.block_until_ready(found) if from_host else found
 
 
 # ---------------------------------------------------------------------------------------------

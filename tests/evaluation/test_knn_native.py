@@ -5,6 +5,8 @@ a lexicographic sort does; ``$JDML_KNN`` chooses the selection."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,14 +25,36 @@ def _library() -> None:
 
 @jax.jit
 def _order(distances: jax.Array, indices: jax.Array) -> tuple[jax.Array, jax.Array]:
-    return knn_module._by_distance_then_index(distances, indices, native_order=True)
+    """``jdml_order_rows``: the ordering step of ``jdml_knn_search`` on rows as they are."""
+    call = jax.ffi.ffi_call(
+        "jdml_order_rows",
+        (
+            jax.ShapeDtypeStruct(distances.shape, jnp.float32),
+            jax.ShapeDtypeStruct(indices.shape, jnp.int32),
+        ),
+        vmap_method="sequential",
+    )
+    return tuple(call(distances, indices))
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _top(queries, references, bias, k: int, scale: float):
+    """``jdml_knn_top``: the selection step of ``jdml_knn_search`` on its own."""
+    call = jax.ffi.ffi_call(
+        "jdml_knn_top",
+        (
+            jax.ShapeDtypeStruct((queries.shape[0], k), jnp.float32),
+            jax.ShapeDtypeStruct((queries.shape[0], k), jnp.int32),
+        ),
+        vmap_method="sequential",
+    )
+    return call(queries, references, bias, k=np.int64(k), scale=np.float32(scale))
 
 
 def top(queries: np.ndarray, references: np.ndarray, bias: np.ndarray, k: int, scale: float = 1):
     """The kernel's selection of the scores ``scale * q.r + bias`` (scale 2: Euclidean)."""
-    distance = {1: "cosine", 2: "euclidean"}[scale]
-    values, indices = jax.jit(knn_module._native_top, static_argnums=(3, 4))(
-        jnp.asarray(queries), jnp.asarray(references), jnp.asarray(bias), k, distance
+    values, indices = _top(
+        jnp.asarray(queries), jnp.asarray(references), jnp.asarray(bias), k, scale
     )
     return np.asarray(values), np.asarray(indices)
 
@@ -127,20 +151,66 @@ def test_order_rows_equals_a_lexicographic_sort(rows: int) -> None:
     np.testing.assert_array_equal(got_d, np.take_along_axis(distances, order, axis=1))
 
 
+def assert_equal_up_to_rounding_ties(x, got, want) -> None:
+    """Two (distances, indices) results of a search of ``x`` against itself have the same
+    neighbours in every row but where a row swaps references whose distances differ by float32
+    rounding only (the native kernel sums |q|^2 and |r|^2 in its own order, so near-equal
+    distances can round to a tie in one result and not in the other), with the distances equal
+    up to rounding."""
+    (got_d, got_i), (want_d, want_i) = got, want
+    scale = float(np.max(np.sum(x * x, axis=1)))  # near 0 a distance is sqrt(rounding of |q|^2)
+    np.testing.assert_allclose(got_d**2, want_d**2, rtol=1e-5, atol=1e-6 * scale)
+    rows = np.flatnonzero(np.any(got_i != want_i, axis=1))
+    assert len(rows) <= 0.05 * len(x)
+    x64 = x.astype(np.float64)
+    for row in rows:
+        exact = np.sqrt(np.sum((x64[got_i[row]] - x64[row]) ** 2, axis=1))
+        exact_want = np.sqrt(np.sum((x64[want_i[row]] - x64[row]) ** 2, axis=1))
+        # the same distances position by position, up to float32 rounding of the scores
+        np.testing.assert_allclose(exact, exact_want, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("exclude_self", [True, False])
 def test_knn_with_the_native_selection_equals_the_others(
     monkeypatch: pytest.MonkeyPatch, exclude_self: bool
 ) -> None:
     """The three selections give the same neighbours at k = 300 of 2,000, where rounding maps
-    many different scores to one distance and the rows need ordering."""
+    many different scores to one distance and the rows need ordering (host and XLA: exactly
+    the same; native: up to swaps of references at the same distance up to rounding)."""
     x = np.random.default_rng(4).standard_normal((2000, 32)).astype(np.float32)
     results = {}
     for selection in ("native", "host", "xla"):
         monkeypatch.setattr(knn_module, "SELECTION", selection)
         results[selection] = [np.asarray(a) for a in knn(x, x, 300, exclude_self=exclude_self)]
-    for selection in ("host", "xla"):
-        np.testing.assert_array_equal(results["native"][1], results[selection][1])
-        np.testing.assert_allclose(results["native"][0], results[selection][0], atol=1e-5)
+    np.testing.assert_array_equal(results["host"][1], results["xla"][1])
+    assert_equal_up_to_rounding_ties(x, results["native"], results["xla"])
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+@pytest.mark.parametrize("exclude_self", [True, False])
+def test_the_native_search_is_the_same_in_one_block_or_several(
+    monkeypatch: pytest.MonkeyPatch, distance: str, exclude_self: bool
+) -> None:
+    """Blocks of 64 queries (the biases from ``jdml_knn_bias``, the query offsets for the own
+    index) give bit for bit the neighbours and distances of one block (the biases computed
+    inside ``jdml_knn_search``)."""
+    monkeypatch.setattr(knn_module, "SELECTION", "native")
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((700, 24)).astype(np.float32)
+    x[5] = x[600]  # an exact duplicate: kept as a neighbour at distance 0, ranked by index
+    one = [np.asarray(a) for a in knn(x, x, 9, exclude_self=exclude_self, distance=distance)]
+    monkeypatch.setattr(knn_module, "BLOCK_SCORES", 1)  # blocks of block_size queries
+    several = [
+        np.asarray(a)
+        for a in knn(x, x, 9, exclude_self=exclude_self, distance=distance, block_size=64)
+    ]
+    np.testing.assert_array_equal(several[1], one[1])
+    np.testing.assert_array_equal(several[0], one[0])
+    if exclude_self:
+        assert not np.any(one[1] == np.arange(len(x))[:, None])
+        assert one[1][5, 0] == 600 and one[1][600, 0] == 5
+    else:  # the query and its duplicate tie at distance 0: the lower index first
+        np.testing.assert_array_equal(one[1][[5, 600], :2], [[5, 600], [5, 600]])
 
 
 @pytest.mark.parametrize("mode", ["xla", "onednn"])

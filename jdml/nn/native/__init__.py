@@ -66,6 +66,8 @@ TARGETS = (
     "jdml_kmeans_centre",
     "jdml_kmeans_lloyd",
     "jdml_kmeans_reference_lloyd",
+    "jdml_knn_bias",
+    "jdml_knn_search",
     "jdml_knn_top",
     "jdml_order_rows",
 )

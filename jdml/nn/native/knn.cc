@@ -7,6 +7,15 @@
 //     or q.r (cosine); padding references have bias -inf, and -inf never enters a result. Rows
 //     with fewer than k finite scores end in (-inf, INT32_MAX) slots.
 //   jdml_order_rows: rows of (distance, index) pairs in (distance, index) order.
+//   jdml_knn_bias: the Euclidean ranking score's reference terms -|r|^2, once for a search of
+//     several blocks (jdml_knn_search computes them itself for one block).
+//   jdml_knn_search: the whole search of a block of queries, as knn.py's XLA path finishes it:
+//     the k (+ 1 with exclude_self) best of jdml_knn_top, the query's own index dropped,
+//     the scores turned into distances and the rows put in (distance, index) order, in one call.
+//     knn.py's jitted block is then this call alone, which XLA's CPU client runs on the calling
+//     thread (a program of fewer than 1,000 XLA flops is "cheap" and is not handed to another
+//     thread; after the process has been idle, that hand-off costs about a millisecond on a
+//     2-core VM, as much as the whole search of 1,000 x 1,000).
 //
 // XLA computes a block's scores with a matmul whose (queries x references) result goes to
 // memory, and a top-k pass reads them back. Here each thread takes a range of queries; for a tile
@@ -37,6 +46,7 @@ namespace ffi = xla::ffi;
 using Matrix = ffi::Buffer<ffi::F32, 2>;
 using IntMatrix = ffi::Buffer<ffi::S32, 2>;
 using Vector = ffi::Buffer<ffi::F32, 1>;
+using IntScalar = ffi::BufferR0<ffi::S32>;
 
 namespace {
 
@@ -306,31 +316,97 @@ ffi::Error Top(ffi::ThreadPool pool, Matrix queries, Matrix references, Vector b
   return ffi::Error::Success();
 }
 
-// Rows [begin, end) of (distances, indices) in (distance, index) order, by insertion sort: the
-// rows arrive sorted by distance except within runs of equal distances, so this is one pass.
+// One row of k (distance, index) pairs in (distance, index) order, by insertion sort: the rows
+// arrive sorted by distance except within runs of equal distances, so this is one pass. `keys`
+// and `row` hold k entries each.
+void order_row(const float* d, const int32_t* n, int64_t k, uint64_t* keys, float* row,
+               float* out_distances, int32_t* out_indices) {
+  for (int64_t j = 0; j < k; ++j) {
+    // key() puts higher scores first: negated distances put smaller distances first
+    uint64_t x = key(-d[j], n[j]);
+    float v = d[j];
+    int64_t i = j;
+    for (; i > 0 && keys[i - 1] > x; --i) {
+      keys[i] = keys[i - 1];
+      row[i] = row[i - 1];
+    }
+    keys[i] = x;
+    row[i] = v;
+  }
+  for (int64_t j = 0; j < k; ++j) {
+    out_distances[j] = row[j];
+    out_indices[j] = index_of(keys[j]);
+  }
+}
+
+// Rows [begin, end) of (distance, index) pairs in (distance, index) order (order_row).
 void order_range(const float* distances, const int32_t* indices, int64_t k, int64_t begin,
                  int64_t end, float* out_distances, int32_t* out_indices) {
   std::vector<uint64_t> keys(k);
   std::vector<float> row(k);
   for (int64_t r = begin; r < end; ++r) {
-    const float* d = distances + r * k;
-    const int32_t* n = indices + r * k;
-    for (int64_t j = 0; j < k; ++j) {
-      // key() puts higher scores first: negated distances put smaller distances first
-      uint64_t x = key(-d[j], n[j]);
-      float v = d[j];
-      int64_t i = j;
-      for (; i > 0 && keys[i - 1] > x; --i) {
-        keys[i] = keys[i - 1];
-        row[i] = row[i - 1];
+    order_row(distances + r * k, indices + r * k, k, keys.data(), row.data(),
+              out_distances + r * k, out_indices + r * k);
+  }
+}
+
+// |x|^2 of a row of `width` floats, in float32: 16 running sums of every 16th square (vector
+// registers; one sum would wait on each add, 0.6 ms for 1,000 x 1,024), added up pairwise, then
+// the tail. The order is fixed, so every CPU gives the same sums.
+float squared_norm(const float* x, int64_t width) {
+  constexpr int kLanes = 16;
+  float lanes[kLanes] = {};
+  int64_t d = 0;
+  for (; d + kLanes <= width; d += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] += x[d + l] * x[d + l];
+  }
+  for (int half = kLanes / 2; half > 0; half /= 2) {
+    for (int l = 0; l < half; ++l) lanes[l] += lanes[l + half];
+  }
+  float sum = lanes[0];
+  for (; d < width; ++d) sum += x[d] * x[d];
+  return sum;
+}
+
+// What a search asks of jdml_knn_search (see the top of this file).
+struct Search {
+  int64_t k;          // neighbours per query
+  bool exclude_self;  // query i is reference offset + i, and is not its own neighbour
+  bool cosine;        // scores q.r and distances 1 - score; else 2 q.r - |r|^2 and the L2
+  int32_t offset;     // index of the block's first query among the references
+};
+
+// Queries [begin, end): their k nearest, from the k + exclude_self best scores `values` /
+// `indices` (jdml_knn_top's rows): the own index dropped wherever it is (the last candidate if
+// it is not there), the scores turned into distances (sqrt(max(|q|^2 - score, 0)) or
+// 1 - score), and the rows put in (distance, index) order.
+void finish_range(const Search& search, const float* queries, int64_t width, const float* values,
+                  const int32_t* indices, int64_t begin, int64_t end, float* out_distances,
+                  int32_t* out_indices) {
+  const int64_t k = search.k, wanted = k + search.exclude_self;
+  std::vector<uint64_t> keys(k);
+  std::vector<float> row(k), distances(k);
+  std::vector<int32_t> kept(k);
+  for (int64_t r = begin; r < end; ++r) {
+    const float* v = values + r * wanted;
+    const int32_t* n = indices + r * wanted;
+    int64_t cut = k;
+    if (search.exclude_self) {
+      for (int64_t j = 0; j < wanted; ++j) {
+        if (n[j] == search.offset + r) {
+          cut = j;
+          break;
+        }
       }
-      keys[i] = x;
-      row[i] = v;
     }
+    const float q_sq = search.cosine ? 0.0f : squared_norm(queries + r * width, width);
     for (int64_t j = 0; j < k; ++j) {
-      out_distances[r * k + j] = row[j];
-      out_indices[r * k + j] = index_of(keys[j]);
+      const int64_t from = j + (j >= cut);
+      distances[j] = search.cosine ? 1.0f - v[from] : std::sqrt(std::max(q_sq - v[from], 0.0f));
+      kept[j] = n[from];
     }
+    order_row(distances.data(), kept.data(), k, keys.data(), row.data(), out_distances + r * k,
+              out_indices + r * k);
   }
 }
 
@@ -351,7 +427,100 @@ ffi::Error Order(ffi::ThreadPool pool, Matrix distances, IntMatrix indices,
   return ffi::Error::Success();
 }
 
+// Biases -|r|^2 of references [begin, end) (the Euclidean ranking score's reference term).
+void bias_range(const float* references, int64_t width, int64_t begin, int64_t end, float* bias) {
+  for (int64_t r = begin; r < end; ++r) bias[r] = -squared_norm(references + r * width, width);
+}
+
+// Pieces of work over `rows` rows of `width` floats: one per thread of the pool (and the
+// caller), fewer where a piece would be under `least` floats.
+int64_t pieces_of(const ffi::ThreadPool& pool, int64_t rows, int64_t width, int64_t least) {
+  return std::clamp<int64_t>(rows * width / least, 1, std::max<int64_t>(1, pool.num_threads()));
+}
+
+ffi::Error Bias(ffi::ThreadPool pool, Matrix references, ffi::ResultBuffer<ffi::F32, 1> bias) {
+  const int64_t refs = references.dimensions()[0], width = references.dimensions()[1];
+  const int64_t pieces = pieces_of(pool, refs, width, 1 << 16);
+  try {
+    jdml::run_pieces(pool, pieces, [&](int64_t i) {
+      bias_range(references.typed_data(), width, refs * i / pieces, refs * (i + 1) / pieces,
+                 bias->typed_data());
+    });
+  } catch (const std::exception& err) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-nearest: ") + err.what());
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error SearchBlock(ffi::ThreadPool pool, Matrix queries, Matrix references, Vector bias,
+                       IntScalar offset, int64_t k, bool exclude_self, bool cosine,
+                       ffi::ResultBuffer<ffi::F32, 2> distances,
+                       ffi::ResultBuffer<ffi::S32, 2> indices) {
+  const int64_t n = queries.dimensions()[0], width = queries.dimensions()[1];
+  const int64_t refs = references.dimensions()[0];
+  const int64_t given = bias.dimensions()[0];
+  const int64_t wanted = k + exclude_self;
+  if (references.dimensions()[1] != width || (given != 0 && given != refs) || k < 1 ||
+      wanted > refs) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "k-nearest: bad shapes or k");
+  }
+  const Search search{k, exclude_self, cosine, offset.typed_data()[0]};
+  // Round 0 computes the biases -|r|^2 (0 for cosine) unless they are given (a search of several
+  // blocks computes them once, with jdml_knn_bias); round 1 searches ranges of queries.
+  const bool compute_bias = !given && !cosine;
+  std::vector<float> own_bias(given ? 0 : refs, 0.0f);
+  const float* bias_data = given ? bias.typed_data() : own_bias.data();
+  const int64_t bias_pieces = compute_bias ? pieces_of(pool, refs, width, 1 << 16) : 0;
+  const int64_t query_pieces = pieces_of(pool, n, 1, 32);
+  std::vector<float> values(n * wanted);
+  std::vector<int32_t> candidates(n * wanted);
+  const int64_t first = compute_bias ? 0 : 1;
+  try {
+    jdml::run_rounds(
+        pool, std::max(bias_pieces, query_pieces), 2 - first,
+        [&](int64_t round, int64_t i) {
+          if (round + first == 0) {
+            if (i < bias_pieces) {
+              bias_range(references.typed_data(), width, refs * i / bias_pieces,
+                         refs * (i + 1) / bias_pieces, own_bias.data());
+            }
+            return;
+          }
+          if (i >= query_pieces) return;
+          const int64_t begin = n * i / query_pieces, end = n * (i + 1) / query_pieces;
+          top_range(queries.typed_data(), references.typed_data(), bias_data,
+                    cosine ? 1.0f : 2.0f, width, refs, wanted, begin, end, values.data(),
+                    candidates.data());
+          finish_range(search, queries.typed_data(), width, values.data(), candidates.data(),
+                       begin, end, distances->typed_data(), indices->typed_data());
+        },
+        [](int64_t) { return true; });
+  } catch (const std::exception& err) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-nearest: ") + err.what());
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_knn_bias, Bias,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<Matrix>()
+                                  .Ret<Vector>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_knn_search, SearchBlock,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<Matrix>()
+                                  .Arg<Matrix>()
+                                  .Arg<Vector>()
+                                  .Arg<IntScalar>()
+                                  .Attr<int64_t>("k")
+                                  .Attr<bool>("exclude_self")
+                                  .Attr<bool>("cosine")
+                                  .Ret<Matrix>()
+                                  .Ret<IntMatrix>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_order_rows, Order,
                               ffi::Ffi::Bind()
