@@ -57,8 +57,11 @@ XLA's only where two centroids lie within float32 rounding of each other. "k-mea
   one pass over the points per group); when no cluster was left empty, the same call ends with
   the final assignment.
 
-Above that the sums stay XLA's scatter-add; the sharded k-means on a device mesh keeps XLA's
-ops.
+Above that the sums stay XLA's scatter-add, and the iterations' assignments skip the points
+whose centroid cannot have changed (``jdml_kmeans_assign_bounded``: Hamerly's bounds, with a
+margin for float32 rounding, so each assignment is the one the full pass would make; see
+``kmeans.cc``). The final assignment, which also gives the inertia, is a full pass. The sharded
+k-means on a device mesh keeps XLA's ops.
 """
 
 from __future__ import annotations
@@ -169,6 +172,62 @@ def _native_assign(
         vmap_method="sequential",
     )
     return call(points, norms, centroids, squared_norms(centroids))
+
+
+class Bounds(NamedTuple):
+    """What a bounded assignment (:func:`_native_assign_bounded`) keeps between iterations.
+
+    Attributes:
+      centroids: (K, D) the centroids the points were last assigned to.
+      nearest: (N,) int32 each point's centroid.
+      upper: (N,) float32 an upper bound of each point's distance to its centroid.
+      lower: (N,) float32 a lower bound of its distance to every other centroid.
+    """
+
+    centroids: jax.Array
+    nearest: jax.Array
+    upper: jax.Array
+    lower: jax.Array
+
+    @classmethod
+    def unknown(cls, centroids: jax.Array, num_points: int) -> Bounds:
+        """No bounds yet: the first assignment assigns every point."""
+        return cls(
+            centroids,
+            jnp.zeros((num_points,), jnp.int32),
+            jnp.full((num_points,), jnp.inf, jnp.float32),
+            jnp.zeros((num_points,), jnp.float32),
+        )
+
+
+def _native_assign_bounded(
+    points: jax.Array, norms: jax.Array, centroids: jax.Array, bounds: Bounds
+) -> Bounds:
+    """Every point's nearest centroid, as :func:`_native_assign` finds it, skipping the points
+    whose centroid cannot have changed since ``bounds`` (one native call,
+    ``jdml_kmeans_assign_bounded``)."""
+    native.library()  # registers the targets (compiled once per machine)
+    n = points.shape[0]
+    call = jax.ffi.ffi_call(
+        "jdml_kmeans_assign_bounded",
+        (
+            jax.ShapeDtypeStruct((n,), jnp.int32),
+            jax.ShapeDtypeStruct((n,), jnp.float32),
+            jax.ShapeDtypeStruct((n,), jnp.float32),
+        ),
+        vmap_method="sequential",
+    )
+    nearest, upper, lower = call(
+        points,
+        norms,
+        centroids,
+        squared_norms(centroids),
+        bounds.centroids,
+        bounds.nearest,
+        bounds.upper,
+        bounds.lower,
+    )
+    return Bounds(centroids, nearest, upper, lower)
 
 
 def _native_centre(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -452,6 +511,20 @@ def check_points(x: Any, num_clusters: int, init: str | None = None) -> int:
     return n
 
 
+def _updated_centroids(
+    x: jax.Array, assignments: jax.Array, centroids: jax.Array, shards: Shards | None
+) -> jax.Array:
+    """Lloyd's update: each centroid becomes the mean of its points (summed over the devices on
+    ``shards``); a cluster without points keeps its centroid. Assignments out of range (padding
+    rows, NaN points) count for no cluster."""
+    num_clusters = centroids.shape[0]
+    ones = jnp.ones(assignments.shape, x.dtype)
+    sums = _total(jax.ops.segment_sum(x, assignments, num_segments=num_clusters), shards)
+    counts = _total(jax.ops.segment_sum(ones, assignments, num_segments=num_clusters), shards)
+    means = sums / jnp.maximum(counts, 1.0)[:, None]
+    return jnp.where((counts > 0)[:, None], means, centroids)
+
+
 def lloyd_kmeans(
     x: jax.Array,
     key: jax.Array,
@@ -494,7 +567,6 @@ def lloyd_kmeans(
             mean = _total(jnp.sum(x, axis=0), shards) / shards.num_points
         x = x - mean
         blocks, norms = _point_blocks(x, block_size)
-    ones = jnp.ones((n,), x.dtype)
     is_point = None if shards is None else _is_point(x, shards)
 
     def without_padding(assignments: jax.Array) -> jax.Array:
@@ -503,11 +575,7 @@ def lloyd_kmeans(
 
     def lloyd_step(_: int, centroids: jax.Array) -> jax.Array:
         assignments, _ = _assign(blocks, centroids, norms, use_native)
-        assignments = without_padding(assignments[:n])
-        sums = _total(jax.ops.segment_sum(x, assignments, num_segments=num_clusters), shards)
-        counts = _total(jax.ops.segment_sum(ones, assignments, num_segments=num_clusters), shards)
-        means = sums / jnp.maximum(counts, 1.0)[:, None]
-        return jnp.where((counts > 0)[:, None], means, centroids)
+        return _updated_centroids(x, without_padding(assignments[:n]), centroids, shards)
 
     if init == "random":
         centroids = _rows(x, initial, shards)
@@ -515,6 +583,16 @@ def lloyd_kmeans(
         centroids = _kmeans_plus_plus(x, num_clusters, key, shards)
     if use_native and shards is None and num_clusters <= NATIVE_LLOYD_MAX_CLUSTERS:
         centroids, assignments, sq = _native_lloyd(blocks, norms, centroids, num_iters, n)
+    elif use_native and shards is None:
+
+        def bounded_step(_: int, state: tuple[jax.Array, Bounds]) -> tuple[jax.Array, Bounds]:
+            centroids, bounds = state
+            bounds = _native_assign_bounded(x, norms[0, :, 0], centroids, bounds)
+            return _updated_centroids(x, bounds.nearest, centroids, None), bounds
+
+        start = (centroids, Bounds.unknown(centroids, n))
+        centroids, _ = jax.lax.fori_loop(0, num_iters, bounded_step, start)
+        assignments, sq = _assign(blocks, centroids, norms, use_native)
     else:
         centroids = jax.lax.fori_loop(0, num_iters, lloyd_step, centroids)
         assignments, sq = _assign(blocks, centroids, norms, use_native)
@@ -749,7 +827,8 @@ def _reference_update(
     centroids: jax.Array,
     num_points: int,
     use_native: bool,
-) -> tuple[jax.Array, jax.Array]:
+    bounds: Bounds | None = None,
+) -> tuple[jax.Array, jax.Array, Bounds | None]:
     """One Lloyd update of the reference mode, before the empty-cluster split.
 
     Every point goes to its nearest centroid (ties to the lower index); every centroid becomes
@@ -763,12 +842,19 @@ def _reference_update(
       centroids: (K, D) current centroids.
       num_points: N.
       use_native: the native assignment (CPU).
+      bounds: the bounds of the last assignment, for one that skips the points whose centroid
+        cannot have changed (:func:`_native_assign_bounded`); None for a full assignment.
 
     Returns:
-      (K, D) float32 new centroids and (K,) float32 cluster sizes.
+      (K, D) float32 new centroids, (K,) float32 cluster sizes, and the bounds of this
+      assignment (None without ``bounds``).
     """
     num_clusters = centroids.shape[0]
-    assignments = _assign(blocks, centroids, norms, use_native)[0][:num_points]
+    if bounds is None:
+        assignments = _assign(blocks, centroids, norms, use_native)[0][:num_points]
+    else:
+        bounds = _native_assign_bounded(points, norms.reshape(-1)[:num_points], centroids, bounds)
+        assignments = bounds.nearest
     # The sums read ``points``, not a slice of the blocks: with one block, XLA fused that slice
     # into the scatter and the update took twice as long.
     sums = jax.ops.segment_sum(points, assignments, num_segments=num_clusters)
@@ -776,7 +862,7 @@ def _reference_update(
         jnp.ones((num_points,), jnp.float32), assignments, num_segments=num_clusters
     )
     scale = jnp.where(counts > 0, 1.0 / jnp.maximum(counts, 1.0), 0.0)
-    return sums * scale[:, None], counts
+    return sums * scale[:, None], counts, bounds
 
 
 @functools.partial(jax.jit, static_argnames=("num_points", "block_size", "use_native"))
@@ -814,19 +900,22 @@ def _reference_updates(
         )
         return centroids, counts, steps, assignments, jnp.sum(sq)
 
-    def more(state: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
-        _, counts, done = state
+    def more(state: tuple) -> jax.Array:
+        _, counts, done, _ = state
         return (done < remaining) & jnp.all(counts > 0)
 
-    def update(state: tuple[jax.Array, jax.Array, jax.Array]) -> tuple:
-        centroids, _, done = state
-        centroids, counts = _reference_update(
-            points, blocks, norms, centroids, num_points, use_native
+    def update(state: tuple) -> tuple:
+        centroids, _, done, bounds = state
+        centroids, counts, bounds = _reference_update(
+            points, blocks, norms, centroids, num_points, use_native, bounds
         )
-        return centroids, counts, done + 1
+        return centroids, counts, done + 1, bounds
 
-    start = (centroids, jnp.ones((centroids.shape[0],), jnp.float32), jnp.int32(0))
-    centroids, counts, steps = jax.lax.while_loop(more, update, start)
+    # Bounds start unknown at each call: an empty-cluster split between calls moves centroids
+    # outside these updates.
+    bounds = Bounds.unknown(centroids, num_points) if use_native else None
+    start = (centroids, jnp.ones((centroids.shape[0],), jnp.float32), jnp.int32(0), bounds)
+    centroids, counts, steps, _ = jax.lax.while_loop(more, update, start)
     assignments, sq = _assign(blocks, centroids, norms, use_native)
     return centroids, counts, steps, assignments[:num_points], jnp.sum(sq[:num_points])
 

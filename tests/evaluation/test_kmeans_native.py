@@ -282,3 +282,104 @@ def test_reference_updates_are_the_same_on_every_call() -> None:
     first = update()
     differing = sum(not np.array_equal(update(), first) for _ in range(1000))
     assert differing == 0
+
+
+# The bounded assignment (``jdml_kmeans_assign_bounded``) of the iterations above 64 clusters.
+
+
+@jax.jit
+def _bounded(points: jax.Array, centroids: jax.Array, bounds: km.Bounds) -> km.Bounds:
+    return km._native_assign_bounded(points, jnp.sum(points * points, axis=1), centroids, bounds)
+
+
+def moving_centroids(rng: np.random.Generator, start: np.ndarray, steps: int) -> list:
+    """Centroids that move less and less (as in Lloyd's iterations), some not at all."""
+    path, c = [start], start
+    for step in range(steps):
+        shift = rng.normal(size=c.shape) * 0.5 ** (step + 1)
+        shift[rng.random(len(c)) < 0.3] = 0.0
+        c = (c + shift).astype(np.float32)
+        path.append(c)
+    return path
+
+
+@pytest.mark.parametrize(("n", "dim", "k"), [(3000, 16, 80), (1500, 33, 1100), (700, 5, 200)])
+def test_bounded_assignment_equals_the_full_one_at_every_step(n: int, dim: int, k: int) -> None:
+    """Along a path of moving centroids, every bounded assignment is the full pass's, the
+    bounds hold (float64: the upper one at or above each point's distance to its centroid, the
+    lower one at or below its distance to every other). More centroids than a tile of 1,024,
+    and dimensions not a multiple of the lanes."""
+    rng = np.random.default_rng(n + k)
+    centres = rng.normal(size=(k // 4, dim)) * 4
+    points = (centres[rng.integers(0, len(centres), n)] + rng.normal(size=(n, dim))).astype(
+        np.float32
+    )
+    path = moving_centroids(rng, points[rng.choice(n, k, replace=False)], 8)
+    bounds = km.Bounds.unknown(jnp.asarray(path[0]), n)
+    x64 = points.astype(np.float64)
+    for c in path:
+        bounds = _bounded(jnp.asarray(points), jnp.asarray(c), bounds)
+        want, _ = _native(jnp.asarray(points), jnp.asarray(c))
+        nearest = np.asarray(bounds.nearest)
+        np.testing.assert_array_equal(nearest, np.asarray(want))
+        dist = np.sqrt(((x64[:, None, :] - c.astype(np.float64)[None]) ** 2).sum(-1))
+        own = dist[np.arange(n), nearest]
+        others = np.where(np.arange(k)[None] == nearest[:, None], np.inf, dist).min(1)
+        upper, lower = np.asarray(bounds.upper), np.asarray(bounds.lower)
+        assert np.all(upper >= own) and np.all(lower <= others)
+
+
+def test_bounded_assignment_keeps_ties_and_nan_points_as_the_full_one() -> None:
+    """Exactly tied centroids (integer coordinates) are never settled by the bounds, so the
+    lower index wins as in the full pass, step after step; a NaN point stays out of range.
+    With centroids that do not move, a point assigned in full gets the same upper bound again,
+    and a skipped one its bound rounded up: the tied points are assigned in full, most others
+    are skipped."""
+    rng = np.random.default_rng(9)
+    k = 90
+    centroids = rng.integers(-20, 20, size=(k, 4)).astype(np.float32)
+    centroids[[30, 61]] = centroids[5]
+    points = np.concatenate(
+        [centroids[[5, 30, 61]], rng.integers(-20, 20, size=(200, 4)).astype(np.float32)]
+    )
+    points[100, 2] = np.nan
+    bounds = km.Bounds.unknown(jnp.asarray(centroids), len(points))
+    for step in range(3):
+        before = np.asarray(bounds.upper)
+        bounds = _bounded(jnp.asarray(points), jnp.asarray(centroids), bounds)
+        want, _ = _native(jnp.asarray(points), jnp.asarray(centroids))
+        np.testing.assert_array_equal(np.asarray(bounds.nearest), np.asarray(want))
+        np.testing.assert_array_equal(np.asarray(bounds.nearest)[:3], [5, 5, 5])
+        assert np.asarray(bounds.nearest)[100] == k
+        if step:
+            upper = np.asarray(bounds.upper)
+            np.testing.assert_array_equal(upper[:3], before[:3])  # assigned in full
+            assert np.mean(upper[3:] > before[3:]) > 0.5  # skipped
+
+
+@pytest.mark.parametrize("init", ["random", "reference"])
+def test_kmeans_above_64_clusters_is_the_same_without_bounds(
+    monkeypatch: pytest.MonkeyPatch, init: str
+) -> None:
+    """The iterations with the bounded assignment end where full assignments end."""
+    rng = np.random.default_rng(11)
+    centres = rng.normal(size=(100, 12)) * 3
+    x = (centres[np.arange(2000) % 100] + rng.normal(size=(2000, 12))).astype(np.float32)
+    bounded = km.kmeans(x, 100, seed=None if init == "reference" else 0, init=init)
+
+    def full(points, norms, centroids, bounds):
+        nearest, _ = km._native_assign(points, norms, centroids)
+        return km.Bounds(centroids, nearest, bounds.upper, bounds.lower)
+
+    monkeypatch.setattr(km, "_native_assign_bounded", full)
+    km._kmeans.clear_cache()
+    km._reference_updates.clear_cache()
+    try:
+        plain = km.kmeans(x, 100, seed=None if init == "reference" else 0, init=init)
+    finally:
+        monkeypatch.undo()
+        km._kmeans.clear_cache()
+        km._reference_updates.clear_cache()
+    np.testing.assert_array_equal(np.asarray(bounded.assignments), np.asarray(plain.assignments))
+    np.testing.assert_array_equal(np.asarray(bounded.centroids), np.asarray(plain.centroids))
+    assert float(bounded.inertia) == float(plain.inertia)

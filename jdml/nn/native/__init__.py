@@ -63,6 +63,7 @@ TARGETS = (
     "jdml_dnnl_conv_bwd_data",
     "jdml_dnnl_conv_bwd_weights",
     "jdml_kmeans_assign",
+    "jdml_kmeans_assign_bounded",
     "jdml_kmeans_centre",
     "jdml_kmeans_lloyd",
     "jdml_kmeans_reference_lloyd",

@@ -4,6 +4,8 @@
 //   jdml_kmeans_assign: every point's nearest centroid (ties to the lower index) and its squared
 //     distance |x|^2 + |c|^2 - 2 x.c, clamped at 0, rounded as jdml.geometry.squared_distances
 //     rounds it; the dot products come from oneDNN's sgemm on tiles of points x centroids.
+//   jdml_kmeans_assign_bounded: the same assignment inside Lloyd's iterations, skipping the
+//     points whose centroid cannot have changed (bounds of Hamerly's k-means, see below).
 //
 // XLA computes the same with a matmul whose (points x centroids) result goes to memory, then a
 // reduction pass for the minimum and another for its index. Here the points are split over the
@@ -758,6 +760,265 @@ ffi::Error Lloyd(ffi::ThreadPool pool, Points x, Floats x_sq, Points initial, in
   return ffi::Error::Success();
 }
 
+// ---------------------------------------------------------------------------------------------
+// jdml_kmeans_assign_bounded: jdml_kmeans_assign inside Lloyd's iterations, skipping the points
+// whose nearest centroid cannot have changed (Hamerly, "Making k-means even faster", SDM 2010).
+// Each point keeps an upper bound U on its distance to its centroid and a lower bound L on its
+// distance to every other centroid. When the centroids move by delta_j, U grows by its
+// centroid's delta and L shrinks by the largest delta of another centroid (triangle
+// inequality). A point is skipped if
+//     L^2 - U^2 > 2 E,   E = gamma (|x| + max_j |c_j|)^2,   gamma = (D + 8) 2^-23,
+// where E bounds the float32 rounding of the assignment's squared distance (|x|^2 + |c|^2 -
+// 2 x.c, the dot product summed in any order, Higham's gamma_D with room to spare): then the
+// distance the brute-force pass would compute to its centroid is below every other it would
+// compute, so it would keep the point where it is, and skipping gives its very assignment.
+// Otherwise U is first tightened to the exact distance (float64); if the test still fails, the
+// point is assigned as jdml_kmeans_assign does, on sgemm tiles of the points that need it,
+// and its bounds are reset from the smallest and second smallest squared distances. Bounds are
+// stored in float32, rounded outward.
+constexpr double kOutward = 1.0 / (1 << 22);  // float32 rounding, with room to spare
+
+struct Drift {
+  std::vector<double> delta;  // how far each centroid moved, rounded up
+  double largest = 0, second = 0;
+  int64_t farthest = -1;
+  double max_norm = 0;  // max_j |c_j| of the new centroids
+  double gamma = 0;
+};
+
+Drift drift(const float* c, const float* c_old, int64_t clusters, int64_t dim) {
+  Drift out;
+  out.delta.resize(clusters);
+  out.gamma = static_cast<double>(dim + 8) * std::ldexp(1.0, -23);
+  for (int64_t k = 0; k < clusters; ++k) {
+    double moved = 0, norm = 0;
+    for (int64_t d = 0; d < dim; ++d) {
+      const double step = static_cast<double>(c[k * dim + d]) - c_old[k * dim + d];
+      moved += step * step;
+      norm += static_cast<double>(c[k * dim + d]) * c[k * dim + d];
+    }
+    const double delta = std::sqrt(moved) * (1 + 1e-12);
+    out.delta[k] = delta;
+    out.max_norm = std::max(out.max_norm, std::sqrt(norm) * (1 + 1e-12));
+    if (delta > out.largest || out.farthest < 0) {
+      out.second = out.largest;
+      out.largest = delta;
+      out.farthest = k;
+    } else {
+      out.second = std::max(out.second, delta);
+    }
+  }
+  return out;
+}
+
+// The rounding bound E of one point's squared distances (see above).
+inline double rounding_bound(const Drift& drift, float xs) {
+  const double reach = std::sqrt(std::max(static_cast<double>(xs), 0.0)) + drift.max_norm;
+  return drift.gamma * reach * reach;
+}
+
+// Whether bounds u and l keep the point's nearest centroid (NaN bounds never do).
+inline bool settled(double u, double l, double bound) {
+  return l > u && l * l - u * u > 2 * bound * (1 + 1e-9);
+}
+
+inline float round_up(double v) { return static_cast<float>(v * (1 + kOutward)); }
+inline float round_down(double v) { return static_cast<float>(std::max(v, 0.0) * (1 - kOutward)); }
+
+// nearest_lanes that also keeps the second smallest distance: per lane the smallest (first on
+// ties) and the smallest of the rest; of the lanes, the smallest wins (lowest index on ties) and
+// the second is the smallest of every other lane's smallest and every lane's second.
+template <int Lanes>
+__attribute__((always_inline)) inline void nearest_two_lanes(const float* scores, float xs,
+                                                             const float* c_sq, int64_t cols,
+                                                             int32_t first, float& best,
+                                                             int32_t& nearest, float& second) {
+  using FloatLanes = typename LaneTypes<Lanes>::Float;
+  using IntLanes = typename LaneTypes<Lanes>::Int;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  float tile_best = kInf, tile_second = kInf;
+  int32_t tile_nearest = -1;
+  int64_t k = 0;
+  if (cols >= Lanes) {
+    FloatLanes lane_best, lane_second, xs_lanes;
+    IntLanes lane_index, index;
+    for (int j = 0; j < Lanes; ++j) {
+      lane_best[j] = lane_second[j] = kInf;
+      lane_index[j] = -1;
+      index[j] = j;
+      xs_lanes[j] = xs;
+    }
+    for (; k + Lanes <= cols; k += Lanes) {
+      FloatLanes dot, cs;
+      std::memcpy(&dot, scores + k, sizeof dot);
+      std::memcpy(&cs, c_sq + k, sizeof cs);
+      FloatLanes d = (xs_lanes + cs) - 2.0f * dot;
+      d = d < 0.0f ? FloatLanes{} : d;
+      const IntLanes smaller = d < lane_best;
+      const IntLanes runner_up = d < lane_second;
+      lane_second = smaller ? lane_best : (runner_up ? d : lane_second);
+      lane_best = smaller ? d : lane_best;
+      lane_index = smaller ? index : lane_index;
+      index += Lanes;
+    }
+    for (int j = 0; j < Lanes; ++j) {
+      tile_second = std::min(tile_second, lane_second[j]);
+      if (lane_index[j] < 0) continue;  // only NaN distances in this lane
+      if (lane_best[j] < tile_best || (lane_best[j] == tile_best && lane_index[j] < tile_nearest)) {
+        tile_second = std::min(tile_second, tile_best);
+        tile_best = lane_best[j];
+        tile_nearest = lane_index[j];
+      } else {
+        tile_second = std::min(tile_second, lane_best[j]);
+      }
+    }
+  }
+  for (; k < cols; ++k) {
+    const float d = distance(xs, c_sq[k], scores[k]);
+    if (d < tile_best) {  // strict: ties keep the lower index
+      tile_second = tile_best;
+      tile_best = d;
+      tile_nearest = static_cast<int32_t>(k);
+    } else if (d < tile_second) {
+      tile_second = d;
+    }
+  }
+  if (tile_nearest < 0) return;  // only NaN distances
+  if (tile_best < best) {  // strict: an earlier tile's centroids have lower indices
+    second = std::min(best, tile_second);
+    best = tile_best;
+    nearest = first + tile_nearest;
+  } else {
+    second = std::min(second, tile_best);
+  }
+}
+
+using NearestTwoInRow = void (*)(const float*, float, const float*, int64_t, int32_t, float&,
+                                 int32_t&, float&);
+
+void nearest_two_128bit(const float* scores, float xs, const float* c_sq, int64_t cols,
+                        int32_t first, float& best, int32_t& nearest, float& second) {
+  nearest_two_lanes<4>(scores, xs, c_sq, cols, first, best, nearest, second);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) void nearest_two_avx2(const float* scores, float xs,
+                                                      const float* c_sq, int64_t cols,
+                                                      int32_t first, float& best,
+                                                      int32_t& nearest, float& second) {
+  nearest_two_lanes<8>(scores, xs, c_sq, cols, first, best, nearest, second);
+}
+
+__attribute__((target("avx512f"))) void nearest_two_avx512(const float* scores, float xs,
+                                                          const float* c_sq, int64_t cols,
+                                                          int32_t first, float& best,
+                                                          int32_t& nearest, float& second) {
+  nearest_two_lanes<16>(scores, xs, c_sq, cols, first, best, nearest, second);
+}
+#endif
+
+NearestTwoInRow nearest_two_in_row() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f")) return nearest_two_avx512;
+  if (__builtin_cpu_supports("avx2")) return nearest_two_avx2;
+#endif
+  return nearest_two_128bit;
+}
+
+// Points [begin, end) of a bounded assignment (see above).
+void assign_bounded_range(const float* x, const float* x_sq, const float* c, const float* c_sq,
+                          const Drift& drift, int64_t dim, int64_t clusters, int64_t begin,
+                          int64_t end, const int32_t* old_nearest, const float* old_upper,
+                          const float* old_lower, int32_t* nearest, float* upper, float* lower) {
+  std::vector<int64_t> todo;
+  for (int64_t i = begin; i < end; ++i) {
+    const int32_t a = old_nearest[i];
+    const double bound = rounding_bound(drift, x_sq[i]);
+    nearest[i] = a;
+    if (a < 0 || a >= clusters) {
+      todo.push_back(i);
+      continue;
+    }
+    double u = old_upper[i] + drift.delta[a];
+    const double l = old_lower[i] - (a == drift.farthest ? drift.second : drift.largest);
+    if (!settled(u, l, bound)) {  // tighten u to the exact distance
+      double d2 = 0;
+      for (int64_t d = 0; d < dim; ++d) {
+        const double diff = static_cast<double>(x[i * dim + d]) - c[a * dim + d];
+        d2 += diff * diff;
+      }
+      u = std::sqrt(d2) * (1 + 1e-12);
+    }
+    if (!settled(u, l, bound)) {
+      todo.push_back(i);
+      continue;
+    }
+    upper[i] = round_up(u);
+    lower[i] = round_down(l);
+  }
+  if (todo.empty()) return;
+  static const NearestTwoInRow nearest_two = nearest_two_in_row();
+  const int64_t ctile = std::min(clusters, kCentroidTile);
+  const int64_t ptile = std::clamp<int64_t>(kTileScores / ctile, 1, kMaxPointTile);
+  std::vector<float> rows_x(ptile * dim), rows_sq(ptile), scores(ptile * ctile);
+  std::vector<float> best(ptile), second(ptile);
+  std::vector<int32_t> found(ptile);
+  jdml::OneThread one_thread;  // sgemm runs on this piece's thread only
+  const int64_t count = static_cast<int64_t>(todo.size());
+  for (int64_t t0 = 0; t0 < count; t0 += ptile) {
+    const int64_t rows = std::min(ptile, count - t0);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(rows_x.data() + r * dim, x + todo[t0 + r] * dim, dim * sizeof(float));
+      rows_sq[r] = x_sq[todo[t0 + r]];
+      best[r] = second[r] = std::numeric_limits<float>::infinity();
+      found[r] = static_cast<int32_t>(clusters);  // stays out of range for NaN rows
+    }
+    for (int64_t k0 = 0; k0 < clusters; k0 += ctile) {
+      const int64_t cols = std::min(ctile, clusters - k0);
+      const dnnl_status_t status =
+          dnnl_sgemm('N', 'T', rows, cols, dim, 1.0f, rows_x.data(), dim, c + k0 * dim, dim, 0.0f,
+                     scores.data(), cols);
+      if (status != dnnl_success) throw std::runtime_error("dnnl_sgemm failed");
+      for (int64_t r = 0; r < rows; ++r) {
+        nearest_two(scores.data() + r * cols, rows_sq[r], c_sq + k0, cols,
+                    static_cast<int32_t>(k0), best[r], found[r], second[r]);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = todo[t0 + r];
+      const double bound = rounding_bound(drift, rows_sq[r]);
+      nearest[i] = found[r];
+      const bool point = found[r] < clusters;  // else a NaN point: tried again next time
+      upper[i] = point ? round_up(std::sqrt(best[r] + bound))
+                       : std::numeric_limits<float>::quiet_NaN();
+      lower[i] = point ? round_down(std::sqrt(std::max(second[r] - bound, 0.0)))
+                       : std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+}
+
+ffi::Error AssignBounded(ffi::ThreadPool pool, Points x, Floats x_sq, Points c, Floats c_sq,
+                         Points c_old, Ints old_nearest, Floats old_upper, Floats old_lower,
+                         ffi::ResultBuffer<ffi::S32, 1> nearest,
+                         ffi::ResultBuffer<ffi::F32, 1> upper,
+                         ffi::ResultBuffer<ffi::F32, 1> lower) {
+  const int64_t n = x.dimensions()[0], dim = x.dimensions()[1], clusters = c.dimensions()[0];
+  const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), n / 256));
+  try {
+    const Drift moved = drift(c.typed_data(), c_old.typed_data(), clusters, dim);
+    jdml::run_pieces(pool, pieces, [&](int64_t i) {
+      assign_bounded_range(x.typed_data(), x_sq.typed_data(), c.typed_data(), c_sq.typed_data(),
+                           moved, dim, clusters, n * i / pieces, n * (i + 1) / pieces,
+                           old_nearest.typed_data(), old_upper.typed_data(),
+                           old_lower.typed_data(), nearest->typed_data(), upper->typed_data(),
+                           lower->typed_data());
+    });
+  } catch (const std::exception& err) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-means assignment: ") + err.what());
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_lloyd, Lloyd,
@@ -791,6 +1052,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_centre, Centre,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<Points>()
                                   .Ret<Points>()
+                                  .Ret<Floats>()
+                                  .Ret<Floats>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_assign_bounded, AssignBounded,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<Points>()
+                                  .Arg<Floats>()
+                                  .Arg<Points>()
+                                  .Arg<Floats>()
+                                  .Arg<Points>()
+                                  .Arg<Ints>()
+                                  .Arg<Floats>()
+                                  .Arg<Floats>()
+                                  .Ret<Ints>()
                                   .Ret<Floats>()
                                   .Ret<Floats>());
 
