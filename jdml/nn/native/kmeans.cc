@@ -941,7 +941,7 @@ void assign_bounded_range(const float* x, const float* x_sq, const float* c, con
     }
     double u = old_upper[i] + drift.delta[a];
     const double l = old_lower[i] - (a == drift.farthest ? drift.second : drift.largest);
-    if (!settled(u, l, bound)) {  // tighten u to the exact distance
+    if (l > 0 && !settled(u, l, bound)) {  // tighten u to the exact distance
       double d2 = 0;
       for (int64_t d = 0; d < dim; ++d) {
         const double diff = static_cast<double>(x[i * dim + d]) - c[a * dim + d];
