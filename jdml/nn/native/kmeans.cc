@@ -12,12 +12,15 @@
 // threads of XLA's intra-op pool, and each thread takes the minimum of a tile of scores while it
 // is in cache, with the vector registers the CPU has.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -313,8 +316,9 @@ __attribute__((target("avx512f"), always_inline)) inline void add_point(__m512 (
 
 // The sums over dimensions [d0, min(d0 + 16 R, dim)) of the points of `groups` (at most G)
 // consecutive clusters from `first`, in one pass over the points [begin, end) in point order (G x
-// R accumulators: at most 24 of the 32 registers), each added to its cluster's float32 row of
-// `sums` once; counts are increased when `count` is set.
+// R accumulators: at most 24 of the 32 registers), each continuing from its cluster's float32
+// row of `sums` and stored back once, so that calls on consecutive ranges of points add them in
+// point order as one call would; counts are increased when `count` is set.
 template <int R>
 __attribute__((target("avx512f"), always_inline)) inline void add_group(
     const float* x, const int32_t* nearest, int64_t begin, int64_t end, int64_t dim, int64_t d0,
@@ -325,7 +329,10 @@ __attribute__((target("avx512f"), always_inline)) inline void add_group(
   for (int r = 0; r < R; ++r) {
     const int64_t width = std::clamp<int64_t>(dim - d0 - 16 * r, 0, 16);
     lanes[r] = static_cast<__mmask16>((1u << width) - 1u);
-    for (int g = 0; g < G; ++g) acc[g][r] = _mm512_setzero_ps();
+    for (int g = 0; g < G; ++g) {
+      acc[g][r] = g < groups ? _mm512_maskz_loadu_ps(lanes[r], sums + g * dim + d0 + 16 * r)
+                             : _mm512_setzero_ps();
+    }
   }
   int64_t seen[G] = {};
   for (int64_t i = begin; i < end; ++i) {
@@ -350,17 +357,14 @@ __attribute__((target("avx512f"), always_inline)) inline void add_group(
     if (g >= groups) break;
     float* row = sums + g * dim + d0;
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512 before = _mm512_maskz_loadu_ps(lanes[r], row + 16 * r);
-      _mm512_mask_storeu_ps(row + 16 * r, lanes[r], _mm512_add_ps(before, acc[g][r]));
-    }
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(row + 16 * r, lanes[r], acc[g][r]);
     if (count) counts[g] += seen[g];
   }
 }
 
 // add_rows for at most kDirectClusters clusters: each cluster's sum of its points in [begin, end)
-// (in point order, as add_rows sums them) kept in registers and added to its float32 row of
-// `sums` once, instead of one read and write of the row per point. The dimensions go R registers
+// (in point order, as add_rows sums them) kept in registers, from its float32 row of `sums` on,
+// and stored back once, instead of one read and write of the row per point. The dimensions go R registers
 // (16 R floats) at a time, and for each the clusters in groups of 24 / R, one pass over the
 // points per group: 5 clusters at D = 128 take 2 passes (a pass per cluster had read the points
 // 5 times). The counts are increased in the first pass.
@@ -677,6 +681,10 @@ ffi::Error Centre(ffi::ThreadPool pool, Points x, ffi::ResultBuffer<ffi::F32, 2>
 // `steps` the number of updates run. When all `remaining` updates ran and the last left no cluster
 // empty, one more round assigns the points to the final centroids (`final_nearest`,
 // `final_best`, as jdml_kmeans_assign); otherwise those hold K and NaN.
+// Chunks of points of a reference update: each is assigned by whichever thread claims it first,
+// and summed by every thread (its own range of clusters) in chunk order once it is assigned.
+constexpr int64_t kReferenceChunk = 1024;
+
 ffi::Error ReferenceLloyd(ffi::ThreadPool pool, Points x, Floats x_sq, Points initial,
                           Ints remaining, int64_t points, ffi::ResultBuffer<ffi::F32, 2> centroids,
                           ffi::ResultBuffer<ffi::F32, 1> sizes,
@@ -688,32 +696,59 @@ ffi::Error ReferenceLloyd(ffi::ThreadPool pool, Points x, Floats x_sq, Points in
   const int64_t n = std::min<int64_t>(points, x.dimensions()[0]);
   const int64_t pieces = std::clamp<int64_t>(n / kLloydPiecePoints, 1, kLloydPieces);
   const int64_t ranges = std::clamp<int64_t>(pool.num_threads(), 1, clusters);
+  const int64_t chunks = std::max<int64_t>(1, (n + kReferenceChunk - 1) / kReferenceChunk);
   float* c = centroids->typed_data();
   std::copy(initial.typed_data(), initial.typed_data() + clusters * dim, c);
   std::fill(sizes->typed_data(), sizes->typed_data() + clusters, 1.0f);  // no update: as XLA's
   std::vector<int32_t> nearest(n);
-  std::vector<float> best(n), c_sq(clusters);
+  std::vector<float> best(n), c_sq(clusters), next(clusters * dim);
   centroid_norms(c, clusters, dim, c_sq.data());
+  // an update's chunks: the next one to claim for assignment, and which are assigned
+  std::atomic<int64_t> claimed{0};
+  std::unique_ptr<std::atomic<bool>[]> assigned(new std::atomic<bool>[chunks]);
+  const auto open_update = [&] {
+    claimed.store(0);
+    for (int64_t j = 0; j < chunks; ++j) assigned[j].store(false);
+  };
+  open_update();
   int32_t done = 0;
   try {
+    // Rounds 0 .. iters - 1 are updates, round iters the final assignment. In an update each of
+    // `ranges` pieces sums its range of clusters over the chunks in point order (faiss's float32
+    // order, one range of centroids per thread), assigning the next unclaimed chunks itself
+    // whenever the chunk it needs is not assigned yet: no pass over the points is waited for,
+    // and each chunk is summed soon after it is assigned, while it is in cache.
     const auto piece = [&](int64_t round, int64_t p) {
-      if (round % 2 == 0) {  // the assignment; in the last round, to the final centroids
+      if (round == iters) {  // the assignment to the final centroids
         if (p >= pieces) return;
-        const bool last = round == 2 * iters;
         assign_range(x.typed_data(), x_sq.typed_data(), c, c_sq.data(), dim, clusters,
-                     n * p / pieces, n * (p + 1) / pieces,
-                     last ? final_nearest->typed_data() : nearest.data(),
-                     last ? final_best->typed_data() : best.data());
+                     n * p / pieces, n * (p + 1) / pieces, final_nearest->typed_data(),
+                     final_best->typed_data());
         return;
       }
       if (p >= ranges) return;
-      // the sums of a range of clusters
       const int64_t first = clusters * p / ranges, last = clusters * (p + 1) / ranges;
-      float* sums = c + first * dim;
+      float* sums = next.data() + first * dim;
       std::fill(sums, sums + (last - first) * dim, 0.0f);
       std::vector<int64_t> counts(last - first, 0);
-      add_rows(x.typed_data(), nearest.data(), 0, n, dim, first, last - first, sums,
-               counts.data());
+      for (int64_t j = 0; j < chunks; ++j) {
+        while (!assigned[j].load(std::memory_order_acquire)) {
+          const int64_t mine =
+              claimed.load(std::memory_order_relaxed) < chunks ? claimed.fetch_add(1) : chunks;
+          if (mine >= chunks) {  // every chunk is claimed: another thread is assigning this one
+            std::this_thread::yield();
+            continue;
+          }
+          const int64_t begin = mine * kReferenceChunk;
+          const int64_t end = std::min(n, begin + kReferenceChunk);
+          assign_range(x.typed_data(), x_sq.typed_data(), c, c_sq.data(), dim, clusters, begin,
+                       end, nearest.data(), best.data());
+          assigned[mine].store(true, std::memory_order_release);
+        }
+        const int64_t begin = j * kReferenceChunk, end = std::min(n, begin + kReferenceChunk);
+        add_rows(x.typed_data(), nearest.data(), begin, end, dim, first, last - first, sums,
+                 counts.data());
+      }
       for (int64_t k = 0; k < last - first; ++k) {
         const float size = static_cast<float>(counts[k]);
         const float scale = counts[k] > 0 ? 1.0f / size : 0.0f;
@@ -722,14 +757,17 @@ ffi::Error ReferenceLloyd(ffi::ThreadPool pool, Points x, Floats x_sq, Points in
       }
     };
     const auto after = [&](int64_t round) {
-      if (round % 2 == 0) return true;
+      if (round == iters) return true;
       ++done;
+      // every thread has read the centroids of this update: the new ones replace them now
+      std::copy(next.begin(), next.end(), c);
       const float* size = sizes->typed_data();
       if (std::find(size, size + clusters, 0.0f) != size + clusters) return false;
       centroid_norms(c, clusters, dim, c_sq.data());
+      open_update();
       return true;
     };
-    jdml::run_rounds(pool, std::max(pieces, ranges), 2 * iters + 1, piece, after);
+    jdml::run_rounds(pool, std::max(pieces, ranges), iters + 1, piece, after);
   } catch (const std::exception& err) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-means updates: ") + err.what());
   }
