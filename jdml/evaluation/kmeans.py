@@ -54,8 +54,8 @@ XLA's only where two centroids lie within float32 rounding of each other. "k-mea
 * The reference mode runs its updates up to the next empty cluster as one native call
   (``jdml_kmeans_reference_lloyd``): faiss's float32 sums in point order, a range of centroids
   per thread, as faiss sums them (up to 16 clusters each group of clusters' sums in registers,
-  one pass over the points per group); when no cluster was left empty, the same call ends with
-  the final assignment.
+  one pass over the points per group), each chunk of points summed as soon as some thread has
+  assigned it; when no cluster was left empty, the same call ends with the final assignment.
 
 Above that the sums stay XLA's scatter-add, and the iterations' assignments skip the points
 whose centroid cannot have changed (``jdml_kmeans_assign_bounded``: Hamerly's bounds, with a
