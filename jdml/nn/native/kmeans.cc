@@ -86,19 +86,22 @@ struct LaneTypes<16> {
   typedef int32_t Int __attribute__((vector_size(64)));
 };
 
-template <int Lanes>
+// With Second, also lowers `second` to the smallest distance of the row other than the one
+// `nearest` ends at (per lane the smallest of the rest too; of the lanes, every smallest but the
+// winner's counts as well), for the bounds of jdml_kmeans_assign_bounded.
+template <int Lanes, bool Second = false>
 __attribute__((always_inline)) inline void nearest_lanes(const float* scores, float xs,
                                                          const float* c_sq, int64_t cols,
                                                          int32_t first, float& best,
-                                                         int32_t& nearest) {
+                                                         int32_t& nearest, float& second) {
   using FloatLanes = typename LaneTypes<Lanes>::Float;
   using IntLanes = typename LaneTypes<Lanes>::Int;
   int64_t k = 0;
   if (cols >= Lanes) {
-    FloatLanes lane_best, xs_lanes;
+    FloatLanes lane_best, lane_second, xs_lanes;
     IntLanes lane_index, index;
     for (int j = 0; j < Lanes; ++j) {
-      lane_best[j] = std::numeric_limits<float>::infinity();
+      lane_best[j] = lane_second[j] = std::numeric_limits<float>::infinity();
       lane_index[j] = -1;
       index[j] = j;
       xs_lanes[j] = xs;
@@ -110,61 +113,74 @@ __attribute__((always_inline)) inline void nearest_lanes(const float* scores, fl
       FloatLanes d = (xs_lanes + cs) - 2.0f * dot;
       d = d < 0.0f ? FloatLanes{} : d;
       const IntLanes smaller = d < lane_best;
+      if constexpr (Second) lane_second = smaller ? lane_best : (d < lane_second ? d : lane_second);
       lane_best = smaller ? d : lane_best;
       lane_index = smaller ? index : lane_index;
       index += Lanes;
     }
     for (int j = 0; j < Lanes; ++j) {
+      if constexpr (Second) second = std::min(second, lane_second[j]);
       if (lane_index[j] < 0) continue;  // only NaN distances in this lane
       const int32_t n = first + lane_index[j];
       if (lane_best[j] < best || (lane_best[j] == best && n < nearest)) {
+        if constexpr (Second) second = std::min(second, best);
         best = lane_best[j];
         nearest = n;
+      } else if constexpr (Second) {
+        second = std::min(second, lane_best[j]);
       }
     }
   }
   for (; k < cols; ++k) {
     const float d = distance(xs, c_sq[k], scores[k]);
     if (d < best) {  // strict: ties keep the lower index
+      if constexpr (Second) second = best;
       best = d;
       nearest = first + static_cast<int32_t>(k);
+    } else if constexpr (Second) {
+      if (d < second) second = d;
     }
   }
 }
 
+// nearest_lanes for one row, the lanes the CPU has; `second` is only lowered with Second.
 using NearestInRow = void (*)(const float*, float, const float*, int64_t, int32_t, float&,
-                              int32_t&);
+                              int32_t&, float&);
 
+template <bool Second>
 void nearest_128bit(const float* scores, float xs, const float* c_sq, int64_t cols,
-                    int32_t first, float& best, int32_t& nearest) {
-  nearest_lanes<4>(scores, xs, c_sq, cols, first, best, nearest);
+                    int32_t first, float& best, int32_t& nearest, float& second) {
+  nearest_lanes<4, Second>(scores, xs, c_sq, cols, first, best, nearest, second);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 // 8 lanes in AVX2's registers where the CPU has them (the library is built for baseline x86-64,
 // where 8 lanes would be emulated and slower than 4): 1.25x at 1,000 centroids.
+template <bool Second>
 __attribute__((target("avx2"))) void nearest_avx2(const float* scores, float xs,
                                                   const float* c_sq, int64_t cols, int32_t first,
-                                                  float& best, int32_t& nearest) {
-  nearest_lanes<8>(scores, xs, c_sq, cols, first, best, nearest);
+                                                  float& best, int32_t& nearest, float& second) {
+  nearest_lanes<8, Second>(scores, xs, c_sq, cols, first, best, nearest, second);
 }
 
 // 16 lanes in AVX-512's registers: at 1,000 centroids the minimum pass had taken a sixth of an
 // assignment in AVX2's.
+template <bool Second>
 __attribute__((target("avx512f"))) void nearest_avx512(const float* scores, float xs,
                                                       const float* c_sq, int64_t cols,
                                                       int32_t first, float& best,
-                                                      int32_t& nearest) {
-  nearest_lanes<16>(scores, xs, c_sq, cols, first, best, nearest);
+                                                      int32_t& nearest, float& second) {
+  nearest_lanes<16, Second>(scores, xs, c_sq, cols, first, best, nearest, second);
 }
 #endif
 
+template <bool Second>
 NearestInRow nearest_in_row() {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512f")) return nearest_avx512;
-  if (__builtin_cpu_supports("avx2")) return nearest_avx2;
+  if (__builtin_cpu_supports("avx512f")) return nearest_avx512<Second>;
+  if (__builtin_cpu_supports("avx2")) return nearest_avx2<Second>;
 #endif
-  return nearest_128bit;
+  return nearest_128bit<Second>;
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -364,10 +380,10 @@ __attribute__((target("avx512f"), always_inline)) inline void add_group(
 
 // add_rows for at most kDirectClusters clusters: each cluster's sum of its points in [begin, end)
 // (in point order, as add_rows sums them) kept in registers, from its float32 row of `sums` on,
-// and stored back once, instead of one read and write of the row per point. The dimensions go R registers
-// (16 R floats) at a time, and for each the clusters in groups of 24 / R, one pass over the
-// points per group: 5 clusters at D = 128 take 2 passes (a pass per cluster had read the points
-// 5 times). The counts are increased in the first pass.
+// and stored back once, instead of one read and write of the row per point. The dimensions go R
+// registers (16 R floats) at a time, and for each the clusters in groups of 24 / R, one pass over
+// the points per group: 5 clusters at D = 128 take 2 passes (a pass per cluster had read the
+// points 5 times). The counts are increased in the first pass.
 __attribute__((target("avx512f"))) void add_rows_direct(const float* x, const int32_t* nearest,
                                                       int64_t begin, int64_t end, int64_t dim,
                                                       int64_t first, int64_t clusters,
@@ -419,7 +435,8 @@ void assign_range_sgemm(const float* x, const float* x_sq, const float* c, const
   const int64_t ctile = std::min(clusters, kCentroidTile);
   const int64_t ptile = std::clamp<int64_t>(kTileScores / ctile, 1, kMaxPointTile);
   std::vector<float> scores(ptile * ctile);
-  static const NearestInRow nearest_in = nearest_in_row();
+  static const NearestInRow nearest_in = nearest_in_row<false>();
+  float unused = 0;
   jdml::OneThread one_thread;  // sgemm runs on this piece's thread only
   for (int64_t p0 = begin; p0 < end; p0 += ptile) {
     const int64_t rows = std::min(ptile, end - p0);
@@ -436,7 +453,7 @@ void assign_range_sgemm(const float* x, const float* x_sq, const float* c, const
       if (status != dnnl_success) throw std::runtime_error("dnnl_sgemm failed");
       for (int64_t i = 0; i < rows; ++i) {
         nearest_in(scores.data() + i * cols, x_sq[p0 + i], c_sq + k0, cols,
-                       static_cast<int32_t>(k0), best[p0 + i], nearest[p0 + i]);
+                       static_cast<int32_t>(k0), best[p0 + i], nearest[p0 + i], unused);
       }
     }
     for (int64_t i = 0; i < rows; ++i) {
@@ -863,106 +880,6 @@ inline bool settled(double u, double l, double bound) {
 inline float round_up(double v) { return static_cast<float>(v * (1 + kOutward)); }
 inline float round_down(double v) { return static_cast<float>(std::max(v, 0.0) * (1 - kOutward)); }
 
-// nearest_lanes that also keeps the second smallest distance: per lane the smallest (first on
-// ties) and the smallest of the rest; of the lanes, the smallest wins (lowest index on ties) and
-// the second is the smallest of every other lane's smallest and every lane's second.
-template <int Lanes>
-__attribute__((always_inline)) inline void nearest_two_lanes(const float* scores, float xs,
-                                                             const float* c_sq, int64_t cols,
-                                                             int32_t first, float& best,
-                                                             int32_t& nearest, float& second) {
-  using FloatLanes = typename LaneTypes<Lanes>::Float;
-  using IntLanes = typename LaneTypes<Lanes>::Int;
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  float tile_best = kInf, tile_second = kInf;
-  int32_t tile_nearest = -1;
-  int64_t k = 0;
-  if (cols >= Lanes) {
-    FloatLanes lane_best, lane_second, xs_lanes;
-    IntLanes lane_index, index;
-    for (int j = 0; j < Lanes; ++j) {
-      lane_best[j] = lane_second[j] = kInf;
-      lane_index[j] = -1;
-      index[j] = j;
-      xs_lanes[j] = xs;
-    }
-    for (; k + Lanes <= cols; k += Lanes) {
-      FloatLanes dot, cs;
-      std::memcpy(&dot, scores + k, sizeof dot);
-      std::memcpy(&cs, c_sq + k, sizeof cs);
-      FloatLanes d = (xs_lanes + cs) - 2.0f * dot;
-      d = d < 0.0f ? FloatLanes{} : d;
-      const IntLanes smaller = d < lane_best;
-      const IntLanes runner_up = d < lane_second;
-      lane_second = smaller ? lane_best : (runner_up ? d : lane_second);
-      lane_best = smaller ? d : lane_best;
-      lane_index = smaller ? index : lane_index;
-      index += Lanes;
-    }
-    for (int j = 0; j < Lanes; ++j) {
-      tile_second = std::min(tile_second, lane_second[j]);
-      if (lane_index[j] < 0) continue;  // only NaN distances in this lane
-      if (lane_best[j] < tile_best || (lane_best[j] == tile_best && lane_index[j] < tile_nearest)) {
-        tile_second = std::min(tile_second, tile_best);
-        tile_best = lane_best[j];
-        tile_nearest = lane_index[j];
-      } else {
-        tile_second = std::min(tile_second, lane_best[j]);
-      }
-    }
-  }
-  for (; k < cols; ++k) {
-    const float d = distance(xs, c_sq[k], scores[k]);
-    if (d < tile_best) {  // strict: ties keep the lower index
-      tile_second = tile_best;
-      tile_best = d;
-      tile_nearest = static_cast<int32_t>(k);
-    } else if (d < tile_second) {
-      tile_second = d;
-    }
-  }
-  if (tile_nearest < 0) return;  // only NaN distances
-  if (tile_best < best) {  // strict: an earlier tile's centroids have lower indices
-    second = std::min(best, tile_second);
-    best = tile_best;
-    nearest = first + tile_nearest;
-  } else {
-    second = std::min(second, tile_best);
-  }
-}
-
-using NearestTwoInRow = void (*)(const float*, float, const float*, int64_t, int32_t, float&,
-                                 int32_t&, float&);
-
-void nearest_two_128bit(const float* scores, float xs, const float* c_sq, int64_t cols,
-                        int32_t first, float& best, int32_t& nearest, float& second) {
-  nearest_two_lanes<4>(scores, xs, c_sq, cols, first, best, nearest, second);
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2"))) void nearest_two_avx2(const float* scores, float xs,
-                                                      const float* c_sq, int64_t cols,
-                                                      int32_t first, float& best,
-                                                      int32_t& nearest, float& second) {
-  nearest_two_lanes<8>(scores, xs, c_sq, cols, first, best, nearest, second);
-}
-
-__attribute__((target("avx512f"))) void nearest_two_avx512(const float* scores, float xs,
-                                                          const float* c_sq, int64_t cols,
-                                                          int32_t first, float& best,
-                                                          int32_t& nearest, float& second) {
-  nearest_two_lanes<16>(scores, xs, c_sq, cols, first, best, nearest, second);
-}
-#endif
-
-NearestTwoInRow nearest_two_in_row() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512f")) return nearest_two_avx512;
-  if (__builtin_cpu_supports("avx2")) return nearest_two_avx2;
-#endif
-  return nearest_two_128bit;
-}
-
 // Points [begin, end) of a bounded assignment (see above).
 void assign_bounded_range(const float* x, const float* x_sq, const float* c, const float* c_sq,
                           const Drift& drift, int64_t dim, int64_t clusters, int64_t begin,
@@ -995,7 +912,7 @@ void assign_bounded_range(const float* x, const float* x_sq, const float* c, con
     lower[i] = round_down(l);
   }
   if (todo.empty()) return;
-  static const NearestTwoInRow nearest_two = nearest_two_in_row();
+  static const NearestInRow nearest_two = nearest_in_row<true>();
   const int64_t ctile = std::min(clusters, kCentroidTile);
   const int64_t ptile = std::clamp<int64_t>(kTileScores / ctile, 1, kMaxPointTile);
   std::vector<float> rows_x(ptile * dim), rows_sq(ptile), scores(ptile * ctile);
