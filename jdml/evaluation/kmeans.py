@@ -976,8 +976,8 @@ def reference_kmeans(
     rows = _block_rows(n, num_clusters, block_size)
     use_native = native_enabled()
     final = None  # the last update's final assignment, if no split came after it
-    if n == num_clusters:
-        centroids = points
+    if n == num_clusters:  # a copy: the points may share the caller's memory or a staging buffer
+        centroids = jnp.copy(points)
     else:
         centroids = points[jnp.asarray(reference_permutation(n, num_clusters, seed + 1))]
         done = 0

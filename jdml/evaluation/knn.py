@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdml.evaluation.points import staged
+from jdml.evaluation.points import as_float32
 from jdml.geometry import l2_normalize
 from jdml.nn import native
 
@@ -812,33 +812,33 @@ def knn_blocks(
     Returns:
       An iterator of :class:`NeighbourBlock`, covering the queries in order.
     """
-    same = queries is references  # leave-one-out: one copy to the device, not two
-    queries = jnp.asarray(queries, jnp.float32)  # a copy: the caller may change its arrays
-    references = queries if same else jnp.asarray(references, jnp.float32)
-    return _search_blocks(
-        queries,
-        references,
-        k,
-        exclude_self=exclude_self,
-        distance=distance,
-        block_size=block_size,
-        chunk_size=chunk_size,
-    )
+    # copies: the caller may change its arrays while it holds the iterator
+    queries, references = _placed(queries, references, _device_copy)
+    return _search_blocks(queries, references, k, exclude_self, distance, block_size, chunk_size)
 
 
-def _float32(x: jax.Array | np.ndarray, slot: int) -> jax.Array | np.ndarray:
-    """``x`` as float32; a host array stays on the host, as JAX on CPU can share it
-    (``points.staged`` in ``slot``)."""
-    if isinstance(x, jax.Array):
-        return x if x.dtype == jnp.float32 else x.astype(jnp.float32)
-    return staged(np.ascontiguousarray(x, np.float32), slot)
+def _device_copy(x: jax.Array | np.ndarray, slot: int) -> jax.Array:
+    """``x`` as a float32 device array of its own (``slot`` is not used)."""
+    del slot
+    return jnp.asarray(x, jnp.float32)
+
+
+def _placed(
+    queries: jax.Array | np.ndarray,
+    references: jax.Array | np.ndarray,
+    place: Callable[[jax.Array | np.ndarray, int], jax.Array | np.ndarray],
+) -> tuple[jax.Array | np.ndarray, jax.Array | np.ndarray]:
+    """Queries and references through ``place`` (queries in slot 0, references in slot 1), once
+    when they are the same array (leave-one-out: one copy, not two)."""
+    same = queries is references
+    queries = place(queries, 0)
+    return queries, queries if same else place(references, 1)
 
 
 def _search_blocks(
     queries: jax.Array | np.ndarray,
     references: jax.Array | np.ndarray,
     k: int,
-    *,
     exclude_self: bool,
     distance: str,
     block_size: int,
@@ -923,19 +923,9 @@ def knn(
     # Host arrays may be shared rather than copied (see ``_search_blocks``), so the search is
     # waited for before returning.
     from_host = not isinstance(queries, jax.Array) or not isinstance(references, jax.Array)
-    same = queries is references
-    queries = _float32(queries, slot=0)
-    references = queries if same else _float32(references, slot=1)
+    queries, references = _placed(queries, references, as_float32)
     blocks = list(
-        _search_blocks(
-            queries,
-            references,
-            k,
-            exclude_self=exclude_self,
-            distance=distance,
-            block_size=block_size,
-            chunk_size=chunk_size,
-        )
+        _search_blocks(queries, references, k, exclude_self, distance, block_size, chunk_size)
     )
     if isinstance(blocks[0].distances, np.ndarray):
         found = (

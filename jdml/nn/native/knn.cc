@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -246,25 +247,31 @@ void top_range(const float* queries, const float* references, const float* bias,
   if (end <= begin) return;
   const int64_t qtile = std::min(kQueryTile, end - begin);
   const int64_t rtile = std::clamp<int64_t>(kTileScores / std::max<int64_t>(qtile, 1), 16, refs);
-  std::vector<float> scores(qtile * rtile);
-  std::vector<uint64_t> buffers(qtile * cap), scratch(cap);
+  // The tile of scores (at most 1 MB) is this thread's memory from its last call: a fresh one
+  // is mapped and zeroed on every call (a tenth of a 1 ms search). The candidate buffers are
+  // left uninitialised, so that only the part that fills is ever touched.
+  thread_local std::vector<float> scores_memory;
+  const size_t tile = qtile * rtile;
+  if (scores_memory.size() < tile) scores_memory.resize(tile);
+  float* scores = scores_memory.data();
+  std::unique_ptr<uint64_t[]> buffers(new uint64_t[qtile * cap]), scratch(new uint64_t[cap]);
   std::vector<Best> best(qtile);
   jdml::OneThread one_thread;  // sgemm runs on this piece's thread only
   for (int64_t q0 = begin; q0 < end; q0 += qtile) {
     const int64_t rows = std::min(qtile, end - q0);
     for (int64_t i = 0; i < rows; ++i) {
-      best[i] = Best{buffers.data() + i * cap, 0, -std::numeric_limits<float>::infinity(),
-                     scratch.data()};
+      best[i] = Best{buffers.get() + i * cap, 0, -std::numeric_limits<float>::infinity(),
+                     scratch.get()};
     }
     for (int64_t r0 = 0; r0 < refs; r0 += rtile) {
       const int64_t cols = std::min(rtile, refs - r0);
       // dots (rows x cols) = scale * queries[q0:q0+rows] . references[r0:r0+cols]^T, row-major
       const dnnl_status_t status =
           dnnl_sgemm('N', 'T', rows, cols, width, scale, queries + q0 * width, width,
-                     references + r0 * width, width, 0.0f, scores.data(), cols);
+                     references + r0 * width, width, 0.0f, scores, cols);
       if (status != dnnl_success) throw std::runtime_error("dnnl_sgemm failed");
       for (int64_t i = 0; i < rows; ++i) {
-        const float* dots = scores.data() + i * cols;
+        const float* dots = scores + i * cols;
         if (r0 > 0 || cols < 4 * k) {
           offer(dots, bias + r0, cols, static_cast<int32_t>(r0), best[i], k, cap);
           continue;
@@ -471,7 +478,11 @@ ffi::Error SearchBlock(ffi::ThreadPool pool, Matrix queries, Matrix references, 
   std::vector<float> own_bias(given ? 0 : refs, 0.0f);
   const float* bias_data = given ? bias.typed_data() : own_bias.data();
   const int64_t bias_pieces = compute_bias ? pieces_of(pool, refs, width, 1 << 16) : 0;
-  const int64_t query_pieces = pieces_of(pool, n, 1, 32);
+  // Pieces of at most one query tile each, claimed by whichever thread is free: after an idle
+  // moment a helper thread may start late, and the caller then takes more of them. (A piece of
+  // a tile packs the references for sgemm once, as a tile of a larger piece would.)
+  const int64_t query_pieces =
+      std::max(pieces_of(pool, n, 1, 32), (n + kQueryTile - 1) / kQueryTile);
   std::vector<float> values(n * wanted);
   std::vector<int32_t> candidates(n * wanted);
   const int64_t first = compute_bias ? 0 : 1;
