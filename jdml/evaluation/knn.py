@@ -30,7 +30,9 @@ the library is missing, from ``HOST_SELECTION_MIN_K`` neighbours on, and for any
 the two-stage top-k does not apply (few references), each query block (at most
 ``HOST_BLOCK_BYTES`` of scores) is scored against all references by XLA and its k best are
 selected on the host with numpy (see "Selection on the host" below). All give the same
-neighbours up to the rounding of the scores.
+neighbours up to the rounding of the scores. :func:`knn` of NumPy arrays with the Euclidean
+distance calls the native search directly on their memory, without JAX (``_direct_search``),
+as faiss is called.
 
 :func:`knn_full_ranking` (leave-one-out only) additionally ranks each query's complete list of
 N - 1 other samples, for the mAP over all neighbours: per query block it computes the distances
@@ -49,6 +51,7 @@ are broken towards the lower reference index, deterministically.
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import functools
 import math
 import os
@@ -887,6 +890,55 @@ def _search_blocks(
     return blocks()
 
 
+_Int64 = ctypes.c_int64
+_Pointer = ctypes.c_void_p
+
+
+@functools.cache
+def _direct_function() -> ctypes._CFuncPtr:
+    """The native library's ``jdml_knn_search_host``, typed (see ``knn.cc``)."""
+    function = native.library().jdml_knn_search_host
+    function.argtypes = [_Pointer, _Int64, _Pointer, _Int64, _Int64, _Int64, ctypes.c_int]
+    function.argtypes += [ctypes.c_int, _Pointer, _Pointer, ctypes.c_char_p, _Int64]
+    function.restype = ctypes.c_int
+    return function
+
+
+def _direct_search(
+    queries: np.ndarray, references: np.ndarray, k: int, exclude_self: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`knn` of host arrays with the Euclidean distance, by the native search called
+    directly on their memory (``jdml_knn_search_host``), as faiss is called: no JAX dispatch
+    (0.3-0.6 ms after an idle moment) and no aligned copy of the arrays, together a third of a
+    search of 1,000 x 1,000. The same kernel and query ranges as the jitted native block of
+    the whole search, so the same results, bit for bit. The call returns when it is done."""
+    function = _direct_function()
+    same = queries is references
+    queries = np.ascontiguousarray(queries, np.float32)
+    references = queries if same else np.ascontiguousarray(references, np.float32)
+    (num_queries, width), num_references = queries.shape, references.shape[0]
+    distances = np.empty((num_queries, k), np.float32)
+    indices = np.empty((num_queries, k), np.int32)
+    error = ctypes.create_string_buffer(256)
+    failed = function(
+        queries.ctypes.data,
+        num_queries,
+        references.ctypes.data,
+        num_references,
+        width,
+        k,
+        int(exclude_self),
+        0,  # Euclidean
+        distances.ctypes.data,
+        indices.ctypes.data,
+        error,
+        len(error),
+    )
+    if failed:
+        raise RuntimeError(error.value.decode(errors="replace"))
+    return distances, indices
+
+
 def knn(
     queries: jax.Array | np.ndarray,
     references: jax.Array | np.ndarray,
@@ -896,7 +948,7 @@ def knn(
     distance: str = "euclidean",
     block_size: int = DEFAULT_BLOCK_SIZE,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array] | tuple[np.ndarray, np.ndarray]:
     """Exact k nearest references of every query, blocked so no Q x N matrix is materialised.
 
     Brute-force search: every query is compared to every reference, ``block_size`` queries at a
@@ -917,12 +969,26 @@ def knn(
 
     Returns:
       distances (Q, k) float32, ascending per row, and indices (Q, k) int32 into ``references``;
-      equal distances are ordered by lower reference index. On CPU, where the selection runs on
-      the host (see ``_select_on_host``), ``chunk_size`` is not used.
+      equal distances are ordered by lower reference index. NumPy arrays when the queries and
+      the references are host arrays, else JAX arrays. On CPU, where the selection runs on the
+      host (see ``_select_on_host``), ``chunk_size`` is not used; where NumPy arrays are
+      searched by the native kernel directly (``_direct_search``), neither is ``block_size``.
     """
     # Host arrays may be shared rather than copied (see ``_search_blocks``), so the search is
     # waited for before returning.
-    from_host = not isinstance(queries, jax.Array) or not isinstance(references, jax.Array)
+    host = [not isinstance(a, jax.Array) for a in (queries, references)]
+    if all(host) and distance == "euclidean":
+        check_search(
+            np.shape(queries),
+            np.shape(references),
+            k,
+            exclude_self,
+            distance,
+            block_size,
+            chunk_size,
+        )
+        if _selection(k + int(exclude_self), np.shape(references)[0]) == "native":
+            return _direct_search(queries, references, k, exclude_self)
     queries, references = _placed(queries, references, as_float32)
     blocks = list(
         _search_blocks(queries, references, k, exclude_self, distance, block_size, chunk_size)
@@ -939,7 +1005,9 @@ def knn(
             jnp.concatenate([b.distances for b in blocks]),
             jnp.concatenate([b.indices for b in blocks]),
         )
-    return jax.block_until_ready(found) if from_host else found
+    if all(host):
+        return np.asarray(found[0]), np.asarray(found[1])
+    return jax.block_until_ready(found) if any(host) else found
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The native kNN kernels (jdml/nn/native/knn.cc): ``jdml_knn_top`` selects what an explicit
 sort of every score selects, ties to the lower index (within a vector of compares, across
 reference tiles, across buffer cuts and across threads), and ``jdml_order_rows`` orders rows as
-a lexicographic sort does; ``$JDML_KNN`` chooses the selection."""
+a lexicographic sort does; ``$JDML_KNN`` chooses the selection; NumPy arrays searched directly
+(``jdml_knn_search_host``) give the jitted search's results bit for bit."""
 
 from __future__ import annotations
 
@@ -178,12 +179,18 @@ def test_knn_with_the_native_selection_equals_the_others(
     many different scores to one distance and the rows need ordering (host and XLA: exactly
     the same; native: up to swaps of references at the same distance up to rounding)."""
     x = np.random.default_rng(4).standard_normal((2000, 32)).astype(np.float32)
+    on_device = jnp.asarray(x)  # NumPy arrays would take the direct search (compared below)
     results = {}
     for selection in ("native", "host", "xla"):
         monkeypatch.setattr(knn_module, "SELECTION", selection)
-        results[selection] = [np.asarray(a) for a in knn(x, x, 300, exclude_self=exclude_self)]
+        found = knn(on_device, on_device, 300, exclude_self=exclude_self)
+        results[selection] = [np.asarray(a) for a in found]
     np.testing.assert_array_equal(results["host"][1], results["xla"][1])
     assert_equal_up_to_rounding_ties(x, results["native"], results["xla"])
+    monkeypatch.setattr(knn_module, "SELECTION", "native")
+    direct = knn(x, x, 300, exclude_self=exclude_self)
+    np.testing.assert_array_equal(direct[1], results["native"][1])
+    np.testing.assert_array_equal(direct[0], results["native"][0])
 
 
 @pytest.mark.parametrize("distance", ["euclidean", "cosine"])
@@ -198,19 +205,100 @@ def test_the_native_search_is_the_same_in_one_block_or_several(
     rng = np.random.default_rng(7)
     x = rng.standard_normal((700, 24)).astype(np.float32)
     x[5] = x[600]  # an exact duplicate: kept as a neighbour at distance 0, ranked by index
-    one = [np.asarray(a) for a in knn(x, x, 9, exclude_self=exclude_self, distance=distance)]
+    on_device = jnp.asarray(x)  # NumPy arrays would take the direct search, in one call
+    options = {"exclude_self": exclude_self, "distance": distance}
+    one = [np.asarray(a) for a in knn(on_device, on_device, 9, **options)]
     monkeypatch.setattr(knn_module, "BLOCK_SCORES", 1)  # blocks of block_size queries
-    several = [
-        np.asarray(a)
-        for a in knn(x, x, 9, exclude_self=exclude_self, distance=distance, block_size=64)
-    ]
+    several = [np.asarray(a) for a in knn(on_device, on_device, 9, block_size=64, **options)]
     np.testing.assert_array_equal(several[1], one[1])
     np.testing.assert_array_equal(several[0], one[0])
+    direct = knn(x, x, 9, block_size=64, **options)  # the direct search for the Euclidean one
+    np.testing.assert_array_equal(direct[1], one[1])
+    np.testing.assert_array_equal(direct[0], one[0])
     if exclude_self:
         assert not np.any(one[1] == np.arange(len(x))[:, None])
         assert one[1][5, 0] == 600 and one[1][600, 0] == 5
     else:  # the query and its duplicate tie at distance 0: the lower index first
         np.testing.assert_array_equal(one[1][[5, 600], :2], [[5, 600], [5, 600]])
+
+
+def _placed_at(x: np.ndarray, past: int) -> np.ndarray:
+    """A copy of ``x`` whose data starts ``past`` bytes after a 64-byte boundary."""
+    raw = np.empty(x.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data % 64) + past
+    out = raw[start : start + x.nbytes].view(x.dtype).reshape(x.shape)
+    out[...] = x
+    return out
+
+
+@pytest.mark.parametrize(
+    ("queries", "references", "k", "exclude_self"),
+    [
+        (1, 1, 1, False),  # a single query and reference
+        (5, 5, 4, True),  # every other point
+        (257, 257, 7, True),  # one query past a tile of 256
+        (300, 1100, 16, False),  # a gallery
+        (300, 1748, 5, False),  # ranges of 150 queries: tiles of 1,747 references and of 1
+        (600, 600, 300, True),  # k of half the points: buffers cut many times
+        (40, 3000, 1000, False),  # k of a third of the references
+    ],
+)
+def test_the_direct_search_of_numpy_arrays_is_the_jitted_search_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch, queries: int, references: int, k: int, exclude_self: bool
+) -> None:
+    """``jdml_knn_search_host`` on NumPy arrays where they are (unaligned, or converted from
+    float64 / a strided view) equals the jitted ``jdml_knn_search`` on device arrays, also with
+    exact duplicates (ties by index) and with several jitted blocks."""
+    monkeypatch.setattr(knn_module, "SELECTION", "native")
+    rng = np.random.default_rng(queries + references + k)
+    r = rng.standard_normal((references, 24)).astype(np.float32)
+    if references > 3:
+        r[3] = r[1]  # an exact duplicate
+    q = r.copy() if exclude_self else rng.standard_normal((queries, 24)).astype(np.float32)
+    refs = r if exclude_self else _placed_at(r, 16)
+    qs = refs if exclude_self else _placed_at(q, 48)
+    got = knn(qs, refs, k, exclude_self=exclude_self)
+    assert all(isinstance(a, np.ndarray) for a in got)
+    want = knn(jnp.asarray(q), jnp.asarray(r), k, exclude_self=exclude_self)
+    assert all(isinstance(a, jax.Array) for a in want)
+    np.testing.assert_array_equal(got[1], np.asarray(want[1]))
+    np.testing.assert_array_equal(got[0], np.asarray(want[0]))
+    monkeypatch.setattr(knn_module, "BLOCK_SCORES", 1)  # several jitted blocks
+    blocks = knn(jnp.asarray(q), jnp.asarray(r), k, exclude_self=exclude_self, block_size=64)
+    np.testing.assert_array_equal(got[1], np.asarray(blocks[1]))
+    np.testing.assert_array_equal(got[0], np.asarray(blocks[0]))
+    if not exclude_self:  # float64 and a strided view: converted, then searched directly
+        wide = np.zeros((queries, 48))
+        wide[:, ::2] = q
+        again = knn(wide[:, ::2], r.astype(np.float64), k, exclude_self=False)
+        np.testing.assert_array_equal(again[1], got[1])
+        np.testing.assert_array_equal(again[0], got[0])
+
+
+def test_numpy_arrays_give_numpy_results_on_every_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NumPy in, NumPy out: the direct search, the cosine distance (jitted) and the other
+    selections; a device array among the inputs gives device arrays."""
+    x = np.random.default_rng(9).standard_normal((50, 8)).astype(np.float32)
+    for selection, distance in [
+        ("native", "euclidean"),
+        ("native", "cosine"),
+        ("xla", "euclidean"),
+    ]:
+        monkeypatch.setattr(knn_module, "SELECTION", selection)
+        found = knn(x, x, 3, exclude_self=True, distance=distance)
+        assert all(isinstance(a, np.ndarray) for a in found), (selection, distance)
+        mixed = knn(jnp.asarray(x), x, 3, exclude_self=True, distance=distance)
+        assert all(isinstance(a, jax.Array) for a in mixed), (selection, distance)
+        np.testing.assert_array_equal(np.asarray(mixed[1]), found[1])
+
+
+def test_the_direct_search_checks_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(knn_module, "SELECTION", "native")
+    x = np.zeros((4, 2), np.float32)
+    with pytest.raises(ValueError, match="k"):
+        knn(x, x, 4, exclude_self=True)  # only 3 other points
+    with pytest.raises(ValueError):
+        knn(x, np.zeros((4, 3), np.float32), 1, exclude_self=False)  # dimensions differ
 
 
 @pytest.mark.parametrize("mode", ["xla", "onednn"])

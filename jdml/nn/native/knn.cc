@@ -1,4 +1,4 @@
-// Exact top-k of nearest-neighbour search as an XLA FFI handler for the CPU backend (see
+// Exact top-k of nearest-neighbour search as XLA FFI handlers for the CPU backend (see
 // jdml/evaluation/knn.py and jdml/nn/native/__init__.py).
 //
 //   jdml_knn_top: for every query q, the k references r with the largest scores
@@ -16,6 +16,8 @@
 //     thread (a program of fewer than 1,000 XLA flops is "cheap" and is not handed to another
 //     thread; after the process has been idle, that hand-off costs about a millisecond on a
 //     2-core VM, as much as the whole search of 1,000 x 1,000).
+//   jdml_knn_search_host (a plain C function, not an FFI handler): the same search of every
+//     query against every reference on host memory, called directly (see its comment).
 //
 // XLA computes a block's scores with a matmul whose (queries x references) result goes to
 // memory, and a top-k pass reads them back. Here each thread takes a range of queries; for a tile
@@ -28,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -237,6 +240,36 @@ KthFloor kth_floor_function() {
   return kth_floor_scalar;
 }
 
+// oneDNN's sgemm computes fewer than 16 rows, or a single column, with other kernels whose sums
+// round differently (measured on AVX-512), so a query's scores would depend on how many queries
+// share its tile, and a reference's on where its tile ends. Smaller tiles are computed padded
+// with zero rows to at least kMinRows x kMinCols (the padding's scores are never read): every
+// score then comes from one kernel, and searches that cut the queries differently (one block or
+// several, the jitted search or the direct one) give the same scores bit for bit.
+constexpr int64_t kMinRows = 32;
+constexpr int64_t kMinCols = 16;
+
+// scores[i * max(cols, kMinCols) + j] = scale * queries[i] . references[j], i < rows, j < cols,
+// in a buffer of max(rows, kMinRows) x max(cols, kMinCols) floats.
+void score_tile(const float* queries, int64_t rows, const float* references, int64_t cols,
+                int64_t width, float scale, float* scores) {
+  const int64_t m = std::max(rows, kMinRows), ld = std::max(cols, kMinCols);
+  thread_local std::vector<float> padded_queries, padded_references;
+  if (rows < m) {
+    padded_queries.assign(m * width, 0.0f);
+    std::copy(queries, queries + rows * width, padded_queries.begin());
+    queries = padded_queries.data();
+  }
+  if (cols < ld) {
+    padded_references.assign(ld * width, 0.0f);
+    std::copy(references, references + cols * width, padded_references.begin());
+    references = padded_references.data();
+  }
+  const dnnl_status_t status = dnnl_sgemm('N', 'T', m, ld, width, scale, queries, width,
+                                          references, width, 0.0f, scores, ld);
+  if (status != dnnl_success) throw std::runtime_error("dnnl_sgemm failed");
+}
+
 // Queries [begin, end) against all references: their k best, written to values / indices.
 void top_range(const float* queries, const float* references, const float* bias, float scale,
                int64_t width, int64_t refs, int64_t k, int64_t begin, int64_t end, float* values,
@@ -251,7 +284,7 @@ void top_range(const float* queries, const float* references, const float* bias,
   // is mapped and zeroed on every call (a tenth of a 1 ms search). The candidate buffers are
   // left uninitialised, so that only the part that fills is ever touched.
   thread_local std::vector<float> scores_memory;
-  const size_t tile = qtile * rtile;
+  const size_t tile = std::max(qtile, kMinRows) * std::max(rtile, kMinCols);
   if (scores_memory.size() < tile) scores_memory.resize(tile);
   float* scores = scores_memory.data();
   std::unique_ptr<uint64_t[]> buffers(new uint64_t[qtile * cap]), scratch(new uint64_t[cap]);
@@ -264,14 +297,11 @@ void top_range(const float* queries, const float* references, const float* bias,
                      scratch.get()};
     }
     for (int64_t r0 = 0; r0 < refs; r0 += rtile) {
-      const int64_t cols = std::min(rtile, refs - r0);
+      const int64_t cols = std::min(rtile, refs - r0), ld = std::max(cols, kMinCols);
       // dots (rows x cols) = scale * queries[q0:q0+rows] . references[r0:r0+cols]^T, row-major
-      const dnnl_status_t status =
-          dnnl_sgemm('N', 'T', rows, cols, width, scale, queries + q0 * width, width,
-                     references + r0 * width, width, 0.0f, scores, cols);
-      if (status != dnnl_success) throw std::runtime_error("dnnl_sgemm failed");
+      score_tile(queries + q0 * width, rows, references + r0 * width, cols, width, scale, scores);
       for (int64_t i = 0; i < rows; ++i) {
-        const float* dots = scores + i * cols;
+        const float* dots = scores + i * ld;
         if (r0 > 0 || cols < 4 * k) {
           offer(dots, bias + r0, cols, static_cast<int32_t>(r0), best[i], k, cap);
           continue;
@@ -417,6 +447,32 @@ void finish_range(const Search& search, const float* queries, int64_t width, con
   }
 }
 
+// Queries [begin, end) of a search: their top-k (top_range) and its finish (finish_range),
+// written to rows [begin, end) of distances / indices.
+void search_range(const Search& search, const float* queries, const float* references,
+                  const float* bias, int64_t width, int64_t refs, int64_t begin, int64_t end,
+                  float* distances, int32_t* indices) {
+  const int64_t rows = end - begin, wanted = search.k + search.exclude_self;
+  if (rows <= 0) return;
+  std::vector<float> values(rows * wanted);
+  std::vector<int32_t> candidates(rows * wanted);
+  Search range = search;  // the range's own rows, from 0
+  range.offset += static_cast<int32_t>(begin);
+  const float* rows_queries = queries + begin * width;
+  top_range(rows_queries, references, bias, search.cosine ? 1.0f : 2.0f, width, refs, wanted, 0,
+            rows, values.data(), candidates.data());
+  finish_range(range, rows_queries, width, values.data(), candidates.data(), 0, rows,
+               distances + begin * search.k, indices + begin * search.k);
+}
+
+// The query ranges of a search of n queries with `threads` threads: at most one query tile each
+// (a range of one tile packs the references for sgemm once, as a tile of a larger range would),
+// so that after an idle moment, when a helper thread starts late, the others take more of them.
+int64_t query_ranges(int64_t n, int64_t threads) {
+  return std::max(std::clamp<int64_t>(n / 32, 1, std::max<int64_t>(1, threads)),
+                  (n + kQueryTile - 1) / kQueryTile);
+}
+
 ffi::Error Order(ffi::ThreadPool pool, Matrix distances, IntMatrix indices,
                  ffi::ResultBuffer<ffi::F32, 2> out_distances,
                  ffi::ResultBuffer<ffi::S32, 2> out_indices) {
@@ -478,13 +534,7 @@ ffi::Error SearchBlock(ffi::ThreadPool pool, Matrix queries, Matrix references, 
   std::vector<float> own_bias(given ? 0 : refs, 0.0f);
   const float* bias_data = given ? bias.typed_data() : own_bias.data();
   const int64_t bias_pieces = compute_bias ? pieces_of(pool, refs, width, 1 << 16) : 0;
-  // Pieces of at most one query tile each, claimed by whichever thread is free: after an idle
-  // moment a helper thread may start late, and the caller then takes more of them. (A piece of
-  // a tile packs the references for sgemm once, as a tile of a larger piece would.)
-  const int64_t query_pieces =
-      std::max(pieces_of(pool, n, 1, 32), (n + kQueryTile - 1) / kQueryTile);
-  std::vector<float> values(n * wanted);
-  std::vector<int32_t> candidates(n * wanted);
+  const int64_t query_pieces = query_ranges(n, pool.num_threads());
   const int64_t first = compute_bias ? 0 : 1;
   try {
     jdml::run_rounds(
@@ -498,12 +548,9 @@ ffi::Error SearchBlock(ffi::ThreadPool pool, Matrix queries, Matrix references, 
             return;
           }
           if (i >= query_pieces) return;
-          const int64_t begin = n * i / query_pieces, end = n * (i + 1) / query_pieces;
-          top_range(queries.typed_data(), references.typed_data(), bias_data,
-                    cosine ? 1.0f : 2.0f, width, refs, wanted, begin, end, values.data(),
-                    candidates.data());
-          finish_range(search, queries.typed_data(), width, values.data(), candidates.data(),
-                       begin, end, distances->typed_data(), indices->typed_data());
+          search_range(search, queries.typed_data(), references.typed_data(), bias_data, width,
+                       refs, n * i / query_pieces, n * (i + 1) / query_pieces,
+                       distances->typed_data(), indices->typed_data());
         },
         [](int64_t) { return true; });
   } catch (const std::exception& err) {
@@ -513,6 +560,44 @@ ffi::Error SearchBlock(ffi::ThreadPool pool, Matrix queries, Matrix references, 
 }
 
 }  // namespace
+
+// jdml_knn_search on host memory, for every query against every reference, called directly
+// (ctypes) rather than through XLA, as faiss is called on NumPy arrays: a jitted call of the
+// same search costs 0.3-0.6 ms of JAX dispatch after an idle moment, and host arrays must first
+// be copied to 64-byte alignment, together a third of a search of 1,000 x 1,000. Here the arrays
+// are read where they are (any alignment: sgemm and the vector loads are unaligned ones). The
+// threads are OpenMP's (XLA's pool is reachable only from inside a program); the query ranges
+// and the biases are the XLA handler's for one block, so the results are its results, bit for
+// bit. Returns 0, or 1 with a message in `error` (at most `error_size` bytes with its NUL).
+extern "C" int jdml_knn_search_host(const float* queries, int64_t n, const float* references,
+                                    int64_t refs, int64_t width, int64_t k, int exclude_self,
+                                    int cosine, float* distances, int32_t* indices, char* error,
+                                    int64_t error_size) {
+  std::string failure;
+  if (n < 0 || width < 1 || k < 1 || k + (exclude_self != 0) > refs) failure = "bad shapes or k";
+  const Search search{k, exclude_self != 0, cosine != 0, 0};
+  std::vector<float> bias(failure.empty() && !cosine ? refs : 0, 0.0f);
+  const int64_t bias_rows = bias.size();
+  const int64_t ranges = failure.empty() ? query_ranges(n, omp_get_max_threads()) : 0;
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < bias_rows; ++r) bias_range(references, width, r, r + 1, bias.data());
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < ranges; ++i) {
+      try {
+        search_range(search, queries, references, bias.data(), width, refs, n * i / ranges,
+                     n * (i + 1) / ranges, distances, indices);
+      } catch (const std::exception& err) {
+#pragma omp critical
+        if (failure.empty()) failure = err.what();
+      }
+    }
+  }
+  if (failure.empty()) return 0;
+  if (error_size > 0) std::snprintf(error, error_size, "k-nearest: %s", failure.c_str());
+  return 1;
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_knn_bias, Bias,
                               ffi::Ffi::Bind()
