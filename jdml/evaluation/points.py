@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Host arrays of at most this many bytes are staged (see ``staged``); larger ones go to JAX as
-# they are. A thread keeps at most one buffer of this size per slot (two slots are used: queries
-# and references), 16 MB at most; above it the copy JAX makes is small against the work.
+# Host arrays of at most this many bytes are staged in a buffer that is kept for the next call
+# (see ``staged``); larger ones are copied into memory of their own. A thread keeps at most one
+# buffer of this size per slot (two slots are used: queries and references), 16 MB in all.
 STAGING_MAX_BYTES = 8 * 2**20
 # JAX on CPU shares a host array's memory, instead of copying it, when it is this aligned.
 _ALIGNMENT = 64
@@ -32,21 +32,27 @@ _staging = threading.local()
 
 def staged(x: np.ndarray, slot: int) -> np.ndarray:
     """``x`` (C-contiguous float32) as JAX on CPU can share it: ``x`` itself if it is 64-byte
-    aligned or larger than ``STAGING_MAX_BYTES``, else a copy in an aligned buffer of this
-    thread that the next call with the same ``slot`` reuses.
+    aligned, else an aligned copy: up to ``STAGING_MAX_BYTES`` in a buffer of this thread that
+    the next call with the same ``slot`` reuses, above it in memory of its own.
 
-    JAX copies an unaligned host array into freshly allocated memory, whose pages the kernel
-    must first map and clear: for 1,000 x 1,024 float32 (4 MB), 0.6-1 ms, a tenth of a search
-    of that size; a copy into memory touched before costs a third of that. The copy is the
-    caller's for as long as it uses it: it must be done with every computation that reads it
-    before the same thread stages something else in that slot.
+    JAX copies an unaligned host array itself, into freshly allocated memory whose pages the
+    kernel must first map and clear: for 1,000 x 1,024 float32 (4 MB), 0.6-1 ms, a tenth of a
+    search of that size, where a copy into memory touched before costs a third of that; and for
+    20,000 x 512 (40 MB) 22 ms, where NumPy's copy into fresh memory takes 11 (as much as a
+    5-cluster k-means of those points). Large NumPy arrays are rarely aligned: their memory comes
+    from mmap behind a 16-byte header. A staged copy is the caller's for as long as it uses it:
+    it must be done with every computation that reads it before the same thread stages
+    something else in that slot.
     """
-    if x.ctypes.data % _ALIGNMENT == 0 or x.nbytes > STAGING_MAX_BYTES:
+    if x.ctypes.data % _ALIGNMENT == 0:
         return x
-    buffers = _staging.__dict__.setdefault("buffers", {})
-    buffer = buffers.get(slot)
-    if buffer is None or buffer.nbytes < x.nbytes + _ALIGNMENT:
-        buffer = buffers[slot] = np.empty(x.nbytes + _ALIGNMENT, np.uint8)
+    if x.nbytes > STAGING_MAX_BYTES:
+        buffer = np.empty(x.nbytes + _ALIGNMENT, np.uint8)
+    else:
+        buffers = _staging.__dict__.setdefault("buffers", {})
+        buffer = buffers.get(slot)
+        if buffer is None or buffer.nbytes < x.nbytes + _ALIGNMENT:
+            buffer = buffers[slot] = np.empty(x.nbytes + _ALIGNMENT, np.uint8)
     start = -buffer.ctypes.data % _ALIGNMENT
     copy = buffer[start : start + x.nbytes].view(np.float32).reshape(x.shape)
     np.copyto(copy, x)
@@ -55,10 +61,12 @@ def staged(x: np.ndarray, slot: int) -> np.ndarray:
 
 def as_float32(x: jax.Array | np.ndarray, slot: int) -> jax.Array | np.ndarray:
     """``x`` as float32: a JAX array stays one (cast if needed); a host array stays on the host,
-    C-contiguous and staged in ``slot`` (see :func:`staged`), for a jitted call to share."""
+    C-contiguous, and on the CPU backend staged in ``slot`` (see :func:`staged`), for a jitted
+    call to share (other backends copy it to the device anyway)."""
     if isinstance(x, jax.Array):
         return x if x.dtype == jnp.float32 else x.astype(jnp.float32)
-    return staged(np.ascontiguousarray(x, np.float32), slot)
+    x = np.ascontiguousarray(x, np.float32)
+    return staged(x, slot) if jax.default_backend() == "cpu" else x
 
 
 def float32_on_device(x: jax.Array | np.ndarray, slot: int = 0) -> jax.Array:

@@ -73,10 +73,16 @@ def test_an_unaligned_array_is_copied_aligned_and_the_slot_is_reused() -> None:
     assert other.ctypes.data != second.ctypes.data
 
 
-def test_large_arrays_are_not_staged(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_large_arrays_are_copied_aligned_into_memory_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(points, "STAGING_MAX_BYTES", 100)
     x = unaligned((10, 4), 3)  # 160 bytes
-    assert points.staged(x, 0) is x
+    first, second = points.staged(x, 0), points.staged(x, 0)
+    for copy in (first, second):
+        assert copy is not x and copy.ctypes.data % 64 == 0
+        np.testing.assert_array_equal(copy, x)
+    assert first.ctypes.data != second.ctypes.data  # not a kept buffer
 
 
 def test_searches_of_host_arrays_one_after_another_keep_their_results() -> None:

@@ -311,104 +311,77 @@ __attribute__((target("avx512f"))) void nearest_direct(const float* x, const flo
   }
 }
 
-// Adds one point's R registers of dimensions (lanes: the dimensions of each that are summed) to
-// the accumulators of cluster g of the group, J..G-1 tried in turn with constant indices so that
-// the accumulators stay in registers.
-template <int G, int R, int J = 0>
-__attribute__((target("avx512f"), always_inline)) inline void add_point(__m512 (&acc)[G][R],
-                                                                      uint32_t g,
-                                                                      const float* point,
-                                                                      const __mmask16* lanes) {
-  if constexpr (J < G) {
-    if (g != J) {
-      add_point<G, R, J + 1>(acc, g, point, lanes);
-      return;
-    }
-    for (int r = 0; r < R; ++r) {
-      acc[J][r] = _mm512_add_ps(acc[J][r], _mm512_maskz_loadu_ps(lanes[r], point + 16 * r));
-    }
-  }
-}
-
-// The sums over dimensions [d0, min(d0 + 16 R, dim)) of the points of `groups` (at most G)
-// consecutive clusters from `first`, in one pass over the points [begin, end) in point order (G x
-// R accumulators: at most 24 of the 32 registers), each continuing from its cluster's float32
-// row of `sums` and stored back once, so that calls on consecutive ranges of points add them in
-// point order as one call would; counts are increased when `count` is set.
+// Adds the points `members[0..m)` (rows of x, in increasing order) to one cluster's float32 sum
+// `row`, dimensions [d0, min(d0 + 16 R, dim)) in R registers, continuing from the row's values
+// and storing them back once, so that calls on consecutive ranges of points add them in point
+// order as one call would.
 template <int R>
-__attribute__((target("avx512f"), always_inline)) inline void add_group(
-    const float* x, const int32_t* nearest, int64_t begin, int64_t end, int64_t dim, int64_t d0,
-    int32_t first, int64_t groups, float* sums, int64_t* counts, bool count) {
-  constexpr int G = R == 1 ? static_cast<int>(kDirectClusters) : 24 / R;
+__attribute__((target("avx512f"), always_inline)) inline void add_members(
+    const float* x, const int32_t* members, int64_t m, int64_t dim, int64_t d0, float* row) {
   __mmask16 lanes[R];
-  __m512 acc[G][R];
+  __m512 acc[R];
   for (int r = 0; r < R; ++r) {
     const int64_t width = std::clamp<int64_t>(dim - d0 - 16 * r, 0, 16);
     lanes[r] = static_cast<__mmask16>((1u << width) - 1u);
-    for (int g = 0; g < G; ++g) {
-      acc[g][r] = g < groups ? _mm512_maskz_loadu_ps(lanes[r], sums + g * dim + d0 + 16 * r)
-                             : _mm512_setzero_ps();
-    }
+    acc[r] = _mm512_maskz_loadu_ps(lanes[r], row + d0 + 16 * r);
   }
-  int64_t seen[G] = {};
-  for (int64_t i = begin; i < end; ++i) {
-    // The group's points are not contiguous, so the hardware prefetcher misses them: ask for the
-    // one kPrefetchPoints points ahead, if it is in the group
-    const int64_t ahead = i + kPrefetchPoints;
-    if (ahead < end &&
-        static_cast<uint32_t>(nearest[ahead] - first) < static_cast<uint32_t>(groups)) {
-      for (int r = 0; r < R; ++r) {  // a cache line per register
-        _mm_prefetch(reinterpret_cast<const char*>(x + ahead * dim + d0 + 16 * r), _MM_HINT_T0);
+  for (int64_t j = 0; j < m; ++j) {
+    // The members are not contiguous, so the hardware prefetcher misses them: ask for the one
+    // kPrefetchPoints ahead, a cache line per register
+    if (j + kPrefetchPoints < m) {
+      const float* ahead = x + static_cast<int64_t>(members[j + kPrefetchPoints]) * dim + d0;
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + 16 * r), _MM_HINT_T0);
       }
     }
-    const uint32_t g = static_cast<uint32_t>(nearest[i] - first);
-    if (g >= static_cast<uint32_t>(groups)) continue;
-    add_point<G, R>(acc, g, x + i * dim + d0, lanes);
-    ++seen[g];
+    const float* point = x + static_cast<int64_t>(members[j]) * dim + d0;
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_add_ps(acc[r], _mm512_maskz_loadu_ps(lanes[r], point + 16 * r));
+    }
   }
-  // Over the constant G (unrolled, so that every accumulator has a constant index and stays in
-  // a register; a loop to the run-time `groups` had put them all on the stack)
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g) {
-    if (g >= groups) break;
-    float* row = sums + g * dim + d0;
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(row + 16 * r, lanes[r], acc[g][r]);
-    if (count) counts[g] += seen[g];
-  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(row + d0 + 16 * r, lanes[r], acc[r]);
 }
 
-// add_rows for at most kDirectClusters clusters: each cluster's sum of its points in [begin, end)
-// (in point order, as add_rows sums them) kept in registers, from its float32 row of `sums` on,
-// and stored back once, instead of one read and write of the row per point. The dimensions go R
-// registers (16 R floats) at a time, and for each the clusters in groups of 24 / R, one pass over
-// the points per group: 5 clusters at D = 128 take 2 passes (a pass per cluster had read the
-// points 5 times). The counts are increased in the first pass.
+// add_rows for at most kDirectClusters clusters: the points [begin, end) sorted by cluster in
+// point order (a counting sort, without branches), then each cluster's sum over its own points
+// with its row in registers, 16 R dimensions at a time. Each sum is the same float32 sum in point
+// order as a pass that adds every point to its cluster's row; that pass (with the rows of a group
+// of clusters in registers, a branch per point to find its cluster) mispredicted about every
+// other point and took half of a 5-cluster reference k-means.
 __attribute__((target("avx512f"))) void add_rows_direct(const float* x, const int32_t* nearest,
                                                       int64_t begin, int64_t end, int64_t dim,
                                                       int64_t first, int64_t clusters,
                                                       float* sums, int64_t* counts) {
-  for (int64_t d0 = 0; d0 < dim;) {
-    const int64_t registers = (dim - d0 + 15) / 16;
-    const int R = registers >= 8 ? 8 : registers >= 4 ? 4 : registers >= 2 ? 2 : 1;
-    const int64_t group = R == 1 ? kDirectClusters : 24 / R;
-    for (int64_t k = 0; k < clusters; k += group) {
-      const int64_t groups = std::min(group, clusters - k);
-      const int32_t at = static_cast<int32_t>(first + k);
-      float* rows = sums + k * dim;
-      const bool count = d0 == 0;
-      int64_t* tally = counts + k;
+  // bucket g < clusters: the points of cluster first + g; bucket `clusters`: all others
+  thread_local std::vector<int32_t> members;
+  thread_local std::vector<int64_t> starts;
+  members.resize(std::max<int64_t>(end - begin, 0));
+  starts.assign(clusters + 2, 0);
+  const auto bucket = [&](int64_t i) {
+    const uint32_t g = static_cast<uint32_t>(nearest[i] - first);
+    return g < static_cast<uint32_t>(clusters) ? static_cast<int64_t>(g) : clusters;
+  };
+  for (int64_t i = begin; i < end; ++i) ++starts[bucket(i) + 1];
+  for (int64_t g = 0; g <= clusters; ++g) starts[g + 1] += starts[g];
+  std::vector<int64_t> next(starts.begin(), starts.end() - 1);
+  for (int64_t i = begin; i < end; ++i) members[next[bucket(i)]++] = static_cast<int32_t>(i);
+  for (int64_t g = 0; g < clusters; ++g) {
+    const int32_t* list = members.data() + starts[g];
+    const int64_t m = starts[g + 1] - starts[g];
+    float* row = sums + g * dim;
+    counts[g] += m;
+    if (m == 0) continue;
+    for (int64_t d0 = 0; d0 < dim;) {
+      const int64_t registers = (dim - d0 + 15) / 16;
+      const int R = registers >= 8 ? 8 : registers >= 4 ? 4 : registers >= 2 ? 2 : 1;
       switch (R) {
-        case 8: add_group<8>(x, nearest, begin, end, dim, d0, at, groups, rows, tally, count);
-          break;
-        case 4: add_group<4>(x, nearest, begin, end, dim, d0, at, groups, rows, tally, count);
-          break;
-        case 2: add_group<2>(x, nearest, begin, end, dim, d0, at, groups, rows, tally, count);
-          break;
-        default: add_group<1>(x, nearest, begin, end, dim, d0, at, groups, rows, tally, count);
+        case 8: add_members<8>(x, list, m, dim, d0, row); break;
+        case 4: add_members<4>(x, list, m, dim, d0, row); break;
+        case 2: add_members<2>(x, list, m, dim, d0, row); break;
+        default: add_members<1>(x, list, m, dim, d0, row);
       }
+      d0 = std::min(dim, d0 + 16 * R);
     }
-    d0 = std::min(dim, d0 + 16 * R);
   }
 }
 
