@@ -887,16 +887,18 @@ void assign_bounded_range(const float* x, const float* x_sq, const float* c, con
   if (todo.empty()) return;
   static const NearestInRow nearest_two = nearest_in_row<true>();
   const int64_t ctile = std::min(clusters, kCentroidTile);
-  const int64_t ptile = std::clamp<int64_t>(kTileScores / ctile, 1, kMaxPointTile);
-  std::vector<float> rows_x(ptile * dim), rows_sq(ptile), scores(ptile * ctile);
-  std::vector<float> best(ptile), second(ptile);
+  const int64_t count = static_cast<int64_t>(todo.size());
+  // Tiles of at most the points to assign, left uninitialised (every entry read is written
+  // first): zero-filled tiles of the full size had cost more than the copies into them.
+  const int64_t ptile = std::min(count, std::clamp<int64_t>(kTileScores / ctile, 1, kMaxPointTile));
+  std::unique_ptr<float[]> rows_x(new float[ptile * dim]), scores(new float[ptile * ctile]);
+  std::vector<float> rows_sq(ptile), best(ptile), second(ptile);
   std::vector<int32_t> found(ptile);
   jdml::OneThread one_thread;  // sgemm runs on this piece's thread only
-  const int64_t count = static_cast<int64_t>(todo.size());
   for (int64_t t0 = 0; t0 < count; t0 += ptile) {
     const int64_t rows = std::min(ptile, count - t0);
     for (int64_t r = 0; r < rows; ++r) {
-      std::memcpy(rows_x.data() + r * dim, x + todo[t0 + r] * dim, dim * sizeof(float));
+      std::memcpy(rows_x.get() + r * dim, x + todo[t0 + r] * dim, dim * sizeof(float));
       rows_sq[r] = x_sq[todo[t0 + r]];
       best[r] = second[r] = std::numeric_limits<float>::infinity();
       found[r] = static_cast<int32_t>(clusters);  // stays out of range for NaN rows
@@ -904,11 +906,11 @@ void assign_bounded_range(const float* x, const float* x_sq, const float* c, con
     for (int64_t k0 = 0; k0 < clusters; k0 += ctile) {
       const int64_t cols = std::min(ctile, clusters - k0);
       const dnnl_status_t status =
-          dnnl_sgemm('N', 'T', rows, cols, dim, 1.0f, rows_x.data(), dim, c + k0 * dim, dim, 0.0f,
-                     scores.data(), cols);
+          dnnl_sgemm('N', 'T', rows, cols, dim, 1.0f, rows_x.get(), dim, c + k0 * dim, dim, 0.0f,
+                     scores.get(), cols);
       if (status != dnnl_success) throw std::runtime_error("dnnl_sgemm failed");
       for (int64_t r = 0; r < rows; ++r) {
-        nearest_two(scores.data() + r * cols, rows_sq[r], c_sq + k0, cols,
+        nearest_two(scores.get() + r * cols, rows_sq[r], c_sq + k0, cols,
                     static_cast<int32_t>(k0), best[r], found[r], second[r]);
       }
     }
