@@ -30,6 +30,13 @@ def _native(points: jax.Array, centroids: jax.Array) -> tuple[jax.Array, jax.Arr
     return km._assign(points[None], centroids, use_native=True)
 
 
+@jax.jit
+def _native_with_norms(
+    blocks: jax.Array, centroids: jax.Array, norms: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    return km._assign(blocks, centroids, norms[None, :, None], use_native=True)
+
+
 def both(points: np.ndarray, centroids: np.ndarray) -> tuple[tuple, tuple]:
     args = (jnp.asarray(points, jnp.float32), jnp.asarray(centroids, jnp.float32))
     xla, ours = _xla(*args), _native(*args)
@@ -62,6 +69,28 @@ def test_assignment_equals_xla(n: int, dim: int, k: int) -> None:
     scale = np.sum(points**2, 1) + np.sum(centroids[want] ** 2, 1)
     np.testing.assert_allclose(got_sq, want_sq, rtol=0, atol=float(np.max(scale)) * 1e-6)
     assert got.dtype == np.int32 and got_sq.dtype == np.float32
+
+
+@pytest.mark.parametrize("k", [37, 1025])
+def test_assigned_distances_do_not_depend_on_the_points_assigned_with_them(k: int) -> None:
+    """The sgemm tiles (more than 16 centroids) give each point the same squared distance, bit
+    for bit, whether it is assigned alone, among a few points or among many, and across a tile
+    of one centroid (1,025 = 1,024 + 1): small tiles are padded to one sgemm kernel."""
+    rng = np.random.default_rng(k)
+    points = jnp.asarray(rng.normal(size=(600, 24)), jnp.float32)
+    centroids = jnp.asarray(rng.normal(size=(k, 24)), jnp.float32)
+    # the points' squared norms fixed (XLA's reduction rounds differently for other shapes)
+    norms = jnp.sum(points * points, axis=1)
+
+    def assign(begin: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = points[None, begin:end]
+        return tuple(map(np.asarray, _native_with_norms(rows, centroids, norms[begin:end])))
+
+    nearest, distances = assign(0, 600)
+    for begin, end in [(0, 1), (3, 8), (7, 300), (599, 600)]:
+        part_nearest, part = assign(begin, end)
+        np.testing.assert_array_equal(part_nearest, nearest[begin:end])
+        np.testing.assert_array_equal(part, distances[begin:end])
 
 
 def test_ties_go_to_the_lower_index() -> None:

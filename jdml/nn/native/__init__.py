@@ -57,7 +57,7 @@ FALLBACKS = {
     KNN_ENV: "CPU nearest-neighbour search falls back to XLA's top-k and numpy's selection",
 }
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("dnnl_conv.cc", "kmeans.cc", "knn.cc"))
-HEADER = Path(__file__).with_name("pool.h")
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("gemm.h", "pool.h"))
 TARGETS = (
     "jdml_dnnl_conv_fwd",
     "jdml_dnnl_conv_bwd_data",
@@ -158,7 +158,7 @@ def _command(output: str) -> list[str]:
 def library_path() -> Path:
     """Where the compiled library of these sources, jaxlib and command lives."""
     digest = hashlib.sha256()
-    for source in (*SOURCES, HEADER):
+    for source in (*SOURCES, *HEADERS):
         digest.update(source.read_bytes())
     digest.update(jax.lib.__version__.encode() if hasattr(jax.lib, "__version__") else b"")
     digest.update(jax.__version__.encode())

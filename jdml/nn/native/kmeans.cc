@@ -28,6 +28,7 @@
 #endif
 
 #include "oneapi/dnnl/dnnl.h"
+#include "gemm.h"
 #include "pool.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -407,7 +408,7 @@ void assign_range_sgemm(const float* x, const float* x_sq, const float* c, const
                   float* best) {
   const int64_t ctile = std::min(clusters, kCentroidTile);
   const int64_t ptile = std::clamp<int64_t>(kTileScores / ctile, 1, kMaxPointTile);
-  std::vector<float> scores(ptile * ctile);
+  std::vector<float> scores(jdml::tile_floats(ptile, ctile));
   static const NearestInRow nearest_in = nearest_in_row<false>();
   float unused = 0;
   jdml::OneThread one_thread;  // sgemm runs on this piece's thread only
@@ -418,14 +419,11 @@ void assign_range_sgemm(const float* x, const float* x_sq, const float* c, const
       best[p0 + i] = std::numeric_limits<float>::infinity();
     }
     for (int64_t k0 = 0; k0 < clusters; k0 += ctile) {
-      const int64_t cols = std::min(ctile, clusters - k0);
+      const int64_t cols = std::min(ctile, clusters - k0), ld = jdml::tile_stride(cols);
       // scores (rows x cols) = x[p0:p0+rows] (rows x dim) . c[k0:k0+cols]^T, row-major
-      const dnnl_status_t status =
-          dnnl_sgemm('N', 'T', rows, cols, dim, 1.0f, x + p0 * dim, dim, c + k0 * dim, dim, 0.0f,
-                     scores.data(), cols);
-      if (status != dnnl_success) throw std::runtime_error("dnnl_sgemm failed");
+      jdml::score_tile(x + p0 * dim, rows, c + k0 * dim, cols, dim, 1.0f, scores.data());
       for (int64_t i = 0; i < rows; ++i) {
-        nearest_in(scores.data() + i * cols, x_sq[p0 + i], c_sq + k0, cols,
+        nearest_in(scores.data() + i * ld, x_sq[p0 + i], c_sq + k0, cols,
                        static_cast<int32_t>(k0), best[p0 + i], nearest[p0 + i], unused);
       }
     }
@@ -891,7 +889,8 @@ void assign_bounded_range(const float* x, const float* x_sq, const float* c, con
   // Tiles of at most the points to assign, left uninitialised (every entry read is written
   // first): zero-filled tiles of the full size had cost more than the copies into them.
   const int64_t ptile = std::min(count, std::clamp<int64_t>(kTileScores / ctile, 1, kMaxPointTile));
-  std::unique_ptr<float[]> rows_x(new float[ptile * dim]), scores(new float[ptile * ctile]);
+  std::unique_ptr<float[]> rows_x(new float[ptile * dim]);
+  std::unique_ptr<float[]> scores(new float[jdml::tile_floats(ptile, ctile)]);
   std::vector<float> rows_sq(ptile), best(ptile), second(ptile);
   std::vector<int32_t> found(ptile);
   jdml::OneThread one_thread;  // sgemm runs on this piece's thread only
@@ -904,13 +903,10 @@ void assign_bounded_range(const float* x, const float* x_sq, const float* c, con
       found[r] = static_cast<int32_t>(clusters);  // stays out of range for NaN rows
     }
     for (int64_t k0 = 0; k0 < clusters; k0 += ctile) {
-      const int64_t cols = std::min(ctile, clusters - k0);
-      const dnnl_status_t status =
-          dnnl_sgemm('N', 'T', rows, cols, dim, 1.0f, rows_x.get(), dim, c + k0 * dim, dim, 0.0f,
-                     scores.get(), cols);
-      if (status != dnnl_success) throw std::runtime_error("dnnl_sgemm failed");
+      const int64_t cols = std::min(ctile, clusters - k0), ld = jdml::tile_stride(cols);
+      jdml::score_tile(rows_x.get(), rows, c + k0 * dim, cols, dim, 1.0f, scores.get());
       for (int64_t r = 0; r < rows; ++r) {
-        nearest_two(scores.get() + r * cols, rows_sq[r], c_sq + k0, cols,
+        nearest_two(scores.get() + r * ld, rows_sq[r], c_sq + k0, cols,
                     static_cast<int32_t>(k0), best[r], found[r], second[r]);
       }
     }

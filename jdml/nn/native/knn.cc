@@ -42,6 +42,7 @@
 #include <immintrin.h>
 #endif
 
+#include "gemm.h"
 #include "oneapi/dnnl/dnnl.h"
 #include "pool.h"
 #include "xla/ffi/api/ffi.h"
@@ -240,36 +241,6 @@ KthFloor kth_floor_function() {
   return kth_floor_scalar;
 }
 
-// oneDNN's sgemm computes fewer than 16 rows, or a single column, with other kernels whose sums
-// round differently (measured on AVX-512), so a query's scores would depend on how many queries
-// share its tile, and a reference's on where its tile ends. Smaller tiles are computed padded
-// with zero rows to at least kMinRows x kMinCols (the padding's scores are never read): every
-// score then comes from one kernel, and searches that cut the queries differently (one block or
-// several, the jitted search or the direct one) give the same scores bit for bit.
-constexpr int64_t kMinRows = 32;
-constexpr int64_t kMinCols = 16;
-
-// scores[i * max(cols, kMinCols) + j] = scale * queries[i] . references[j], i < rows, j < cols,
-// in a buffer of max(rows, kMinRows) x max(cols, kMinCols) floats.
-void score_tile(const float* queries, int64_t rows, const float* references, int64_t cols,
-                int64_t width, float scale, float* scores) {
-  const int64_t m = std::max(rows, kMinRows), ld = std::max(cols, kMinCols);
-  thread_local std::vector<float> padded_queries, padded_references;
-  if (rows < m) {
-    padded_queries.assign(m * width, 0.0f);
-    std::copy(queries, queries + rows * width, padded_queries.begin());
-    queries = padded_queries.data();
-  }
-  if (cols < ld) {
-    padded_references.assign(ld * width, 0.0f);
-    std::copy(references, references + cols * width, padded_references.begin());
-    references = padded_references.data();
-  }
-  const dnnl_status_t status = dnnl_sgemm('N', 'T', m, ld, width, scale, queries, width,
-                                          references, width, 0.0f, scores, ld);
-  if (status != dnnl_success) throw std::runtime_error("dnnl_sgemm failed");
-}
-
 // Queries [begin, end) against all references: their k best, written to values / indices.
 void top_range(const float* queries, const float* references, const float* bias, float scale,
                int64_t width, int64_t refs, int64_t k, int64_t begin, int64_t end, float* values,
@@ -284,7 +255,7 @@ void top_range(const float* queries, const float* references, const float* bias,
   // is mapped and zeroed on every call (a tenth of a 1 ms search). The candidate buffers are
   // left uninitialised, so that only the part that fills is ever touched.
   thread_local std::vector<float> scores_memory;
-  const size_t tile = std::max(qtile, kMinRows) * std::max(rtile, kMinCols);
+  const size_t tile = jdml::tile_floats(qtile, rtile);
   if (scores_memory.size() < tile) scores_memory.resize(tile);
   float* scores = scores_memory.data();
   std::unique_ptr<uint64_t[]> buffers(new uint64_t[qtile * cap]), scratch(new uint64_t[cap]);
@@ -297,9 +268,10 @@ void top_range(const float* queries, const float* references, const float* bias,
                      scratch.get()};
     }
     for (int64_t r0 = 0; r0 < refs; r0 += rtile) {
-      const int64_t cols = std::min(rtile, refs - r0), ld = std::max(cols, kMinCols);
+      const int64_t cols = std::min(rtile, refs - r0), ld = jdml::tile_stride(cols);
       // dots (rows x cols) = scale * queries[q0:q0+rows] . references[r0:r0+cols]^T, row-major
-      score_tile(queries + q0 * width, rows, references + r0 * width, cols, width, scale, scores);
+      jdml::score_tile(queries + q0 * width, rows, references + r0 * width, cols, width, scale,
+                       scores);
       for (int64_t i = 0; i < rows; ++i) {
         const float* dots = scores + i * ld;
         if (r0 > 0 || cols < 4 * k) {
