@@ -12,13 +12,16 @@
 namespace jdml {
 
 // oneDNN's sgemm computes fewer than 16 rows, or a single column, with other kernels whose sums
-// round differently (measured on AVX-512), so a point's dot products would depend on how many
-// points share its tile, and a column's on where its tile ends. Smaller tiles are computed
-// padded with zero rows to at least kMinRows x kMinCols (the padding's products are never read):
-// every product then comes from one kernel, and work cut into tiles differently (one block or
-// several, ranges of other sizes) gives the same products bit for bit.
+// round differently (measured on AVX-512: 16 rows or more and 2 columns or more all round as
+// one 256 x 1,024 tile), so a point's dot products would depend on how many points share its
+// tile, and a column's on where its tile ends. Smaller tiles are computed padded with zero rows
+// to at least kMinRows x kMinCols (the padding's products are never read): every product then
+// comes from one kernel, and work cut into tiles differently (one block or several, ranges of
+// other sizes) gives the same products bit for bit. The rows have a margin (padding only ever
+// pads a range's last tile); the columns do not, since few centroids would otherwise cost
+// several times their arithmetic where sgemm assigns them (CPUs without AVX-512).
 constexpr int64_t kMinRows = 32;
-constexpr int64_t kMinCols = 16;
+constexpr int64_t kMinCols = 2;
 
 // The row stride of a tile of `cols` columns in score_tile's output.
 inline int64_t tile_stride(int64_t cols) { return std::max(cols, kMinCols); }
