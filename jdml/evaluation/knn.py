@@ -911,7 +911,9 @@ def _direct_search(
     directly on their memory (``jdml_knn_search_host``), as faiss is called: no JAX dispatch
     (0.3-0.6 ms after an idle moment) and no aligned copy of the arrays, together a third of a
     search of 1,000 x 1,000. The same kernel and query ranges as the jitted native block of
-    the whole search, so the same results, bit for bit. The call returns when it is done."""
+    the whole search, so the same results, bit for bit (and bit for bit as several jitted
+    blocks up to 768 dimensions; from 1,024 on, up to float32 rounding, see ``gemm.h``). The
+    call returns when it is done."""
     function = _direct_function()
     same = queries is references
     queries = np.ascontiguousarray(queries, np.float32)
