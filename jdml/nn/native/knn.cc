@@ -56,15 +56,16 @@ using IntScalar = ffi::BufferR0<ffi::S32>;
 namespace {
 
 // Tiles of query_tile(width) queries against tile_scores(width) / query_tile(width) references.
-// Below kWideRows' width, 256 queries and 1 MB of scores, which stay in cache while they are
+// Below kWideDims dimensions, 256 queries and 1 MB of scores, which stay in cache while they are
 // filtered. From it on the search is sgemm's arithmetic (at 2,048 dimensions both jdml and faiss
-// run at this CPU's matmul peak): 1,024 queries against 1,024 references, so that sgemm reads
-// each reference tile, from the last-level cache, for 4 times as many queries (20,000 x 2,048
-// against a gallery: 0.40 TFLOP/s, 1.13x faiss, where 256 x 1,024 gave 0.35, 0.99x).
-constexpr int64_t kWideRows = 1024;
+// run at this CPU's matmul peak): 1,024 queries against 1,024 references (4 MB of scores), so
+// that sgemm reads each reference tile, from the last-level cache, for 4 times as many queries
+// (20,000 x 2,048 against a gallery: 0.40 TFLOP/s, 1.13-1.14x faiss, where 256 x 1,024 gave
+// 0.35, 0.99x).
+constexpr int64_t kWideDims = 1024;
 
-int64_t query_tile(int64_t width) { return width < kWideRows ? 256 : 1024; }
-int64_t tile_scores(int64_t width) { return width < kWideRows ? 1 << 18 : 1 << 20; }
+int64_t query_tile(int64_t width) { return width < kWideDims ? 256 : 1024; }
+int64_t tile_scores(int64_t width) { return width < kWideDims ? 1 << 18 : 1 << 20; }
 
 // A candidate as one integer key, smaller for a better candidate: the score's bits mapped to an
 // unsigned integer of the same order and complemented (higher score first) above the index (lower
@@ -258,8 +259,8 @@ void top_range(const float* queries, const float* references, const float* bias,
   const int64_t qtile = std::min(query_tile(width), end - begin);
   const int64_t rtile =
       std::clamp<int64_t>(tile_scores(width) / std::max<int64_t>(qtile, 1), 16, refs);
-  // The tile of scores (at most 1 MB) is this thread's memory from its last call: a fresh one
-  // is mapped and zeroed on every call (a tenth of a 1 ms search). The candidate buffers are
+  // The tile of scores (1 or 4 MB) is this thread's memory from its last call: a fresh one is
+  // mapped and zeroed on every call (a tenth of a 1 ms search). The candidate buffers are
   // left uninitialised, so that only the part that fills is ever touched.
   thread_local std::vector<float> scores_memory;
   const size_t tile = jdml::tile_floats(qtile, rtile);
