@@ -445,14 +445,19 @@ void search_range(const Search& search, const float* queries, const float* refer
                distances + begin * search.k, indices + begin * search.k);
 }
 
+// Pieces of work over `rows` rows of `width` floats: one per thread (`threads`, the caller's
+// included), fewer where a piece would be under `least` floats.
+int64_t pieces_of(int64_t threads, int64_t rows, int64_t width, int64_t least) {
+  return std::clamp<int64_t>(rows * width / least, 1, std::max<int64_t>(1, threads));
+}
+
 // The query ranges of a search of n queries of `width` floats with `threads` threads: at most
 // one query tile each (a range of one tile packs the references for sgemm once, as a tile of a
 // larger range would), so that after an idle moment, when a helper thread starts late, the
 // others take more of them.
 int64_t query_ranges(int64_t n, int64_t width, int64_t threads) {
   const int64_t tile = query_tile(width);
-  return std::max(std::clamp<int64_t>(n / 32, 1, std::max<int64_t>(1, threads)),
-                  (n + tile - 1) / tile);
+  return std::max(pieces_of(threads, n, 1, 32), (n + tile - 1) / tile);
 }
 
 ffi::Error Order(ffi::ThreadPool pool, Matrix distances, IntMatrix indices,
@@ -477,15 +482,9 @@ void bias_range(const float* references, int64_t width, int64_t begin, int64_t e
   for (int64_t r = begin; r < end; ++r) bias[r] = -squared_norm(references + r * width, width);
 }
 
-// Pieces of work over `rows` rows of `width` floats: one per thread of the pool (and the
-// caller), fewer where a piece would be under `least` floats.
-int64_t pieces_of(const ffi::ThreadPool& pool, int64_t rows, int64_t width, int64_t least) {
-  return std::clamp<int64_t>(rows * width / least, 1, std::max<int64_t>(1, pool.num_threads()));
-}
-
 ffi::Error Bias(ffi::ThreadPool pool, Matrix references, ffi::ResultBuffer<ffi::F32, 1> bias) {
   const int64_t refs = references.dimensions()[0], width = references.dimensions()[1];
-  const int64_t pieces = pieces_of(pool, refs, width, 1 << 16);
+  const int64_t pieces = pieces_of(pool.num_threads(), refs, width, 1 << 16);
   try {
     jdml::run_pieces(pool, pieces, [&](int64_t i) {
       bias_range(references.typed_data(), width, refs * i / pieces, refs * (i + 1) / pieces,
@@ -515,7 +514,8 @@ ffi::Error SearchBlock(ffi::ThreadPool pool, Matrix queries, Matrix references, 
   const bool compute_bias = !given && !cosine;
   std::vector<float> own_bias(given ? 0 : refs, 0.0f);
   const float* bias_data = given ? bias.typed_data() : own_bias.data();
-  const int64_t bias_pieces = compute_bias ? pieces_of(pool, refs, width, 1 << 16) : 0;
+  const int64_t bias_pieces =
+      compute_bias ? pieces_of(pool.num_threads(), refs, width, 1 << 16) : 0;
   const int64_t query_pieces = query_ranges(n, width, pool.num_threads());
   const int64_t first = compute_bias ? 0 : 1;
   try {
