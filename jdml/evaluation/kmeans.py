@@ -66,6 +66,7 @@ k-means on a device mesh keeps XLA's ops.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 from typing import Any, NamedTuple
@@ -230,6 +231,40 @@ def _native_assign_bounded(
     return Bounds(centroids, nearest, upper, lower)
 
 
+def _native_sums(
+    points: jax.Array, nearest: jax.Array, num_clusters: int
+) -> tuple[jax.Array, jax.Array]:
+    """Each cluster's (K, D) float32 sum of its points and its (K,) float32 count, as
+    ``jax.ops.segment_sum`` gives them bit for bit (point order; ``nearest`` out of [0, K)
+    counts for no cluster), as one native call (``jdml_kmeans_sums``, parallel over ranges of
+    clusters)."""
+    native.library()  # registers the targets (compiled once per machine)
+    call = jax.ffi.ffi_call(
+        "jdml_kmeans_sums",
+        (
+            jax.ShapeDtypeStruct((num_clusters, points.shape[1]), jnp.float32),
+            jax.ShapeDtypeStruct((num_clusters,), jnp.float32),
+        ),
+        vmap_method="sequential",
+    )
+    return call(points, nearest)
+
+
+def _cluster_sums(
+    points: jax.Array, nearest: jax.Array, num_clusters: int, use_native: bool
+) -> tuple[jax.Array, jax.Array]:
+    """(K, D) float32 sums of each cluster's points in point order and (K,) float32 counts;
+    ``nearest`` out of [0, K) (padding rows, NaN points) counts for no cluster. The native
+    call and XLA's ``segment_sum`` give the same sums bit for bit."""
+    if use_native:
+        return _native_sums(points, nearest, num_clusters)
+    ones = jnp.ones(nearest.shape, points.dtype)
+    return (
+        jax.ops.segment_sum(points, nearest, num_segments=num_clusters),
+        jax.ops.segment_sum(ones, nearest, num_segments=num_clusters),
+    )
+
+
 def _native_centre(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(N, D) points minus their (D,) mean, the centred points' (N,) squared norms and the mean,
     as one native call (``jdml_kmeans_centre``; the mean's sums are float64, added in a fixed
@@ -254,78 +289,82 @@ def _native_centre(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
 NATIVE_LLOYD_MAX_CLUSTERS = 64
 
 
+def _native_mean(x: jax.Array) -> jax.Array:
+    """The (D,) mean of (N, D) points as one native call (``jdml_kmeans_mean``: float64 sums,
+    added in a fixed order whatever the threads), the mean ``_native_centre`` subtracts."""
+    native.library()  # registers the targets (compiled once per machine)
+    call = jax.ffi.ffi_call(
+        "jdml_kmeans_mean",
+        jax.ShapeDtypeStruct((x.shape[1],), jnp.float32),
+        vmap_method="sequential",
+    )
+    return call(x)
+
+
 def _native_lloyd(
-    blocks: jax.Array, norms: jax.Array, centroids: jax.Array, num_iters: int, num_points: int
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``num_iters`` Lloyd steps from ``centroids`` and the final assignment, as one native call.
+    x: jax.Array, mean: jax.Array, centroids: jax.Array, num_iters: int
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``num_iters`` Lloyd steps on the points ``x - mean`` from ``centroids`` (centred), and
+    the final assignment, as one native call (``jdml_kmeans_lloyd``).
 
     Every step assigns each point as :func:`_assign` does and moves each centroid to the mean
     of its points (float64 sums, added over fixed pieces of the points in order, so the result
-    does not depend on the threads); a cluster without points keeps its centroid.
+    does not depend on the threads); a cluster without points keeps its centroid. The centred
+    points are computed a tile at a time, as ``_native_centre`` computes them, never written
+    out.
 
     Args:
-      blocks: (M, B, D) points in blocks (zero padding after ``num_points`` rows is ignored).
-      norms: (M, B, 1) their squared norms.
-      centroids: (K, D) initial centroids.
+      x: (N, D) points, not centred.
+      mean: (D,) their mean (:func:`_native_mean`).
+      centroids: (K, D) initial centroids, centred.
       num_iters: Lloyd steps.
-      num_points: N, the rows that are points.
 
     Returns:
-      The (K, D) centroids after the steps, and :func:`_assign`'s (N,) assignments and squared
-      distances for them.
+      The (K, D) centred centroids after the steps, the (N,) assignments and squared
+      distances of :func:`_assign` for them, and the () inertia (their float64 sum).
     """
     native.library()  # registers the targets (compiled once per machine)
+    n = x.shape[0]
     call = jax.ffi.ffi_call(
         "jdml_kmeans_lloyd",
         (
             jax.ShapeDtypeStruct(centroids.shape, jnp.float32),
-            jax.ShapeDtypeStruct((num_points,), jnp.int32),
-            jax.ShapeDtypeStruct((num_points,), jnp.float32),
+            jax.ShapeDtypeStruct((n,), jnp.int32),
+            jax.ShapeDtypeStruct((n,), jnp.float32),
+            jax.ShapeDtypeStruct((1,), jnp.float32),
         ),
         vmap_method="sequential",
     )
-    return call(
-        blocks.reshape(-1, blocks.shape[-1]),
-        norms.reshape(-1),
-        centroids,
-        iters=np.int64(num_iters),
-        points=np.int64(num_points),
-    )
+    centroids, assignments, sq, inertia = call(x, mean, centroids, iters=np.int64(num_iters))
+    return centroids, assignments, sq, inertia[0]
 
 
 def _native_reference_updates(
-    blocks: jax.Array,
-    norms: jax.Array,
-    centroids: jax.Array,
-    remaining: jax.Array,
-    num_points: int,
+    points: jax.Array, centroids: jax.Array, remaining: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
-    """:func:`_reference_updates` as one native call (``jdml_kmeans_reference_lloyd``): up to
-    ``remaining`` updates, each the assignment and then each centroid's float32 sum of its
-    points in point order (a range of centroids per thread, as faiss sums them) times
-    ``1 / count``, stopping after the first that leaves a cluster empty; then, if none did, the
-    final assignment. ``blocks`` are zero-padded after ``num_points`` rows, which are
-    ignored."""
+    """:func:`_reference_updates` as one native call (``jdml_kmeans_reference_lloyd``): the
+    points' squared norms, then up to ``remaining`` updates, each the assignment and then each
+    centroid's float32 sum of its points in point order (a range of centroids per thread, as
+    faiss sums them) times ``1 / count``, stopping after the first that leaves a cluster empty;
+    then, if none did, the final assignment and its inertia (float64 sums)."""
     native.library()  # registers the targets (compiled once per machine)
+    n = points.shape[0]
     call = jax.ffi.ffi_call(
         "jdml_kmeans_reference_lloyd",
         (
             jax.ShapeDtypeStruct(centroids.shape, jnp.float32),
             jax.ShapeDtypeStruct((centroids.shape[0],), jnp.float32),
             jax.ShapeDtypeStruct((1,), jnp.int32),
-            jax.ShapeDtypeStruct((num_points,), jnp.int32),
-            jax.ShapeDtypeStruct((num_points,), jnp.float32),
+            jax.ShapeDtypeStruct((n,), jnp.int32),
+            jax.ShapeDtypeStruct((n,), jnp.float32),
+            jax.ShapeDtypeStruct((1,), jnp.float32),
         ),
         vmap_method="sequential",
     )
-    centroids, counts, steps, assignments, sq = call(
-        blocks.reshape(-1, blocks.shape[-1]),
-        norms.reshape(-1),
-        centroids,
-        jnp.reshape(remaining, (1,)).astype(jnp.int32),
-        points=np.int64(num_points),
+    centroids, counts, steps, assignments, _, inertia = call(
+        points, centroids, jnp.reshape(remaining, (1,)).astype(jnp.int32)
     )
-    return centroids, counts, steps[0], assignments, sq
+    return centroids, counts, steps[0], assignments, inertia[0]
 
 
 def _assign(
@@ -512,15 +551,18 @@ def check_points(x: Any, num_clusters: int, init: str | None = None) -> int:
 
 
 def _updated_centroids(
-    x: jax.Array, assignments: jax.Array, centroids: jax.Array, shards: Shards | None
+    x: jax.Array,
+    assignments: jax.Array,
+    centroids: jax.Array,
+    shards: Shards | None,
+    use_native: bool = False,
 ) -> jax.Array:
     """Lloyd's update: each centroid becomes the mean of its points (summed over the devices on
     ``shards``); a cluster without points keeps its centroid. Assignments out of range (padding
-    rows, NaN points) count for no cluster."""
-    num_clusters = centroids.shape[0]
-    ones = jnp.ones(assignments.shape, x.dtype)
-    sums = _total(jax.ops.segment_sum(x, assignments, num_segments=num_clusters), shards)
-    counts = _total(jax.ops.segment_sum(ones, assignments, num_segments=num_clusters), shards)
+    rows, NaN points) count for no cluster. ``use_native``: the sums as one native call (one
+    device on CPU)."""
+    sums, counts = _cluster_sums(x, assignments, centroids.shape[0], use_native)
+    sums, counts = _total(sums, shards), _total(counts, shards)
     means = sums / jnp.maximum(counts, 1.0)[:, None]
     return jnp.where((counts > 0)[:, None], means, centroids)
 
@@ -557,6 +599,13 @@ def lloyd_kmeans(
       A :class:`KMeansResult`.
     """
     n = x.shape[0]
+    few = use_native and shards is None and num_clusters <= NATIVE_LLOYD_MAX_CLUSTERS
+    if few and init == "random":  # the native iterations centre the points a tile at a time
+        mean = _native_mean(x)
+        centroids = x[initial] - mean
+        centroids, assignments, _, inertia = _native_lloyd(x, mean, centroids, num_iters)
+        return KMeansResult(centroids + mean, assignments, inertia)
+    points = x
     if use_native and shards is None:  # one block: the native assignment takes every point
         x, norms, mean = _native_centre(x)
         blocks, norms = x[None], norms[None, :, None]
@@ -581,14 +630,15 @@ def lloyd_kmeans(
         centroids = _rows(x, initial, shards)
     else:
         centroids = _kmeans_plus_plus(x, num_clusters, key, shards)
-    if use_native and shards is None and num_clusters <= NATIVE_LLOYD_MAX_CLUSTERS:
-        centroids, assignments, sq = _native_lloyd(blocks, norms, centroids, num_iters, n)
-    elif use_native and shards is None:
+    if few:
+        centroids, assignments, _, inertia = _native_lloyd(points, mean, centroids, num_iters)
+        return KMeansResult(centroids + mean, assignments, inertia)
+    if use_native and shards is None:
 
         def bounded_step(_: int, state: tuple[jax.Array, Bounds]) -> tuple[jax.Array, Bounds]:
             centroids, bounds = state
             bounds = _native_assign_bounded(x, norms[0, :, 0], centroids, bounds)
-            return _updated_centroids(x, bounds.nearest, centroids, None), bounds
+            return _updated_centroids(x, bounds.nearest, centroids, None, True), bounds
 
         start = (centroids, Bounds.unknown(centroids, n))
         centroids, _ = jax.lax.fori_loop(0, num_iters, bounded_step, start)
@@ -857,10 +907,7 @@ def _reference_update(
         assignments = bounds.nearest
     # The sums read ``points``, not a slice of the blocks: with one block, XLA fused that slice
     # into the scatter and the update took twice as long.
-    sums = jax.ops.segment_sum(points, assignments, num_segments=num_clusters)
-    counts = jax.ops.segment_sum(
-        jnp.ones((num_points,), jnp.float32), assignments, num_segments=num_clusters
-    )
+    sums, counts = _cluster_sums(points, assignments, num_clusters, use_native)
     scale = jnp.where(counts > 0, 1.0 / jnp.maximum(counts, 1.0), 0.0)
     return sums * scale[:, None], counts, bounds
 
@@ -882,23 +929,20 @@ def _reference_updates(
     Args:
       points: (N, D) points.
       centroids: (K, D) current centroids.
-      remaining: () int32, the most updates to run (at least 1).
+      remaining: () int32, the most updates to run (0: only the final assignment).
       num_points: N.
       block_size: points per assignment block.
       use_native: the native assignment (CPU).
 
     Returns:
       The (K, D) centroids and (K,) float32 cluster sizes of the last update, () int32 the
-      number of updates run, and the final assignment: (N,) int32 nearest centroids and ()
-      inertia. These are only valid if no cluster is empty (no split follows); the native call
-      then leaves them K and NaN.
+      number of updates run (sizes all 1 without an update), and the final assignment: (N,)
+      int32 nearest centroids and () inertia. These are only valid if no cluster is empty (no
+      split follows); the native call then leaves them K and NaN.
     """
-    blocks, norms = _point_blocks(points, block_size)
     if use_native and centroids.shape[0] <= NATIVE_LLOYD_MAX_CLUSTERS:
-        centroids, counts, steps, assignments, sq = _native_reference_updates(
-            blocks, norms, centroids, remaining, num_points
-        )
-        return centroids, counts, steps, assignments, jnp.sum(sq)
+        return _native_reference_updates(points, centroids, remaining)
+    blocks, norms = _point_blocks(points, block_size)
 
     def more(state: tuple) -> jax.Array:
         _, counts, done, _ = state
@@ -970,42 +1014,143 @@ def reference_kmeans(
       A :class:`KMeansResult` with (K, D) centroids, (N,) assignments and the inertia.
     """
     from_host = not isinstance(x, jax.Array)
+    direct = _direct_enabled(x) and num_clusters <= NATIVE_LLOYD_MAX_CLUSTERS
     # not through the host: a copy each way took 1-2 ms at 20,000 x 128
-    points = float32_on_device(x)
+    points = np.ascontiguousarray(x, np.float32) if direct else float32_on_device(x)
     n = check_points(points, num_clusters)
-    rows = _block_rows(n, num_clusters, block_size)
-    use_native = native_enabled()
-    final = None  # the last update's final assignment, if no split came after it
     if n == num_clusters:  # a copy: the points may share the caller's memory or a staging buffer
-        centroids = jnp.copy(points)
+        centroids = np.array(points) if direct else jnp.copy(points)
     else:
-        centroids = points[jnp.asarray(reference_permutation(n, num_clusters, seed + 1))]
-        done = 0
-        while done < num_iters:  # one call runs every update up to the next empty cluster
-            centroids, counts, steps, *final = _reference_updates(
+        permutation = reference_permutation(n, num_clusters, seed + 1)
+        centroids = points[permutation] if direct else points[jnp.asarray(permutation)]
+    if direct:
+
+        def updates(centroids: Any, remaining: int) -> tuple:
+            return _direct_reference_updates(points, centroids, remaining)
+
+    else:
+        rows = _block_rows(n, num_clusters, block_size)
+
+        def updates(centroids: Any, remaining: int) -> tuple:
+            return _reference_updates(
                 points,
-                centroids,
-                jnp.int32(num_iters - done),
+                jnp.asarray(centroids),
+                jnp.int32(remaining),
                 num_points=n,
                 block_size=rows,
-                use_native=use_native,
+                use_native=native_enabled(),
             )
-            done += int(steps)
-            counts = np.asarray(counts)
-            if np.any(counts == 0):
-                split = split_empty_clusters(np.asarray(centroids), counts, n)
-                centroids = jnp.asarray(split.centroids)
-                final = None
-    if final:
-        assignments, inertia = final
-    else:
-        assignments, inertia = _final_assignment(
-            points, centroids, block_size=rows, use_native=use_native
-        )
+
+    # One call runs every update up to the next empty cluster (splits are made on the host),
+    # and after the last update the final assignment; with N == K, only the final assignment.
+    done = 0 if n > num_clusters else num_iters
+    while True:
+        centroids, counts, steps, assignments, inertia = updates(centroids, num_iters - done)
+        done += int(steps)
+        counts = np.asarray(counts)
+        if not np.any(counts == 0):
+            break
+        centroids = split_empty_clusters(np.asarray(centroids), counts, n).centroids
     result = KMeansResult(centroids, assignments, inertia)
-    if from_host:  # points may share the caller's memory: done with it before the caller goes on
-        jax.block_until_ready(result)
+    if from_host:  # NumPy in, NumPy out (and points may share the caller's memory: done with it)
+        result = KMeansResult(*(np.asarray(v) for v in result))
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# k-means of host arrays, the native functions called directly (CPU).
+
+_Int64 = ctypes.c_int64
+
+
+@functools.cache
+def _host_function(name: str) -> ctypes._CFuncPtr:
+    """The native library's host function ``name`` (``kmeans.cc``): pointers and sizes, then an
+    error buffer and its size; it returns 0, or 1 with a message in the buffer."""
+    function = getattr(native.library(), name)
+    function.restype = ctypes.c_int
+    return function
+
+
+def _call_host(name: str, *args: int) -> None:
+    """Calls the host function ``name`` with ``args`` (pointers as integers, and sizes); a
+    failure is a RuntimeError with its message."""
+    error = ctypes.create_string_buffer(256)
+    if _host_function(name)(*(_Int64(a) for a in args), error, _Int64(len(error))):
+        raise RuntimeError(error.value.decode(errors="replace"))
+
+
+def _direct_enabled(x: Any) -> bool:
+    """Whether :func:`kmeans` calls the native functions directly on ``x``: a host array, on the
+    CPU backend, with the native k-means enabled."""
+    return not isinstance(x, jax.Array) and jax.default_backend() == "cpu" and native_enabled()
+
+
+def _direct_lloyd(x: np.ndarray, initial: np.ndarray, num_iters: int) -> KMeansResult:
+    """The "random" k-means of host points into few clusters (up to
+    ``NATIVE_LLOYD_MAX_CLUSTERS``) by the native functions called directly on their memory, as
+    faiss is called: no aligned copy of the points (a NumPy array's memory is rarely 64-byte
+    aligned, and the copy of 20,000 x 512 points took as long as a 5-cluster k-means of them)
+    and no JAX dispatch. The jitted call's functions (``jdml_kmeans_mean``, then
+    ``jdml_kmeans_lloyd``), so its result bit for bit, as NumPy arrays.
+
+    Args:
+      x: (N, D) C-contiguous float32 points.
+      initial: (K,) indices of the initial centroids.
+      num_iters: Lloyd steps.
+    """
+    n, dim = x.shape
+    mean = np.empty((dim,), np.float32)
+    _call_host("jdml_kmeans_mean_host", x.ctypes.data, n, dim, mean.ctypes.data)
+    centroids = np.ascontiguousarray(x[initial] - mean)
+    nearest = np.empty((n,), np.int32)
+    best = np.empty((n,), np.float32)
+    inertia = np.empty((1,), np.float32)
+    _call_host(
+        "jdml_kmeans_lloyd_host",
+        x.ctypes.data,
+        n,
+        dim,
+        mean.ctypes.data,
+        centroids.ctypes.data,
+        len(initial),
+        num_iters,
+        nearest.ctypes.data,
+        best.ctypes.data,
+        inertia.ctypes.data,
+    )
+    return KMeansResult(centroids + mean, nearest, inertia[0])
+
+
+def _direct_reference_updates(
+    x: np.ndarray, centroids: np.ndarray, remaining: int
+) -> tuple[np.ndarray, np.ndarray, int, np.ndarray, np.float32]:
+    """:func:`_reference_updates` of host points into few clusters (up to
+    ``NATIVE_LLOYD_MAX_CLUSTERS``) by the native function called directly on their memory
+    (``jdml_kmeans_reference_lloyd``, as :func:`_direct_lloyd` calls its own): the same
+    result bit for bit, as NumPy arrays."""
+    (n, dim), num_clusters = x.shape, len(centroids)
+    centroids = np.array(centroids, np.float32)  # updated in place
+    sizes = np.empty((num_clusters,), np.float32)
+    steps = np.zeros((1,), np.int64)
+    nearest = np.empty((n,), np.int32)
+    best = np.empty((n,), np.float32)
+    inertia = np.empty((1,), np.float32)
+    _call_host(
+        "jdml_kmeans_reference_lloyd_host",
+        x.ctypes.data,
+        n,
+        dim,
+        centroids.ctypes.data,
+        num_clusters,
+        remaining,
+        sizes.ctypes.data,
+        steps.ctypes.data,
+        nearest.ctypes.data,
+        best.ctypes.data,
+        inertia.ctypes.data,
+    )
+    return centroids, sizes, int(steps[0]), nearest, inertia[0]
 
 
 def kmeans(
@@ -1040,33 +1185,35 @@ def kmeans(
       A :class:`KMeansResult` with (K, D) centroids, (N,) assignments and the inertia.
     """
     from_host = not isinstance(x, jax.Array)
-    x = float32_on_device(x)
+    if from_host:
+        x = np.ascontiguousarray(x, np.float32)
     check_points(x, num_clusters, init)
     if init == "reference":
-        result = reference_kmeans(
+        return reference_kmeans(
             x,
             num_clusters,
             num_iters=num_iters,
             seed=REFERENCE_SEED if seed is None else seed,
             block_size=block_size,
         )
-    else:
-        seed = 0 if seed is None else seed
-        initial = (
-            random_indices(x.shape[0], num_clusters, seed)
-            if init == "random"
-            else np.zeros((num_clusters,), np.int32)
-        )
-        result = _kmeans(
-            x,
-            _seed_key(seed),
-            jnp.asarray(initial),
-            num_clusters=num_clusters,
-            num_iters=num_iters,
-            block_size=_block_rows(x.shape[0], num_clusters, block_size),
-            init=init,
-            use_native=native_enabled(),
-        )
-    if from_host:  # x may share the caller's memory: done with it before the caller goes on
-        jax.block_until_ready(result)
+    seed = 0 if seed is None else seed
+    initial = (
+        random_indices(x.shape[0], num_clusters, seed)
+        if init == "random"
+        else np.zeros((num_clusters,), np.int32)
+    )
+    if init == "random" and num_clusters <= NATIVE_LLOYD_MAX_CLUSTERS and _direct_enabled(x):
+        return _direct_lloyd(x, initial, num_iters)
+    result = _kmeans(
+        float32_on_device(x),
+        _seed_key(seed),
+        jnp.asarray(initial),
+        num_clusters=num_clusters,
+        num_iters=num_iters,
+        block_size=_block_rows(x.shape[0], num_clusters, block_size),
+        init=init,
+        use_native=native_enabled(),
+    )
+    if from_host:  # NumPy in, NumPy out (and x may share the caller's memory: done with it)
+        result = KMeansResult(*(np.asarray(v) for v in result))
     return result

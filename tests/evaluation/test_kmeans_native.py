@@ -186,20 +186,28 @@ def test_native_lloyd_iterations_equal_lloyd_written_out(dim: int, clusters: int
     """The fused iterations (``jdml_kmeans_lloyd``, few clusters; up to 16 with the direct dot
     products on CPUs with AVX-512, 20 with sgemm's): well separated clusters, one initial
     centroid far from every point (its cluster stays empty and keeps it), a NaN point (in no
-    cluster, assigned out of range), and padding rows after the points, filled with values that
-    would move every centroid if counted. The final assignment is the nearest final centroid."""
+    cluster, assigned out of range), 17,000 points (two pieces, the last tile of each partial).
+    The final assignment is the nearest final centroid, the inertia the sum of its distances
+    (NaN with the NaN point, as XLA's sum), and with a mean given every point and centroid is
+    taken relative to it (the same iterations on points and centroids shifted by the mean)."""
     rng = np.random.default_rng(5)
     real = clusters - 1
     centres = rng.normal(size=(real, dim)) * 5
-    x = (centres[np.arange(17000) % real] + rng.normal(size=(17000, dim))).astype(np.float32)
+    x = centres[np.arange(17000) % real] + rng.normal(size=(17000, dim))
+    x = (np.round(x * 1024) / 1024).astype(np.float32)  # so that x + 8 - 8 is x exactly
     initial = np.concatenate([x[:real], np.full((1, dim), 1e3, np.float32)])
     x[5000, 1] = np.nan
-    padded = np.concatenate([x, np.full((24, dim), -50.0, np.float32)])
-    blocks = jnp.asarray(padded).reshape(4, 4256, dim)  # two pieces of 8,500 points
-    norms = jnp.sum(blocks * blocks, axis=-1, keepdims=True)
-    got, nearest, sq = map(
-        np.asarray, km._native_lloyd(blocks, norms, jnp.asarray(initial), 4, len(x))
+    got, nearest, sq, inertia = map(
+        np.asarray, km._native_lloyd(jnp.asarray(x), jnp.zeros(dim), jnp.asarray(initial), 4)
     )
+    offset = np.float32(8.0)
+    shifted = map(
+        np.asarray,
+        km._native_lloyd(jnp.asarray(x + offset), jnp.full(dim, offset), jnp.asarray(initial), 4),
+    )
+    for a, b in zip((got, nearest, sq, inertia), shifted, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(inertia, np.sum(sq.astype(np.float64)), rtol=1e-6)
     finite = np.isfinite(x).all(axis=1)
     want = numpy_lloyd(x[finite], initial, 4)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
@@ -412,3 +420,115 @@ def test_kmeans_above_64_clusters_is_the_same_without_bounds(
     np.testing.assert_array_equal(np.asarray(bounded.assignments), np.asarray(plain.assignments))
     np.testing.assert_array_equal(np.asarray(bounded.centroids), np.asarray(plain.centroids))
     assert float(bounded.inertia) == float(plain.inertia)
+
+
+@pytest.mark.parametrize(
+    ("n", "dim", "k"), [(1, 1, 1), (100, 5, 300), (3000, 7, 16), (4000, 33, 100), (5000, 130, 1000)]
+)
+def test_native_sums_equal_segment_sum_bit_for_bit(n: int, dim: int, k: int) -> None:
+    """``jdml_kmeans_sums`` (ranges of clusters over the threads, each cluster's members summed in
+    registers) gives XLA's ``segment_sum`` sums and counts bit for bit, with assignments out of
+    range (-1 and K: NaN points, padding) counted for no cluster, and more clusters than points
+    (empty clusters sum to 0); the sums equal float32 sums in point order written out, and
+    differ from the sums in reverse order (so the test sees the order)."""
+    rng = np.random.default_rng(n + k)
+    x = (rng.normal(size=(n, dim)) * 10).astype(np.float32)
+    nearest = rng.integers(-1, k + 1, n).astype(np.int32)
+
+    def sums(use_native: bool) -> tuple[np.ndarray, np.ndarray]:
+        got = jax.jit(lambda p, a: km._cluster_sums(p, a, k, use_native))(x, nearest)
+        return tuple(np.asarray(v) for v in got)
+
+    got_sums, got_counts = sums(True)
+    want_sums, want_counts = sums(False)
+    np.testing.assert_array_equal(got_sums, want_sums)
+    np.testing.assert_array_equal(got_counts, want_counts)
+    forward, backward = np.zeros((k, dim), np.float32), np.zeros((k, dim), np.float32)
+    for i in range(n):
+        if 0 <= nearest[i] < k:
+            forward[nearest[i]] += x[i]
+    for i in reversed(range(n)):
+        if 0 <= nearest[i] < k:
+            backward[nearest[i]] += x[i]
+    np.testing.assert_array_equal(got_sums, forward)
+    np.testing.assert_array_equal(
+        got_counts, np.bincount(nearest[(nearest >= 0) & (nearest < k)], minlength=k)
+    )
+    if n >= 3000:
+        assert not np.array_equal(got_sums, backward)
+
+
+def unaligned(x: np.ndarray) -> np.ndarray:
+    """``x`` copied to memory 4 bytes past a 64-byte boundary (C-contiguous float32)."""
+    raw = np.empty(x.nbytes + 64 + 4, np.uint8)
+    start = (-raw.ctypes.data % 64) + 4
+    out = raw[start : start + x.nbytes].view(np.float32).reshape(x.shape)
+    out[...] = x
+    return out
+
+
+@pytest.mark.parametrize("init", ["random", "reference"])
+@pytest.mark.parametrize(
+    ("n", "dim", "k"), [(3000, 40, 5), (1100, 33, 64), (9000, 130, 16), (40, 3, 40), (7, 2, 1)]
+)
+def test_host_arrays_take_the_direct_call_with_the_jitted_result(
+    monkeypatch: pytest.MonkeyPatch, init: str, n: int, dim: int, k: int
+) -> None:
+    """Host points (here unaligned, float64 and strided too) into up to 64 clusters go to the
+    native functions called directly (``_direct_lloyd``, ``_direct_reference_updates``; no
+    JAX): NumPy arrays out, equal bit for bit to the jitted call's result on the same points
+    as a JAX array, including N == K (the points themselves, copied) and one cluster."""
+    rng = np.random.default_rng(n + k)
+    centres = rng.normal(size=(max(k // 2, 1), dim)) * 3
+    x = (centres[np.arange(n) % len(centres)] + rng.normal(size=(n, dim))).astype(np.float32)
+    seed = None if init == "reference" else 1
+    called = []
+    call_host = km._call_host
+    monkeypatch.setattr(
+        km, "_call_host", lambda name, *a: called.append(name) or call_host(name, *a)
+    )
+    want = km.kmeans(jnp.asarray(x), k, seed=seed, init=init)
+    assert isinstance(want.assignments, jax.Array) and not called
+    for points in (x, unaligned(x), x.astype(np.float64), np.repeat(x, 2, axis=1)[:, ::2]):
+        called.clear()
+        got = km.kmeans(points, k, seed=seed, init=init)
+        assert called and all(name.startswith("jdml_kmeans_") for name in called)
+        assert all(isinstance(v, np.ndarray | np.generic) for v in got), type(got.assignments)
+        np.testing.assert_array_equal(got.assignments, np.asarray(want.assignments))
+        np.testing.assert_array_equal(got.centroids, np.asarray(want.centroids))
+        assert np.float32(got.inertia) == np.float32(want.inertia)
+    if n == k:
+        assert not np.shares_memory(km.kmeans(x, k, init=init).centroids, x)
+
+
+def test_direct_reference_splits_empty_clusters_as_the_jitted_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Coinciding initial centroids leave clusters empty in the first update: the direct call
+    stops there, the host splits, and the iterations go on, as in the jitted call (the same
+    result bit for bit, and every cluster used)."""
+    rng = np.random.default_rng(4)
+    x = (rng.normal(size=(6, 8))[np.arange(600) % 6] + rng.normal(size=(600, 8))).astype(np.float32)
+    permutation = km.reference_permutation(len(x), 12, km.REFERENCE_SEED + 1)
+    for first, second in ((0, 1), (2, 3), (4, 7)):
+        x[permutation[second]] = x[permutation[first]]
+    called = []
+    direct = km._direct_reference_updates
+    monkeypatch.setattr(
+        km, "_direct_reference_updates", lambda *a: called.append(a[2]) or direct(*a)
+    )
+    got = km.kmeans(x, 12, init="reference")
+    assert len(called) >= 2 and called[0] == km.DEFAULT_NUM_ITERS  # a split came between
+    want = km.kmeans(jnp.asarray(x), 12, init="reference")
+    np.testing.assert_array_equal(got.assignments, np.asarray(want.assignments))
+    np.testing.assert_array_equal(got.centroids, np.asarray(want.centroids))
+    assert len(np.unique(got.assignments)) == 12
+
+
+def test_a_failing_direct_call_raises_its_message() -> None:
+    """A host function that fails (here told to run with a negative number of points) reports
+    its message as a RuntimeError instead of returning garbage."""
+    x = np.ones((10, 4), np.float32)
+    mean = np.empty((4,), np.float32)
+    with pytest.raises(RuntimeError, match="k-means mean: bad shapes: -10 points"):
+        km._call_host("jdml_kmeans_mean_host", x.ctypes.data, -10, 4, mean.ctypes.data)

@@ -57,6 +57,8 @@ def faiss_kmeans(
     clustering.seed = seed
     clustering.min_points_per_centroid = 1
     clustering.max_points_per_centroid = 1_000_000_000
+    if hasattr(clustering, "early_stop_threshold"):  # recent faiss stops once converged
+        clustering.early_stop_threshold = float("-inf")
     clustering.train(x, faiss.IndexFlatL2(d))
     centroids = faiss.vector_to_array(clustering.centroids).reshape(k, d)
     search = faiss.IndexFlatL2(d)

@@ -15,7 +15,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -521,64 +523,8 @@ void centroid_norms(const float* centroids, int64_t clusters, int64_t dim, float
   }
 }
 
-// Lloyd iterations for few clusters, each one pass over the points: every piece of points is
-// assigned (assign_range) and summed into its own float64 partial sums while its rows are in
-// cache (float32 sums per tile of kLloydTile points, added to the piece's float64 sums); the
-// pieces' sums are added in piece order, so the result does not depend on the threads.
-// A cluster with no point keeps its centroid. After the last iteration, one more pass assigns
-// the points to the final centroids (`nearest`, `best`). XLA's loop instead scatters the points
-// into the sums in a second pass, which at 5 clusters costs as much as the assignment.
-void lloyd(ffi::ThreadPool& pool, const float* x, const float* x_sq, int64_t n, int64_t dim,
-           int64_t clusters, int64_t iters, float* centroids, int32_t* nearest, float* best) {
-  const int64_t pieces = std::clamp<int64_t>(n / kLloydPiecePoints, 1, kLloydPieces);
-  std::vector<double> sums(pieces * clusters * dim);
-  std::vector<int64_t> counts(pieces * clusters);
-  std::vector<float> c_sq(clusters);
-  centroid_norms(centroids, clusters, dim, c_sq.data());
-  // Rounds 0, ..., iters - 1 are the iterations, round iters the final assignment.
-  const auto piece = [&](int64_t round, int64_t p) {
-    const int64_t begin = n * p / pieces, end = n * (p + 1) / pieces;
-    if (round == iters) {
-      assign_range(x, x_sq, centroids, c_sq.data(), dim, clusters, begin, end, nearest, best);
-      return;
-    }
-    // This piece's sums and counts are its thread's own until the end: the pieces' slices of
-    // `sums` and `counts` share cache lines, and counting into them directly (false sharing)
-    // had cost more than the arithmetic.
-    std::vector<double> sum(clusters * dim, 0.0);
-    std::vector<float> tile_sum(clusters * dim);
-    std::vector<int64_t> count(clusters, 0);
-    // Tiles of points small enough to be summed while the assignment's read left them in cache
-    for (int64_t t0 = begin; t0 < end; t0 += kLloydTile) {
-      const int64_t t1 = std::min(end, t0 + kLloydTile);
-      std::fill(tile_sum.begin(), tile_sum.end(), 0.0f);
-      assign_range(x, x_sq, centroids, c_sq.data(), dim, clusters, t0, t1, nearest, best);
-      add_rows(x, nearest, t0, t1, dim, 0, clusters, tile_sum.data(), count.data());
-      for (int64_t j = 0; j < clusters * dim; ++j) sum[j] += tile_sum[j];
-    }
-    std::copy(sum.begin(), sum.end(), sums.begin() + p * clusters * dim);
-    std::copy(count.begin(), count.end(), counts.begin() + p * clusters);
-  };
-  const auto update = [&](int64_t round) {
-    if (round == iters) return true;
-    for (int64_t k = 0; k < clusters; ++k) {
-      int64_t count = 0;
-      for (int64_t p = 0; p < pieces; ++p) count += counts[p * clusters + k];
-      if (count == 0) continue;
-      for (int64_t d = 0; d < dim; ++d) {
-        double total = 0.0;
-        for (int64_t p = 0; p < pieces; ++p) total += sums[(p * clusters + k) * dim + d];
-        centroids[k * dim + d] = static_cast<float>(total / static_cast<double>(count));
-      }
-    }
-    centroid_norms(centroids, clusters, dim, c_sq.data());
-    return true;
-  };
-  jdml::run_rounds(pool, pieces, iters + 1, piece, update);
-}
-
-// Pieces of the points for centring (jdml_kmeans_centre): a fixed count for N, whatever the
-// threads, so that the mean's float64 sums are added in the same order on every machine.
+// Pieces of the points for the mean (column_mean): a fixed count for N, whatever the threads, so
+// that the mean's float64 sums are added in the same order on every machine.
 constexpr int64_t kCentrePiecePoints = 4096;
 
 // Adds the rows [begin, end) of x (N x dim) to the float64 column sums `sum`. Compiled for
@@ -621,76 +567,180 @@ __attribute__((target_clones("avx512f", "default"))) void centre_rows(
   }
 }
 
-// The points minus their mean and the centred points' squared norms: one pass for the mean
-// (float64 column sums per piece of the points, added in piece order), one that writes the
-// centred rows and their squared norms. XLA's column reduction, subtraction and row reduction
-// took 0.6 ms on 20,000 x 128 points, a tenth of a 5-cluster k-means.
+// The mean of the points (N x dim) into `mean`: float64 column sums per piece of the points
+// (a fixed count of pieces for N), added in piece order.
+template <class Pool>
+void column_mean(Pool& pool, const float* x, int64_t n, int64_t dim, float* mean) {
+  const int64_t pieces = std::clamp<int64_t>(n / kCentrePiecePoints, 1, kLloydPieces);
+  std::vector<double> sums(pieces * dim, 0.0);
+  const std::function<void(int64_t, int64_t)> piece = [&](int64_t, int64_t p) {
+    std::vector<double> sum(dim, 0.0);  // the thread's own (no false sharing)
+    add_columns(x, n * p / pieces, n * (p + 1) / pieces, dim, sum.data());
+    std::copy(sum.begin(), sum.end(), sums.begin() + p * dim);
+  };
+  const std::function<bool(int64_t)> to_mean = [&](int64_t) {
+    for (int64_t d = 0; d < dim; ++d) {
+      double total = 0.0;
+      for (int64_t p = 0; p < pieces; ++p) total += sums[p * dim + d];
+      mean[d] = static_cast<float>(total / static_cast<double>(n));
+    }
+    return true;
+  };
+  jdml::run_rounds(pool, pieces, 1, piece, to_mean);
+}
+
+// Lloyd iterations for few clusters on the points x minus `mean`, each one pass over the points:
+// every tile of kLloydTile points is centred into its thread's own buffer (centre_rows, which
+// also gives the centred rows' squared norms), assigned (assign_range) and summed while it is in
+// cache (float32 sums per tile, added to the piece's float64 sums); the pieces' sums are added
+// in piece order, so the result does not depend on the threads. The centred points are never
+// written out. A cluster with no point keeps its centroid (`centroids`, centred). After the last
+// iteration, one more pass assigns the points to the final centroids (`nearest`, `best`) and
+// sums their squared distances (`inertia`: float64 per piece, added in piece order). XLA's loop
+// instead scatters the points into the sums in a second pass, which at 5 clusters costs as much
+// as the assignment.
+template <class Pool>
+void lloyd(Pool& pool, const float* x, const float* mean, int64_t n, int64_t dim,
+           int64_t clusters, int64_t iters, float* centroids, int32_t* nearest, float* best,
+           float* inertia) {
+  const int64_t pieces = std::clamp<int64_t>(n / kLloydPiecePoints, 1, kLloydPieces);
+  std::vector<double> sums(pieces * clusters * dim), squares(pieces);
+  std::vector<int64_t> counts(pieces * clusters);
+  std::vector<float> c_sq(clusters);
+  centroid_norms(centroids, clusters, dim, c_sq.data());
+  // Rounds 0, ..., iters - 1 are the iterations, round iters the final assignment.
+  const std::function<void(int64_t, int64_t)> piece = [&](int64_t round, int64_t p) {
+    const int64_t begin = n * p / pieces, end = n * (p + 1) / pieces;
+    const bool last = round == iters;
+    thread_local std::vector<float> tile, tile_sq;
+    tile.resize(kLloydTile * dim);
+    tile_sq.resize(kLloydTile);
+    // This piece's sums and counts are its thread's own until the end: the pieces' slices of
+    // `sums` and `counts` share cache lines, and counting into them directly (false sharing)
+    // had cost more than the arithmetic.
+    std::vector<double> sum(last ? 0 : clusters * dim, 0.0);
+    std::vector<float> tile_sum(last ? 0 : clusters * dim);
+    std::vector<int64_t> count(clusters, 0);
+    double square = 0.0;
+    for (int64_t t0 = begin; t0 < end; t0 += kLloydTile) {
+      const int64_t rows = std::min(end, t0 + kLloydTile) - t0;
+      centre_rows(x + t0 * dim, mean, 0, rows, dim, tile.data(), tile_sq.data());
+      assign_range(tile.data(), tile_sq.data(), centroids, c_sq.data(), dim, clusters, 0, rows,
+                   nearest + t0, best + t0);
+      if (last) {
+        for (int64_t i = t0; i < t0 + rows; ++i) square += best[i];
+        continue;
+      }
+      std::fill(tile_sum.begin(), tile_sum.end(), 0.0f);
+      add_rows(tile.data(), nearest + t0, 0, rows, dim, 0, clusters, tile_sum.data(),
+               count.data());
+      for (int64_t j = 0; j < clusters * dim; ++j) sum[j] += tile_sum[j];
+    }
+    if (last) {
+      squares[p] = square;
+      return;
+    }
+    std::copy(sum.begin(), sum.end(), sums.begin() + p * clusters * dim);
+    std::copy(count.begin(), count.end(), counts.begin() + p * clusters);
+  };
+  const std::function<bool(int64_t)> update = [&](int64_t round) {
+    if (round == iters) {
+      double total = 0.0;
+      for (int64_t p = 0; p < pieces; ++p) total += squares[p];
+      *inertia = static_cast<float>(total);
+      return true;
+    }
+    for (int64_t k = 0; k < clusters; ++k) {
+      int64_t count = 0;
+      for (int64_t p = 0; p < pieces; ++p) count += counts[p * clusters + k];
+      if (count == 0) continue;
+      for (int64_t d = 0; d < dim; ++d) {
+        double total = 0.0;
+        for (int64_t p = 0; p < pieces; ++p) total += sums[(p * clusters + k) * dim + d];
+        centroids[k * dim + d] = static_cast<float>(total / static_cast<double>(count));
+      }
+    }
+    centroid_norms(centroids, clusters, dim, c_sq.data());
+    return true;
+  };
+  jdml::run_rounds(pool, pieces, iters + 1, piece, update);
+}
+
+// The points minus their mean and the centred points' squared norms: column_mean, then a pass
+// that writes the centred rows and their squared norms. XLA's column reduction, subtraction and
+// row reduction took 0.6 ms on 20,000 x 128 points, a tenth of a 5-cluster k-means.
 ffi::Error Centre(ffi::ThreadPool pool, Points x, ffi::ResultBuffer<ffi::F32, 2> centred,
                   ffi::ResultBuffer<ffi::F32, 1> norms, ffi::ResultBuffer<ffi::F32, 1> mean) {
   const int64_t n = x.dimensions()[0], dim = x.dimensions()[1];
   const int64_t pieces = std::clamp<int64_t>(n / kCentrePiecePoints, 1, kLloydPieces);
-  std::vector<double> sums(pieces * dim, 0.0);
-  float* m = mean->typed_data();
   try {
-    // Round 0: the column sums per piece; then the mean; round 1: the centred rows.
-    const auto piece = [&](int64_t round, int64_t p) {
-      const int64_t begin = n * p / pieces, end = n * (p + 1) / pieces;
-      if (round == 1) {
-        centre_rows(x.typed_data(), m, begin, end, dim, centred->typed_data(),
-                    norms->typed_data());
-        return;
-      }
-      std::vector<double> sum(dim, 0.0);  // the thread's own (no false sharing)
-      add_columns(x.typed_data(), begin, end, dim, sum.data());
-      std::copy(sum.begin(), sum.end(), sums.begin() + p * dim);
-    };
-    const auto to_mean = [&](int64_t round) {
-      if (round == 1) return true;
-      for (int64_t d = 0; d < dim; ++d) {
-        double total = 0.0;
-        for (int64_t p = 0; p < pieces; ++p) total += sums[p * dim + d];
-        m[d] = static_cast<float>(total / static_cast<double>(n));
-      }
-      return true;
-    };
-    jdml::run_rounds(pool, pieces, 2, piece, to_mean);
+    column_mean(pool, x.typed_data(), n, dim, mean->typed_data());
+    jdml::run_pieces(pool, pieces, [&](int64_t p) {
+      centre_rows(x.typed_data(), mean->typed_data(), n * p / pieces, n * (p + 1) / pieces, dim,
+                  centred->typed_data(), norms->typed_data());
+    });
   } catch (const std::exception& err) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-means centring: ") + err.what());
   }
   return ffi::Error::Success();
 }
 
+ffi::Error Mean(ffi::ThreadPool pool, Points x, ffi::ResultBuffer<ffi::F32, 1> mean) {
+  try {
+    column_mean(pool, x.typed_data(), x.dimensions()[0], x.dimensions()[1], mean->typed_data());
+  } catch (const std::exception& err) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-means mean: ") + err.what());
+  }
+  return ffi::Error::Success();
+}
+
+// Squared norms of the rows [begin, end) of x as centre_rows computes them for centred rows (16
+// float32 partial sums per row, added in lane order).
+__attribute__((target_clones("avx512f", "default"))) void row_norms(const float* x, int64_t begin,
+                                                                   int64_t end, int64_t dim,
+                                                                   float* norms) {
+  constexpr int64_t kLanes = 16;
+  for (int64_t i = begin; i < end; ++i) {
+    const float* __restrict__ row = x + i * dim;
+    float squares[kLanes] = {};
+    int64_t d = 0;
+    for (; d + kLanes <= dim; d += kLanes) {
+      for (int64_t lane = 0; lane < kLanes; ++lane) squares[lane] += row[d + lane] * row[d + lane];
+    }
+    float total = 0.0f;
+    for (int64_t lane = 0; lane < kLanes; ++lane) total += squares[lane];
+    for (; d < dim; ++d) total += row[d] * row[d];
+    norms[i] = total;
+  }
+}
+
 // Updates of faiss's k-means (the "reference" mode of jdml/evaluation/kmeans.py) for few
-// clusters, up to `remaining` of them, stopping after the first that leaves a cluster empty (the
-// caller then splits clusters as faiss does). Each update is two rounds: every point's nearest
-// centroid (assign_range, pieces of the points), then each centroid the float32 sum of its
-// points in point order times the float32 1 / count (faiss's compute_centroids, which also
-// gives each thread a range of centroids and scans every point for them); an empty cluster's
-// centroid becomes 0. NaN points are in no cluster. `sizes` are the last update's counts and
-// `steps` the number of updates run. When all `remaining` updates ran and the last left no cluster
-// empty, one more round assigns the points to the final centroids (`final_nearest`,
-// `final_best`, as jdml_kmeans_assign); otherwise those hold K and NaN.
-// Chunks of points of a reference update: each is assigned by whichever thread claims it first,
-// and summed by every thread (its own range of clusters) in chunk order once it is assigned.
+// clusters, up to `iters` of them from `c` (clusters x dim, updated in place), stopping after
+// the first that leaves a cluster empty (the caller then splits clusters as faiss does). A first
+// round computes the points' squared norms (row_norms). Each update is every point's nearest
+// centroid (assign_range), then each centroid the float32 sum of its points in point order times
+// the float32 1 / count (faiss's compute_centroids, which also gives each thread a range of
+// centroids and scans every point for them); an empty cluster's centroid becomes 0. NaN points
+// are in no cluster. `sizes` are the last update's counts (all 1 without an update). When all
+// `iters` updates ran (none with iters = 0) and the last left no cluster empty, one more round
+// assigns the points to the final centroids (`final_nearest`, `final_best`, as
+// jdml_kmeans_assign) and sums their distances (`inertia`, float64 per piece, added in piece
+// order); otherwise those hold K, NaN and NaN. Returns the number of updates run.
+// Chunks of points of an update: each is assigned by whichever thread claims it first, and
+// summed by every thread (its own range of clusters) in chunk order once it is assigned.
 constexpr int64_t kReferenceChunk = 1024;
 
-ffi::Error ReferenceLloyd(ffi::ThreadPool pool, Points x, Floats x_sq, Points initial,
-                          Ints remaining, int64_t points, ffi::ResultBuffer<ffi::F32, 2> centroids,
-                          ffi::ResultBuffer<ffi::F32, 1> sizes,
-                          ffi::ResultBuffer<ffi::S32, 1> steps,
-                          ffi::ResultBuffer<ffi::S32, 1> final_nearest,
-                          ffi::ResultBuffer<ffi::F32, 1> final_best) {
-  const int64_t iters = remaining.typed_data()[0];
-  const int64_t dim = x.dimensions()[1], clusters = initial.dimensions()[0];
-  const int64_t n = std::min<int64_t>(points, x.dimensions()[0]);
+template <class Pool>
+int64_t reference_lloyd(Pool& pool, const float* x, int64_t n, int64_t dim, int64_t clusters,
+                        int64_t iters, float* c, float* sizes, int32_t* final_nearest,
+                        float* final_best, float* inertia) {
   const int64_t pieces = std::clamp<int64_t>(n / kLloydPiecePoints, 1, kLloydPieces);
   const int64_t ranges = std::clamp<int64_t>(pool.num_threads(), 1, clusters);
   const int64_t chunks = std::max<int64_t>(1, (n + kReferenceChunk - 1) / kReferenceChunk);
-  float* c = centroids->typed_data();
-  std::copy(initial.typed_data(), initial.typed_data() + clusters * dim, c);
-  std::fill(sizes->typed_data(), sizes->typed_data() + clusters, 1.0f);  // no update: as XLA's
+  std::fill(sizes, sizes + clusters, 1.0f);  // no update: as XLA's
   std::vector<int32_t> nearest(n);
-  std::vector<float> best(n), c_sq(clusters), next(clusters * dim);
+  std::vector<float> x_sq(n), best(n), c_sq(clusters), next(clusters * dim);
+  std::vector<double> squares(pieces);
   centroid_norms(c, clusters, dim, c_sq.data());
   // an update's chunks: the next one to claim for assignment, and which are assigned
   std::atomic<int64_t> claimed{0};
@@ -700,89 +750,158 @@ ffi::Error ReferenceLloyd(ffi::ThreadPool pool, Points x, Floats x_sq, Points in
     for (int64_t j = 0; j < chunks; ++j) assigned[j].store(false);
   };
   open_update();
-  int32_t done = 0;
-  try {
-    // Rounds 0 .. iters - 1 are updates, round iters the final assignment. In an update each of
-    // `ranges` pieces sums its range of clusters over the chunks in point order (faiss's float32
-    // order, one range of centroids per thread), assigning the next unclaimed chunks itself
-    // whenever the chunk it needs is not assigned yet: no pass over the points is waited for,
-    // and each chunk is summed soon after it is assigned, while it is in cache.
-    const auto piece = [&](int64_t round, int64_t p) {
-      if (round == iters) {  // the assignment to the final centroids
-        if (p >= pieces) return;
-        assign_range(x.typed_data(), x_sq.typed_data(), c, c_sq.data(), dim, clusters,
-                     n * p / pieces, n * (p + 1) / pieces, final_nearest->typed_data(),
-                     final_best->typed_data());
+  int64_t done = 0;
+  bool empty = false;
+  // Round 0 computes the norms, rounds 1 .. iters are updates, round iters + 1 the final
+  // assignment. In an update each of `ranges` pieces sums its range of clusters over the chunks
+  // in point order (faiss's float32 order, one range of centroids per thread), assigning the
+  // next unclaimed chunks itself whenever the chunk it needs is not assigned yet: no pass over
+  // the points is waited for, and each chunk is summed soon after it is assigned, while it is in
+  // cache.
+  const std::function<void(int64_t, int64_t)> piece = [&](int64_t round, int64_t p) {
+    if (round == 0 || round == iters + 1) {
+      if (p >= pieces) return;
+      const int64_t begin = n * p / pieces, end = n * (p + 1) / pieces;
+      if (round == 0) {
+        row_norms(x, begin, end, dim, x_sq.data());
         return;
       }
-      if (p >= ranges) return;
-      const int64_t first = clusters * p / ranges, last = clusters * (p + 1) / ranges;
-      float* sums = next.data() + first * dim;
-      std::fill(sums, sums + (last - first) * dim, 0.0f);
-      std::vector<int64_t> counts(last - first, 0);
-      for (int64_t j = 0; j < chunks; ++j) {
-        while (!assigned[j].load(std::memory_order_acquire)) {
-          const int64_t mine =
-              claimed.load(std::memory_order_relaxed) < chunks ? claimed.fetch_add(1) : chunks;
-          if (mine >= chunks) {  // every chunk is claimed: another thread is assigning this one
-            std::this_thread::yield();
-            continue;
-          }
-          const int64_t begin = mine * kReferenceChunk;
-          const int64_t end = std::min(n, begin + kReferenceChunk);
-          assign_range(x.typed_data(), x_sq.typed_data(), c, c_sq.data(), dim, clusters, begin,
-                       end, nearest.data(), best.data());
-          assigned[mine].store(true, std::memory_order_release);
+      assign_range(x, x_sq.data(), c, c_sq.data(), dim, clusters, begin, end, final_nearest,
+                   final_best);
+      double square = 0.0;
+      for (int64_t i = begin; i < end; ++i) square += final_best[i];
+      squares[p] = square;
+      return;
+    }
+    if (p >= ranges) return;
+    const int64_t first = clusters * p / ranges, last = clusters * (p + 1) / ranges;
+    float* sums = next.data() + first * dim;
+    std::fill(sums, sums + (last - first) * dim, 0.0f);
+    std::vector<int64_t> counts(last - first, 0);
+    for (int64_t j = 0; j < chunks; ++j) {
+      while (!assigned[j].load(std::memory_order_acquire)) {
+        const int64_t mine =
+            claimed.load(std::memory_order_relaxed) < chunks ? claimed.fetch_add(1) : chunks;
+        if (mine >= chunks) {  // every chunk is claimed: another thread is assigning this one
+          std::this_thread::yield();
+          continue;
         }
-        const int64_t begin = j * kReferenceChunk, end = std::min(n, begin + kReferenceChunk);
-        add_rows(x.typed_data(), nearest.data(), begin, end, dim, first, last - first, sums,
-                 counts.data());
+        const int64_t begin = mine * kReferenceChunk;
+        const int64_t end = std::min(n, begin + kReferenceChunk);
+        assign_range(x, x_sq.data(), c, c_sq.data(), dim, clusters, begin, end, nearest.data(),
+                     best.data());
+        assigned[mine].store(true, std::memory_order_release);
       }
-      for (int64_t k = 0; k < last - first; ++k) {
-        const float size = static_cast<float>(counts[k]);
-        const float scale = counts[k] > 0 ? 1.0f / size : 0.0f;
-        for (int64_t d = 0; d < dim; ++d) sums[k * dim + d] *= scale;
-        sizes->typed_data()[first + k] = size;
-      }
-    };
-    const auto after = [&](int64_t round) {
-      if (round == iters) return true;
-      ++done;
-      // every thread has read the centroids of this update: the new ones replace them now
-      std::copy(next.begin(), next.end(), c);
-      const float* size = sizes->typed_data();
-      if (std::find(size, size + clusters, 0.0f) != size + clusters) return false;
-      centroid_norms(c, clusters, dim, c_sq.data());
-      open_update();
+      const int64_t begin = j * kReferenceChunk, end = std::min(n, begin + kReferenceChunk);
+      add_rows(x, nearest.data(), begin, end, dim, first, last - first, sums, counts.data());
+    }
+    for (int64_t k = 0; k < last - first; ++k) {
+      const float size = static_cast<float>(counts[k]);
+      const float scale = counts[k] > 0 ? 1.0f / size : 0.0f;
+      for (int64_t d = 0; d < dim; ++d) sums[k * dim + d] *= scale;
+      sizes[first + k] = size;
+    }
+  };
+  const std::function<bool(int64_t)> after = [&](int64_t round) {
+    if (round == 0) return true;
+    if (round == iters + 1) {
+      double total = 0.0;
+      for (int64_t p = 0; p < pieces; ++p) total += squares[p];
+      *inertia = static_cast<float>(total);
       return true;
-    };
-    jdml::run_rounds(pool, std::max(pieces, ranges), iters + 1, piece, after);
+    }
+    ++done;
+    // every thread has read the centroids of this update: the new ones replace them now
+    std::copy(next.begin(), next.end(), c);
+    empty = std::find(sizes, sizes + clusters, 0.0f) != sizes + clusters;
+    if (empty) return false;
+    centroid_norms(c, clusters, dim, c_sq.data());
+    open_update();
+    return true;
+  };
+  jdml::run_rounds(pool, std::max(pieces, ranges), iters + 2, piece, after);
+  if (done < iters || empty) {  // no final assignment: out of range
+    std::fill(final_nearest, final_nearest + n, static_cast<int32_t>(clusters));
+    std::fill(final_best, final_best + n, std::numeric_limits<float>::quiet_NaN());
+    *inertia = std::numeric_limits<float>::quiet_NaN();
+  }
+  return done;
+}
+
+ffi::Error ReferenceLloyd(ffi::ThreadPool pool, Points x, Points initial, Ints remaining,
+                          ffi::ResultBuffer<ffi::F32, 2> centroids,
+                          ffi::ResultBuffer<ffi::F32, 1> sizes,
+                          ffi::ResultBuffer<ffi::S32, 1> steps,
+                          ffi::ResultBuffer<ffi::S32, 1> final_nearest,
+                          ffi::ResultBuffer<ffi::F32, 1> final_best,
+                          ffi::ResultBuffer<ffi::F32, 1> inertia) {
+  const int64_t n = x.dimensions()[0], dim = x.dimensions()[1];
+  const int64_t clusters = initial.dimensions()[0];
+  float* c = centroids->typed_data();
+  std::copy(initial.typed_data(), initial.typed_data() + clusters * dim, c);
+  try {
+    steps->typed_data()[0] = static_cast<int32_t>(reference_lloyd(
+        pool, x.typed_data(), n, dim, clusters, remaining.typed_data()[0], c,
+        sizes->typed_data(), final_nearest->typed_data(), final_best->typed_data(),
+        inertia->typed_data()));
   } catch (const std::exception& err) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-means updates: ") + err.what());
-  }
-  steps->typed_data()[0] = done;
-  if (done < iters || std::find(sizes->typed_data(), sizes->typed_data() + clusters, 0.0f) !=
-                          sizes->typed_data() + clusters) {  // no final assignment: out of range
-    std::fill(final_nearest->typed_data(), final_nearest->typed_data() + n,
-              static_cast<int32_t>(clusters));
-    std::fill(final_best->typed_data(), final_best->typed_data() + n,
-              std::numeric_limits<float>::quiet_NaN());
   }
   return ffi::Error::Success();
 }
 
-ffi::Error Lloyd(ffi::ThreadPool pool, Points x, Floats x_sq, Points initial, int64_t iters,
-                 int64_t points, ffi::ResultBuffer<ffi::F32, 2> centroids,
-                 ffi::ResultBuffer<ffi::S32, 1> nearest, ffi::ResultBuffer<ffi::F32, 1> best) {
-  const int64_t dim = x.dimensions()[1], clusters = initial.dimensions()[0];
-  const int64_t n = std::min<int64_t>(points, x.dimensions()[0]);
+ffi::Error Lloyd(ffi::ThreadPool pool, Points x, Floats mean, Points initial, int64_t iters,
+                 ffi::ResultBuffer<ffi::F32, 2> centroids, ffi::ResultBuffer<ffi::S32, 1> nearest,
+                 ffi::ResultBuffer<ffi::F32, 1> best, ffi::ResultBuffer<ffi::F32, 1> inertia) {
+  const int64_t n = x.dimensions()[0], dim = x.dimensions()[1];
+  const int64_t clusters = initial.dimensions()[0];
   std::copy(initial.typed_data(), initial.typed_data() + clusters * dim,
             centroids->typed_data());
   try {
-    lloyd(pool, x.typed_data(), x_sq.typed_data(), n, dim, clusters, iters,
-          centroids->typed_data(), nearest->typed_data(), best->typed_data());
+    lloyd(pool, x.typed_data(), mean.typed_data(), n, dim, clusters, iters,
+          centroids->typed_data(), nearest->typed_data(), best->typed_data(),
+          inertia->typed_data());
   } catch (const std::exception& err) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-means iterations: ") + err.what());
+  }
+  return ffi::Error::Success();
+}
+
+// Pieces of jdml_kmeans_sums per thread: each piece sums a range of clusters (unequal clusters
+// make equal ranges unequal work, so the threads claim pieces as they come free).
+constexpr int64_t kSumPiecesPerThread = 4;
+
+// Every cluster's float32 sum of its points in point order, and its float32 count, for any
+// number of clusters (nearest out of [0, K), e.g. NaN points, count for none): the sums of XLA's
+// segment_sum bit for bit (a scatter-add, one point after another). Each piece takes a range of
+// clusters and sums each one's points with its row in registers (add_rows_direct: a counting
+// sort of the points by cluster, then the members of each), in parallel where XLA's scatter-add
+// runs on one thread; that scatter had been the hottest XLA kernel of a 100-cluster k-means.
+ffi::Error Sums(ffi::ThreadPool pool, Points x, Ints nearest, ffi::ResultBuffer<ffi::F32, 2> sums,
+                ffi::ResultBuffer<ffi::F32, 1> counts) {
+  const int64_t n = x.dimensions()[0], dim = x.dimensions()[1];
+  const int64_t clusters = sums->dimensions()[0];
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t pieces = std::clamp<int64_t>(threads * kSumPiecesPerThread, 1, clusters);
+  float* out = sums->typed_data();
+  try {
+    jdml::run_pieces(pool, pieces, [&](int64_t p) {
+      const int64_t first = clusters * p / pieces, last = clusters * (p + 1) / pieces;
+      std::fill(out + first * dim, out + last * dim, 0.0f);
+      std::vector<int64_t> count(last - first, 0);
+      if (direct_available()) {
+        add_rows_direct(x.typed_data(), nearest.typed_data(), 0, n, dim, first, last - first,
+                        out + first * dim, count.data());
+      } else {
+        add_rows(x.typed_data(), nearest.typed_data(), 0, n, dim, first, last - first,
+                 out + first * dim, count.data());
+      }
+      for (int64_t k = first; k < last; ++k) {
+        counts->typed_data()[k] = static_cast<float>(count[k - first]);
+      }
+    });
+  } catch (const std::exception& err) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("k-means sums: ") + err.what());
   }
   return ffi::Error::Success();
 }
@@ -946,7 +1065,70 @@ ffi::Error AssignBounded(ffi::ThreadPool pool, Points x, Floats x_sq, Points c, 
   return ffi::Error::Success();
 }
 
+// Throws for shapes a host function cannot take: N x dim points (both at least 1), clusters in
+// [1, N], iterations at least 0.
+void check_shapes(int64_t n, int64_t dim, int64_t clusters, int64_t iters) {
+  if (n < 1 || dim < 1 || clusters < 1 || clusters > n || iters < 0) {
+    throw std::invalid_argument("bad shapes: " + std::to_string(n) + " points, " +
+                                std::to_string(dim) + " dimensions, " + std::to_string(clusters) +
+                                " clusters, " + std::to_string(iters) + " iterations");
+  }
+}
+
+// Writes `failure`, if any, to `error` (at most `error_size` bytes with its NUL) after `what`;
+// returns 0 without a failure, else 1 (the host functions' convention, as jdml_knn_search_host).
+int host_status(const std::string& failure, const char* what, char* error, int64_t error_size) {
+  if (failure.empty()) return 0;
+  if (error_size > 0) std::snprintf(error, error_size, "%s: %s", what, failure.c_str());
+  return 1;
+}
+
 }  // namespace
+
+// The k-means of host memory, called directly (ctypes) rather than through XLA, as faiss is
+// called on NumPy arrays: the points are read where they are (any alignment), where a jitted
+// call needs them 64-byte aligned, and a NumPy array's memory rarely is (an aligned copy of
+// 20,000 x 512 points took 11 ms, as long as a 5-cluster k-means of them). The same functions
+// as the XLA handlers, on OpenMP's threads (jdml::HostPool), so the same results bit for bit.
+// Each returns 0, or 1 with a message in `error`.
+
+// jdml_kmeans_mean on host memory: the (dim) mean of x (n x dim).
+extern "C" int jdml_kmeans_mean_host(const float* x, int64_t n, int64_t dim, float* mean,
+                                     char* error, int64_t error_size) {
+  const std::string failure = jdml::host_call([&](jdml::HostPool& pool) {
+    check_shapes(n, dim, 1, 0);
+    column_mean(pool, x, n, dim, mean);
+  });
+  return host_status(failure, "k-means mean", error, error_size);
+}
+
+// jdml_kmeans_lloyd on host memory: `iters` Lloyd steps on x (n x dim) minus `mean` from
+// `centroids` (clusters x dim, centred; updated in place), then the final assignment.
+extern "C" int jdml_kmeans_lloyd_host(const float* x, int64_t n, int64_t dim, const float* mean,
+                                      float* centroids, int64_t clusters, int64_t iters,
+                                      int32_t* nearest, float* best, float* inertia, char* error,
+                                      int64_t error_size) {
+  const std::string failure = jdml::host_call([&](jdml::HostPool& pool) {
+    check_shapes(n, dim, clusters, iters);
+    lloyd(pool, x, mean, n, dim, clusters, iters, centroids, nearest, best, inertia);
+  });
+  return host_status(failure, "k-means iterations", error, error_size);
+}
+
+// jdml_kmeans_reference_lloyd on host memory: up to `iters` updates of `centroids` (in place),
+// the last update's `sizes`, the updates run (`steps`), and the final assignment if it was made.
+extern "C" int jdml_kmeans_reference_lloyd_host(const float* x, int64_t n, int64_t dim,
+                                                float* centroids, int64_t clusters, int64_t iters,
+                                                float* sizes, int64_t* steps, int32_t* nearest,
+                                                float* best, float* inertia, char* error,
+                                                int64_t error_size) {
+  const std::string failure = jdml::host_call([&](jdml::HostPool& pool) {
+    check_shapes(n, dim, clusters, iters);
+    *steps = reference_lloyd(pool, x, n, dim, clusters, iters, centroids, sizes, nearest, best,
+                             inertia);
+  });
+  return host_status(failure, "k-means updates", error, error_size);
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_lloyd, Lloyd,
                               ffi::Ffi::Bind()
@@ -955,23 +1137,28 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_lloyd, Lloyd,
                                   .Arg<Floats>()
                                   .Arg<Points>()
                                   .Attr<int64_t>("iters")
-                                  .Attr<int64_t>("points")
                                   .Ret<Points>()
                                   .Ret<Ints>()
+                                  .Ret<Floats>()
+                                  .Ret<Floats>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_mean, Mean,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<Points>()
                                   .Ret<Floats>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_reference_lloyd, ReferenceLloyd,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<Points>()
-                                  .Arg<Floats>()
                                   .Arg<Points>()
                                   .Arg<Ints>()
-                                  .Attr<int64_t>("points")
                                   .Ret<Points>()
                                   .Ret<Floats>()
                                   .Ret<Ints>()
                                   .Ret<Ints>()
+                                  .Ret<Floats>()
                                   .Ret<Floats>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_centre, Centre,
@@ -995,6 +1182,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_assign_bounded, AssignBounded,
                                   .Arg<Floats>()
                                   .Ret<Ints>()
                                   .Ret<Floats>()
+                                  .Ret<Floats>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_sums, Sums,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<Points>()
+                                  .Arg<Ints>()
+                                  .Ret<Points>()
                                   .Ret<Floats>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jdml_kmeans_assign, Assign,

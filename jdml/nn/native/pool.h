@@ -1,5 +1,6 @@
-// Work split over XLA's intra-op thread pool, shared by the native kernels (dnnl_conv.cc,
-// kmeans.cc).
+// Work split over a pool of threads, shared by the native kernels (dnnl_conv.cc, kmeans.cc,
+// knn.cc): XLA's intra-op thread pool inside an FFI handler, or OpenMP's threads (HostPool) in a
+// function called directly on host memory. A Pool has num_threads() and Schedule(work).
 #pragma once
 
 #include <omp.h>
@@ -51,7 +52,8 @@ struct Task {
 // Runs work(0), ..., work(pieces - 1): the caller runs piece 0 and then every piece no pool
 // thread has started yet, so it never waits on work that is not running (no deadlock when every
 // pool thread is itself inside such a call). Rethrows the first error of a piece.
-inline void run_pieces(xla::ffi::ThreadPool& pool, int64_t pieces,
+template <class Pool>
+void run_pieces(Pool& pool, int64_t pieces,
                        const std::function<void(int64_t)>& work) {
   // A task's work refers to this frame: the caller waits for every claimed task below, and a
   // pool thread that finds its task claimed touches only the task itself.
@@ -115,7 +117,8 @@ struct Rounds {
 // a thread wake-up each time. The caller claims every piece no helper has claimed, so it never
 // waits on work that is not running (no deadlock when the pool's threads are busy elsewhere).
 // Rethrows the first error of a piece (after its round) or of between.
-inline void run_rounds(xla::ffi::ThreadPool& pool, int64_t pieces, int64_t rounds,
+template <class Pool>
+void run_rounds(Pool& pool, int64_t pieces, int64_t rounds,
                        const std::function<void(int64_t, int64_t)>& work,
                        const std::function<bool(int64_t)>& between) {
   if (pieces >= (int64_t{1} << 32)) throw std::runtime_error("too many pieces");
@@ -169,6 +172,44 @@ inline void run_rounds(xla::ffi::ThreadPool& pool, int64_t pieces, int64_t round
   state->finished.store(true);
   while (state->helpers.load() != 0) std::this_thread::yield();
   if (!error.empty()) throw std::runtime_error(error);
+}
+
+// OpenMP's threads as a Pool, for functions called directly on host memory (not through XLA):
+// host_call runs `work(pool)` on one thread of an OpenMP team, and the pool's Schedule makes an
+// OpenMP task, which the team's other threads run while they wait at the end of the team's
+// single region. run_pieces and run_rounds never wait for work nobody has started, so a task
+// that starts after its call has returned finds nothing left to do.
+class HostPool {
+ public:
+  explicit HostPool(int64_t threads) : threads_(threads) {}
+  int64_t num_threads() const { return threads_; }
+  template <class Work>
+  void Schedule(Work&& work) {
+    std::function<void()> task(std::forward<Work>(work));
+#pragma omp task firstprivate(task)
+    task();
+  }
+
+ private:
+  int64_t threads_;
+};
+
+// Runs work(pool) with a HostPool of OpenMP's threads (see HostPool); returns what it throws as
+// a message, empty if nothing.
+template <class Work>
+std::string host_call(Work&& work) {
+  std::string failure;
+#pragma omp parallel
+#pragma omp single
+  {
+    HostPool pool(omp_get_num_threads());
+    try {
+      work(pool);
+    } catch (const std::exception& err) {
+      failure = err.what();
+    }
+  }
+  return failure;
 }
 
 }  // namespace jdml
