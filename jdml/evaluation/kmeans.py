@@ -42,26 +42,35 @@ On CPU the assignment runs as a native kernel (``jdml/nn/native/kmeans.cc``;
 tie rule as the XLA ops, with the dot products from oneDNN's sgemm, or, up to 16 centroids on a
 CPU with AVX-512, from a register tile of two points against up to 8 centroids (sgemm calls
 only a few centroids wide cost more than their arithmetic); so an assignment can differ from
-XLA's only where two centroids lie within float32 rounding of each other. "k-means++" and
-"random" centre the points as one native call (``jdml_kmeans_centre``). Up to
+XLA's only where two centroids lie within float32 rounding of each other. The mean of
+"k-means++" and "random" is one native call (float64 sums in a fixed order). Up to
 ``NATIVE_LLOYD_MAX_CLUSTERS`` clusters:
 
 * "k-means++" and "random" run the Lloyd iterations and the final assignment as one native
-  call (``jdml_kmeans_lloyd``), which sums each tile of 512 points right after assigning it,
-  while its rows are in cache, and keeps the same threads for every iteration. 20 iterations
-  on 20,000 x 128 points at 5 clusters took 29 ms with XLA's scatter-add, 17 ms with the first
-  fused version, 3.2 ms now.
+  call (``jdml_kmeans_lloyd``), which centres each tile of 512 points into a buffer of its
+  thread (the centred points are never written out), assigns it and sums it while its rows are
+  in cache, and keeps the same threads for every iteration. 20 iterations on 20,000 x 128
+  points at 5 clusters took 29 ms with XLA's scatter-add, 17 ms with the first fused version,
+  3.2 ms now.
 * The reference mode runs its updates up to the next empty cluster as one native call
-  (``jdml_kmeans_reference_lloyd``): faiss's float32 sums in point order, a range of centroids
-  per thread, as faiss sums them (up to 16 clusters each group of clusters' sums in registers,
-  one pass over the points per group), each chunk of points summed as soon as some thread has
-  assigned it; when no cluster was left empty, the same call ends with the final assignment.
+  (``jdml_kmeans_reference_lloyd``): the points' squared norms, then faiss's float32 sums in
+  point order, a range of centroids per thread, as faiss sums them (up to 16 clusters each
+  group of clusters' sums in registers, one pass over the points per group), each chunk of
+  points summed as soon as some thread has assigned it; when no cluster was left empty, the
+  same call ends with the final assignment.
+* Host (NumPy) points take these native functions directly, through ctypes on OpenMP's threads,
+  as faiss is called (``_direct_lloyd``, ``_direct_reference_updates``): JAX on CPU shares a
+  host array only if it is 64-byte aligned, which a NumPy array's memory rarely is, and the
+  aligned copy of 20,000 x 512 points took as long as a 5-cluster k-means of them. The result
+  is the jitted call's bit for bit, as NumPy arrays.
 
-Above that the sums stay XLA's scatter-add, and the iterations' assignments skip the points
-whose centroid cannot have changed (``jdml_kmeans_assign_bounded``: Hamerly's bounds, with a
-margin for float32 rounding, so each assignment is the one the full pass would make; see
-``kmeans.cc``). The final assignment, which also gives the inertia, is a full pass. The sharded
-k-means on a device mesh keeps XLA's ops.
+Above that the points are centred once (``jdml_kmeans_centre``), the iterations' assignments
+skip the points whose centroid cannot have changed (``jdml_kmeans_assign_bounded``: Hamerly's
+bounds, with a margin for float32 rounding, so each assignment is the one the full pass would
+make; see ``kmeans.cc``), and the sums are one native call (``jdml_kmeans_sums``: XLA's
+``segment_sum`` bit for bit, in parallel over ranges of clusters). The final assignment, which
+also gives the inertia, is a full pass. Host points take the jitted call there (an aligned copy
+first). The sharded k-means on a device mesh keeps XLA's ops.
 """
 
 from __future__ import annotations

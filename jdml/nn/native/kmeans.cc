@@ -1,4 +1,4 @@
-// The assignment pass of k-means as an XLA FFI handler for the CPU backend (see
+// k-means' passes over the points as XLA FFI handlers for the CPU backend (see
 // jdml/evaluation/kmeans.py and jdml/nn/native/__init__.py).
 //
 //   jdml_kmeans_assign: every point's nearest centroid (ties to the lower index) and its squared
@@ -6,6 +6,12 @@
 //     rounds it; the dot products come from oneDNN's sgemm on tiles of points x centroids.
 //   jdml_kmeans_assign_bounded: the same assignment inside Lloyd's iterations, skipping the
 //     points whose centroid cannot have changed (bounds of Hamerly's k-means, see below).
+//   jdml_kmeans_mean, jdml_kmeans_centre: the points' mean, and the centred points.
+//   jdml_kmeans_lloyd, jdml_kmeans_reference_lloyd: Lloyd's iterations for few clusters as one
+//     call each (jdml's "random" and "k-means++" modes, and faiss's k-means).
+//   jdml_kmeans_sums: the clusters' sums, as XLA's segment_sum, for any number of clusters.
+//   jdml_kmeans_mean_host, jdml_kmeans_lloyd_host, jdml_kmeans_reference_lloyd_host: the same
+//     functions on host memory, called directly (plain C functions, not FFI handlers).
 //
 // XLA computes the same with a matmul whose (points x centroids) result goes to memory, then a
 // reduction pass for the minimum and another for its index. Here the points are split over the
