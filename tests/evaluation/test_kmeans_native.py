@@ -501,6 +501,24 @@ def test_host_arrays_take_the_direct_call_with_the_jitted_result(
         assert not np.shares_memory(km.kmeans(x, k, init=init).centroids, x)
 
 
+@pytest.mark.parametrize("init", ["random", "reference"])
+def test_direct_call_leaves_nan_points_out_as_the_jitted_call(init: str) -> None:
+    """NaN points: the direct call gives the jitted one's result bit for bit. In the reference
+    mode (no centring) the NaN point goes to no cluster (assignment K, NaN inertia) and the
+    others cluster as usual; "random" centres the points, so its NaN mean makes every point NaN
+    in both routes."""
+    rng = np.random.default_rng(8)
+    x = (rng.normal(size=(4, 6))[np.arange(900) % 4] + rng.normal(size=(900, 6))).astype(np.float32)
+    x[-1, 2] = np.nan  # not among the initial centroids of either mode
+    got = km.kmeans(x, 4, seed=None if init == "reference" else 0, init=init)
+    want = km.kmeans(jnp.asarray(x), 4, seed=None if init == "reference" else 0, init=init)
+    np.testing.assert_array_equal(got.assignments, np.asarray(want.assignments))
+    np.testing.assert_array_equal(got.centroids, np.asarray(want.centroids))
+    assert got.assignments[-1] == 4 and np.isnan(got.inertia) and np.isnan(want.inertia)
+    if init == "reference":
+        assert np.all(np.isfinite(got.centroids)) and np.all(got.assignments[:-1] < 4)
+
+
 def test_direct_reference_splits_empty_clusters_as_the_jitted_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
