@@ -53,8 +53,7 @@ struct Task {
 // thread has started yet, so it never waits on work that is not running (no deadlock when every
 // pool thread is itself inside such a call). Rethrows the first error of a piece.
 template <class Pool>
-void run_pieces(Pool& pool, int64_t pieces,
-                       const std::function<void(int64_t)>& work) {
+void run_pieces(Pool& pool, int64_t pieces, const std::function<void(int64_t)>& work) {
   // A task's work refers to this frame: the caller waits for every claimed task below, and a
   // pool thread that finds its task claimed touches only the task itself.
   std::vector<std::shared_ptr<Task>> tasks;
@@ -119,8 +118,8 @@ struct Rounds {
 // Rethrows the first error of a piece (after its round) or of between.
 template <class Pool>
 void run_rounds(Pool& pool, int64_t pieces, int64_t rounds,
-                       const std::function<void(int64_t, int64_t)>& work,
-                       const std::function<bool(int64_t)>& between) {
+                const std::function<void(int64_t, int64_t)>& work,
+                const std::function<bool(int64_t)>& between) {
   if (pieces >= (int64_t{1} << 32)) throw std::runtime_error("too many pieces");
   auto state = std::make_shared<Rounds>();
   state->pieces = pieces;
