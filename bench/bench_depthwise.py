@@ -37,7 +37,8 @@ from jdml.models.efficientnet import (
     STEM_CHANNELS,
     EfficientNetLite0,
 )
-from jdml.nn.depthwise import depthwise_conv2d, same_padding
+from jdml.nn.depthwise import depthwise_conv2d
+from jdml.nn.padding import same_padding
 from jdml.nn.pointwise import pointwise_conv
 from jdml.throughput import alternating_rounds, op_times
 

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdml.nn import native
-from jdml.nn.depthwise import same_padding
+from jdml.nn.padding import same_padding
 from jdml.nn.pointwise import pointwise_conv
 
 # Fewest input channels for which oneDNN's convolution is used: on the glyph stem (1 channel)
@@ -98,7 +98,7 @@ _conv_with_pieces.defvjp(_conv_fwd, _conv_bwd)
 
 def _onednn_call(
     target: str, shape: tuple[int, ...], a: jax.Array, b: jax.Array, x_hw: tuple[int, int],
-    k: tuple[int, int], stride: int,
+    k: tuple[int, int], stride: int, groups: int,
 ) -> jax.Array:  # fmt: skip
     (_, top, bottom), (_, left, right) = (
         same_padding(n, kk, stride) for n, kk in zip(x_hw, k, strict=True)
@@ -110,35 +110,58 @@ def _onednn_call(
     i64 = lambda v: np.int64(v)  # noqa: E731  (FFI attributes are typed)
     return call(
         a, b, stride=i64(stride), pad_top=i64(top), pad_bottom=i64(bottom), pad_left=i64(left),
-        pad_right=i64(right),
+        pad_right=i64(right), groups=i64(groups),
     )  # fmt: skip
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _onednn_conv(x: jax.Array, kernel: jax.Array, stride: int) -> jax.Array:
-    return _onednn_fwd(x, kernel, stride)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def onednn_conv(x: jax.Array, kernel: jax.Array, stride: int, groups: int = 1) -> jax.Array:
+    """oneDNN's SAME convolution of NHWC float32 ``x`` with an HWIO ``kernel`` of shape (k, k,
+    C_in / groups, C_out), as XLA FFI custom calls on the CPU backend (forward pass, input and
+    kernel gradients); ``groups`` = C_in = C_out is a depthwise convolution."""
+    return _onednn_fwd(x, kernel, stride, groups)[0]
 
 
 def _onednn_fwd(
-    x: jax.Array, kernel: jax.Array, stride: int
+    x: jax.Array, kernel: jax.Array, stride: int, groups: int
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     b, h, w, _ = x.shape
     shape = (b, -(-h // stride), -(-w // stride), kernel.shape[3])
-    y = _onednn_call("jdml_dnnl_conv_fwd", shape, x, kernel, (h, w), kernel.shape[:2], stride)
+    k = kernel.shape[:2]
+    y = _onednn_call("jdml_dnnl_conv_fwd", shape, x, kernel, (h, w), k, stride, groups)
     return y, (x, kernel)
 
 
 def _onednn_bwd(
-    stride: int, residuals: tuple[jax.Array, jax.Array], g: jax.Array
+    stride: int, groups: int, residuals: tuple[jax.Array, jax.Array], g: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     x, kernel = residuals
     hw, k = x.shape[1:3], kernel.shape[:2]
-    dx = _onednn_call("jdml_dnnl_conv_bwd_data", x.shape, g, kernel, hw, k, stride)
-    dk = _onednn_call("jdml_dnnl_conv_bwd_weights", kernel.shape, x, g, hw, k, stride)
+    dx = _onednn_call("jdml_dnnl_conv_bwd_data", x.shape, g, kernel, hw, k, stride, groups)
+    if groups > 1 and groups == x.shape[3] == kernel.shape[3]:
+        return dx, _depthwise_kernel_grad(x, g, k, stride)
+    dk = _onednn_call("jdml_dnnl_conv_bwd_weights", kernel.shape, x, g, hw, k, stride, groups)
     return dx, dk
 
 
-_onednn_conv.defvjp(_onednn_fwd, _onednn_bwd)
+def _depthwise_kernel_grad(
+    x: jax.Array, g: jax.Array, k: tuple[int, int], stride: int
+) -> jax.Array:
+    """A depthwise convolution's kernel gradient (k, k, 1, C) from the native handler
+    ``jdml_depthwise_bwd_weights`` (oneDNN 2.6's own is its generic kernel for 5x5 kernels and
+    small maps, 10-100x slower than the forward pass)."""
+    (_, top, _), (_, left, _) = (
+        same_padding(n, kk, stride) for n, kk in zip(x.shape[1:3], k, strict=True)
+    )
+    call = jax.ffi.ffi_call(
+        "jdml_depthwise_bwd_weights",
+        jax.ShapeDtypeStruct((*k, 1, x.shape[3]), jnp.float32),
+        vmap_method="sequential",
+    )
+    return call(x, g, stride=np.int64(stride), pad_top=np.int64(top), pad_left=np.int64(left))
+
+
+onednn_conv.defvjp(_onednn_fwd, _onednn_bwd)
 
 
 def conv2d(x: jax.Array, kernel: jax.Array, stride: int = 1) -> jax.Array:
@@ -162,7 +185,7 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int = 1) -> jax.Array:
         and x.dtype == kernel.dtype == jnp.float32
         and native.onednn_enabled()
     ):
-        return _onednn_conv(x, kernel, stride)
+        return onednn_conv(x, kernel, stride)
     out_positions = -(-x.shape[1] // stride) * -(-x.shape[2] // stride)
     pieces = kernel_grad_pieces(x.shape[0], out_positions)
     if pieces == 1:

@@ -27,18 +27,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-Impl = Literal["auto", "xla", "shifted", "shifted_autodiff"]
+from jdml.nn import native
+from jdml.nn.conv import onednn_conv
+from jdml.nn.padding import same_padding
 
-# "auto": "shifted" on CPU, "xla" on other backends (decided when a function is traced).
+Impl = Literal["auto", "xla", "onednn", "shifted", "shifted_autodiff"]
+
+# "auto": "onednn" on CPU where the native library builds (float32), else "shifted" on CPU and
+# "xla" on other backends (decided when a function is traced).
 IMPLEMENTATION: Impl = "auto"
-
-
-def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int, int]:
-    """TensorFlow "SAME" padding of one spatial axis: (output size, pad before, pad after);
-    the odd pixel of an uneven total goes after, as ``lax``'s ``"SAME"``."""
-    out = -(-size // stride)
-    total = max((out - 1) * stride + kernel - size, 0)
-    return out, total // 2, total - total // 2
 
 
 def _windows(xp: jnp.ndarray, kernel_hw, out_hw, stride: int):
@@ -128,6 +125,16 @@ def _shifted_bwd(stride, residuals, g):
 _shifted.defvjp(_shifted_fwd, _shifted_bwd)
 
 
+def _auto(x: jnp.ndarray, kernel: jnp.ndarray) -> str:
+    """The implementation ``"auto"`` stands for: XLA's off the CPU backend; on it oneDNN's for
+    float32 where the native library builds (``$JDML_CONV``), else the shifted sum."""
+    if jax.default_backend() != "cpu":
+        return "xla"
+    if x.dtype == kernel.dtype == jnp.float32 and native.onednn_enabled():
+        return "onednn"
+    return "shifted"
+
+
 def depthwise_conv2d(
     x: jnp.ndarray, kernel: jnp.ndarray, stride: int = 1, impl: Impl | None = None
 ) -> jnp.ndarray:
@@ -152,7 +159,7 @@ def depthwise_conv2d(
         raise ValueError(f"kernel {kernel.shape} is not a depthwise kernel for input {x.shape}")
     impl = IMPLEMENTATION if impl is None else impl
     if impl == "auto":
-        impl = "shifted" if jax.default_backend() == "cpu" else "xla"
+        impl = _auto(x, kernel)
     if impl == "xla":
         return lax.conv_general_dilated(
             x,
@@ -162,6 +169,8 @@ def depthwise_conv2d(
             dimension_numbers=("NHWC", "HWIO", "NHWC"),
             feature_group_count=x.shape[-1],
         )
+    if impl == "onednn":
+        return onednn_conv(x, kernel, stride, x.shape[-1])
     w = kernel[:, :, 0, :]
     if impl == "shifted":
         return _shifted(x, w, stride)

@@ -1,5 +1,6 @@
-"""The shifted-sum depthwise convolution against XLA's grouped convolution: values and gradients
-(input and kernel) under jit, for EfficientNet's strides and kernels on odd and even sizes."""
+"""The depthwise convolutions (shifted sum, oneDNN with the native kernel gradient) against
+XLA's grouped convolution: values and gradients (input and kernel) under jit, for EfficientNet's
+strides and kernels on odd and even sizes, maps smaller than the kernel and uneven batches."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from jax import lax
 
 from jdml.nn import depthwise
-from jdml.nn.depthwise import DepthwiseConv, depthwise_conv2d, same_padding
+from jdml.nn.depthwise import DepthwiseConv, depthwise_conv2d
+from jdml.nn.padding import same_padding
 
 
 def _reference(x, kernel, stride):
@@ -33,7 +35,7 @@ def _inputs(shape, k, seed=0):
     return x, kernel
 
 
-@pytest.mark.parametrize("impl", ["shifted", "shifted_autodiff"])
+@pytest.mark.parametrize("impl", ["shifted", "shifted_autodiff", "onednn"])
 @pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("k", [3, 5])
 @pytest.mark.parametrize("hw", [(7, 7), (8, 8), (6, 9), (1, 1), (2, 3)])
@@ -75,8 +77,26 @@ def test_same_padding_is_tensorflow_style():
     assert same_padding(1, 5, 2) == (1, 2, 2)
 
 
-def test_auto_picks_the_shifted_sum_on_cpu_only(monkeypatch):
+def _targets(fn, *args) -> set[str]:
+    """The native custom calls in ``fn``'s program, traced afresh (jit caches a function's
+    traces, and the implementation is chosen when tracing)."""
+    text = jax.jit(lambda *a: fn(*a)).lower(*args).as_text()
+    return {t for t in ("jdml_dnnl_conv_fwd", "jdml_depthwise_bwd_weights") if t in text}
+
+
+def test_auto_picks_onednn_on_cpu_the_shifted_sum_without_it_and_xla_elsewhere(monkeypatch):
     x, kernel = _inputs((1, 4, 4, 2), 3)
+
+    def step(x, kernel):
+        return jax.grad(lambda k: jnp.sum(depthwise_conv2d(x, k, 1, "auto")))(kernel)
+
+    def forward(x, kernel):
+        return depthwise_conv2d(x, kernel, 1, "auto")
+
+    assert _targets(forward, x, kernel) == {"jdml_dnnl_conv_fwd"}
+    assert _targets(step, x, kernel) == {"jdml_depthwise_bwd_weights"}
+    monkeypatch.setenv("JDML_CONV", "xla")  # no native kernels: the shifted sum
+    assert _targets(step, x, kernel) == set()
     calls = []
     real = lax.conv_general_dilated
     monkeypatch.setattr(
@@ -90,6 +110,28 @@ def test_auto_picks_the_shifted_sum_on_cpu_only(monkeypatch):
     monkeypatch.setattr(depthwise, "IMPLEMENTATION", "shifted")
     depthwise_conv2d(x, kernel, 1)
     assert calls == [1]
+
+
+@pytest.mark.parametrize("batch", [7, 1])
+def test_onednn_kernel_gradient_is_the_sum_over_every_image(batch):
+    """An odd batch splits unevenly over the pool's threads; one image is one piece. Checked
+    against a float64 sum over the padded input's windows (SAME: 1 before and 2 after on 6
+    rows, 2 and 2 on 5 columns)."""
+    x, kernel = _inputs((batch, 6, 5, 24), 5, seed=4)
+    g = np.random.default_rng(5).normal(size=(batch, 3, 3, 24)).astype(np.float32)
+    assert same_padding(6, 5, 2) == (3, 1, 2) and same_padding(5, 5, 2) == (3, 2, 2)
+    xp = np.pad(np.asarray(x, np.float64), ((0, 0), (1, 2), (2, 2), (0, 0)))
+    want = np.zeros((5, 5, 1, 24))
+    for i in range(5):
+        for j in range(5):
+            window = xp[:, i : i + 5 : 2, j : j + 5 : 2]
+            want[i, j, 0] = np.einsum("byxc,byxc->c", window, g)
+
+    @jax.jit
+    def kernel_grad(x, kernel, g):
+        return jax.vjp(lambda k: depthwise_conv2d(x, k, 2, "onednn"), kernel)[1](g)[0]
+
+    np.testing.assert_allclose(kernel_grad(x, kernel, g), want, atol=1e-4, rtol=1e-5)
 
 
 def test_module_is_a_drop_in_for_a_grouped_flax_conv():

@@ -17,6 +17,8 @@ import pytest
 from jdml.errors import ConfigError
 from jdml.nn import native
 from jdml.nn.conv import conv2d
+from jdml.nn.depthwise import depthwise_conv2d
+from jdml.nn.padding import same_padding
 from jdml.throughput import compiled_flops
 
 # A fresh process: convolves, prints which convolution the program used and the library path.
@@ -25,6 +27,8 @@ import warnings, jax, jax.numpy as jnp
 warnings.simplefilter("always")
 from jdml.nn import native
 from jdml.nn.conv import conv2d
+from jdml.nn.depthwise import depthwise_conv2d
+from jdml.nn.padding import same_padding
 x, k = jnp.ones((2, 8, 8, 16)), jnp.ones((3, 3, 16, 4))
 f = jax.jit(jax.value_and_grad(lambda x, k: jnp.sum(conv2d(x, k)), argnums=(0, 1)))
 uses = "jdml_dnnl_conv_fwd" in f.lower(x, k).as_text()
@@ -108,3 +112,22 @@ def test_flops_are_counted_as_xla_counts_its_convolutions(
         monkeypatch.setenv("JDML_CONV", mode)
         counts[mode] = compiled_flops(jax.jit(lambda x, k: conv2d(x, k, stride)), x, kernel)
     assert counts["onednn"] == counts["xla"] > 0
+
+
+@pytest.mark.parametrize(("size", "k", "stride"), [(8, 3, 1), (9, 5, 2), (4, 5, 1)])
+def test_depthwise_flops_count_the_multiply_adds_that_read_the_input(
+    size: int, k: int, stride: int
+) -> None:
+    """The gradient of a sum needs no forward pass: the input gradient and the kernel gradient,
+    each 2 flops per (image, output pixel, tap inside the input, channel). XLA's own count of a
+    grouped convolution is not the reference here (it is several times that)."""
+    x = jnp.ones((3, size, size, 6), jnp.float32)
+    kernel = jnp.ones((k, k, 1, 6), jnp.float32)
+    out, pad, _ = same_padding(size, k, stride)
+    side = sum(0 <= o * stride - pad + t < size for o in range(out) for t in range(k))
+
+    def loss(x, kernel):
+        return jnp.sum(depthwise_conv2d(x, kernel, stride, "onednn"))
+
+    flops = compiled_flops(jax.jit(jax.grad(loss, argnums=(0, 1))), x, kernel)
+    assert flops == 2 * (2.0 * 3 * side * side * 6)

@@ -56,12 +56,16 @@ FALLBACKS = {
     KMEANS_ENV: "CPU k-means falls back to XLA's ops, about 1.5x slower from 100 clusters on",
     KNN_ENV: "CPU nearest-neighbour search falls back to XLA's top-k and numpy's selection",
 }
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("dnnl_conv.cc", "kmeans.cc", "knn.cc"))
+SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in ("dnnl_conv.cc", "depthwise.cc", "kmeans.cc", "knn.cc")
+)
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("gemm.h", "pool.h"))
 TARGETS = (
     "jdml_dnnl_conv_fwd",
     "jdml_dnnl_conv_bwd_data",
     "jdml_dnnl_conv_bwd_weights",
+    "jdml_depthwise_bwd_weights",
     "jdml_kmeans_assign",
     "jdml_kmeans_assign_bounded",
     "jdml_kmeans_centre",
@@ -106,7 +110,8 @@ def xla_convolutions() -> Iterator[None]:
 
 
 _CALL = re.compile(
-    r"= f32\[([\d,]+)\]\S* custom-call\(.*?custom_call_target=\"(jdml_dnnl_conv_\w+)\", "
+    r"= f32\[([\d,]+)\]\S* custom-call\(.*?"
+    r"custom_call_target=\"(jdml_dnnl_conv_\w+|jdml_depthwise_bwd_weights)\", "
     r"operand_layout_constraints=\{f32\[([\d,]+)\]\S*, f32\[([\d,]+)\].*?"
     r"pad_left = (\d+) : i64.*?pad_top = (\d+) : i64, stride = (\d+) : i64"
 )
@@ -119,11 +124,12 @@ def _taps(size: int, out: int, k: int, stride: int, pad: int) -> int:
 
 
 def conv_flops(hlo_text: str) -> float:
-    """The flops of the oneDNN convolutions in a compiled program's HLO text, which XLA's cost
+    """The flops of the native convolutions in a compiled program's HLO text, which XLA's cost
     analysis does not count: 2 per multiply-add that reads the input (not the padding), as XLA
     counts its own convolutions; the same for the forward pass, the input gradient and the
-    kernel gradient. A call inside a loop counts once. XLA's analysis counts -1 for each custom
-    call, which is added back."""
+    kernel gradient (a depthwise kernel (k, k, 1, C) has one input channel per output). A call
+    inside a loop counts once. XLA's analysis counts -1 for each custom call, which is added
+    back."""
     total = 0.0
     for result, target, first, second, left, top, stride in _CALL.findall(hlo_text):
         r, a, b = (tuple(int(d) for d in s.split(",")) for s in (result, first, second))
@@ -132,6 +138,7 @@ def conv_flops(hlo_text: str) -> float:
             "jdml_dnnl_conv_fwd": (a, r, b),
             "jdml_dnnl_conv_bwd_data": (r, a, b),
             "jdml_dnnl_conv_bwd_weights": (a, b, r),
+            "jdml_depthwise_bwd_weights": (a, b, r),
         }[target]
         s = int(stride)
         rows = _taps(x[1], y[1], w[0], s, int(top))

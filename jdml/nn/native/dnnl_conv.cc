@@ -1,7 +1,8 @@
 // oneDNN convolutions as XLA FFI handlers for the CPU backend (see jdml/nn/native/__init__.py).
 //
 // Three handlers, NHWC activations and HWIO kernels in float32, padding given per side (the
-// SAME padding the Python side computes):
+// SAME padding the Python side computes) and a number of groups (1: an ordinary convolution;
+// the channel count: a depthwise one, whose HWIO kernel is (KH, KW, 1, C)):
 //   jdml_dnnl_conv_fwd:          y  = conv(x, w)
 //   jdml_dnnl_conv_bwd_data:     dx = d conv / d x  applied to dy
 //   jdml_dnnl_conv_bwd_weights:  dw = d conv / d w  applied to dy
@@ -38,8 +39,8 @@ namespace {
 
 enum Kind { kForward = 0, kBackwardData = 1, kBackwardWeights = 2 };
 
-// (kind, N, H, W, C, O, KH, KW, stride, pad_top, pad_bottom, pad_left, pad_right)
-using Key = std::array<int64_t, 13>;
+// (kind, N, H, W, C, O, KH, KW, stride, pad_top, pad_bottom, pad_left, pad_right, groups)
+using Key = std::array<int64_t, 14>;
 
 // One primitive for one batch size, with user-managed scratchpad so that pieces of a batch can
 // run it concurrently on different threads.
@@ -67,14 +68,21 @@ const Entry& entry(Context& ctx, const Key& key) {
   std::lock_guard<std::mutex> lock(ctx.mutex);
   auto found = ctx.cache.find(key);
   if (found != ctx.cache.end()) return *found->second;
-  const auto [kind, n, h, w, c, o, kh, kw, s, top, bottom, left, right] = key;
+  const auto [kind, n, h, w, c, o, kh, kw, s, top, bottom, left, right, groups] = key;
   const int64_t oh = (h + top + bottom - kh) / s + 1, ow = (w + left + right - kw) / s + 1;
   auto e = std::make_unique<Entry>();
   const auto f32 = memory::data_type::f32;
   e->src = memory::desc({n, c, h, w}, f32, Tag::nhwc);
   e->dst = memory::desc({n, o, oh, ow}, f32, Tag::nhwc);
-  e->user_weights = memory::desc({o, c, kh, kw}, f32, Tag::hwio);
-  const auto any = memory::desc({o, c, kh, kw}, f32, Tag::any);
+  // The weights as oneDNN sees them: (O, C, KH, KW), or per group (G, O/G, C/G, KH, KW); the
+  // user's are HWIO, (KH, KW, C/G, O) in memory with output channel g * O/G + o.
+  const int64_t og = o / groups, cg = c / groups;
+  const memory::dims weight_dims = groups == 1 ? memory::dims{o, c, kh, kw}
+                                               : memory::dims{groups, og, cg, kh, kw};
+  e->user_weights = groups == 1 ? memory::desc(weight_dims, f32, Tag::hwio)
+                                : memory::desc(weight_dims, f32,
+                                               memory::dims{og, 1, o, kw * cg * o, cg * o});
+  const auto any = memory::desc(weight_dims, f32, Tag::any);
   const memory::dims strides{s, s}, pad_l{top, left}, pad_r{bottom, right};
   const auto direct = dnnl::algorithm::convolution_direct;
   dnnl::primitive_attr attr;
@@ -130,14 +138,14 @@ const Entry& entry(Context& ctx, const Key& key) {
 }
 
 struct Geometry {
-  int64_t stride, top, bottom, left, right;
+  int64_t stride, top, bottom, left, right, groups;
 };
 
 // The convolution's shape from the NHWC input and HWIO kernel dimensions, for `batch` images.
 Key make_key(Kind kind, int64_t batch, ffi::Span<const int64_t> x, ffi::Span<const int64_t> w,
              Geometry g) {
-  return Key{kind, batch, x[1], x[2], x[3],  w[3],    w[0],
-             w[1], g.stride, g.top, g.bottom, g.left, g.right};
+  return Key{kind, batch, x[1],     x[2],  x[3],     w[3],    w[0],
+             w[1], g.stride, g.top, g.bottom, g.left, g.right, g.groups};
 }
 
 // Runs one batch piece single-threaded on the calling thread: `src` and `dst` point at the
@@ -258,21 +266,23 @@ float* data(F32 b) { return reinterpret_cast<float*>(b.untyped_data()); }
 float* data(OutF32 b) { return reinterpret_cast<float*>(b->untyped_data()); }
 
 ffi::Error Forward(ffi::ThreadPool pool, F32 x, F32 w, OutF32 y, int64_t stride, int64_t top,
-                   int64_t bottom, int64_t left, int64_t right) {
-  return run(pool, kForward, x.dimensions(), w.dimensions(), {stride, top, bottom, left, right},
-             data(x), data(w), data(y));
+                   int64_t bottom, int64_t left, int64_t right, int64_t groups) {
+  return run(pool, kForward, x.dimensions(), w.dimensions(),
+             {stride, top, bottom, left, right, groups}, data(x), data(w), data(y));
 }
 
 ffi::Error BackwardData(ffi::ThreadPool pool, F32 dy, F32 w, OutF32 dx, int64_t stride,
-                        int64_t top, int64_t bottom, int64_t left, int64_t right) {
+                        int64_t top, int64_t bottom, int64_t left, int64_t right,
+                        int64_t groups) {
   return run(pool, kBackwardData, dx->dimensions(), w.dimensions(),
-             {stride, top, bottom, left, right}, data(dx), data(w), data(dy));
+             {stride, top, bottom, left, right, groups}, data(dx), data(w), data(dy));
 }
 
 ffi::Error BackwardWeights(ffi::ThreadPool pool, F32 x, F32 dy, OutF32 dw, int64_t stride,
-                           int64_t top, int64_t bottom, int64_t left, int64_t right) {
+                           int64_t top, int64_t bottom, int64_t left, int64_t right,
+                           int64_t groups) {
   return run(pool, kBackwardWeights, x.dimensions(), dw->dimensions(),
-             {stride, top, bottom, left, right}, data(x), data(dw), data(dy));
+             {stride, top, bottom, left, right, groups}, data(x), data(dw), data(dy));
 }
 
 }  // namespace
@@ -288,7 +298,8 @@ ffi::Error BackwardWeights(ffi::ThreadPool pool, F32 x, F32 dy, OutF32 dw, int64
                                     .Attr<int64_t>("pad_top")                           \
                                     .Attr<int64_t>("pad_bottom")                        \
                                     .Attr<int64_t>("pad_left")                          \
-                                    .Attr<int64_t>("pad_right"));
+                                    .Attr<int64_t>("pad_right")                         \
+                                    .Attr<int64_t>("groups"));
 
 JDML_CONV_HANDLER(jdml_dnnl_conv_fwd, Forward, F32, F32)
 JDML_CONV_HANDLER(jdml_dnnl_conv_bwd_data, BackwardData, F32, F32)
