@@ -45,7 +45,7 @@ from jdml.throughput import alternating_rounds, op_times
 NHWC = ("NHWC", "HWIO", "NHWC")
 
 # The implementations compared by default, the reference first (--impls).
-IMPLS = ("xla", "shifted")
+IMPLS = ("xla", "shifted", "onednn")
 # Trace events of the host and the runtime rather than of XLA ops.
 
 
@@ -283,7 +283,8 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"backend {jax.default_backend()}, {jax.device_count()} device(s); medians of "
           f"{args.repeats} alternating rounds (xla = grouped lax convolution, shifted = "
-          "jdml.nn.depthwise)")  # fmt: skip
+          "shifted sums, onednn = oneDNN with the native kernel gradient, the CPU default; "
+          "see jdml.nn.depthwise)")  # fmt: skip
     if "layers" in sections:
         bench_layers(impls, args.size, args.batch, args.repeats)
     if "pointwise" in sections:

@@ -2,19 +2,28 @@
 
 XLA's CPU backend lowers a grouped convolution with ``feature_group_count == channels`` to a
 slow generic loop: for EfficientNet-Lite0's layers it is 13-27x slower than PyTorch, forward and
-backward, and it dominates the whole network's step time. The same operation written as a sum
-of k*k shifted slices of the padded input times per-channel weights is an elementwise loop that
-XLA fuses into one pass, several times faster. On GPU/TPU the library convolution is kept.
+backward, and it dominates the whole network's step time. Two faster forms, with the same values
+up to float32 rounding, are used on CPU; GPU/TPU keep the library convolution.
 
-The backward pass is written by hand (``jax.custom_vjp``): the input gradient is the transposed
-shifted sum (the stride-dilated output gradient against the flipped kernel) and the kernel
-gradient one variadic reduction over shifted input times output gradient. JAX's autodiff of the
-shifted sum gives the same values but was 2.3x slower in a whole Lite0 train step on CPU (64 px,
-batch 112: 3.4 s against 1.5 s; ``bench/bench_depthwise.py --impls xla,shifted_autodiff,shifted``).
+* ``"onednn"`` (the CPU default where the native library builds, float32): oneDNN's depthwise
+  forward pass and input gradient as XLA FFI custom calls (:func:`jdml.nn.conv.onednn_conv` with
+  ``groups = C``), and the kernel gradient from the native handler
+  ``jdml_depthwise_bwd_weights`` (oneDNN 2.6 runs its generic grouped-convolution kernel there
+  for 5x5 kernels and small maps, 10-100x slower than its forward pass). Over Lite0's 16
+  depthwise layers at 64 px, forward and backward, 2.5x faster than the shifted sum, and the
+  whole train step 1.3x (``bench/bench_depthwise.py``).
+* ``"shifted"`` (the CPU fallback): a sum of k*k shifted slices of the padded input times
+  per-channel weights, an elementwise loop that XLA fuses into one pass. Its backward pass is
+  written by hand (``jax.custom_vjp``): the input gradient is the transposed shifted sum (the
+  stride-dilated output gradient against the flipped kernel) and the kernel gradient one
+  variadic reduction over shifted input times output gradient. JAX's autodiff of the shifted
+  sum (``"shifted_autodiff"``) gives the same values but was 2.3x slower in a whole Lite0 train
+  step on CPU (64 px, batch 112: 3.4 s against 1.5 s).
 
 ``depthwise_conv2d(x, kernel, stride)`` chooses the implementation from ``IMPLEMENTATION``
-(``"auto"``: the shifted sum on the CPU backend, XLA's grouped convolution elsewhere), read at
-trace time; ``impl=`` overrides it per call.
+(``"auto"``: oneDNN's on the CPU backend where the library builds and ``$JDML_CONV`` allows it,
+else the shifted sum; XLA's grouped convolution on other backends), read at trace time;
+``impl=`` overrides it per call.
 """
 
 from __future__ import annotations
@@ -148,8 +157,9 @@ def depthwise_conv2d(
       x: input (B, H, W, C).
       kernel: filters (kH, kW, 1, C), the HWIO layout of a grouped ``flax.linen.Conv``.
       stride: the same stride on both spatial axes (EfficientNet uses 1 and 2).
-      impl: ``"xla"`` (grouped ``lax.conv_general_dilated``), ``"shifted"`` (the shifted sum
-        with a hand-written shifted-sum backward), ``"shifted_autodiff"`` (the shifted sum,
+      impl: ``"xla"`` (grouped ``lax.conv_general_dilated``), ``"onednn"`` (oneDNN with the
+        native kernel gradient; CPU backend, float32), ``"shifted"`` (the shifted sum with a
+        hand-written shifted-sum backward), ``"shifted_autodiff"`` (the shifted sum,
         differentiated by JAX) or ``"auto"``; None: the module's ``IMPLEMENTATION``.
 
     Returns:

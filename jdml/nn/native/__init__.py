@@ -3,7 +3,9 @@
 XLA's CPU convolutions are the slow part of a small convolutional network's train step on CPU
 (``bench/bench_train.py --layers``): on the glyph network's layers, oneDNN's convolutions, called
 from inside the jitted step as XLA FFI custom calls (``dnnl_conv.cc``), compute the forward pass,
-the input gradient and the kernel gradient 1.2-1.8x faster (the glyph train step 1.5-1.7x).
+the input gradient and the kernel gradient 1.2-1.8x faster (the glyph train step 1.5-1.7x);
+with ``groups`` equal to the channels they are EfficientNet's depthwise convolutions, whose
+kernel gradient comes from ``depthwise.cc`` instead (``jdml.nn.depthwise``).
 The assignment pass of k-means (``kmeans.cc``: nearest centroids through oneDNN's sgemm, and for
 few clusters whole Lloyd iterations) replaces XLA's matmul, reductions and scatter-add in the
 evaluator's k-means (``bench/bench_kmeans.py``), and
