@@ -10,7 +10,7 @@ up to float32 rounding, are used on CPU; GPU/TPU keep the library convolution.
   ``groups = C``), and the kernel gradient from the native handler
   ``jdml_depthwise_bwd_weights`` (oneDNN 2.6 runs its generic grouped-convolution kernel there
   for 5x5 kernels and small maps, 10-100x slower than its forward pass). Over Lite0's 16
-  depthwise layers at 64 px, forward and backward, 2.5x faster than the shifted sum, and the
+  depthwise layers at 64 px, forward and backward, 3.0x faster than the shifted sum, and the
   whole train step 1.3x (``bench/bench_depthwise.py``).
 * ``"shifted"`` (the CPU fallback): a sum of k*k shifted slices of the padded input times
   per-channel weights, an elementwise loop that XLA fuses into one pass. Its backward pass is
