@@ -1,33 +1,41 @@
 #!/bin/bash
 # The order in which the emoji ablations are run in the background (README, "Emoji: the papers'
-# protocol on real artwork"): seed 0 of every row of groups 1 and 2 first, then their second
-# seeds, then group 3 at seed 0, then the third seeds, so that if the budget runs out, seeds
-# are cut before rows (group 3's rows were moved ahead of the third seeds once two seeds of
-# every group 1 and 2 row had landed). Every call resumes: finished runs are skipped,
-# interrupted ones continue from their last checkpoint.
+# protocol on real artwork"): seed 0 of every row of groups 1 and 2 first (rho, DiVA, Sharing,
+# DM2), then their second seeds, then group 3 at seed 0, then the third seeds, so that if the
+# budget runs out, seeds are cut before rows and group 3's rows before groups 1 and 2. Every
+# call resumes: finished runs are skipped, interrupted ones continue from their last
+# checkpoint.
 #
-# Each finished run leaves its record in bench/results/emoji (kept in the repository); OUT and
-# RESULTS move the run directories and the records, e.g. to run the queue from a worktree
-# pinned at one commit while the records land in the main checkout.
+# EPOCHS sets the budget of every row (default 20; records of another budget are not reused).
+# Each finished run leaves its record in RESULTS (default bench/results/emoji, kept in the
+# repository); OUT (default runs/emoji) holds the run directories. Both may point elsewhere,
+# e.g. to run the queue from a worktree pinned at one commit while the records land in the
+# main checkout.
 #
 # Usage: nohup bash bench/emoji_queue.sh > runs/emoji/queue.log 2>&1 &
+#        EPOCHS=45 OUT=runs/emoji-45 RESULTS=bench/results/emoji-45 nohup bash ... &
 set -e
 cd "$(dirname "$0")/.."
 run() {
-  python bench/emoji_protocol.py --out "${OUT:-runs/emoji}" \
+  python bench/emoji_protocol.py --epochs "${EPOCHS:-20}" --out "${OUT:-runs/emoji}" \
     --results "${RESULTS:-bench/results/emoji}" "$@"
 }
 DM2=(--tables dm2 --frozen-stages 3 --cohort 3)
-run --tables diva --seeds 0
-run "${DM2[@]}" --seeds 0
-run --tables sharing --seeds 0
-run --tables diva --seeds 0 1
-run --tables sharing --seeds 0 1
-run "${DM2[@]}" --seeds 0 1
+for seeds in "0" "0 1"; do
+  # shellcheck disable=SC2086
+  run --tables protocol,rho --seeds $seeds
+  # shellcheck disable=SC2086
+  run --tables diva --seeds $seeds
+  # shellcheck disable=SC2086
+  run --tables sharing --seeds $seeds
+  # shellcheck disable=SC2086
+  run "${DM2[@]}" --seeds $seeds
+done
 run --tables losses --seeds 0
 run --tables samplers --seeds 0
-run --tables sharing --seeds 0 1 2
+run --tables protocol,rho --seeds 0 1 2
 run --tables diva --seeds 0 1 2
+run --tables sharing --seeds 0 1 2
 run "${DM2[@]}" --seeds 0 1 2
 # the DM2 rows once with every stage trained: does the ordering of the frozen rows hold?
 run --tables dm2 --cohort 3 --seeds 0
