@@ -31,6 +31,7 @@ import numpy as np
 import optax
 from jax import lax
 
+from jdml.allocator import reexec_with_tcmalloc
 from jdml.models.efficientnet import (
     HEAD_CHANNELS,
     LITE0_STAGES,
@@ -268,6 +269,7 @@ def bench_embed(
 
 
 def main() -> None:
+    reexec_with_tcmalloc()  # XLA's per-step buffers without page faults (jdml.allocator)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sections", default="layers,pointwise,step,embed")
     parser.add_argument("--size", type=int, default=64, help="image size of the layer table")

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs.revisiting import get_config
+from jdml.allocator import reexec_with_tcmalloc
 from jdml.models.efficientnet import (
     BN_EPS,
     HEAD_CHANNELS,
@@ -220,6 +221,7 @@ def _torch_trainable(name: str, net, frozen: int) -> bool:
 
 
 def main() -> None:
+    reexec_with_tcmalloc()  # XLA's per-step buffers without page faults (jdml.allocator)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="64,96,128")
     parser.add_argument("--frozen", default="-1,3", help="model.frozen_stages values")

@@ -48,6 +48,7 @@ from configs.diva import ablation_config
 from configs.dm2 import get_config as dm2_config
 from configs.revisiting import get_config as revisiting_config
 from configs.sharing import get_config as sharing_config
+from jdml.allocator import reexec_with_tcmalloc
 from jdml.evaluate_checkpoint import evaluate_checkpoint
 from jdml.evaluation.embeddings import evaluate_embeddings
 from jdml.fileio import read_jsonl
@@ -396,6 +397,7 @@ def table(name: str, rows: tuple[str, ...], args: argparse.Namespace) -> str:
 
 
 def main() -> None:
+    reexec_with_tcmalloc()  # XLA's per-step buffers without page faults (jdml.allocator)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tables", default="protocol,rho", help=", ".join(TABLES))
     parser.add_argument("--epochs", type=int, default=20)

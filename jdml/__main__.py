@@ -297,9 +297,12 @@ FLAG_COMMANDS = ("train", "eval")
 
 
 def main(argv: list[str] | None = None) -> None:
+    from jdml.allocator import reexec_with_tcmalloc
     from jdml.cli import run_cli
     from jdml.errors import IndexFileError, IndexMismatchError, ReportError
 
+    if argv is None:  # as a program: under tcmalloc where installed (jdml.allocator)
+        reexec_with_tcmalloc()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in FLAG_COMMANDS:
         command = importlib.import_module(f"jdml.commands.{argv[0]}")

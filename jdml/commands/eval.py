@@ -8,6 +8,7 @@ jdml eval --workdir runs/glyphs --checkpoint 1200
 
 from absl import app, flags
 
+from jdml.allocator import reexec_with_tcmalloc
 from jdml.cli import flags_parser, run_cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir.")
@@ -38,5 +39,8 @@ def main(argv: list[str]) -> None:
 
 
 def run(argv: list[str] | None = None) -> None:
-    """Parses ``argv`` (default: ``sys.argv``) as the flags above and evaluates."""
+    """Parses ``argv`` (default: ``sys.argv``) as the flags above and evaluates. As a program
+    (``argv`` None) it first starts again under tcmalloc where installed (``jdml.allocator``)."""
+    if argv is None:
+        reexec_with_tcmalloc()
     app.run(main, argv=argv, flags_parser=flags_parser())

@@ -17,6 +17,7 @@ Several hosts (one process each, same command, a workdir on a shared filesystem)
 from absl import app, flags
 from ml_collections import config_flags
 
+from jdml.allocator import reexec_with_tcmalloc
 from jdml.cli import flags_parser, run_cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/<file>.py[:args]).")
@@ -58,5 +59,8 @@ def main(argv: list[str]) -> None:
 
 
 def run(argv: list[str] | None = None) -> None:
-    """Parses ``argv`` (default: ``sys.argv``) as the flags above and trains."""
+    """Parses ``argv`` (default: ``sys.argv``) as the flags above and trains. As a program
+    (``argv`` None) it first starts again under tcmalloc where installed (``jdml.allocator``)."""
+    if argv is None:
+        reexec_with_tcmalloc()
     app.run(main, argv=argv, flags_parser=flags_parser())

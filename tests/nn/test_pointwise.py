@@ -1,4 +1,5 @@
-"""jdml.nn.pointwise: the 1x1 convolution as a matmul equals XLA's convolution and nn.Conv."""
+"""jdml.nn.pointwise: the 1x1 convolution as a matmul equals XLA's convolution and nn.Conv, with
+XLA's dot and with oneDNN's sgemm (``JDML_CONV=onednn``, the CPU default where it builds)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,19 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jdml.nn.pointwise import PointwiseConv, pointwise_conv
+from jdml.nn.pointwise import PointwiseConv, onednn_matmul, pointwise_conv
+from jdml.throughput import compiled_flops
 
 NHWC = ("NHWC", "HWIO", "NHWC")
+MODES = ("xla", "onednn")
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
     ("shape", "out"), [((3, 5, 4, 6), 7), ((2, 1, 1, 9), 2), ((1, 3, 3, 1), 4)]
 )
-def test_values_and_gradients_equal_the_convolution(shape, out):
+def test_values_and_gradients_equal_the_convolution(monkeypatch, mode, shape, out):
+    monkeypatch.setenv("JDML_CONV", mode)
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=shape), jnp.float32)
     kernel = jnp.asarray(rng.normal(size=(1, 1, shape[-1], out)), jnp.float32)
@@ -48,3 +53,51 @@ def test_module_has_the_parameter_and_init_of_a_bias_free_conv():
     np.testing.assert_array_equal(ours["params"]["kernel"], conv["params"]["kernel"])
     y = PointwiseConv(3).apply(ours, x)
     np.testing.assert_allclose(y, nn.Conv(3, (1, 1), use_bias=False).apply(conv, x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_mode_chooses_the_product(monkeypatch, mode):
+    """``onednn`` lowers the product and both gradients to the native call; ``xla`` and
+    non-float32 inputs keep XLA's dot."""
+    monkeypatch.setenv("JDML_CONV", mode)
+    x = jnp.ones((2, 3, 3, 4), jnp.float32)
+    kernel = jnp.ones((1, 1, 4, 5), jnp.float32)
+
+    def grads(x, k):
+        return jax.grad(lambda x, k: jnp.sum(pointwise_conv(x, k) ** 2), argnums=(0, 1))(x, k)
+
+    text = jax.jit(grads).lower(x, kernel).compile().as_text()
+    assert text.count('custom_call_target="jdml_dnnl_matmul"') == (3 if mode == "onednn" else 0)
+    half = jax.jit(grads).lower(x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16))
+    assert "jdml_dnnl_matmul" not in half.compile().as_text()
+
+
+@pytest.mark.parametrize(("rows", "inner", "cols"), [(1, 3, 2), (7, 5, 1), (301, 33, 17)])
+def test_onednn_matmul_against_float64(rows, inner, cols):
+    """Fewer rows than pool threads, an odd split and a single column: the product and both
+    gradients (the second sums its pieces over the rows) against float64 sums."""
+    rng = np.random.default_rng(rows)
+    a = rng.normal(size=(rows, inner)).astype(np.float32)
+    b = rng.normal(size=(inner, cols)).astype(np.float32)
+    g = rng.normal(size=(rows, cols)).astype(np.float32)
+    y, vjp = jax.vjp(onednn_matmul, jnp.asarray(a), jnp.asarray(b))
+    da, db = vjp(jnp.asarray(g))
+    a64, b64, g64 = (v.astype(np.float64) for v in (a, b, g))
+    for ours, ref in ((y, a64 @ b64), (da, g64 @ b64.T), (db, a64.T @ g64)):
+        np.testing.assert_allclose(np.asarray(ours), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_flops_are_counted_as_xla_counts_its_dots(monkeypatch):
+    x = jnp.ones((3, 4, 5, 6), jnp.float32)
+    kernel = jnp.ones((1, 1, 6, 7), jnp.float32)
+
+    def grads(x, k):
+        return jax.grad(lambda x, k: jnp.sum(pointwise_conv(x, k) ** 2), argnums=(0, 1))(x, k)
+
+    counts = {}
+    for mode in MODES:
+        monkeypatch.setenv("JDML_CONV", mode)
+        counts[mode] = compiled_flops(jax.jit(grads), x, kernel)
+    matmuls = 3 * 2.0 * (3 * 4 * 5) * 6 * 7
+    assert counts["onednn"] - counts["xla"] == 0
+    assert counts["xla"] >= matmuls

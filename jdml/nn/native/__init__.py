@@ -60,7 +60,7 @@ FALLBACKS = {
 }
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("dnnl_conv.cc", "depthwise.cc", "kmeans.cc", "knn.cc")
+    for name in ("dnnl_conv.cc", "depthwise.cc", "matmul.cc", "kmeans.cc", "knn.cc")
 )
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("gemm.h", "pool.h"))
 TARGETS = (
@@ -68,6 +68,7 @@ TARGETS = (
     "jdml_dnnl_conv_bwd_data",
     "jdml_dnnl_conv_bwd_weights",
     "jdml_depthwise_bwd_weights",
+    "jdml_dnnl_matmul",
     "jdml_kmeans_assign",
     "jdml_kmeans_assign_bounded",
     "jdml_kmeans_centre",
@@ -119,6 +120,13 @@ _CALL = re.compile(
 )
 
 
+_MATMUL = re.compile(
+    r"= f32\[(\d+),(\d+)\]\S* custom-call\(.*?"
+    r"custom_call_target=\"jdml_dnnl_matmul\", "
+    r"operand_layout_constraints=\{f32\[(\d+),(\d+)\]\S*, .*?trans_a = (true|false)"
+)
+
+
 def _taps(size: int, out: int, k: int, stride: int, pad: int) -> int:
     """(output position, kernel tap) pairs of one spatial side that read the input, not the
     padding (as XLA counts a convolution's flops)."""
@@ -126,13 +134,16 @@ def _taps(size: int, out: int, k: int, stride: int, pad: int) -> int:
 
 
 def conv_flops(hlo_text: str) -> float:
-    """The flops of the native convolutions in a compiled program's HLO text, which XLA's cost
-    analysis does not count: 2 per multiply-add that reads the input (not the padding), as XLA
-    counts its own convolutions; the same for the forward pass, the input gradient and the
-    kernel gradient (a depthwise kernel (k, k, 1, C) has one input channel per output). A call
-    inside a loop counts once. XLA's analysis counts -1 for each custom call, which is added
-    back."""
+    """The flops of the native convolutions and matrix products in a compiled program's HLO
+    text, which XLA's cost analysis does not count: 2 per multiply-add that reads the input (not
+    the padding), as XLA counts its own convolutions and dots; the same for the forward pass,
+    the input gradient and the kernel gradient (a depthwise kernel (k, k, 1, C) has one input
+    channel per output). A call inside a loop counts once. XLA's analysis counts -1 for each
+    custom call, which is added back."""
     total = 0.0
+    for m, n, a0, a1, trans_a in _MATMUL.findall(hlo_text):
+        summed = int(a0) if trans_a == "true" else int(a1)
+        total += 2.0 * int(m) * int(n) * summed + 1.0
     for result, target, first, second, left, top, stride in _CALL.findall(hlo_text):
         r, a, b = (tuple(int(d) for d in s.split(",")) for s in (result, first, second))
         # (x or dx, y or dy, kernel or its gradient), each NHWC / HWIO
