@@ -6,8 +6,8 @@ shared machine affects them alike) and printing medians:
 * ``layers``: forward+backward (value and gradients w.r.t. input and kernel) of each distinct
   depthwise layer of Lite0 at ``--size`` px, batch ``--batch``, for the implementations of
   ``jdml.nn.depthwise``;
-* ``pointwise``: the same for Lite0's 1x1 convolutions, XLA's convolution against
-  ``jdml.nn.pointwise`` (a matmul);
+* ``pointwise``: the same for Lite0's 1x1 convolutions: XLA's convolution, the same product as
+  XLA's dot, and ``jdml.nn.pointwise`` (oneDNN's sgemm on CPU);
 * ``step``: the whole Lite0 train step, frozen BatchNorm, a 128-d linear embedding head, a
   softmax pair loss over the batch's cosine similarities (two images per class), Adam;
 * ``embed``: forward-only pooled features at batch ``--embed-batch`` for each of ``--sizes``;
@@ -152,7 +152,8 @@ def lite0_pointwise_layers(size: int) -> list[tuple[int, int, int, int]]:
 
 
 def bench_pointwise(size: int, batch: int, repeats: int) -> None:
-    """Lite0's 1x1 convolutions, forward+backward: XLA's convolution against a matmul."""
+    """Lite0's 1x1 convolutions, forward+backward: XLA's convolution, the matmul form in XLA's dot,
+    and ``jdml.nn.pointwise`` (oneDNN's sgemm on CPU where the native library builds)."""
     rng = np.random.default_rng(0)
 
     def inputs(layer):
@@ -163,13 +164,17 @@ def bench_pointwise(size: int, batch: int, repeats: int) -> None:
     def xla(x, kernel):
         return lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=NHWC)
 
+    def dot(x, kernel):  # the matmul form in XLA's own dot
+        k = kernel.reshape(kernel.shape[2:])
+        return (x.reshape(-1, x.shape[-1]) @ k).reshape(*x.shape[:-1], k.shape[-1])
+
     _gradient_table(
         f"Pointwise (1x1) layers of Lite0 at {size} px, batch {batch}",
         f"{'input HxWxC':>14s} {'out':>5s} {'count':>5s}",
         lite0_pointwise_layers(size),
         lambda layer: f"{'x'.join(map(str, layer[:3])):>14s} {layer[3]:5d}",
         inputs,
-        {"xla conv": lambda _: xla, "matmul": lambda _: pointwise_conv},
+        {"xla conv": lambda _: xla, "xla dot": lambda _: dot, "jdml": lambda _: pointwise_conv},
         repeats,
     )
 

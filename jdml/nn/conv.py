@@ -44,9 +44,12 @@ from jdml.nn import native
 from jdml.nn.padding import same_padding
 from jdml.nn.pointwise import pointwise_conv
 
-# Fewest input channels for which oneDNN's convolution is used: on the glyph stem (1 channel)
-# XLA's forward and kernel gradient took 0.34 ms against oneDNN's 0.53.
-ONEDNN_MIN_CHANNELS = 8
+# Fewest input channels for which oneDNN's convolution is used. On EfficientNet-Lite0's RGB stem
+# (3x3, stride 2, 32 channels, 64 px, batch 112) oneDNN's forward pass and kernel gradient took
+# 0.9 + 0.9 ms against XLA's 8.9 + 10.3. The glyph stem (1 channel) keeps XLA's: 0.34 ms
+# against oneDNN's 0.53 when measured under glibc's malloc (0.41 + 0.95 against 0.45 + 0.18
+# under tcmalloc, jdml/allocator.py).
+ONEDNN_MIN_CHANNELS = 3
 # Largest number of batch pieces of the kernel gradient on the CPU backend.
 KERNEL_GRAD_PIECES = 8
 # Smallest output map (height x width) whose kernel gradient is computed in pieces.
