@@ -5,8 +5,9 @@ XLA's CPU runtime allocates every temporary buffer of a jitted program in one bl
 malloc serves a block that large with a fresh ``mmap`` from the pool thread that runs the
 program and unmaps it on free, so every step page-faults the whole block back in: 125,000
 faults and about 200 ms of kernel time per 350 ms step on 2 cores. Under tcmalloc the freed
-block is kept and reused: no faults, and the step took 263 ms instead of 352 (measured with
-``bench/bench_finetune_speed.py``; PyTorch in the same process gains too). glibc's own settings
+block is kept and reused: no faults, and the step took 263 ms instead of 352 (the train step of
+``bench/bench_finetune_speed.py``, timed with ``getrusage`` around 10 steps; PyTorch in the same
+process gains too). glibc's own settings
 do not help: ``mmap_max=0`` is ignored for blocks larger than a thread arena, one arena
 (``arena_max=1``) costs as much in lock contention as it saves, and transparent huge pages
 (``glibc.malloc.hugetlb=1``) stall on compaction once memory is fragmented.

@@ -7,11 +7,13 @@
 // (trans_a set, as in the kernel gradient x^T @ dy of a 1x1 convolution) are split into one
 // piece per thread of XLA's intra-op pool, each piece run single-threaded; partial products
 // of the summed dimension are added in piece order, so a call's result depends only on its
-// shapes and the pool's size. On EfficientNet-Lite0's 1x1 layers (batch 112, 64 px) these
-// products took 0.7x the time of XLA's own dots (bench/bench_depthwise.py --sections pointwise).
+// shapes and the pool's size. On EfficientNet-Lite0's 32 1x1 layers (batch 112, 64 px, forward
+// and backward) these products took 158 ms against 170 for XLA's own dots
+// (bench/bench_depthwise.py --sections pointwise).
 #include <algorithm>
 #include <cstdint>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
