@@ -44,6 +44,17 @@ def random_affine_params(
     return mats, shifts
 
 
+@functools.lru_cache(maxsize=16)
+def _centred_grid(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every pixel's (row, col) relative to the image centre, as a (H * W, 2) float64 array, and
+    the centre itself. Cached per size: the grid is the same for every image of a run."""
+    centre = np.array([(h - 1) / 2.0, (w - 1) / 2.0])
+    rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    grid = np.stack([rows, cols], -1).reshape(-1, 2).astype(np.float64) - centre
+    grid.flags.writeable = False
+    return grid, centre
+
+
 def warp_affine(images: np.ndarray, mats: np.ndarray, shifts: np.ndarray) -> np.ndarray:
     """Applies ``y = A (x - c) + c + t * size`` to each image with bilinear sampling.
 
@@ -58,23 +69,29 @@ def warp_affine(images: np.ndarray, mats: np.ndarray, shifts: np.ndarray) -> np.
     Returns:
       (B, H, W, C) float32 array in the input's value range.
     """
-    b, h, w, _ = images.shape
-    centre = np.array([(h - 1) / 2.0, (w - 1) / 2.0])
-    rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
-    dst = np.stack([rows, cols], -1).reshape(-1, 2).astype(np.float64)  # (P, 2)
+    b, h, w, ch = images.shape
+    grid, centre = _centred_grid(h, w)
     inv = np.linalg.inv(mats)  # (B, 2, 2)
-    rel = dst[None] - centre - shifts[:, None, :] * np.array([h, w])  # (B, P, 2)
-    src = np.einsum("bij,bpj->bpi", inv, rel) + centre
-    r, c = src[..., 0], src[..., 1]
+    rel = grid[None] - shifts[:, None, :] * np.array([h, w])  # (B, P, 2)
+    # The source coordinates inv @ rel + c, written out for the 2 x 2 maps.
+    r = inv[:, 0, 0, None] * rel[..., 0] + inv[:, 0, 1, None] * rel[..., 1] + centre[0]
+    c = inv[:, 1, 0, None] * rel[..., 0] + inv[:, 1, 1, None] * rel[..., 1] + centre[1]
     r0 = np.clip(np.floor(r), 0, h - 1).astype(np.int64)
     c0 = np.clip(np.floor(c), 0, w - 1).astype(np.int64)
     r1, c1 = np.minimum(r0 + 1, h - 1), np.minimum(c0 + 1, w - 1)
     fr = np.clip(r - r0, 0.0, 1.0)[..., None].astype(np.float32)
     fc = np.clip(c - c0, 0.0, 1.0)[..., None].astype(np.float32)
-    bi = np.arange(b)[:, None]
-    img = images.astype(np.float32)
-    top = img[bi, r0, c0] * (1 - fc) + img[bi, r0, c1] * fc
-    bot = img[bi, r1, c0] * (1 - fc) + img[bi, r1, c1] * fc
+    # Gathers from the flattened batch: row (i * H + r) * W + c is pixel (r, c) of image i.
+    flat = images.reshape(b * h * w, ch)
+    first = (np.arange(b) * h)[:, None]
+    row0, row1 = (first + r0) * w, (first + r1) * w
+
+    def pixels(index: np.ndarray) -> np.ndarray:
+        return np.take(flat, index, axis=0).astype(np.float32)
+
+    gc = 1 - fc
+    top = pixels(row0 + c0) * gc + pixels(row0 + c1) * fc
+    bot = pixels(row1 + c0) * gc + pixels(row1 + c1) * fc
     return (top * (1 - fr) + bot * fr).reshape(images.shape)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jdml.data.augment import AUGMENTATIONS, affine_augment, warp_affine
+from jdml.data.augment import AUGMENTATIONS, affine_augment, random_affine_params, warp_affine
 
 
 def test_identity_warp_is_exact():
@@ -19,6 +19,50 @@ def test_shift_moves_content():
     img[0, 2, 3] = 255
     out = warp_affine(img, np.eye(2)[None], np.array([[1 / 8, 2 / 8]]))  # +1 row, +2 cols
     assert out[0, 3, 5, 0] == 255 and out.sum() == 255
+
+
+def _warp_one_pixel_at_a_time(img, mat, shift):
+    """warp_affine's definition evaluated pixel by pixel in float64: the source point of output
+    pixel x is A^-1 (x - c - t * size) + c, read bilinearly, coordinates clamped to the image."""
+    h, w, _ = img.shape
+    centre = np.array([(h - 1) / 2, (w - 1) / 2])
+    inv = np.linalg.inv(mat)
+    out = np.zeros(img.shape)
+    for i in range(h):
+        for j in range(w):
+            r, c = inv @ (np.array([i, j]) - centre - shift * np.array([h, w])) + centre
+            r0, c0 = min(max(int(np.floor(r)), 0), h - 1), min(max(int(np.floor(c)), 0), w - 1)
+            r1, c1 = min(r0 + 1, h - 1), min(c0 + 1, w - 1)
+            fr, fc = min(max(r - r0, 0.0), 1.0), min(max(c - c0, 0.0), 1.0)
+            top = img[r0, c0] * (1 - fc) + img[r0, c1] * fc
+            bot = img[r1, c0] * (1 - fc) + img[r1, c1] * fc
+            out[i, j] = top * (1 - fr) + bot * fr
+    return out
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 5, 2), (1, 1, 1, 3), (2, 2, 9, 1)])
+def test_warp_matches_a_pixel_by_pixel_computation(shape):
+    rng = np.random.default_rng(sum(shape))
+    img = rng.integers(0, 256, shape, dtype=np.uint8)
+    mats, shifts = random_affine_params(
+        rng, shape[0], scale=(0.4, 2.5), max_shift=0.6, max_rotate_deg=180
+    )
+    out = warp_affine(img, mats, shifts)
+    assert out.dtype == np.float32 and out.shape == img.shape
+    for k in range(shape[0]):
+        want = _warp_one_pixel_at_a_time(img[k].astype(np.float64), mats[k], shifts[k])
+        np.testing.assert_allclose(out[k], want, rtol=0, atol=2e-4)
+
+
+def test_warp_of_a_batch_equals_the_warps_of_its_images():
+    """The pipeline warps one image at a time (each has its own generator); batching must not
+    change a bit."""
+    rng = np.random.default_rng(4)
+    img = rng.integers(0, 256, (5, 12, 10, 3), dtype=np.uint8)
+    mats, shifts = random_affine_params(rng, 5)
+    whole = warp_affine(img, mats, shifts)
+    one = [warp_affine(img[k : k + 1], mats[k : k + 1], shifts[k : k + 1]) for k in range(5)]
+    np.testing.assert_array_equal(whole, np.concatenate(one))
 
 
 def test_affine_deterministic_per_seed_and_in_range():
