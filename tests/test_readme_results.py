@@ -1,0 +1,111 @@
+"""The README's emoji result tables against the committed run records.
+
+Every row of a README table whose header names "emoji test" and that reports a trained run (a
+best epoch) must be a row that ``bench/emoji_protocol.py``'s report computes from the records in
+``bench/results/emoji*`` (for some seed set and budget): the same seeds, best epochs and metric
+cells, bold marks aside. Labels may be longer in the README; extra trailing columns (the 60-epoch
+table's train Recall@1) are not checked. Rows without a best epoch (raw pixels, ImageNet
+features) come from the baselines file of the run directory, which is not committed; tables
+titled "records not kept" are runs whose records predate the record files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.util
+import json
+import os
+import re
+
+import pytest
+
+
+def KEPT(title: str) -> bool:
+    """Whether a table's rows have their records in the repository: an emoji table, unless its
+    title says that the records of its runs were not kept."""
+    return "emoji test" in title and "records not kept" not in title
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def protocol():
+    spec = importlib.util.spec_from_file_location(
+        "emoji_protocol", os.path.join(ROOT, "bench", "emoji_protocol.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cells(line: str) -> list[str]:
+    cells = [c.strip().replace("**", "") for c in line.strip().strip("|").split("|")]
+    return [re.sub(r",\s+", ",", c) for c in cells]
+
+
+def readme_rows() -> list[tuple[str, list[str], bool]]:
+    """(table header, row cells, whether the table has a seeds column) of every checked row."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        lines = f.read().splitlines()
+    rows, header = [], None
+    for line in lines:
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = _cells(line)
+        if header is None:
+            header = cells
+        elif KEPT(header[0]) and not set(line) <= set("|-"):
+            seeds = len(header) > 1 and header[1] == "seeds"
+            if cells[2 if seeds else 1] != "-":
+                rows.append((header[0], cells, seeds))
+    return rows
+
+
+def computed_rows(protocol) -> list[list[str]]:
+    """Every row the report computes from the committed records, for each budget, frozen-stage
+    setting and seed set found there (DM2 with cohorts of 3)."""
+    for label, diversity in protocol.DM2_ROWS.items():
+        protocol.ROWS[f"dm2-3-{diversity}"] = (label, protocol.dm2(diversity, 3))
+    tables = {n: rows for n, (_, rows) in protocol.TABLES.items() if n != "protocol"}
+    tables["dm2"] = tuple(f"dm2-3-{d}" for d in protocol.DM2_ROWS.values())
+    out = []
+    for results in sorted(glob.glob(os.path.join(ROOT, "bench", "results", "emoji*"))):
+        records = glob.glob(os.path.join(results, "*", "seed*.json"))
+        epochs, frozen = set(), {-1}
+        for path in records:
+            with open(path) as f:
+                record = json.load(f)
+            epochs.add(record["epochs"])
+            frozen.add(record["frozen_stages"])
+        for budget in epochs:
+            for stages in frozen:
+                for seeds in ([0], [0, 1], [0, 1, 2]):
+                    args = argparse.Namespace(
+                        results=results, epochs=budget, seeds=seeds, frozen_stages=stages
+                    )
+                    for name, rows in tables.items():
+                        text = protocol.table(name, rows, args)
+                        table = [x for x in text.splitlines() if x.startswith("|")]
+                        out += [_cells(x) for x in table[2:]]  # below the header
+    return out
+
+
+def test_readme_emoji_rows_are_computed_from_the_records(protocol):
+    rows = readme_rows()
+    assert len(rows) >= 40  # the tables are found
+    computed = computed_rows(protocol)
+    missing = []
+    for header, cells, seeds in rows:
+        values = cells[1:]
+        found = False
+        for c in computed:
+            theirs = c[1:] if seeds else c[2:]
+            n = min(len(values), len(theirs))
+            # at least the best epochs and the three metrics, and a row with records
+            found = found or (int(c[1]) > 0 and n >= 4 and values[:n] == theirs[:n])
+        if not found:
+            missing.append(f"{header}: {' | '.join(cells)}")
+    assert not missing, "README rows no report computes:\n" + "\n".join(missing)
