@@ -21,7 +21,7 @@ import re
 import pytest
 
 
-def KEPT(title: str) -> bool:
+def _checked_table(title: str) -> bool:
     """Whether a table's rows have their records in the repository: an emoji table, unless its
     title says that the records of its runs were not kept."""
     return "emoji test" in title and "records not kept" not in title
@@ -57,7 +57,7 @@ def readme_rows() -> list[tuple[str, list[str], bool]]:
         cells = _cells(line)
         if header is None:
             header = cells
-        elif KEPT(header[0]) and not set(line) <= set("|-"):
+        elif _checked_table(header[0]) and not set(line) <= set("|-"):
             seeds = len(header) > 1 and header[1] == "seeds"
             if cells[2 if seeds else 1] != "-":
                 rows.append((header[0], cells, seeds))
