@@ -275,55 +275,75 @@ def train_row(row: str, seed: int, args: argparse.Namespace) -> None:
 # -- rows without training ----------------------------------------------------------------------
 
 
-def baselines(out: str, seeds: list[int]) -> dict[str, dict[str, list[float]]]:
+PIXELS = "raw pixels (64 x 64 x 3, L2-normalised)"
+FEATURES = "ImageNet features (pooled 1280-d, L2-normalised)"
+BASELINE_HEAD = "ImageNet features, random 128-d head"
+
+
+def baselines(results: str, seeds: list[int], compute: bool = True) -> dict[str, dict]:
     """Test metrics of raw pixels and pooled ImageNet features (both L2-normalised, as the
     trained embeddings are) and of the untrained network's 128-d head (one value per seed: the
-    head's random init), cached in ``<out>/baselines.json``."""
-    path = os.path.join(out, "baselines.json")
-    cached = {}
+    head's random init), as ``{label: {"seeds": n or None, metric: [values]}}``.
+
+    Kept in ``<results>/baselines.json`` next to the run records, so that the protocol table is
+    computed from committed files; ``compute=False`` reads that file only (the missing seeds stay
+    missing) and never loads the data."""
+    path = os.path.join(results, "baselines.json")
+    cached: dict = {"fixed": {}, "random_head": {}}
     if os.path.exists(path):
         with open(path) as f:
             cached = json.load(f)
-    if cached.get("seeds") == seeds:
-        return cached["rows"]
+    missing = [s for s in seeds if str(s) not in cached["random_head"]]
+    if compute and (missing or not cached["fixed"]):
+        cached = _compute_baselines(cached, missing)
+        cached["commit"] = commit()
+        os.makedirs(results, exist_ok=True)
+        atomic_write(path, json.dumps(cached, indent=1, sort_keys=True) + "\n")
+    rows: dict[str, dict] = {
+        label: {"seeds": None, **{m: [cached["fixed"][label][m]] for m in METRICS}}
+        for label in (PIXELS, FEATURES)
+        if label in cached["fixed"]
+    }
+    heads = [cached["random_head"][str(s)] for s in seeds if str(s) in cached["random_head"]]
+    if heads:
+        rows[BASELINE_HEAD] = {"seeds": len(heads), **{m: [h[m] for h in heads] for m in METRICS}}
+    return rows
+
+
+def _compute_baselines(cached: dict, seeds: list[int]) -> dict:
+    """Adds the fixed rows (if absent) and the random head's metrics for ``seeds``."""
     c = revisiting_config(DATA)
     run = Run(c)
     test = run.splits["test"]
-    images = test.eval_images(np.arange(len(test)))  # float32 in [0, 1]
-    pixels = images.reshape(len(test), -1)
-    images = (images - MEAN) / STD  # the Lite0 weights' input range
-    rows: dict[str, dict[str, list[float]]] = {}
 
-    def add(name: str, x: np.ndarray, seed: int = 0) -> None:
+    def metrics(x: np.ndarray) -> dict[str, float]:
         x = np.asarray(x, np.float32)
         x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # as the embeddings
-        result = evaluate_embeddings(x, test.labels, METRICS, seed=seed)
-        for m in METRICS:
-            rows.setdefault(name, {}).setdefault(m, []).append(float(result[m]))
+        result = evaluate_embeddings(x, test.labels, METRICS, seed=0)
+        return {m: float(result[m]) for m in METRICS}
 
-    add("raw pixels (64 x 64 x 3, L2-normalised)", pixels)
-    model = EfficientNetLite0()
-    variables = model.init(jax.random.PRNGKey(0), images[:1])
-    wrapped = {k: {"backbone": v} for k, v in variables.items()}
-    variables = {k: v["backbone"] for k, v in load_backbone("efficientnet_lite0", "packaged")(
-        wrapped).items()}  # fmt: skip
-    apply = jax.jit(model.apply)
-    feats = np.concatenate(
-        [np.asarray(apply(variables, images[i : i + 500])) for i in range(0, len(images), 500)]
-    )
-    add("ImageNet features (pooled 1280-d, L2-normalised)", feats)
+    if not cached["fixed"]:
+        images = test.eval_images(np.arange(len(test)))  # float32 in [0, 1]
+        pixels = images.reshape(len(test), -1)
+        images = (images - MEAN) / STD  # the Lite0 weights' input range
+        model = EfficientNetLite0()
+        variables = model.init(jax.random.PRNGKey(0), images[:1])
+        wrapped = {k: {"backbone": v} for k, v in variables.items()}
+        variables = {k: v["backbone"] for k, v in load_backbone("efficientnet_lite0", "packaged")(
+            wrapped).items()}  # fmt: skip
+        apply = jax.jit(model.apply)
+        feats = np.concatenate(
+            [np.asarray(apply(variables, images[i : i + 500])) for i in range(0, len(images), 500)]
+        )
+        cached["fixed"] = {PIXELS: metrics(pixels), FEATURES: metrics(feats)}
     for seed in seeds:
         c = revisiting_config(DATA)
         with c.unlocked():
             c.seed = seed
         run = Run(c)
         results, _, _ = run.evaluate(run.initial_state, {"test": test})
-        for m in METRICS:
-            rows.setdefault("ImageNet features, random 128-d head", {}).setdefault(m, []).append(
-                float(results["test"][m])
-            )
-    atomic_write(path, json.dumps({"seeds": seeds, "rows": rows}, indent=2))
-    return rows
+        cached["random_head"][str(seed)] = {m: float(results["test"][m]) for m in METRICS}
+    return cached
 
 
 # -- tables -------------------------------------------------------------------------------------
@@ -361,8 +381,10 @@ def table(name: str, rows: tuple[str, ...], args: argparse.Namespace) -> str:
         header.append("rho (train)")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     if name == "protocol":
-        for label, values in baselines(args.out, args.seeds).items():
-            cells = [label, "-", "-", *(_cell(values[m]) for m in METRICS)]
+        compute = getattr(args, "compute_baselines", True)
+        for label, values in baselines(args.results, args.seeds, compute).items():
+            n = values["seeds"]
+            cells = [label, "-" if n is None else str(n), "-", *(_cell(values[m]) for m in METRICS)]
             cells += ["-"] * (len(header) - len(cells))
             lines.append("| " + " | ".join(cells) + " |")
     for row in rows:

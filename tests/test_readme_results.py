@@ -1,12 +1,12 @@
 """The README's emoji result tables against the committed run records.
 
 Every row of a README table whose header names "emoji test" and that reports a trained run (a
-best epoch) must be a row that ``bench/emoji_protocol.py``'s report computes from the records in
-``bench/results/emoji*`` (for some seed set and budget): the same seeds, best epochs and metric
-cells, bold marks aside. Labels may be longer in the README; extra trailing columns (the 60-epoch
-table's train Recall@1) are not checked. Rows without a best epoch (raw pixels, ImageNet
-features) come from the baselines file of the run directory, which is not committed; tables
-titled "records not kept" are runs whose records predate the record files.
+best epoch) or a baseline without training (raw pixels, ImageNet features) must be a row that
+``bench/emoji_protocol.py``'s report computes from the records in ``bench/results/emoji*`` (for
+some seed set and budget; the baselines from ``baselines.json`` there): the same seeds, best
+epochs and metric cells, bold marks aside. Labels may be longer in the README; extra trailing
+columns (the 60-epoch table's train Recall@1) are not checked. Tables titled "records not kept"
+are runs whose records predate the record files.
 """
 
 from __future__ import annotations
@@ -58,9 +58,7 @@ def readme_rows() -> list[tuple[str, list[str], bool]]:
         if header is None:
             header = cells
         elif _checked_table(header[0]) and not set(line) <= set("|-"):
-            seeds = len(header) > 1 and header[1] == "seeds"
-            if cells[2 if seeds else 1] != "-":
-                rows.append((header[0], cells, seeds))
+            rows.append((header[0], cells, len(header) > 1 and header[1] == "seeds"))
     return rows
 
 
@@ -69,7 +67,7 @@ def computed_rows(protocol) -> list[list[str]]:
     setting and seed set found there (DM2 with cohorts of 3)."""
     for label, diversity in protocol.DM2_ROWS.items():
         protocol.ROWS[f"dm2-3-{diversity}"] = (label, protocol.dm2(diversity, 3))
-    tables = {n: rows for n, (_, rows) in protocol.TABLES.items() if n != "protocol"}
+    tables = {n: rows for n, (_, rows) in protocol.TABLES.items()}
     tables["dm2"] = tuple(f"dm2-3-{d}" for d in protocol.DM2_ROWS.values())
     out = []
     for results in sorted(glob.glob(os.path.join(ROOT, "bench", "results", "emoji*"))):
@@ -84,7 +82,11 @@ def computed_rows(protocol) -> list[list[str]]:
             for stages in frozen:
                 for seeds in ([0], [0, 1], [0, 1, 2]):
                     args = argparse.Namespace(
-                        results=results, epochs=budget, seeds=seeds, frozen_stages=stages
+                        results=results,
+                        epochs=budget,
+                        seeds=seeds,
+                        frozen_stages=stages,
+                        compute_baselines=False,  # the committed file only, never the data
                     )
                     for name, rows in tables.items():
                         text = protocol.table(name, rows, args)
@@ -104,8 +106,30 @@ def test_readme_emoji_rows_are_computed_from_the_records(protocol):
         for c in computed:
             theirs = c[1:] if seeds else c[2:]
             n = min(len(values), len(theirs))
-            # at least the best epochs and the three metrics, and a row with records
-            found = found or (int(c[1]) > 0 and n >= 4 and values[:n] == theirs[:n])
+            # at least the best epochs and the three metrics, of a row with records or a
+            # baseline
+            found = found or (c[1] != "0" and n >= 4 and values[:n] == theirs[:n])
         if not found:
             missing.append(f"{header}: {' | '.join(cells)}")
     assert not missing, "README rows no report computes:\n" + "\n".join(missing)
+
+
+def test_baselines_are_read_from_the_results_file_without_the_data(protocol, tmp_path):
+    """The protocol table's rows without training come from ``<results>/baselines.json``: the
+    fixed rows in their order, the random head over the requested seeds that the file has, and
+    nothing is computed when ``compute=False`` (no dataset here)."""
+    values = {"recall@1": 0.5, "map@r": 0.25, "nmi": 0.75}
+    (tmp_path / "baselines.json").write_text(
+        json.dumps(
+            {
+                "fixed": {protocol.FEATURES: values, protocol.PIXELS: values},
+                "random_head": {"0": values, "2": {**values, "recall@1": 0.7}},
+            }
+        )
+    )
+    rows = protocol.baselines(str(tmp_path), [0, 1, 2], compute=False)
+    assert list(rows) == [protocol.PIXELS, protocol.FEATURES, protocol.BASELINE_HEAD]
+    assert rows[protocol.PIXELS]["seeds"] is None
+    assert rows[protocol.BASELINE_HEAD]["seeds"] == 2
+    assert rows[protocol.BASELINE_HEAD]["recall@1"] == [0.5, 0.7]
+    assert protocol.baselines(str(tmp_path / "none"), [0], compute=False) == {}
