@@ -23,9 +23,9 @@ directories. Tables (mean ± std over seeds) are printed and written to ``<out>/
 ``--frozen-stages k`` trains only the last stages (``model.frozen_stages``): those runs go to
 ``<row>-frozen<k>`` directories and their tables say so.
 
-Usage: python bench/emoji_protocol.py [--tables protocol,rho] [--epochs 20] [--seeds 0 1 2]
-           [--out runs/emoji] [--results bench/results/emoji] [--frozen-stages -1]
-           [--report-only]
+Usage: python bench/emoji_protocol.py [--tables protocol,rho] [--epochs 45] [--seeds 0 1 2]
+           [--out runs/emoji-<epochs>] [--results bench/results/emoji-<epochs>]
+           [--frozen-stages -1] [--report-only]
 """
 
 from __future__ import annotations
@@ -422,16 +422,19 @@ def main() -> None:
     reexec_with_tcmalloc()  # XLA's per-step buffers without page faults (jdml.allocator)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tables", default="protocol,rho", help=", ".join(TABLES))
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=45, help="the budget of every row")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--out", default="runs/emoji", help="the run directories")
+    parser.add_argument("--out", help="the run directories (default runs/emoji-<epochs>)")
     parser.add_argument(
-        "--results", default="bench/results/emoji", help="the finished runs' records (kept)"
+        "--results",
+        help="the finished runs' records, kept (default bench/results/emoji-<epochs>)",
     )
     parser.add_argument("--frozen-stages", type=int, default=-1)
     parser.add_argument("--cohort", type=int, default=3, help="DM2 cohort size")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
+    args.out = args.out or f"runs/emoji-{args.epochs}"
+    args.results = args.results or f"bench/results/emoji-{args.epochs}"
     names = [t.strip() for t in args.tables.split(",") if t.strip()]
     unknown = [t for t in names if t not in TABLES]
     if unknown:

@@ -6,19 +6,20 @@
 # call resumes: finished runs are skipped, interrupted ones continue from their last
 # checkpoint.
 #
-# EPOCHS sets the budget of every row (default 20; records of another budget are not reused).
-# Each finished run leaves its record in RESULTS (default bench/results/emoji, kept in the
-# repository); OUT (default runs/emoji) holds the run directories. Both may point elsewhere,
-# e.g. to run the queue from a worktree pinned at one commit while the records land in the
-# main checkout.
+# EPOCHS sets the budget of every row (default 45; records of another budget are not reused).
+# Each finished run leaves its record in RESULTS (default bench/results/emoji-$EPOCHS, kept in
+# the repository); OUT (default runs/emoji-$EPOCHS) holds the run directories. Both may point
+# elsewhere, e.g. to run the queue from a worktree pinned at one commit while the records land
+# in the main checkout.
 #
-# Usage: nohup bash bench/emoji_queue.sh > runs/emoji/queue.log 2>&1 &
-#        EPOCHS=45 OUT=runs/emoji-45 RESULTS=bench/results/emoji-45 nohup bash ... &
+# Usage: mkdir -p runs/emoji-45 && nohup bash bench/emoji_queue.sh > runs/emoji-45/queue.log 2>&1 &
+#        EPOCHS=20 OUT=/elsewhere/runs RESULTS=/elsewhere/results nohup bash ... &
 set -e
 cd "$(dirname "$0")/.."
 run() {
-  python bench/emoji_protocol.py --epochs "${EPOCHS:-20}" --out "${OUT:-runs/emoji}" \
-    --results "${RESULTS:-bench/results/emoji}" "$@"
+  local epochs="${EPOCHS:-45}"
+  python bench/emoji_protocol.py --epochs "$epochs" --out "${OUT:-runs/emoji-$epochs}" \
+    --results "${RESULTS:-bench/results/emoji-$epochs}" "$@"
 }
 DM2=(--tables dm2 --frozen-stages 3 --cohort 3)
 for seeds in "0" "0 1"; do
