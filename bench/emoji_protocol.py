@@ -291,8 +291,18 @@ def baselines(results: str, seeds: list[int], compute: bool = True) -> dict[str,
     path = os.path.join(results, "baselines.json")
     cached: dict = {"fixed": {}, "random_head": {}}
     if os.path.exists(path):
-        with open(path) as f:
-            cached = json.load(f)
+        try:
+            with open(path) as f:
+                cached = json.load(f)
+            if not isinstance(cached, dict) or not all(
+                isinstance(cached.get(k), dict) for k in ("fixed", "random_head")
+            ):
+                raise ValueError("no 'fixed' and 'random_head' tables")
+        except ValueError as err:
+            raise SystemExit(
+                f"error: {path} is not a baselines file ({err!r}); delete it and run the report "
+                "again to recompute it"
+            ) from err
     missing = [s for s in seeds if str(s) not in cached["random_head"]]
     if compute and (missing or not cached["fixed"]):
         cached = _compute_baselines(cached, missing)

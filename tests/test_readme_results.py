@@ -133,3 +133,12 @@ def test_baselines_are_read_from_the_results_file_without_the_data(protocol, tmp
     assert rows[protocol.BASELINE_HEAD]["seeds"] == 2
     assert rows[protocol.BASELINE_HEAD]["recall@1"] == [0.5, 0.7]
     assert protocol.baselines(str(tmp_path / "none"), [0], compute=False) == {}
+
+
+def test_a_corrupt_baselines_file_is_one_error_line(protocol, tmp_path):
+    (tmp_path / "baselines.json").write_text('{"fixed": {')
+    with pytest.raises(SystemExit, match=r"^error: .*baselines.json is not a baselines file"):
+        protocol.baselines(str(tmp_path), [0], compute=False)
+    (tmp_path / "baselines.json").write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="delete it and run the report again"):
+        protocol.baselines(str(tmp_path), [0], compute=False)
