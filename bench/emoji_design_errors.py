@@ -52,14 +52,17 @@ def design_errors(
     first = np.asarray(found)[:, 0]
     wrong = labels[first] != labels
     same = designs[first] == designs
-    chance = []
-    for q in np.flatnonzero(wrong):
-        others = labels != labels[q]
-        chance.append(np.mean(designs[others] == designs[q]))
+    # per query: the other classes' images of its design over the other classes' images
+    labels, designs = np.asarray(labels), np.asarray(designs)
+    pair = labels * (int(designs.max()) + 1) + designs
+    of_design = np.bincount(designs)[designs] - np.bincount(pair)[pair]
+    chance = of_design / (len(labels) - np.bincount(labels)[labels])
+    if not wrong.any():
+        return {"recall@1": 1.0, "same_design": 0.0, "chance": 0.0}
     return {
         "recall@1": float(np.mean(~wrong)),
-        "same_design": float(np.mean(same[wrong])) if wrong.any() else 0.0,
-        "chance": float(np.mean(chance)) if chance else 0.0,
+        "same_design": float(np.mean(same[wrong])),
+        "chance": float(np.mean(chance[wrong])),
     }
 
 
