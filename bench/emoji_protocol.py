@@ -441,6 +441,11 @@ def main() -> None:
     )
     parser.add_argument("--frozen-stages", type=int, default=-1)
     parser.add_argument("--cohort", type=int, default=3, help="DM2 cohort size")
+    parser.add_argument(
+        "--rows",
+        help="train and report only these rows of the tables, by their keys (e.g. "
+        "dm2-3-independent,dm2-3-md+td+vd); default every row",
+    )
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     args.out = args.out or f"runs/emoji-{args.epochs}"
@@ -453,6 +458,16 @@ def main() -> None:
         ROWS[f"dm2-{args.cohort}-{diversity}"] = (label, dm2(diversity, args.cohort))
     tables = {n: TABLES[n][1] for n in names}
     tables["dm2"] = tuple(f"dm2-{args.cohort}-{d}" for d in DM2_ROWS.values())
+    if args.rows:
+        wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
+        known = {r for n in names for r in tables[n]}
+        unknown = [r for r in wanted if r not in known]
+        if unknown:
+            raise SystemExit(
+                f"error: unknown row(s) {unknown} in tables {names}; choose from "
+                + ", ".join(sorted(known))
+            )
+        tables = {n: tuple(r for r in tables[n] if r in wanted) for n in names}
     os.makedirs(args.out, exist_ok=True)
     for name in names:
         rows = tables[name]
