@@ -428,6 +428,20 @@ def table(name: str, rows: tuple[str, ...], args: argparse.Namespace) -> str:
     )
 
 
+def select_rows(tables: dict[str, tuple[str, ...]], spec: str) -> dict[str, tuple[str, ...]]:
+    """The tables with only the rows named in ``spec`` (comma-separated row keys), in the tables'
+    order; an unknown key is one ``error:`` line listing the known ones."""
+    wanted = [r.strip() for r in spec.split(",") if r.strip()]
+    known = {r for rows in tables.values() for r in rows}
+    unknown = [r for r in wanted if r not in known]
+    if unknown or not wanted:
+        raise SystemExit(
+            f"error: unknown row(s) {unknown or [spec]} in tables {list(tables)}; choose from "
+            + ", ".join(sorted(known))
+        )
+    return {n: tuple(r for r in rows if r in wanted) for n, rows in tables.items()}
+
+
 def main() -> None:
     reexec_with_tcmalloc()  # XLA's per-step buffers without page faults (jdml.allocator)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -459,15 +473,7 @@ def main() -> None:
     tables = {n: TABLES[n][1] for n in names}
     tables["dm2"] = tuple(f"dm2-{args.cohort}-{d}" for d in DM2_ROWS.values())
     if args.rows:
-        wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
-        known = {r for n in names for r in tables[n]}
-        unknown = [r for r in wanted if r not in known]
-        if unknown:
-            raise SystemExit(
-                f"error: unknown row(s) {unknown} in tables {names}; choose from "
-                + ", ".join(sorted(known))
-            )
-        tables = {n: tuple(r for r in tables[n] if r in wanted) for n in names}
+        tables = select_rows(tables, args.rows)
     os.makedirs(args.out, exist_ok=True)
     for name in names:
         rows = tables[name]

@@ -142,3 +142,13 @@ def test_a_corrupt_baselines_file_is_one_error_line(protocol, tmp_path):
     (tmp_path / "baselines.json").write_text("[1, 2]")
     with pytest.raises(SystemExit, match="delete it and run the report again"):
         protocol.baselines(str(tmp_path), [0], compute=False)
+
+
+def test_rows_selects_a_subset_in_table_order_and_rejects_unknown_keys(protocol):
+    tables = {"rho": ("margin", "R-margin"), "dm2": ("dm2-3-independent", "dm2-3-md")}
+    chosen = protocol.select_rows(tables, "dm2-3-md, margin")
+    assert chosen == {"rho": ("margin",), "dm2": ("dm2-3-md",)}
+    with pytest.raises(SystemExit, match=r"^error: unknown row\(s\) \['md'\].*dm2-3-independent"):
+        protocol.select_rows(tables, "margin,md")
+    with pytest.raises(SystemExit, match=r"^error: unknown row"):
+        protocol.select_rows(tables, " , ")
