@@ -21,11 +21,12 @@ directories. Tables (mean ± std over seeds) are printed and written to ``<out>/
 * ``losses`` and ``samplers``: the wider Revisiting comparison.
 
 ``--frozen-stages k`` trains only the last stages (``model.frozen_stages``): those runs go to
-``<row>-frozen<k>`` directories and their tables say so.
+``<row>-frozen<k>`` directories and their tables say so. ``--rows`` keeps only the named rows
+of the tables (their keys, e.g. ``dm2-3-independent``), for a check that cannot afford them all.
 
 Usage: python bench/emoji_protocol.py [--tables protocol,rho] [--epochs 45] [--seeds 0 1 2]
            [--out runs/emoji-<epochs>] [--results bench/results/emoji-<epochs>]
-           [--frozen-stages -1] [--report-only]
+           [--frozen-stages -1] [--rows KEY,...] [--report-only]
 """
 
 from __future__ import annotations
