@@ -24,6 +24,7 @@ import numpy as np
 from jdml.allocator import reexec_with_tcmalloc
 from jdml.data.emoji import read_cache
 from jdml.data.loading import load_splits
+from jdml.data.splits import class_halves
 from jdml.errors import CheckpointError, ConfigError, DataError, WorkdirError
 from jdml.evaluation.knn import knn
 from jdml.inference import load
@@ -31,9 +32,8 @@ from jdml.inference import load
 
 def test_designs(labels: np.ndarray, designs: np.ndarray, num_test: int) -> np.ndarray:
     """The design of every test image, in the test split's order: the split keeps the images of
-    the upper half of the class ids in their dataset order (``jdml.data.splits``)."""
-    classes = np.unique(labels)
-    test = np.isin(labels, classes[len(classes) // 2 :])
+    the test half of the classes in their dataset order (``jdml.data.splits``)."""
+    test = np.isin(labels, class_halves(labels)[1])
     if int(test.sum()) != num_test:
         raise DataError(
             f"the test split has {num_test} images, the emoji cache {int(test.sum())}: the run "
@@ -48,12 +48,12 @@ def design_errors(
     """Recall@1, the share of wrong first neighbours of the query's design, and its chance
     level (the share of the query's design among the other classes' images, averaged over the
     wrongly answered queries)."""
+    labels, designs = np.asarray(labels), np.asarray(designs)
     _, found = knn(embeddings, embeddings, 1, exclude_self=True, distance=distance)
     first = np.asarray(found)[:, 0]
     wrong = labels[first] != labels
     same = designs[first] == designs
     # per query: the other classes' images of its design over the other classes' images
-    labels, designs = np.asarray(labels), np.asarray(designs)
     pair = labels * (int(designs.max()) + 1) + designs
     of_design = np.bincount(designs)[designs] - np.bincount(pair)[pair]
     chance = of_design / (len(labels) - np.bincount(labels)[labels])

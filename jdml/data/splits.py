@@ -51,6 +51,14 @@ def _take(data: ImageSet, classes: np.ndarray, name: str) -> ImageSet:
     return dataclasses.replace(part, source=f"{data.source} [{name}]" if data.source else name)
 
 
+def class_halves(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The protocol's cut of the classes: of the label indices with samples, in sorted order,
+    the first ``floor(C / 2)`` train and the rest test."""
+    classes = np.unique(labels)
+    n_train = len(classes) // 2
+    return classes[:n_train], classes[n_train:]
+
+
 def split_by_class(
     data: ImageSet, *, val_fraction: float = 0.0, seed: int = 0
 ) -> dict[str, ImageSet]:
@@ -67,9 +75,7 @@ def split_by_class(
     """
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    classes = np.unique(data.labels)
-    n_train = len(classes) // 2
-    train, test = classes[:n_train], classes[n_train:]
+    train, test = class_halves(data.labels)
     _check_train_samples(data, train)
     splits = {}
     if val_fraction > 0:
