@@ -7,8 +7,10 @@ Times, in one process with L fake CPU devices and interleaved rounds:
     all-gathered),
   * ``no mutual term``: the cohort on one device with lambda = 0 (relation matrices not computed),
 and prints ms per step and ratios: cohort against sequential runs, and the mutual term's
-overhead. On this 2-core machine the L fake devices share the same two cores, so the sharded
-cohort can only show its overhead here, not the speed-up of L real accelerators.
+overhead, then each step's model FLOPs, TFLOP/s and MFU (``jdml.throughput``; against one
+device's peak: the fake devices share this host's cores). On this 2-core machine the L fake
+devices share the same two cores, so the sharded cohort can only show its overhead here, not the
+speed-up of L real accelerators.
 
 ``--heterogeneous`` times instead the three different networks of
 ``bench/glyph_dm2_hetero.py``: each alone (its plain step), and their cohort (one step tracing
@@ -36,9 +38,11 @@ from configs.dm2 import get_config
 from jdml.config import set_keys
 from jdml.methods.cohort import member_overrides
 from jdml.run import Run
+from jdml.throughput import model_flops, throughput_line
 
 
-def _build(size: int, config: object = None, **overrides) -> tuple[Run, object, object, list]:
+def _build(size: int, config: object = None, **overrides) -> tuple:
+    """(run, its compiled step, its state, 4 batches, the step's model FLOPs)."""
     c = get_config(f"size={size}") if config is None else config
     with c.unlocked():
         c.train.progress_bar = False
@@ -48,13 +52,23 @@ def _build(size: int, config: object = None, **overrides) -> tuple[Run, object, 
     batches = [make(s) for s in range(4)]
     step = run.make_train_step()
     state = run.initial_state
+    # a mesh program's step places the host batch, then calls its jitted step
+    place = getattr(step, "place", lambda batch: batch)
+    flops = model_flops(getattr(step, "jitted", step), state, place(batches[0]))
     state, _ = step(state, batches[0])  # compile
     jax.block_until_ready(state)
-    return run, step, state, batches
+    return run, step, state, batches, flops
+
+
+def _mfu_lines(cases: dict[str, list], ms: dict[str, float]) -> None:
+    """Each case's model FLOPs, TFLOP/s and MFU."""
+    for name, entry in cases.items():
+        dtype = str(entry[0].config.model.dtype)
+        print(throughput_line(name, entry[4], ms[name] / 1e3, dtype))
 
 
 def _time(entry: list, steps: int) -> float:
-    _, step, state, batches = entry
+    _, step, state, batches, _ = entry
     start = time.perf_counter()
     for i in range(steps):
         state, metrics = step(state, batches[i % len(batches)])
@@ -85,6 +99,7 @@ def _heterogeneous(steps: int, rounds: int) -> None:
     for name, value in ms.items():
         print(f"{name:40s} {value:9.1f} {value / alone:13.2f}")
     print(f"{'sum of the three alone':40s} {alone:9.1f} {1.0:13.2f}")
+    _mfu_lines(cases, ms)
 
 
 def main() -> None:
@@ -122,6 +137,7 @@ def main() -> None:
             print(f"{name:36s} {value:9.1f} {value / sequential:14.2f}")
     overhead = ms["cohort, 1 device"] / ms["cohort, 1 device, no mutual term"]
     print(f"mutual term overhead (1 device): x{overhead:.3f}")
+    _mfu_lines(cases, ms)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ shared machine affects them alike) and printing medians:
   with ``jax.profiler``, its time summed per kind of XLA op (fusion names without numbers).
 
 The whole network (``step``, ``embed``) uses ``jdml.nn.pointwise`` for its 1x1 convolutions.
+Each of its timings is followed by its model FLOPs, TFLOP/s and MFU (``jdml.throughput``): the
+network's multiply-adds, counted once with XLA's grouped convolution (the shifted sums are
+elementwise operations, which the count leaves out), so every implementation is measured against
+the same work.
 
 Usage: python bench/bench_depthwise.py [--sections layers,pointwise,step,embed] [--repeats 3]
 """
@@ -41,7 +45,7 @@ from jdml.models.efficientnet import (
 from jdml.nn.depthwise import depthwise_conv2d
 from jdml.nn.padding import same_padding
 from jdml.nn.pointwise import pointwise_conv
-from jdml.throughput import alternating_rounds, op_times
+from jdml.throughput import alternating_rounds, model_flops, op_times, throughput_line
 
 NHWC = ("NHWC", "HWIO", "NHWC")
 
@@ -199,9 +203,9 @@ def _pair_loss(embeddings: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
     return -jnp.mean(jnp.sum(jnp.where(positive, logp, 0.0), axis=-1))
 
 
-def _train_step(impl: str, size: int, batch: int) -> Callable[[], None]:
-    """One jitted Lite0 train step (frozen BN, 128-d head, pair loss, Adam) on a fixed random
-    batch of ``size`` px, the depthwise layers in ``impl``; each call advances the state."""
+def _train_update(impl: str, size: int, batch: int) -> tuple[Callable, tuple]:
+    """The jitted Lite0 update (frozen BN, 128-d head, pair loss, Adam) on a fixed random batch
+    of ``size`` px, the depthwise layers in ``impl``, and its first (params, opt_state)."""
     labels = jnp.repeat(jnp.arange(batch // 2), 2)
     tx = optax.adam(1e-4)
     images = jnp.asarray(np.random.default_rng(0).normal(size=(batch, size, size, 3)), jnp.float32)
@@ -219,7 +223,13 @@ def _train_step(impl: str, size: int, batch: int) -> Callable[[], None]:
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    state = [(params, tx.init(params))]
+    return update, (params, tx.init(params))
+
+
+def _train_step(impl: str, size: int, batch: int) -> Callable[[], None]:
+    """The update of :func:`_train_update` as a call that advances its state."""
+    update, start = _train_update(impl, size, batch)
+    state = [start]
 
     def step() -> None:
         p, o, loss = update(*state[0])
@@ -238,6 +248,10 @@ def bench_step(
         t = _rounds(contenders, repeats, steps)
         print(f"{size:4d} px", end="")
         print("".join(f"  {i}: {1e3 * t[i]:7.0f} ms {batch / t[i]:6.0f} im/s" for i in impls))
+        update, start = _train_update("xla", size, batch)
+        flops = model_flops(update, *start)
+        for impl in impls:
+            print(throughput_line(f"  {impl}", flops, t[impl], "float32"))
 
 
 def profile_step(impl: str, size: int, batch: int, steps: int, top: int = 12) -> None:
@@ -271,6 +285,11 @@ def bench_embed(
         t = _rounds(contenders, repeats, steps)
         print(f"{size:4d} px", end="")
         print("".join(f"  {i}: {1e3 * t[i]:7.0f} ms {batch / t[i]:6.0f} im/s" for i in impls))
+        model = EfficientNetLite0(depthwise_impl="xla")
+        variables = jax.eval_shape(model.init, jax.random.PRNGKey(0), images[:1])
+        flops = model_flops(model.apply, variables, images)
+        for impl in impls:
+            print(throughput_line(f"  {impl}", flops, t[impl], "float32"))
 
 
 def main() -> None:

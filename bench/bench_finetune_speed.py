@@ -14,8 +14,9 @@ distance-weighted mining, Adam, batch 112) and times, on one real augmented batc
   pooled features of both on the same images are compared first (max abs difference printed).
 
 The settings run in turn within each round (so that machine load affects them alike); every
-figure is the median over ``--repeats`` rounds of ``--steps`` calls after a warm-up. Needs the
-emoji data (``python -m jdml data fetch emoji``).
+figure is the median over ``--repeats`` rounds of ``--steps`` calls after a warm-up. Then jdml's
+model FLOPs, TFLOP/s and MFU of each setting (``jdml.throughput``). Needs the emoji data
+(``python -m jdml data fetch emoji``).
 
 Usage: python bench/bench_finetune_speed.py [--sizes 64,96,128] [--frozen -1,3] [--repeats 3]
 """
@@ -41,11 +42,14 @@ from jdml.models.efficientnet import (
 from jdml.models.pretrained.efficientnet import packaged_weights
 from jdml.program import make_train_step
 from jdml.run import Run
-from jdml.throughput import alternating_rounds
+from jdml.throughput import FlopCount, alternating_rounds, model_flops, throughput_line
 
 
-def contenders(size: int, frozen: int, embed_batch: int) -> dict[str, Callable[[], None]]:
-    """The train step and the embedding pass of the emoji run at ``size`` px."""
+def contenders(
+    size: int, frozen: int, embed_batch: int
+) -> tuple[dict[str, Callable[[], None]], dict[str, tuple[FlopCount, str]]]:
+    """The train step and the embedding pass of the emoji run at ``size`` px, and jdml's two
+    with their model FLOPs and compute dtype."""
     config = get_config("data=emoji")
     config.unlock()
     config.data.image_size = size
@@ -71,8 +75,14 @@ def contenders(size: int, frozen: int, embed_batch: int) -> dict[str, Callable[[
         return np.asarray(EfficientNetLite0().apply(variables, images[:16]))
 
     fns = {"train": train, "embed": embed}
+    dtype = str(config.model.dtype)
+    work = {
+        "train": (model_flops(step, state[0], batch), dtype),
+        "embed": (model_flops(run.embed_fn, params, stats, images), dtype),
+    }
     host_batch = {k: np.asarray(v) for k, v in batch.items()}
-    return {**fns, **torch_contenders(size, frozen, host_batch, np.asarray(images), pooled)}
+    torch_fns = torch_contenders(size, frozen, host_batch, np.asarray(images), pooled)
+    return {**fns, **torch_fns}, work
 
 
 def _torch_lite0(frozen: int):
@@ -232,13 +242,16 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     frozen = [int(f) for f in args.frozen.split(",")]
     print(f"backend {jax.default_backend()}, {jax.device_count()} device(s), batch 112")
-    fns = {}
+    fns, work = {}, {}
     for size in sizes:
         for f in frozen:
-            for part, fn in contenders(size, f, args.embed_batch).items():
+            parts, counts = contenders(size, f, args.embed_batch)
+            for part, fn in parts.items():
                 if part.endswith("embed") and f != frozen[0]:
                     continue  # freezing does not change the forward pass
                 fns[(part, size, f)] = fn
+                if part in counts:
+                    work[(part, size, f)] = counts[part]
     times = alternating_rounds(fns, args.repeats, calls=args.steps)
     rate = {}
     for (part, size, f), timing in times.items():
@@ -252,6 +265,10 @@ def main() -> None:
         versus = f"{other:8.0f}  {value / other:10.2f}" if other else f"{'-':>8}  {'-':>10}"
         label = f"{f:>13}" if part == "train" else f"{'':>13}"
         print(f"{part + ' img/s':<11} {size:>4}px  {label}  {value:8.0f}  {versus}")
+    print()
+    for (part, size, f), (flops, dtype) in work.items():
+        name = f"jdml {part} {size}px frozen_stages {f}"
+        print(throughput_line(name, flops, times[part, size, f].median, dtype))
 
 
 if __name__ == "__main__":

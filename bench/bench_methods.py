@@ -11,7 +11,7 @@ Times, in the same process and on the same data, the full jitted step of:
 
 Every figure is the median of ``--repeats`` rounds of ``--steps`` steps after a warm-up; the
 methods run in turn so that machine load affects them alike. Prints ms/step and the ratio to
-the margin baseline.
+the margin baseline, then each step's model FLOPs, TFLOP/s and MFU (``jdml.throughput``).
 
 Usage: python bench/bench_methods.py [--steps 10] [--repeats 3]
 """
@@ -29,6 +29,7 @@ from configs.revisiting import get_config as revisiting_config
 from configs.sharing import get_config as sharing_config
 from jdml.program import make_train_step
 from jdml.run import Run
+from jdml.throughput import model_flops, throughput_line
 
 METHODS = {
     "margin": lambda: revisiting_config(),
@@ -39,11 +40,13 @@ METHODS = {
 
 
 def _stepper(build, steps: int):
+    """The method's timed rounds of ``steps`` steps, its step's model FLOPs and its dtype."""
     run = Run(build())
     make_batch = run.batch_maker()
     batches = [jax.device_put(make_batch(i)) for i in range(steps)]
     step = make_train_step(run.method, run.tx)
     state = {"s": run.prepare(run.initial_state)}
+    flops = model_flops(step, state["s"], batches[0])
     state["s"], _ = step(state["s"], batches[0])  # compile
     jax.block_until_ready(state["s"])
 
@@ -54,7 +57,7 @@ def _stepper(build, steps: int):
         jax.block_until_ready(state["s"])
         return (time.perf_counter() - start) / len(batches)
 
-    return rounds
+    return rounds, flops, str(run.config.model.dtype)
 
 
 def main() -> None:
@@ -65,13 +68,16 @@ def main() -> None:
     steppers = {name: _stepper(build, args.steps) for name, build in METHODS.items()}
     times: dict[str, list[float]] = {name: [] for name in METHODS}
     for _ in range(args.repeats):
-        for name, rounds in steppers.items():
+        for name, (rounds, _, _) in steppers.items():
             times[name].append(rounds())
     base = statistics.median(times["margin"])
     print("| method | ms/step | ratio to margin |\n|---|---|---|")
     for name, values in times.items():
         t = statistics.median(values)
         print(f"| {name} | {1000 * t:.1f} | {t / base:.2f} |")
+    print()
+    for name, (_, flops, dtype) in steppers.items():
+        print(throughput_line(name, flops, statistics.median(times[name]), dtype))
 
 
 if __name__ == "__main__":

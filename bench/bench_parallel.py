@@ -15,6 +15,9 @@ set here), for the default glyph network and batch (112) with ``parallel.data_de
 The K fake devices share this machine's two cores, so these figures show correctness and the
 overhead of the collectives, not the speed-up K accelerators give.
 
+Then each step's model FLOPs (the global batch's), TFLOP/s and MFU (``jdml.throughput``),
+against one device's peak, since the fake devices share the host's cores.
+
 Usage: python bench/bench_parallel.py [--steps 10] [--rounds 3]
 """
 
@@ -37,6 +40,7 @@ from jax.sharding import PartitionSpec as P
 from configs.revisiting import get_config
 from jdml.methods.cohort import DATA
 from jdml.run import Run
+from jdml.throughput import model_flops, throughput_line
 
 DEVICES = (1, 2, 4)
 
@@ -51,7 +55,11 @@ def _build(devices: int) -> dict:
     make = run.batch_maker()
     batches = [make(s) for s in range(4)]
     step = run.make_train_step()
-    state, metrics = step(run.prepare(run.initial_state), batches[0])  # compiles
+    state = run.prepare(run.initial_state)
+    # a mesh program's step places the host batch, then calls its jitted step
+    place = getattr(step, "place", lambda batch: batch)
+    flops = model_flops(getattr(step, "jitted", step), state, place(batches[0]))
+    state, metrics = step(state, batches[0])  # compiles
     jax.block_until_ready(state)
     return {
         "run": run,
@@ -60,6 +68,7 @@ def _build(devices: int) -> dict:
         "batches": batches,
         "loss": float(metrics["loss"]),
         "gather": _gather_fn(run, devices),
+        "flops": flops,
     }
 
 
@@ -158,6 +167,9 @@ def main() -> None:
             f"{gather / step:12.3f} {ev:8.2f} {ev / med(evals[1]):7.2f}  "
             f"{bool(same_loss)!s:17s} {bool(same_metrics)}"
         )
+    for k, entry in cases.items():
+        dtype = str(entry["run"].config.model.dtype)
+        print(throughput_line(f"K={k} step", entry["flops"], med(steps[k]) / 1e3, dtype))
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ Times, in the same process and on the same batch:
 Every figure is the median of ``--repeats`` rounds of ``--steps`` steps after a warm-up, and the
 contenders run in turn so that machine load affects them alike.
 
-Then the achieved TFLOP/s of the two jitted steps (XLA's flop count) and their fraction of the
-device's peak (``jdml/throughput.py``: a data-sheet figure on known GPUs and TPUs, a measured
-matmul elsewhere); the script runs unchanged on CPU, GPU and TPU.
+Then the achieved TFLOP/s of the two jitted steps (their model FLOPs: matrix products and
+convolutions) and their MFU, the fraction of the device's peak (``jdml/throughput.py``: a
+data-sheet figure on known GPUs and TPUs, a measured matmul elsewhere); the script runs unchanged
+on CPU, GPU and TPU.
 
 ``--layers`` then times every convolution of the network on its own, forward and backward, as
 the step runs it (oneDNN on CPU where it builds), with XLA's convolution and in PyTorch, and
@@ -53,8 +54,8 @@ from jdml.program import make_train_step
 from jdml.run import Run
 from jdml.throughput import (
     alternating_rounds,
-    compiled_flops,
     measured_matmul_tflops,
+    model_flops,
     op_times,
     throughput_line,
 )
@@ -319,10 +320,10 @@ def main() -> None:
         print("torch eager: PyTorch not installed (pip install torch==2.13.0 to compare)")
     dtype = str(config.model.dtype)
     print(f"\nachieved throughput on {jax.devices()[0].device_kind} ({dtype} compute):")
-    flops = compiled_flops(step, state[0], batch)
+    flops = model_flops(step, state[0], batch)
     print(throughput_line("jdml step", flops, ref, dtype))
     params, stats, opt_state = plain[0]
-    flops = compiled_flops(plain_update, params, stats, opt_state, batch["images"])
+    flops = model_flops(plain_update, params, stats, opt_state, batch["images"])
     print(throughput_line("backbone only", flops, times["backbone only"].median, dtype))
     if args.profile:
         kinds = op_times(jdml_step, args.steps)

@@ -1,7 +1,7 @@
 """jdml.nn.native: the oneDNN library is compiled once per machine and safely by concurrent
 processes, a failed build falls back to XLA with one warning (or is an error with
-JDML_CONV=onednn), a wrong JDML_CONV is a ConfigError, and the flop count of the custom calls
-is XLA's count of the same convolutions."""
+JDML_CONV=onednn), a wrong JDML_CONV is a ConfigError, and the model-FLOP count of the custom
+calls is that of the XLA convolutions they replace."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from jdml.nn import native
 from jdml.nn.conv import conv2d
 from jdml.nn.depthwise import depthwise_conv2d
 from jdml.nn.padding import same_padding
-from jdml.throughput import compiled_flops
+from jdml.throughput import model_flops
 
 # A fresh process: convolves, prints which convolution the program used and the library path.
 PROBE = """
@@ -29,6 +29,8 @@ from jdml.nn import native
 from jdml.nn.conv import conv2d
 from jdml.nn.depthwise import depthwise_conv2d
 from jdml.nn.padding import same_padding
+
+pytestmark = pytest.mark.cpu  # the CPU backend's native kernels
 x, k = jnp.ones((2, 8, 8, 16)), jnp.ones((3, 3, 16, 4))
 f = jax.jit(jax.value_and_grad(lambda x, k: jnp.sum(conv2d(x, k)), argnums=(0, 1)))
 uses = "jdml_dnnl_conv_fwd" in f.lower(x, k).as_text()
@@ -102,32 +104,42 @@ def test_a_compile_error_names_the_first_error(
 
 
 @pytest.mark.parametrize(("size", "cin", "stride"), [(8, 16, 1), (9, 8, 2), (7, 12, 3)])
-def test_flops_are_counted_as_xla_counts_its_convolutions(
+def test_flops_are_counted_as_the_xla_convolutions_they_replace(
     monkeypatch: pytest.MonkeyPatch, size: int, cin: int, stride: int
 ) -> None:
+    """Forward pass, input and kernel gradients: the same count with oneDNN's custom calls and
+    with XLA's convolutions, also where the stride does not divide the input size."""
     x = jnp.ones((3, size, size, cin), jnp.float32)
     kernel = jnp.ones((3, 3, cin, 5), jnp.float32)
     counts = {}
     for mode in ("xla", "onednn"):
         monkeypatch.setenv("JDML_CONV", mode)
-        counts[mode] = compiled_flops(jax.jit(lambda x, k: conv2d(x, k, stride)), x, kernel)
-    assert counts["onednn"] == counts["xla"] > 0
+
+        def loss(x, k):  # a new function for each mode: traces are cached per function
+            return jnp.sum(conv2d(x, k, stride) ** 2)
+
+        counts[mode] = model_flops(jax.value_and_grad(loss, argnums=(0, 1)), x, kernel).flops
+        uses_onednn = "jdml_dnnl_conv_fwd" in str(jax.make_jaxpr(loss)(x, kernel))
+        assert uses_onednn == (mode == "onednn" and jax.default_backend() == "cpu")
+    out = -(-size // stride)
+    forward = 2.0 * 3 * out * out * 5 * 9 * cin
+    assert counts["onednn"] == counts["xla"] > 2 * forward
 
 
 @pytest.mark.parametrize(("size", "k", "stride"), [(8, 3, 1), (9, 5, 2), (4, 5, 1)])
-def test_depthwise_flops_count_the_multiply_adds_that_read_the_input(
-    size: int, k: int, stride: int
-) -> None:
-    """The gradient of a sum needs no forward pass: the input gradient and the kernel gradient,
-    each 2 flops per (image, output pixel, tap inside the input, channel). XLA's own count of a
-    grouped convolution is not the reference here (it is several times that)."""
+def test_depthwise_flops_are_counted_as_the_xla_convolution(size: int, k: int, stride: int) -> None:
+    """The gradient of a sum needs no forward pass: the kernel gradient counts as the forward
+    pass (2 flops per image, output pixel, tap and channel), the input gradient as JAX's
+    convolution of the output gradient dilated by the stride: its taps on the inserted zeros do
+    not count. The same with oneDNN's calls and with XLA's grouped convolution."""
     x = jnp.ones((3, size, size, 6), jnp.float32)
     kernel = jnp.ones((k, k, 1, 6), jnp.float32)
     out, pad, _ = same_padding(size, k, stride)
-    side = sum(0 <= o * stride - pad + t < size for o in range(out) for t in range(k))
+    side = sum((i + t - (k - 1 - pad)) % stride == 0 for i in range(size) for t in range(k))
+    expected = 2.0 * 3 * 6 * (out * out * k * k + side * side)
+    for impl in ("onednn", "xla"):
 
-    def loss(x, kernel):
-        return jnp.sum(depthwise_conv2d(x, kernel, stride, "onednn"))
+        def loss(x, kernel, impl=impl):
+            return jnp.sum(depthwise_conv2d(x, kernel, stride, impl))
 
-    flops = compiled_flops(jax.jit(jax.grad(loss, argnums=(0, 1))), x, kernel)
-    assert flops == 2 * (2.0 * 3 * side * side * 6)
+        assert model_flops(jax.grad(loss, argnums=(0, 1)), x, kernel).flops == expected

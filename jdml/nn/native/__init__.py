@@ -13,6 +13,10 @@ the nearest-neighbour selection (``knn.cc``: top-k over sgemm tiles filtered in 
 XLA's top-k and numpy's selection in the retrieval metrics (``bench/bench_eval.py``). Other
 backends never use them.
 
+:func:`jdml.throughput.model_flops` counts the convolution and matrix-product calls from their
+operands and attributes, as the XLA operations they replace (so a step's count is the same with
+or without them); the k-means and kNN calls count nothing there.
+
 The library is compiled the first time a CPU step needs it, with the C++ compiler (``$CXX``,
 default ``g++``) against the XLA FFI headers that jaxlib ships (``jax.ffi.include_dir()``) and
 oneDNN (Debian: ``apt-get install g++ libdnnl-dev``), into
@@ -36,7 +40,6 @@ import ctypes
 import functools
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import warnings
@@ -110,54 +113,6 @@ def xla_convolutions() -> Iterator[None]:
             del os.environ[ENV]
         else:
             os.environ[ENV] = before
-
-
-_CALL = re.compile(
-    r"= f32\[([\d,]+)\]\S* custom-call\(.*?"
-    r"custom_call_target=\"(jdml_dnnl_conv_\w+|jdml_depthwise_bwd_weights)\", "
-    r"operand_layout_constraints=\{f32\[([\d,]+)\]\S*, f32\[([\d,]+)\].*?"
-    r"pad_left = (\d+) : i64.*?pad_top = (\d+) : i64, stride = (\d+) : i64"
-)
-
-
-_MATMUL = re.compile(
-    r"= f32\[(\d+),(\d+)\]\S* custom-call\(.*?"
-    r"custom_call_target=\"jdml_dnnl_matmul\", "
-    r"operand_layout_constraints=\{f32\[(\d+),(\d+)\]\S*, .*?trans_a = (true|false)"
-)
-
-
-def _taps(size: int, out: int, k: int, stride: int, pad: int) -> int:
-    """(output position, kernel tap) pairs of one spatial side that read the input, not the
-    padding (as XLA counts a convolution's flops)."""
-    return sum(0 <= o * stride - pad + t < size for o in range(out) for t in range(k))
-
-
-def conv_flops(hlo_text: str) -> float:
-    """The flops of the native convolutions and matrix products in a compiled program's HLO
-    text, which XLA's cost analysis does not count: 2 per multiply-add that reads the input (not
-    the padding), as XLA counts its own convolutions and dots; the same for the forward pass,
-    the input gradient and the kernel gradient (a depthwise kernel (k, k, 1, C) has one input
-    channel per output). A call inside a loop counts once. XLA's analysis counts -1 for each
-    custom call, which is added back."""
-    total = 0.0
-    for m, n, a0, a1, trans_a in _MATMUL.findall(hlo_text):
-        summed = int(a0) if trans_a == "true" else int(a1)
-        total += 2.0 * int(m) * int(n) * summed + 1.0
-    for result, target, first, second, left, top, stride in _CALL.findall(hlo_text):
-        r, a, b = (tuple(int(d) for d in s.split(",")) for s in (result, first, second))
-        # (x or dx, y or dy, kernel or its gradient), each NHWC / HWIO
-        x, y, w = {
-            "jdml_dnnl_conv_fwd": (a, r, b),
-            "jdml_dnnl_conv_bwd_data": (r, a, b),
-            "jdml_dnnl_conv_bwd_weights": (a, b, r),
-            "jdml_depthwise_bwd_weights": (a, b, r),
-        }[target]
-        s = int(stride)
-        rows = _taps(x[1], y[1], w[0], s, int(top))
-        cols = _taps(x[2], y[2], w[1], s, int(left))
-        total += 2.0 * x[0] * rows * cols * w[2] * w[3] + 1.0
-    return total
 
 
 def _command(output: str) -> list[str]:
