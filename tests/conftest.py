@@ -11,11 +11,32 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     ).strip()
 
+# On a GPU several test processes share the card: each takes memory as it needs it instead of
+# JAX's default of 75% of the card at start.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 from pathlib import Path
 
 import pytest
 
 from jdml.data.arrays import ImageArrays
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skips the tests marked ``gpu`` (accelerator-only paths) on the CPU backend, and those
+    marked ``cpu`` (the CPU backend's own kernels: oneDNN, the native kNN and k-means) on an
+    accelerator."""
+    import jax
+
+    on_cpu = jax.default_backend() == "cpu"
+    skip = pytest.mark.skip(
+        reason="accelerator-only path: the default JAX backend is the CPU"
+        if on_cpu
+        else "the CPU backend's own kernels: the default JAX backend is an accelerator"
+    )
+    for item in items:
+        if item.get_closest_marker("gpu" if on_cpu else "cpu") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +72,9 @@ def selection(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     """Runs a kNN test with the top-k taken by XLA and again with the host selection (the CPU
     path for most k, see ``jdml.evaluation.knn._select_on_host``), whatever the k."""
     from jdml.evaluation import knn
+    from tests.helpers import skip_off_cpu
 
+    if request.param == "native":
+        skip_off_cpu("the native kNN selection")
     monkeypatch.setattr(knn, "SELECTION", request.param)
     return request.param

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import textwrap
 
+import jax
 import numpy as np
 
 from jdml.config import set_keys
@@ -28,6 +29,32 @@ def make_npz(path: str, *, num_classes: int = 12, per_class: int = 10, size: int
             labels.append(c)
     np.savez(path, images=np.stack(images)[..., None], labels=np.array(labels))
     return path
+
+
+# Tolerance of float32 matrix products and convolutions at JAX's default precision, by backend:
+# on NVIDIA GPUs (Ampere on) XLA runs them on the TF32 tensor cores, whose operands keep 10
+# mantissa bits (relative rounding 2^-11, about 5e-4, per operand); on TPUs one bfloat16 pass
+# (8 bits, 2^-9 per operand). Sums of a few dozen such products of unit-scale values then differ
+# from float64 by up to about 1e-2 and 3e-2.
+ACCELERATOR_TOLERANCE = {"gpu": 1e-2, "cuda": 1e-2, "rocm": 1e-2, "tpu": 3e-2}
+
+
+def matmul_tolerance(cpu: float = 1e-5) -> float:
+    """The rtol/atol for comparing a float32 result of matrix products or convolutions, computed
+    at JAX's default precision on the default backend, with a float64 or other-algorithm
+    reference: ``cpu`` on the CPU backend (true float32), the reduced precision's bound
+    (``ACCELERATOR_TOLERANCE``) on accelerators. A test of exact equality pins
+    ``jax.default_matmul_precision("highest")`` instead."""
+    return max(cpu, ACCELERATOR_TOLERANCE.get(jax.default_backend(), cpu))
+
+
+def skip_off_cpu(what: str) -> None:
+    """Skips the running test unless the default backend is the CPU (``what``: the CPU-only
+    kernel it exercises; whole tests of them are marked ``cpu`` instead)."""
+    import pytest
+
+    if jax.default_backend() != "cpu":
+        pytest.skip(f"{what} runs on the CPU backend only")
 
 
 TINY_OVERRIDES = {

@@ -89,11 +89,17 @@ from jdml.geometry import squared_distances, squared_norms
 from jdml.nn import native
 
 DEFAULT_NUM_ITERS = 20
-# Point-centroid distances per assignment block when ``block_size`` is not given (8 MB): the
-# block stays in cache between the matmul and the minimum. On 20,000 x 128 points (CPU), one
-# assignment pass took 5 ms at K = 100 in one block (8 ms in blocks of 4,096), 35 ms at
-# K = 1,000 in blocks of 2,048, and 180 ms at K = 5,000 in blocks of 256 (260 ms in 4,096).
-ASSIGN_SCORES = 2**21
+# Point-centroid distances per assignment block when ``block_size`` is not given
+# (``assign_scores``; None: the backend's value below). On CPU 2^21 (8 MB): the block stays in
+# cache between the matmul and the minimum. On 20,000 x 128 points (CPU), one assignment pass
+# took 5 ms at K = 100 in one block (8 ms in blocks of 4,096), 35 ms at K = 1,000 in blocks of
+# 2,048, and 180 ms at K = 5,000 in blocks of 256 (260 ms in 4,096). On an accelerator 2^27
+# (512 MB): at SOP's size (60,502 points, 11,316 clusters) 6 blocks of 11,860 points instead of
+# 327 of 185; on an H200, 20 Lloyd iterations from random centroids took 0.146 s warm against
+# 0.249 s with 2^21 (bench/bench_gpu.py --sections sweep; k-means++ is bound by its seeding).
+ASSIGN_SCORES: int | None = None
+CPU_ASSIGN_SCORES = 2**21
+ACCELERATOR_ASSIGN_SCORES = 2**27
 # Fewest points per automatic block.
 MIN_BLOCK_ROWS = 64
 # The clustering seed of the reference mode (faiss's default ClusteringParameters.seed), and the
@@ -861,11 +867,20 @@ def split_empty_clusters(
     return SplitResult(centroids, counts, np.asarray(sources, np.int64))
 
 
+def assign_scores() -> int:
+    """Point-centroid distances per automatic assignment block: ``ASSIGN_SCORES`` if set, else
+    the default backend's (``CPU_ASSIGN_SCORES`` or ``ACCELERATOR_ASSIGN_SCORES``)."""
+    if ASSIGN_SCORES is not None:
+        return ASSIGN_SCORES
+    return CPU_ASSIGN_SCORES if jax.default_backend() == "cpu" else ACCELERATOR_ASSIGN_SCORES
+
+
 def _block_rows(num_points: int, num_clusters: int, block_size: int | None) -> int:
     """Points per assignment block: ``block_size`` if given, else as many as hold
-    ``ASSIGN_SCORES`` distances (at least ``MIN_BLOCK_ROWS``); never more than the points."""
+    :func:`assign_scores` distances (at least ``MIN_BLOCK_ROWS``); never more than the
+    points."""
     if block_size is None:
-        block_size = max(MIN_BLOCK_ROWS, ASSIGN_SCORES // num_clusters)
+        block_size = max(MIN_BLOCK_ROWS, assign_scores() // num_clusters)
     return max(1, min(num_points, block_size))
 
 
@@ -1017,7 +1032,7 @@ def reference_kmeans(
       num_iters: number of iterations (faiss's ``niter``; the reference uses 20).
       seed: faiss's clustering seed (its default 1234); the split always uses 1234, as faiss.
       block_size: points per block when computing assignments; None for blocks of about
-        ``ASSIGN_SCORES`` distances.
+        :func:`assign_scores` distances.
 
     Returns:
       A :class:`KMeansResult` with (K, D) centroids, (N,) assignments and the inertia.
@@ -1184,7 +1199,7 @@ def kmeans(
         for "k-means++", a NumPy generator for "random"), faiss's 1234
         (:data:`REFERENCE_SEED`) for "reference".
       block_size: points per block when computing assignments; None for blocks of about
-        ``ASSIGN_SCORES`` distances.
+        :func:`assign_scores` distances.
       init: "k-means++" (greedy k-means++ seeding, the default), "random" (K distinct points
         drawn uniformly; much faster for large K, as the seeding costs K passes over the data)
         or "reference" (faiss's k-means as the Revisiting-DML evaluation runs it, see

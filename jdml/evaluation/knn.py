@@ -68,10 +68,23 @@ from jdml.nn import native
 
 DISTANCES = ("euclidean", "cosine")
 DEFAULT_BLOCK_SIZE = 512
-DEFAULT_CHUNK_SIZE = 16384  # with 512-query blocks: 32 MB of float32 scores per block
-# With few references, query blocks grow beyond ``block_size`` up to this many scores (16 MB):
-# at N = 1,000 every query is in one block, and the fixed cost of a call is paid once.
-BLOCK_SCORES = 2**22
+# References scored at once within a query block (``chunk_size=None``: the backend's value). On
+# CPU 16,384 (with 512-query blocks: 32 MB of float32 scores per block). On an accelerator
+# 131,072: up to that many references are one product and one top-k per block, with no running
+# merge over chunks (on an H200 at SOP's size, 60,502 x 128, with 2^28-score blocks: 0.057 s
+# warm for recall@1-8 and MAP@R against 0.060 s in chunks of 16,384; bench/bench_gpu.py
+# --sections sweep).
+DEFAULT_CHUNK_SIZE = 16384
+ACCELERATOR_CHUNK_SIZE = 2**17
+# Query blocks grow beyond ``block_size`` while a block's scores against one chunk of references
+# stay within this many (``block_scores``; None: the backend's value below). On CPU 2^22 (16 MB):
+# at N = 1,000 every query is in one block, and the fixed cost of a call is paid once. On an
+# accelerator 2^28 (1 GiB): a block's dispatch, top-k and host-side metrics cost about as much
+# for 4,436 queries as for 512; on an H200 at SOP's size (60,502 x 128, one chunk) recall@1-8
+# and MAP@R took 0.057 s warm against 0.214 s with 2^22 (bench/bench_gpu.py --sections sweep).
+BLOCK_SCORES: int | None = None
+CPU_BLOCK_SCORES = 2**22
+ACCELERATOR_BLOCK_SCORES = 2**28
 # Width of the groups of the two-stage top-k (see ``_top_k``); chunks are multiples of it.
 GROUP_SIZE = 16
 _INDEX_SENTINEL = np.iinfo(np.int32).max
@@ -97,10 +110,27 @@ def _dispatched_ahead(
         del current
 
 
+def resolve_chunk_size(chunk_size: int | None) -> int:
+    """``chunk_size``, or for None the default backend's (``DEFAULT_CHUNK_SIZE`` on CPU,
+    ``ACCELERATOR_CHUNK_SIZE`` elsewhere)."""
+    if chunk_size is not None:
+        return chunk_size
+    return DEFAULT_CHUNK_SIZE if jax.default_backend() == "cpu" else ACCELERATOR_CHUNK_SIZE
+
+
+def block_scores() -> int:
+    """The most scores of a query block against one chunk: ``BLOCK_SCORES`` if set, else the
+    default backend's (``CPU_BLOCK_SCORES`` or ``ACCELERATOR_BLOCK_SCORES``)."""
+    if BLOCK_SCORES is not None:
+        return BLOCK_SCORES
+    return CPU_BLOCK_SCORES if jax.default_backend() == "cpu" else ACCELERATOR_BLOCK_SCORES
+
+
 def _query_block(num_queries: int, width: int, block_size: int) -> int:
-    """Queries per block: ``block_size``, or more while a block has at most ``BLOCK_SCORES``
-    scores against ``width`` references, and never more than the queries."""
-    return max(1, min(num_queries, max(block_size, BLOCK_SCORES // width)))
+    """Queries per block: ``block_size``, or more while a block has at most
+    :func:`block_scores` scores against ``width`` references, and never more than the
+    queries."""
+    return max(1, min(num_queries, max(block_size, block_scores() // width)))
 
 
 def _chunk_layout(num_references: int, chunk_size: int) -> tuple[int, int]:
@@ -800,7 +830,7 @@ def knn_blocks(
     exclude_self: bool,
     distance: str = "euclidean",
     block_size: int = DEFAULT_BLOCK_SIZE,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
 ) -> Iterator[NeighbourBlock]:
     """:func:`knn`, one block of queries at a time, in query order.
 
@@ -815,6 +845,7 @@ def knn_blocks(
     Returns:
       An iterator of :class:`NeighbourBlock`, covering the queries in order.
     """
+    chunk_size = resolve_chunk_size(chunk_size)
     # copies: the caller may change its arrays while it holds the iterator
     queries, references = _placed(queries, references, _device_copy)
     return _search_blocks(queries, references, k, exclude_self, distance, block_size, chunk_size)
@@ -949,7 +980,7 @@ def knn(
     exclude_self: bool,
     distance: str = "euclidean",
     block_size: int = DEFAULT_BLOCK_SIZE,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
 ) -> tuple[jax.Array, jax.Array] | tuple[np.ndarray, np.ndarray]:
     """Exact k nearest references of every query, blocked so no Q x N matrix is materialised.
 
@@ -966,8 +997,9 @@ def knn(
         of a query (also at distance 0) are still returned as neighbours.
       distance: "euclidean" (L2 distance) or "cosine" (1 - cosine similarity).
       block_size: queries per block (the last block is zero-padded to this size); with few
-        references, blocks hold more queries, up to ``BLOCK_SCORES`` scores.
-      chunk_size: largest number of references scored at once within a block.
+        references, blocks hold more queries, up to :func:`block_scores` scores.
+      chunk_size: largest number of references scored at once within a block (None: the
+        backend's, see ``resolve_chunk_size``).
 
     Returns:
       distances (Q, k) float32, ascending per row, and indices (Q, k) int32 into ``references``;
@@ -978,6 +1010,7 @@ def knn(
     """
     # Host arrays may be shared rather than copied (see ``_search_blocks``), so the search is
     # waited for before returning.
+    chunk_size = resolve_chunk_size(chunk_size)
     host = [not isinstance(a, jax.Array) for a in (queries, references)]
     if all(host) and distance == "euclidean":
         check_search(

@@ -22,8 +22,8 @@ least ``PIECES_MIN_POSITIONS`` positions, the kernel gradient is summed over up 
 convolution, and other backends keep XLA's kernel gradient too (no measurement there says
 otherwise).
 
-A 1x1 kernel is a matrix product instead (:func:`jdml.nn.pointwise.pointwise_conv`), on every
-``stride``-th pixel for a strided one, which equals the SAME 1x1 convolution.
+A 1x1 kernel is :func:`jdml.nn.pointwise.pointwise_conv`: on the CPU backend a matrix product on
+every ``stride``-th pixel, which equals the SAME 1x1 convolution; XLA's convolution elsewhere.
 
 ``Conv`` has ``nn.Conv``'s parameter (``kernel`` of shape (k, k, C_in, C_out), the same
 initialiser), so a network built with it has the same parameter tree and random init as with
@@ -182,7 +182,7 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int = 1) -> jax.Array:
       (B, ceil(H / stride), ceil(W / stride), C_out) output.
     """
     if kernel.shape[0] == kernel.shape[1] == 1:
-        return pointwise_conv(x[:, ::stride, ::stride, :], kernel)
+        return pointwise_conv(x, kernel, stride)
     if (
         x.shape[-1] >= ONEDNN_MIN_CHANNELS
         and x.dtype == kernel.dtype == jnp.float32

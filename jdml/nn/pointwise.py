@@ -1,12 +1,20 @@
-"""1x1 convolution written as a matrix product, which XLA's CPU backend runs much faster.
+"""1x1 convolution: a matrix product on the CPU backend, XLA's convolution elsewhere.
 
-A 1x1, stride-1 convolution over NHWC maps is the product of the (B*H*W, C_in) matrix of the
-input's pixels with the (C_in, C_out) kernel. XLA lowers ``lax.conv_general_dilated`` with a 1x1
-kernel on CPU to its generic convolution, whose backward pass (the kernel gradient in
-particular) is slow; written as a matmul, forward and both gradients are plain matmuls. On
-EfficientNet-Lite0's 1x1 layers at 64 px, batch 112, forward + backward took 1.2-4.3x less time
-this way (``bench/bench_depthwise.py --sections pointwise``). GPU and TPU compile both forms to
-the same kind of kernel, so one form serves every backend.
+A 1x1 convolution over NHWC maps with stride s is the product of the (B*H'*W', C_in) matrix of
+the input's every s-th pixel with the (C_in, C_out) kernel (SAME padding adds nothing to a 1x1
+kernel). XLA lowers ``lax.conv_general_dilated`` with a 1x1 kernel on CPU to its generic
+convolution, whose backward pass (the kernel gradient in particular) is slow; written as a
+matmul, forward and both gradients are plain matmuls. On EfficientNet-Lite0's 1x1 layers at
+64 px, batch 112, forward + backward took 1.2-4.3x less time this way
+(``bench/bench_depthwise.py --sections pointwise``).
+
+GPUs and TPUs keep the convolution (``FORM``): there XLA picks the library kernel for it, and
+the matrix form hurts. On an H200 with jax 0.11.2, XLA's Triton GEMM fusion aborted the whole
+process while compiling the glyph network (``triton_tiling_propagation.cc: Check failed:
+subdim_size_accumulator == dim_size (64 vs. 16)``): it fused the strided slice of an 8x8 map
+(64 positions, every other one kept: 16) and the reshape into the product's operand, and its
+tiling analysis could not follow the stride. The convolution form is what XLA compiles for
+every ResNet-50 layer without trouble.
 
 On the CPU backend, where the native library builds (``jdml.nn.native``; ``$JDML_CONV=xla``
 turns it off), float32 products run oneDNN's sgemm instead of XLA's dot, as the custom call
@@ -21,12 +29,19 @@ initialiser), so weights converted for ``nn.Conv`` load unchanged and a random i
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from jdml.nn import native
+
+Form = Literal["auto", "matmul", "conv"]
+FORMS: tuple[Form, ...] = ("auto", "matmul", "conv")
+# "auto": the matrix product on the CPU backend, XLA's convolution on every other backend
+# (decided when a function is traced); "matmul" or "conv" force one form everywhere.
+FORM: Form = "auto"
 
 
 def _matmul_call(a: jax.Array, b: jax.Array, trans_a: bool, trans_b: bool) -> jax.Array:
@@ -61,8 +76,30 @@ def _matmul_bwd(
 onednn_matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
-def pointwise_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """``x`` (..., C_in) times ``kernel`` (1, 1, C_in, C_out) over the channel axis."""
+def pointwise_form() -> Form:
+    """The form of the 1x1 convolutions traced now: ``FORM``, with "auto" resolved for the
+    default backend ("matmul" on CPU, "conv" elsewhere)."""
+    if FORM not in FORMS:
+        raise ValueError(f"unknown pointwise form {FORM!r}; expected one of {FORMS}")
+    if FORM != "auto":
+        return FORM
+    return "matmul" if jax.default_backend() == "cpu" else "conv"
+
+
+def pointwise_conv(x: jax.Array, kernel: jax.Array, stride: int = 1) -> jax.Array:
+    """The SAME 1x1 convolution of NHWC ``x`` with ``kernel`` (1, 1, C_in, C_out) and ``stride``:
+    ``x[:, ::stride, ::stride] @ kernel`` over the channel axis (see the module docstring for
+    the form it takes on each backend).
+
+    Returns:
+      (B, ceil(H / stride), ceil(W / stride), C_out).
+    """
+    if pointwise_form() == "conv":
+        return jax.lax.conv_general_dilated(
+            x, kernel, (stride, stride), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+    if stride > 1:
+        x = x[:, ::stride, ::stride, :]
     k = kernel.reshape(kernel.shape[-2], kernel.shape[-1])
     rows = x.reshape(-1, x.shape[-1])
     if rows.dtype == k.dtype == jnp.float32 and native.onednn_enabled():

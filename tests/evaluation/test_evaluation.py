@@ -159,7 +159,10 @@ def test_knn_excludes_self_by_index_with_duplicates(selection: str, points: np.n
     np.testing.assert_allclose(dist[[3, 7, 12], :2], 0.0, atol=1e-3)  # Gram-trick rounding
     ref_dist, ref_idx = brute_force_knn(x, x, 4, True, "euclidean")
     np.testing.assert_array_equal(idx, ref_idx)
-    np.testing.assert_allclose(dist, ref_dist, atol=1e-5)
+    # Distance 0 comes out of the Gram expansion as sqrt of a rounding error (checked above at
+    # 1e-3; its size depends on the CPU's summation order); every other distance to 1e-5.
+    apart = ref_dist > 0
+    np.testing.assert_allclose(dist[apart], ref_dist[apart], atol=1e-5)
 
 
 @pytest.mark.parametrize("grid", [3, 21])
@@ -447,7 +450,9 @@ def test_kmeans_automatic_blocks_hold_assign_scores_distances(
     from jdml.evaluation import kmeans as kmeans_module
 
     assert kmeans_module._block_rows(20_000, 5, None) == 20_000
-    assert kmeans_module._block_rows(20_000, 1_000, None) == 2**21 // 1_000
+    assert kmeans_module._block_rows(20_000, 1_000, None) == min(
+        20_000, kmeans_module.assign_scores() // 1_000
+    )
     assert kmeans_module._block_rows(20_000, 50_000, None) == kmeans_module.MIN_BLOCK_ROWS
     assert kmeans_module._block_rows(20_000, 5, 7) == 7
     x = np.random.default_rng(4).normal(size=(60, 3)).astype(np.float32)

@@ -14,6 +14,8 @@ from jdml.errors import ConfigError
 from jdml.evaluation import kmeans as km
 from jdml.nn import native
 
+pytestmark = pytest.mark.cpu  # the CPU backend's native kernels
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _library() -> None:
@@ -145,6 +147,7 @@ def test_a_nan_point_is_assigned_out_of_range_as_in_xla() -> None:
     np.testing.assert_array_equal(np.delete(got, 3), np.delete(want, 3))
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("init", km.KMEANS_MODES)
 def test_every_mode_is_the_same_with_the_native_assignment(
     monkeypatch: pytest.MonkeyPatch, init: str

@@ -18,6 +18,8 @@ from jdml.evaluation import knn as knn_module
 from jdml.evaluation.knn import knn
 from jdml.nn import native
 
+pytestmark = pytest.mark.cpu  # the CPU backend's native kernels
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _library() -> None:
@@ -76,6 +78,7 @@ def integer_problem(rng: np.random.Generator, n: int, refs: int, dim: int, grid:
     return queries, references, bias, queries @ references.T + bias
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize(
     ("n", "refs", "dim", "k", "grid"),
     [
