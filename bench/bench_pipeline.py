@@ -1,31 +1,46 @@
-"""Images/s of jdml's training input pipeline on real JPEG photos, next to a torchvision DataLoader.
+"""Images/s of jdml's training input pipeline next to the train step's, for the glyph default and
+the ImageNet preset, and next to a torchvision DataLoader.
 
-Both sides decode the same JPEG files with Pillow and apply RandomResizedCrop(224) + horizontal
-flip: jdml through ``read_benchmark("cub200")`` -> class_random sampler -> ``TrainBatch`` with the
-``base`` augmentation -> ``train_batches`` (grain reader threads); torchvision through a
-``Dataset`` (PIL ``open(...).convert("RGB")``) with ``RandomResizedCrop(224) +
-RandomHorizontalFlip() + ToTensor()`` and a ``DataLoader(shuffle=True, drop_last=True)``. There is
-no Normalize: jdml normalises on the device, so both sides end with float tensors in [0, 1].
+Two workloads, each timed per core and as the pipeline the trainer runs:
 
-Like is compared with like: jdml with 1 reader thread against torchvision with 0 workers (in
-process, torch limited to one intra-op thread, as in DataLoader workers), jdml with
-``--threads`` against torchvision with ``--workers``, and jdml with ``--processes`` worker
-processes (``data.num_workers``, one thread each) against as many DataLoader workers. Rounds
-alternate (jdml, torchvision, jdml, ...) and the table shows the medians. The photos are a
-CUB_200_2011-layout tree of JPEGs (quality 90) of typical CUB sizes, cut from scikit-image's
-sample photos with a fixed seed; it is built under ``--root`` when absent and reused when
-present.
+* **glyph default**: 32 px grayscale images in memory (the glyph default's shapes; the timing does
+  not depend on the pixel values, so they are synthetic), ``class_random`` SPC-2 batches of 112,
+  the ``affine`` augmentation. Per core, the batched augmentation (every row's generator drawn
+  at once, one warp of the batch) is shown next to one call per image (the way batches were built
+  before; the same pixels).
+* **ImageNet preset**: ResNet-50's input at 224 px, the ``base`` augmentation
+  (RandomResizedCrop(224) + flip) on CUB-like JPEGs (a CUB_200_2011-layout tree cut from
+  scikit-image's sample photos, built under ``--root`` when absent), once decoding every JPEG at
+  every draw and once from the decode cache (``data.decode_cache``, short side 256).
 
-torch is not needed in jdml's environment: the torchvision side runs in a separate interpreter
-(``--torch-python``) on a small script written to a temp file. Run on a quiet machine:
+"Per core" is images per CPU-second of one thread building batches (``TrainBatch`` called in
+this process; on a quiet machine, images/s of one core). "Pipeline" is ``train_batches`` with the
+sizes the trainer resolves for this host and backend (``jdml.data.pipeline.
+resolve_pipeline_sizes``), or ``--threads`` / ``--processes``. On a CPU host the script also
+prints the projection to a 16-core accelerator host: the per-core rate times the cores the
+automatic sizes give the pipeline there (14), assuming cores as fast as these and linear scaling:
+a projection, not a measurement. Each pipeline figure is compared with the train step's images/s
+on a GPU, which this script does not measure: ``--step-ips NAME=VALUE`` (glyphs, resnet50_fp32,
+resnet50_bf16) gives them, by default the figures measured on an H200. The targets: the glyph
+pipeline above the glyph step's rate, the ImageNet pipeline at least 1.3x the bf16 ResNet-50 step.
 
-    python bench/bench_pipeline.py
-    python bench/bench_pipeline.py --photos 40 --batches 2 --batch-size 16 --warmup 1 --rounds 1
+``--torch-python`` (an interpreter with torch and torchvision; skipped when absent) adds the
+torchvision comparison on the same JPEGs: jdml with 1 reader thread against a DataLoader with 0
+workers (torch limited to one intra-op thread, as in DataLoader workers), jdml with
+``--compare-threads`` against ``--compare-workers`` workers, and jdml with as many worker
+processes (1 thread each) as DataLoader workers; both decode with Pillow and apply
+RandomResizedCrop(224) + flip, and end with float tensors in [0, 1] (jdml normalises on the
+device). Rounds alternate and the table shows the medians.
+
+    python bench/bench_pipeline.py                 # a few minutes
+    python bench/bench_pipeline.py --quick         # under a minute (e.g. on a 16-core GPU host)
+    python bench/bench_pipeline.py --quick --threads 14 --processes 7
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -33,15 +48,27 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import jax
 import numpy as np
 import skimage
 from PIL import Image
 
+from jdml.data.arrays import ImageArrays
+from jdml.data.augment import affine_augment
 from jdml.data.benchmarks import FileList, read_benchmark
+from jdml.data.benchmarks.decode_cache import open_cache
 from jdml.data.photo_augment import base_augment
-from jdml.data.pipeline import TrainBatch, train_batches
+from jdml.data.pipeline import (
+    AUTO,
+    PipelineSizes,
+    TrainBatch,
+    host_cores,
+    resolve_pipeline_sizes,
+    train_batches,
+)
 from jdml.samplers import SAMPLERS
 
 SOURCES = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png")
@@ -154,31 +181,230 @@ def describe(files: FileList) -> str:
     )
 
 
+#: The train step's images/s on a GPU (ResNet-50 at 224 px, batch 112; the glyph default), as
+#: measured on an H200 with jdml (platform notes); ``--step-ips`` replaces them.
+H200_STEP_IPS = {"glyphs": 66_500.0, "resnet50_fp32": 3_952.0, "resnet50_bf16": 6_838.0}
+#: jdml's pipeline on that H200's 16-core host, base augmentation decoding the JPEGs each draw.
+H200_PIPELINE = "8 threads: 2,016 img/s; 8 worker processes of 2 threads: 8,585 img/s"
+H200_JPEG_IPS, H200_JPEG_THREADS = 8_585.0, 16
+#: The projection's host: its cores, and the accelerator backend that sizes the pipeline there.
+PROJECTED_CORES = 16
+#: The ImageNet pipeline must deliver at least this multiple of the bf16 step's images/s.
+PHOTO_MARGIN = 1.3
+GLYPH_SIZE, GLYPH_IMAGES, GLYPH_CLASSES, BATCH = 32, 25_000, 1_250, 112
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One pipeline to time: its batch maker, and whether its photos are decoded per batch."""
+
+    name: str
+    make_batch: TrainBatch
+    decodes: bool
+
+
+def step_rates(items: list[str]) -> tuple[dict[str, float], str]:
+    """The step's images/s by name: the H200 figures with ``--step-ips NAME=VALUE`` applied, and
+    where they come from."""
+    rates, given = dict(H200_STEP_IPS), []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in rates:
+            sys.exit(f"error: --step-ips {item!r}: expected NAME=VALUE, NAME one of {list(rates)}")
+        rates[name] = float(value)
+        given.append(name)
+    where = "measured on an H200 (platform notes)"
+    if given:
+        where = f"{', '.join(given)} as given with --step-ips, the rest {where}"
+    return rates, where
+
+
+def glyph_workload(seed: int = 0) -> Workload:
+    """The glyph default's training batches on glyph-shaped images in memory."""
+    rng = np.random.default_rng(seed)
+    shape = (GLYPH_IMAGES, GLYPH_SIZE, GLYPH_SIZE, 1)
+    data = ImageArrays(
+        images=rng.integers(0, 256, shape, dtype=np.uint8),
+        labels=np.arange(GLYPH_IMAGES, dtype=np.int32) % GLYPH_CLASSES,
+        class_names=tuple(str(c) for c in range(GLYPH_CLASSES)),
+    )
+    sampler = SAMPLERS.get("class_random")(
+        data.labels, batch_size=BATCH, samples_per_class=2, seed=seed
+    )
+    batch = TrainBatch(data=data, sampler=sampler, augment=affine_augment, seed=seed)
+    return Workload("glyph default, in memory", batch, decodes=False)
+
+
+def _one_call_per_image(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """affine_augment under another name: the pipeline calls it once per image (as before)."""
+    return affine_augment(images, rng)
+
+
+def photo_workloads(files: FileList, cache: FileList, seed: int = 0) -> list[Workload]:
+    """The ImageNet preset's batches: JPEGs decoded at every draw, and from the decode cache."""
+    sampler = SAMPLERS.get("class_random")(
+        files.labels, batch_size=BATCH, samples_per_class=2, seed=seed
+    )
+    batch = TrainBatch(data=files, sampler=sampler, augment=base_augment, seed=seed)
+    return [
+        Workload("ImageNet preset, JPEG decoded per draw", batch, decodes=True),
+        Workload(
+            "ImageNet preset, decode cache",
+            dataclasses.replace(batch, data=cache),
+            decodes=False,
+        ),
+    ]
+
+
+def per_core_rate(make_batch: TrainBatch, seconds: float, rounds: int) -> tuple[float, float]:
+    """Images per CPU-second and per wall second of ``make_batch`` called in this thread: the
+    median of ``rounds`` rounds of at least ``seconds`` each, after one warm-up batch."""
+    make_batch(0)
+    steps: Iterator[int] = iter(range(1, 10**9))
+    cpu_rates, wall_rates = [], []
+    for _ in range(rounds):
+        images, cpu, wall = 0, time.thread_time(), time.perf_counter()
+        while time.perf_counter() - wall < seconds or images == 0:
+            images += len(make_batch(next(steps))["labels"])
+        cpu_rates.append(images / max(time.thread_time() - cpu, 1e-9))
+        wall_rates.append(images / (time.perf_counter() - wall))
+    return statistics.median(cpu_rates), statistics.median(wall_rates)
+
+
+def pipeline_rate(
+    make_batch: TrainBatch, sizes: PipelineSizes, batches: int, prefetch: int
+) -> tuple[float, float]:
+    """Images/s of ``train_batches`` with ``sizes`` over ``batches`` batches after 2 warm-up
+    batches, and the seconds to the first batch (the worker processes' start-up included)."""
+    start = time.perf_counter()
+    iterator = train_batches(
+        make_batch,
+        start_step=0,
+        total_steps=batches + 2,
+        num_threads=sizes.threads,
+        prefetch=prefetch,
+        num_workers=sizes.workers,
+    )
+    next(iterator)
+    first = time.perf_counter() - start
+    next(iterator)
+    begin, images = time.perf_counter(), 0
+    for batch in iterator:
+        images += len(batch["labels"])
+    return images / (time.perf_counter() - begin), first
+
+
+def sizes_here(args: argparse.Namespace, decodes: bool) -> PipelineSizes:
+    """The pipeline's sizes on this host: ``--threads`` / ``--processes`` where given, the rest
+    as the trainer resolves them (``data.num_threads`` / ``data.num_workers`` = -1)."""
+    return resolve_pipeline_sizes(
+        args.threads,
+        args.processes,
+        backend=jax.default_backend(),
+        cores=host_cores(),
+        decodes=decodes,
+    )
+
+
+def report(
+    work: Workload,
+    args: argparse.Namespace,
+    step: dict[str, float],
+    step_names: tuple[str, ...],
+    target: tuple[str, float],
+    *,
+    seconds: float,
+    speed: float = 0.0,
+) -> float:
+    """Times one workload per core and as a pipeline, prints it against the step, and returns
+    the per-core rate. ``speed``: how much faster the H200 host's cores build photo batches
+    (0: unknown), for a second projection."""
+    cpu, wall = per_core_rate(work.make_batch, seconds, args.rounds)
+    print(f"  per core: {cpu:,.0f} img per CPU-second ({wall:,.0f} img/s of wall time)")
+    sizes = sizes_here(args, work.decodes)
+    rate, first = pipeline_rate(work.make_batch, sizes, args.batches, args.prefetch)
+    print(f"  pipeline on this host, {sizes.describe()}:")
+    print(f"    {rate:,.0f} img/s (first batch after {first:.1f} s)")
+    rates = [("this host", rate)]
+    if jax.default_backend() == "cpu":
+        there = resolve_pipeline_sizes(
+            AUTO, AUTO, backend="gpu", cores=PROJECTED_CORES, decodes=work.decodes
+        )
+        cores = there.threads * max(1, there.workers)
+        projected = cpu * cores
+        print(
+            f"  projection to a {PROJECTED_CORES}-core GPU host (a projection, not a measurement:"
+            f" {cpu:,.0f} img/s per core x {cores} pipeline cores, {there.describe()}): "
+            f"{projected:,.0f} img/s"
+        )
+        rates.append((f"projected, {PROJECTED_CORES} cores", projected))
+        if speed:
+            print(
+                f"  the same with the H200 host's cores ({speed:.1f}x these, from its measured "
+                f"JPEG rate): {projected * speed:,.0f} img/s (a projection)"
+            )
+            rates.append(("projected with the H200 host's cores", projected * speed))
+    name, needed = target
+    for label, value in rates:
+        versus = ", ".join(f"{value / step[n]:.2f}x the {n} step" for n in step_names)
+        verdict = "meets" if value >= needed else "misses"
+        print(f"  {label}: {versus}; {verdict} the target ({name}: {needed:,.0f} img/s)")
+    return cpu
+
+
+def glyph_section(args: argparse.Namespace, step: dict[str, float]) -> None:
+    work = glyph_workload()
+    print(
+        f"\n== glyph default: {GLYPH_SIZE} px images in memory ({GLYPH_IMAGES:,}), batch {BATCH}"
+        f" SPC-2, affine augmentation; step {step['glyphs']:,.0f} img/s =="
+    )
+    before = dataclasses.replace(work.make_batch, augment=_one_call_per_image)
+    cpu, _ = per_core_rate(before, args.seconds, args.rounds)
+    print(f"  per core, one generator and one warp per image (before): {cpu:,.0f} img/CPU-s")
+    report(work, args, step, ("glyphs",), ("above the step", step["glyphs"]), seconds=args.seconds)
+
+
+def photo_section(args: argparse.Namespace, step: dict[str, float], files: FileList) -> None:
+    with tempfile.TemporaryDirectory(prefix="jdml-decode-cache-") as folder:
+        photo_rates(args, step, files, folder)
+
+
+def photo_rates(
+    args: argparse.Namespace, step: dict[str, float], files: FileList, cache_folder: str
+) -> None:
+    begin = time.perf_counter()
+    cache = open_cache(files, 256, cache_folder, threads=host_cores())
+    built = time.perf_counter() - begin
+    size = os.path.getsize(cache.file) / 2**20
+    print(
+        f"\n== ImageNet preset: ResNet-50 at 224 px, batch {BATCH} SPC-2, base augmentation; "
+        f"step {step['resnet50_fp32']:,.0f} img/s (fp32), {step['resnet50_bf16']:,.0f} (bf16) =="
+    )
+    print(
+        f"  decode cache: {len(files)} photos decoded at short side 256 in {built:.1f} s "
+        f"with {host_cores()} threads ({size:,.0f} MiB)"
+    )
+    print(f"  jdml on the H200's 16-core host, JPEG decoded per draw: {H200_PIPELINE}")
+    target = (f"{PHOTO_MARGIN}x bf16", PHOTO_MARGIN * step["resnet50_bf16"])
+    names, speed = ("resnet50_fp32", "resnet50_bf16"), 0.0
+    for work in photo_workloads(files, cache):
+        print(f" {work.name}:")
+        cpu = report(work, args, step, names, target, seconds=args.seconds, speed=speed)
+        if work.decodes:  # the H200 host's measurement is of this workload
+            speed = H200_JPEG_IPS / (H200_JPEG_THREADS * cpu)
+
+
 def jdml_rate(
     files: FileList, args: argparse.Namespace, threads: int, seed: int, processes: int = 0
 ) -> float:
     """Images/s of ``train_batches`` with ``threads`` reader threads (in each of ``processes``
     worker processes, if any), after the warm-up (which includes starting the workers)."""
     sampler = SAMPLERS.get("class_random")(
-        files.labels, batch_size=args.batch_size, samples_per_class=2, seed=seed
+        files.labels, batch_size=BATCH, samples_per_class=2, seed=seed
     )
     make_batch = TrainBatch(data=files, sampler=sampler, augment=base_augment, seed=seed)
-    batches = train_batches(
-        make_batch,
-        start_step=0,
-        total_steps=args.warmup + args.batches,
-        num_threads=threads,
-        prefetch=args.prefetch,
-        num_workers=processes,
-    )
-    for _ in range(args.warmup):
-        next(batches)
-    start = time.perf_counter()
-    for _ in range(args.batches):
-        batch = next(batches)
-    elapsed = time.perf_counter() - start
-    assert batch["images"].shape == (args.batch_size, 224, 224, 3)
-    return args.batch_size * args.batches / elapsed
+    sizes = PipelineSizes(threads, processes, "as set")
+    return pipeline_rate(make_batch, sizes, args.batches, args.prefetch)[0]
 
 
 def torch_rates(args: argparse.Namespace, script: Path, spec: Path) -> dict[int, float]:
@@ -191,66 +417,34 @@ def torch_rates(args: argparse.Namespace, script: Path, spec: Path) -> dict[int,
     return {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_root = Path(tempfile.gettempdir()) / "jdml-bench-pipeline"
-    parser.add_argument("--root", type=Path, help=f"photo tree (default {default_root}-N)")
-    parser.add_argument("--photos", type=int, default=1200, help="photos of a new tree")
-    parser.add_argument("--classes", type=int, default=40, help="classes of a new tree")
-    parser.add_argument("--batches", type=int, default=30, help="timed batches per run")
-    parser.add_argument("--batch-size", type=int, default=112)
-    parser.add_argument("--warmup", type=int, default=3, help="untimed batches first")
-    parser.add_argument("--threads", type=int, default=2, help="jdml reader threads")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
-    parser.add_argument(
-        "--processes", type=int, default=2, help="jdml worker processes (1 thread each; 0: none)"
-    )
-    parser.add_argument("--prefetch", type=int, default=4, help="jdml batches ahead")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--torch-python", default="/work/refenv/bin/python")
-    args = parser.parse_args()
-
-    root = args.root or Path(f"{default_root}-{args.photos}")
-    if not (root / "CUB_200_2011" / "images.txt").is_file():
-        print(f"writing {args.photos} photos to {root} ...", flush=True)
-        build_tree(root, args.photos, args.classes)
-    files = read_benchmark("cub200", str(root), verify_counts=False)["train"]
-    print(describe(files), f"under {root}", flush=True)
-
-    threads = sorted({1, args.threads})
-    workers = sorted({0, args.workers})
-    have_torch = Path(args.torch_python).is_file()
-    if not have_torch:
-        print(f"torchvision comparison skipped: no interpreter at {args.torch_python}")
-
+def torch_section(args: argparse.Namespace, files: FileList) -> None:
+    """jdml against a torchvision DataLoader on the same JPEGs, alternating rounds."""
+    threads = sorted({1, args.compare_threads})
+    workers = sorted({0, args.compare_workers})
+    processes = args.compare_workers
     results: dict[str, list[float]] = {}
+    print("\n== torchvision comparison (same JPEGs, decoded per draw) ==")
     with tempfile.TemporaryDirectory() as tmp:
         script, spec = Path(tmp) / "torch_side.py", Path(tmp) / "spec.json"
         script.write_text(TORCH_SCRIPT)
         shared = {"paths": list(files.paths), "labels": files.labels.tolist(), "workers": workers}
-        shared |= {k: getattr(args, k) for k in ("batch_size", "warmup", "batches")}
+        shared |= {"batch_size": BATCH, "warmup": 2, "batches": args.batches}
         for r in range(args.rounds):
             for t in threads:
-                rate = jdml_rate(files, args, t, seed=r)
-                results.setdefault(f"jdml|{t}", []).append(rate)
-                print(f"round {r + 1}: jdml, {t} thread(s): {rate:.1f} images/s", flush=True)
-            if args.processes:
-                rate = jdml_rate(files, args, 1, seed=r, processes=args.processes)
-                results.setdefault(f"jdmlp|{args.processes}", []).append(rate)
-                print(f"round {r + 1}: jdml, {args.processes} processes: {rate:.1f} images/s")
-            if have_torch:
-                spec.write_text(json.dumps({**shared, "seed": r}))
-                for w, rate in torch_rates(args, script, spec).items():
-                    results.setdefault(f"torch|{w}", []).append(rate)
-                    print(f"round {r + 1}: torchvision, {w} workers: {rate:.1f} images/s")
-
+                results.setdefault(f"jdml|{t}", []).append(jdml_rate(files, args, t, seed=r))
+            if processes:
+                rate = jdml_rate(files, args, 1, seed=r, processes=processes)
+                results.setdefault(f"jdmlp|{processes}", []).append(rate)
+            spec.write_text(json.dumps({**shared, "seed": r}))
+            for w, rate in torch_rates(args, script, spec).items():
+                results.setdefault(f"torch|{w}", []).append(rate)
     median = {k: statistics.median(v) for k, v in results.items()}
-    print(f"\nmedians of {args.rounds} rounds, {args.batches} batches of {args.batch_size}")
-    print(f"{'configuration':<26}{'images/s':>10}  vs torchvision, same parallelism")
-    rows = [(f"jdml|{t}", f"torch|{0 if t == 1 else args.workers}") for t in threads]
-    if args.processes:
-        rows.append((f"jdmlp|{args.processes}", f"torch|{args.processes}"))
-    rows += [(f"torch|{w}", "") for w in workers if have_torch]
+    print(f"  medians of {args.rounds} rounds, {args.batches} batches of {BATCH}")
+    print(f"  {'configuration':<26}{'images/s':>10}  vs torchvision, same parallelism")
+    rows = [(f"jdml|{t}", f"torch|{0 if t == 1 else args.compare_workers}") for t in threads]
+    if processes:
+        rows.append((f"jdmlp|{processes}", f"torch|{processes}"))
+    rows += [(f"torch|{w}", "") for w in workers]
     for key, ref in rows:
         side, n = key.split("|")
         name = {
@@ -258,11 +452,68 @@ def main() -> None:
             "jdmlp": f"jdml, {n} processes",
             "torch": f"torchvision, {n} workers",
         }[side]
+        versus = "reference"
         if ref in median:
             versus = f"{median[key] / median[ref]:.2f}x (vs {ref.split('|')[1]} workers)"
+        print(f"  {name:<26}{median[key]:>10.1f}  {versus}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default_root = Path(tempfile.gettempdir()) / "jdml-bench-pipeline"
+    parser.add_argument("--quick", action="store_true", help="small sizes: under a minute")
+    parser.add_argument("--sections", default="glyphs,imagenet", help="glyphs, imagenet")
+    parser.add_argument("--root", type=Path, help=f"photo tree (default {default_root}-N)")
+    parser.add_argument("--photos", type=int, help="photos of a new tree (default 1200; 240)")
+    parser.add_argument("--classes", type=int, default=40, help="classes of a new tree")
+    parser.add_argument("--batches", type=int, help="timed pipeline batches (default 30; 8)")
+    parser.add_argument("--seconds", type=float, help="per-core round length (default 3; 1)")
+    parser.add_argument("--rounds", type=int, help="rounds (default 3; 1)")
+    parser.add_argument("--threads", type=int, default=AUTO, help="reader threads (-1: auto)")
+    parser.add_argument(
+        "--processes", type=int, default=AUTO, help="worker processes (0: none; -1: auto)"
+    )
+    parser.add_argument("--prefetch", type=int, default=4, help="batches ahead")
+    parser.add_argument(
+        "--step-ips",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help=f"the step's images/s on the accelerator, NAME in {', '.join(H200_STEP_IPS)}",
+    )
+    parser.add_argument("--torch-python", default="/work/refenv/bin/python")
+    parser.add_argument("--compare-threads", type=int, default=2, help="torchvision comparison")
+    parser.add_argument("--compare-workers", type=int, default=2, help="torchvision comparison")
+    args = parser.parse_args()
+    quick = args.quick
+    args.photos = args.photos or (240 if quick else 1200)
+    args.batches = args.batches or (8 if quick else 30)
+    args.seconds = args.seconds or (1.0 if quick else 3.0)
+    args.rounds = args.rounds or (1 if quick else 3)
+    sections = set(args.sections.split(","))
+
+    step, where = step_rates(args.step_ips)
+    affinity = "os.sched_getaffinity" if hasattr(os, "sched_getaffinity") else "os.cpu_count"
+    print(
+        f"host: {host_cores()} cores for this process ({affinity}; {os.cpu_count()} in the "
+        f"machine), JAX backend {jax.default_backend()}"
+    )
+    print(f"step images/s {where}: " + ", ".join(f"{k} {v:,.0f}" for k, v in step.items()))
+    if "glyphs" in sections:
+        glyph_section(args, step)
+    if "imagenet" in sections:
+        root = args.root or Path(f"{default_root}-{args.photos}")
+        if not (root / "CUB_200_2011" / "images.txt").is_file():
+            print(f"writing {args.photos} photos to {root} ...", flush=True)
+            build_tree(root, args.photos, args.classes)
+        files = read_benchmark("cub200", str(root), verify_counts=False)["train"]
+        print(f"\n{describe(files)} under {root}")
+        photo_section(args, step, files)
+        if Path(args.torch_python).is_file() and not quick:
+            torch_section(args, files)
         else:
-            versus = "reference" if side == "torch" else "n/a"
-        print(f"{name:<26}{median[key]:>10.1f}  {versus}")
+            reason = "--quick" if quick else f"no interpreter at {args.torch_python}"
+            print(f"\ntorchvision comparison skipped ({reason})")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ IMAGENET_PROTOCOL: dict[str, object] = {
     "data.resize": 256,
     "data.augment": "base",
     "data.normalization": "backbone",
-    "data.num_threads": 8,
     "model.backbone": "resnet50",
     "model.frozen_bn": True,
     "model.pretrained": "required",

@@ -35,7 +35,7 @@ from jdml.config import (
 )
 from jdml.config.validation import profile_range
 from jdml.data.arrays import ImageSet
-from jdml.data.pipeline import train_batches
+from jdml.data.pipeline import input_pipeline, train_batches
 from jdml.distributed import barrier, is_main_process
 from jdml.errors import ConfigError, NonFiniteLossError
 from jdml.evaluation.embeddings import format_table
@@ -355,18 +355,21 @@ def _previous_compiles(workdir: str) -> int:
     return value if isinstance(value, int) else 0
 
 
-def _epoch_batches(run: Run, state: TrainState, epoch: int, first_step: int):
-    """The batch iterator of one epoch (from ``first_step`` on) and the possibly updated state."""
+def _epoch_batches(run: Run, state: TrainState, epoch: int, first_step: int, first: bool):
+    """The batch iterator of one epoch (from ``first_step`` on) and the possibly updated state;
+    the ``first`` epoch of this process logs the pipeline's sizes."""
     spe = run.steps_per_epoch
     sampler, sampler_state = epoch_sampler(run.sampler, state.sampler_state, epoch, spe)
-    make_batch = run.batch_maker(sampler)
+    make_batch, sizes = input_pipeline(run.batch_maker(sampler), run.config.data)
+    if first:
+        log.info("Input pipeline: %s", sizes.describe())
     batches = train_batches(
         make_batch,
         start_step=first_step,
         total_steps=(epoch + 1) * spe,
-        num_threads=run.config.data.num_threads,
+        num_threads=sizes.threads,
         prefetch=run.config.data.prefetch,
-        num_workers=run.config.data.num_workers,
+        num_workers=sizes.workers,
     )
     return batches, state.replace(sampler_state=sampler_state)
 
@@ -405,7 +408,8 @@ class _Loop:
         self.tick, self.tick_step = time.perf_counter(), start
         step = start
         for epoch in range(start // spe, tc.epochs):
-            batches, state = _epoch_batches(self.run, state, epoch, max(start, epoch * spe))
+            first_step = max(start, epoch * spe)
+            batches, state = _epoch_batches(self.run, state, epoch, first_step, first_step == start)
             for batch in batches:
                 self._profile(state, step)
                 state, metrics = self.train_step(state, batch)

@@ -118,7 +118,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.tfds_image_key = "image"
     c.data.tfds_label_key = "label"
     c.data.tfds_splits = ""
-    c.data.cache_dir = ""  # glyph cache (default: $JDML_CACHE/glyphs or ~/.cache/jdml/glyphs)
+    # Where built data are cached: the glyph renders (default $JDML_CACHE/glyphs or
+    # ~/.cache/jdml/glyphs) and the decode cache of photos (default $JDML_CACHE/decoded).
+    c.data.cache_dir = ""
     c.data.image_size = 32  # photo datasets: the crop size (224)
     c.data.resize = 256  # photo datasets: short side before the evaluation's centre crop
     c.data.verify_counts = True  # benchmarks: check the image and class counts of the copy
@@ -132,9 +134,21 @@ def base_config() -> ml_collections.ConfigDict:
     # "mean_std": (x - data.mean) / data.std on [0, 1] pixels; "backbone": the per-channel
     # constants the backbone's pretrained weights expect (ImageNet's for resnet50, ...).
     c.data.normalization = "mean_std"
-    c.data.num_threads = 2  # grain reader threads
+    # The input pipeline: grain reader threads (of each worker process, with num_workers) and
+    # worker processes building batches (0: threads in this process). -1 sizes them from the
+    # host: on the CPU backend 2 threads and no worker process (the cores run the step too);
+    # with an accelerator every core but 2, as threads for in-memory images and as worker
+    # processes of 2 threads for photos decoded per batch (jdml.data.pipeline.
+    # resolve_pipeline_sizes). A value set here always wins.
+    c.data.num_threads = -1
     c.data.prefetch = 4  # batches prepared ahead
-    c.data.num_workers = 0  # worker processes building batches (0: threads in this process)
+    c.data.num_workers = -1
+    # Benchmarks read from files: decode every photo once into a cache with its short side at
+    # data.resize (in data.cache_dir), instead of decoding the JPEG at every draw (the reference
+    # code's way, the default). The evaluation view and "red" crops are unchanged; the
+    # RandomResizedCrop augmentations read their crops from the smaller photo (see
+    # jdml.data.benchmarks.decode_cache).
+    c.data.decode_cache = False
 
     c.model = ml_collections.ConfigDict()
     c.model.backbone = "small_resnet"

@@ -19,6 +19,8 @@ _COUNT = COUNT
 _NON_NEGATIVE_INT = Range(0, integer=True)
 _NON_NEGATIVE = NON_NEGATIVE
 _POSITIVE = POSITIVE
+#: A size of the input pipeline: -1 (from the host's cores) or a count (threads: at least 1).
+AUTO_SIZE = Range(-1, integer=True)
 
 #: The numeric keys of the base config and the values each accepts (sequences: every element).
 NUMERIC_KEYS: dict[str, Range] = {
@@ -30,9 +32,9 @@ NUMERIC_KEYS: dict[str, Range] = {
     "data.split_seed": _NON_NEGATIVE_INT,
     "data.mean": Range(),
     "data.std": _POSITIVE,
-    "data.num_threads": _COUNT,
+    "data.num_threads": AUTO_SIZE,
     "data.prefetch": _COUNT,
-    "data.num_workers": _NON_NEGATIVE_INT,
+    "data.num_workers": AUTO_SIZE,
     "model.stem_features": _COUNT,
     "model.stem_strides": _COUNT,
     "model.stage_features": _COUNT,
@@ -248,6 +250,21 @@ def _validate_source(data: ml_collections.ConfigDict) -> None:
         )
 
 
+def _validate_pipeline(data: ml_collections.ConfigDict) -> None:
+    """The input pipeline's keys: a thread count of 0 (the range allows -1 for "auto"), and the
+    decode cache, which caches photos read from files."""
+    if data.num_threads == 0:
+        raise ConfigError(
+            "data.num_threads=0: set at least 1 reader thread, or -1 to size the pipeline from "
+            "the host's cores (--config.data.num_threads=-1)"
+        )
+    if data.decode_cache and data.source != "files":
+        raise ConfigError(
+            f"data.decode_cache=True caches photos read from files, not data.source="
+            f"{data.source}; set --config.data.decode_cache=False or --config.data.source=files"
+        )
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
     """Checks the combination of choices before anything runs; raises ``ConfigError``."""
     from jdml.data.augment import AUGMENTATIONS
@@ -283,6 +300,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _validate_source(c.data)
     check_sections("", c.loss, c.miner)  # the main term's loss and miner
     _validate_numbers(c)
+    _validate_pipeline(c.data)
     bs, spc = c.train.batch_size, c.sampler.samples_per_class
     if bs % spc:
         raise ConfigError(

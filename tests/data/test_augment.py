@@ -98,3 +98,63 @@ def test_augmentations_carry_their_photo_flag_and_config_keywords() -> None:
     assert make_augmentation(cfg).keywords == {"size": 8}
     cfg.augment = "affine"
     assert make_augmentation(cfg) is affine_augment
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [(0, 0, 1, 0), (3, 17, 2, 1), (2**32 + 5, 2**40, 4, 0), (123456789, 99999, 1, 3)],
+)
+def test_row_uniforms_equal_each_rows_generator(prefix):
+    """The per-row generators written out over arrays draw what ``row_rng`` draws, bit for bit
+    (also with words above 32 bits, and for rows past 2^32, which fall back to the generators)."""
+    from jdml.data.pipeline import row_rng, row_uniforms
+
+    rows = np.array([0, 1, 2, 57, 111, 4095, 2**31])
+    got = row_uniforms(*prefix, rows, 5)
+    want = np.stack([row_rng(*prefix, int(r)).random(5) for r in rows])
+    np.testing.assert_array_equal(got, want)
+    assert row_uniforms(*prefix, np.array([2**32, 3]), 2).shape == (2, 2)
+    assert row_uniforms(*prefix, np.array([], np.int64), 3).shape == (0, 3)
+
+
+def test_uniform_draws_are_numpy_uniforms():
+    """``rng.uniform(low, high)`` is ``low + (high - low) * rng.random()``: what the per-row
+    form of an augmentation relies on."""
+    from jdml.data.augment import _uniform
+
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    for low, high in ((0.85, 1.15), (-8.0, 8.0), (-0.1, 0.1)):
+        np.testing.assert_array_equal(
+            a.uniform(low, high, 1000), _uniform(low, high, b.random(1000))
+        )
+
+
+@pytest.mark.parametrize("name", ["affine", "none"])
+@pytest.mark.parametrize("shape", [(37, 32, 32, 1), (9, 20, 24, 3)])
+def test_per_row_form_equals_one_call_per_image(name, shape):
+    """The pipeline's batched form of an augmentation gives the pixels of one call per image,
+    each with its own generator, bit for bit."""
+    from jdml.data.augment import PER_ROW_DRAWS
+    from jdml.data.pipeline import row_rng, row_uniforms
+
+    augment = AUGMENTATIONS.get(name)
+    count, apply = PER_ROW_DRAWS[augment]
+    img = np.random.default_rng(2).integers(0, 256, shape, dtype=np.uint8)
+    for step in (0, 13):
+        rows = np.arange(4, 4 + shape[0])
+        got = apply(img, row_uniforms(7, step, 1, 0, rows, count))
+        want = [augment(img[i : i + 1], row_rng(7, step, 1, 0, int(r))) for i, r in enumerate(rows)]
+        np.testing.assert_array_equal(got, np.concatenate(want))
+        assert got.dtype == np.float32
+
+
+def test_warp_in_pieces_equals_one_pass(monkeypatch):
+    """Large batches are warped in cache-sized pieces; the pixels are those of one pass."""
+    import jdml.data.augment as augment
+
+    rng = np.random.default_rng(8)
+    img = rng.integers(0, 256, (21, 16, 16, 2), dtype=np.uint8)
+    mats, shifts = random_affine_params(rng, 21)
+    pieces = warp_affine(img, mats, shifts)
+    monkeypatch.setattr(augment, "_WARP_PIXELS", 10**9)
+    np.testing.assert_array_equal(pieces, warp_affine(img, mats, shifts))

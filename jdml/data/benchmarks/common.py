@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -47,6 +47,9 @@ class Photos:
     source: str = ""
     resize: int = 256
     crop: int = 224
+    #: Whether reading a photo decodes an encoded image (the input pipeline then sizes itself
+    #: for decoding: ``jdml.data.pipeline.resolve_pipeline_sizes``).
+    decodes: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.labels.shape != (self.count(),) or self.labels.dtype != np.int32:
