@@ -365,7 +365,8 @@ def first_call(
 
 def eval_section(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     """Times the evaluator at SOP's size against PyTorch (and faiss-gpu); on a GPU the first
-    call also without XLA's autotuning, which compiles and times candidate kernels."""
+    call also without XLA's autotuning (which compiles and times candidate kernels) and with
+    cuBLAS instead of Triton for the products."""
     from jdml.evaluation.embeddings import evaluate_embeddings
     from jdml.evaluation.kmeans import kmeans
 
@@ -386,6 +387,7 @@ def eval_section(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     variants = {"default": ""}
     if jax.devices()[0].platform == "gpu":
         variants["no autotuning"] = "--xla_gpu_autotune_level=0"
+        variants["cuBLAS products"] = "--xla_gpu_enable_triton_gemm=false"
     record["first_call_s"] = {}
     for name, flags in variants.items():
         first, second = first_call(path, list(RETRIEVAL), xla_flags=flags)
