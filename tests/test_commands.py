@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import REPO, TINY_FLAGS, make_npz
 
 
@@ -24,6 +26,7 @@ def _jdml(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.smoke
 def test_jdml_train_then_eval_from_any_folder(tmp_path: Path) -> None:
     npz = make_npz(str(tmp_path / "tiny.npz"))
     elsewhere = tmp_path / "elsewhere"

@@ -197,6 +197,7 @@ def test_cohort_ensemble_is_the_members_concatenation(npz, tmp_path):
         index.search(ensemble.embed(images[:1]), fingerprint=ensemble.fingerprint)
 
 
+@pytest.mark.smoke
 def test_export_runs_with_only_jax_and_numpy(model, run_dir, test_split, tmp_path, capsys):
     """``jdml export``: the serialized embedding function reproduces ``jdml.load(...).embed``
     on the test split to 1e-6, for any batch size, in a process that imports only jax and

@@ -20,6 +20,7 @@ def _example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+@pytest.mark.smoke
 def test_the_readme_example_trains_a_user_model(capsys):
     namespace: dict = {}
     exec(compile(_example(), "README.md", "exec"), namespace)  # the README of this repository

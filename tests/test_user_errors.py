@@ -624,7 +624,13 @@ def _records(workdir: Path) -> list[dict]:
 
 @pytest.mark.parametrize(
     "kill_at",
-    ["before_save:1", "mid_line:2", "commit:2", "after_best:1", "after_save:3"],
+    [
+        "before_save:1",
+        "mid_line:2",
+        pytest.param("commit:2", marks=pytest.mark.smoke),  # a checkpoint half committed
+        "after_best:1",
+        "after_save:3",
+    ],
 )
 def test_killed_run_resumes_to_the_uninterrupted_metrics(
     npz: str, finished: Path, tmp_path: Path, kill_at: str
