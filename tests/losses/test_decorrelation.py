@@ -266,15 +266,17 @@ def test_gradients_psi_plain_heads_reversed(renormalize, detach_target, grl_scal
     p_params, p_heads = jax.grad(plain_loss, argnums=(0, 1))(params, heads)
 
     # psi minimises L (maximises the correlation): its gradient is the plain one, same sign.
+    # The jitted and the eager gradients differ by float32 rounding (fused vs separate sums):
+    # up to 1.3e-7 on entries of about 0.05 on an AMD EPYC, hence the absolute 1e-6.
     flat_g = jax.tree_util.tree_leaves_with_path(g_params)
     flat_p = jax.tree_util.tree_leaves(p_params)
     for (path, g), p in zip(flat_g, flat_p, strict=True):
         assert float(jnp.max(jnp.abs(p))) > 0.0, path
-        np.testing.assert_allclose(g, p, rtol=1e-5, atol=1e-8, err_msg=str(path))
+        np.testing.assert_allclose(g, p, rtol=1e-5, atol=1e-6, err_msg=str(path))
     # The heads receive the reversed (and scaled) gradient: they minimise the correlation.
     for name in HEAD_DIMS:
         np.testing.assert_allclose(
-            g_heads[name], -grl_scale * p_heads[name], rtol=1e-5, atol=1e-8, err_msg=name
+            g_heads[name], -grl_scale * p_heads[name], rtol=1e-5, atol=1e-6, err_msg=name
         )
     # "b" is only ever a target: detaching the targets cuts its gradient completely; "a" is the
     # target of (c, a) but the source of (a, b), so it still learns.
