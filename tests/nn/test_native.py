@@ -21,6 +21,8 @@ from jdml.nn.depthwise import depthwise_conv2d
 from jdml.nn.padding import same_padding
 from jdml.throughput import model_flops
 
+pytestmark = pytest.mark.cpu  # the CPU backend's native kernels
+
 # A fresh process: convolves, prints which convolution the program used and the library path.
 PROBE = """
 import warnings, jax, jax.numpy as jnp
@@ -29,8 +31,6 @@ from jdml.nn import native
 from jdml.nn.conv import conv2d
 from jdml.nn.depthwise import depthwise_conv2d
 from jdml.nn.padding import same_padding
-
-pytestmark = pytest.mark.cpu  # the CPU backend's native kernels
 x, k = jnp.ones((2, 8, 8, 16)), jnp.ones((3, 3, 16, 4))
 f = jax.jit(jax.value_and_grad(lambda x, k: jnp.sum(conv2d(x, k)), argnums=(0, 1)))
 uses = "jdml_dnnl_conv_fwd" in f.lower(x, k).as_text()
