@@ -17,9 +17,11 @@ namespace jdml {
 // tile, and a column's on where its tile ends. Smaller tiles are computed padded with zero rows
 // to at least kMinRows x kMinCols (the padding's products are never read): every product then
 // comes from one kernel, and work cut into tiles differently (one block or several, ranges of
-// other sizes) gives the same products bit for bit, up to 768 dimensions (measured; from 1,024
-// on, sgemm sums a product in blocks of the dimensions that depend on the tile's shape, so
-// products agree up to float32 rounding only). The rows have a margin (padding only ever pads a
+// other sizes) gives the same products bit for bit, up to 768 dimensions (measured on CPUs with
+// AVX-512; from 1,024 on, sgemm sums a product in blocks of the dimensions that depend on the
+// tile's shape, so products agree up to float32 rounding only). On CPUs with AVX2 only
+// (measured on an AMD EPYC) sgemm's kernels for tiles of other shapes sum in other orders at
+// every width: a product then differs between tilings by about one float32 ulp. The rows have a margin (padding only ever pads a
 // range's last tile); the columns do not, since few centroids would otherwise cost several
 // times their arithmetic where sgemm assigns them (CPUs without AVX-512).
 constexpr int64_t kMinRows = 32;
