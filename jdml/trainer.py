@@ -47,7 +47,7 @@ from jdml.program import StepFn
 from jdml.run import Run
 from jdml.samplers.memory import epoch_sampler
 from jdml.state import TrainState
-from jdml.workdir import check_writable, run_lock
+from jdml.workdir import check_writable, claim_workdir
 
 log = logging.getLogger("jdml")
 
@@ -191,19 +191,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     validate(config)
     setup_logging(None)
     with contextlib.ExitStack() as stack:
-        # Everything that can fail on a user's input (config, data, model) fails before the
-        # workdir is touched; a second process on the same workdir stops before loading data.
-        main = is_main_process()
-        if main:
+        # The lock first (a second process on the same workdir stops before loading data), then
+        # everything that can fail on a user's input (config, data, model), before anything is
+        # written: a failed start removes a workdir it created (``claim_workdir``).
+        claim = None
+        if is_main_process():
             check_writable(workdir)
-            if os.path.isdir(workdir):
-                stack.enter_context(run_lock(workdir))
+            claim = stack.enter_context(claim_workdir(workdir))
         check_workdir_config(config, workdir)
         run = Run(config, validated=True)
         _check_not_past_the_end(run, workdir)
-        if main and not os.path.isdir(workdir):
-            os.makedirs(workdir, exist_ok=True)
-            stack.enter_context(run_lock(workdir))
+        if claim is not None:
+            claim.keep()
         prepare_workdir(config, workdir)
         setup_logging(workdir)
         return _train(config, workdir, run, stack)

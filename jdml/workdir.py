@@ -7,6 +7,11 @@ kernel releases it when the process ends in any way (a crash, ``kill -9``, a clo
 a lock left behind by a dead run is never mistaken for a live one. The file records the holder
 (pid, host, start time) so the refusal can name it. Filesystems without ``flock`` fall back to
 that record: a holder on this host whose pid no longer runs is stale and is taken over.
+
+``claim_workdir`` creates a new workdir and takes its lock in one step, so that two runs started
+together on a path that does not exist yet cannot both pass the lock: ``mkdir`` succeeds for one
+of them, and the lock file is then taken in the directory however it came to exist. A run that
+fails before it writes anything (a bad config or dataset) removes the directory it created.
 """
 
 from __future__ import annotations
@@ -156,3 +161,62 @@ def run_lock(workdir: str) -> Iterator[None]:
                 os.ftruncate(fd, 0)  # released cleanly: nothing stale is left to report
     finally:
         os.close(fd)  # closing the descriptor releases the flock
+
+
+class Claim:
+    """A held workdir lock (``claim_workdir``): ``keep()`` once the run has written to it."""
+
+    def __init__(self, created: bool) -> None:
+        self.created = created  # this process made the directory
+        self.kept = False
+
+    def keep(self) -> None:
+        """The run has started writing: the directory stays whatever happens next."""
+        self.kept = True
+
+
+def _make_directory(workdir: str) -> bool:
+    """Creates ``workdir`` (and its missing parents); whether this call created it (``mkdir`` of
+    the last component succeeds for exactly one of several processes racing to create it)."""
+    parent = os.path.dirname(workdir)
+    try:
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        os.mkdir(workdir)
+    except FileExistsError:
+        if not os.path.isdir(workdir):
+            raise WorkdirError(
+                f"workdir {workdir} is a file, not a folder; choose another --workdir"
+            ) from None
+        return False
+    except OSError as err:
+        raise WorkdirError(describe_os_error(err, workdir)) from None
+    return True
+
+
+@contextlib.contextmanager
+def claim_workdir(workdir: str) -> Iterator[Claim]:
+    """Creates ``workdir`` if it does not exist and holds its lock (``run_lock``) for the
+    ``with`` block, before anything else is written there.
+
+    If the block ends before ``Claim.keep()`` (a config or dataset check failed after the lock
+    was taken) and this process created the directory, the lock file and the then empty
+    directory are removed again, so a failed start leaves no trace. A directory that existed
+    before is never removed.
+
+    Raises:
+      WorkdirError: as ``run_lock``, or if the directory cannot be created.
+    """
+    claim = Claim(_make_directory(workdir))
+    try:
+        with run_lock(workdir):
+            try:
+                yield claim
+            finally:
+                if claim.created and not claim.kept:  # while still holding the lock
+                    with contextlib.suppress(OSError):
+                        os.remove(os.path.join(workdir, LOCK_NAME))
+    finally:
+        if claim.created and not claim.kept:
+            with contextlib.suppress(OSError):  # not empty: another run has taken it since
+                os.rmdir(workdir)

@@ -177,6 +177,42 @@ def test_two_train_processes_leave_one_consistent_run(npz: str, tmp_path: Path) 
     assert [k[1] for k in keys] == sorted(k[1] for k in keys)
 
 
+@pytest.mark.parametrize("offset", [0.0, 0.7, 2.5])
+def test_two_trainings_started_together_on_a_new_workdir_train_once(
+    npz: str, tmp_path: Path, offset: float
+) -> None:
+    """Two ``train.py`` on a workdir that does not exist yet, the second ``offset`` seconds
+    after the first (no waiting for a lock file): exactly one trains, the other is refused in
+    one line, and every record is written once."""
+    workdir = tmp_path / "new" / "run"
+    procs = []
+    for delay in (0.0, offset):
+        time.sleep(delay)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *train_args(npz, workdir)],
+                cwd=REPO,
+                env=child_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=TIMEOUT)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    trained = [proc for proc in done if proc.returncode == 0]
+    assert len(trained) == 1, [proc.stderr[-2000:] for proc in done]
+    (refused,) = [proc for proc in done if proc.returncode != 0]
+    assert_refused(refused, "in use by another training process")
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    keys = [(r["kind"], r["step"], r.get("split"), r.get("embedding")) for r in records]
+    assert len(keys) == len(set(keys)), "metrics.jsonl holds a record twice"
+    boards = list(workdir.rglob("events.out.tfevents.*"))
+    assert len(boards) <= 1, boards
+
+
 # ----------------------------------------------------------------- 3. the fixes we print work
 
 
