@@ -43,3 +43,118 @@ def test_unknown_names_hyperparameters_and_values_are_refused():
     with pytest.raises(TypeError, match="miner 'distance'"):
         jdml.miners.get("distance", cutoff=0.5)
     assert jdml.losses.get("triplet", margin=0.3).margin == 0.3
+
+
+# The mistakes a caller makes with the arrays, each refused in one error naming the argument and
+# the shape or values expected: (embeddings, labels) made from a good (32, 16) batch of 8 classes.
+MISTAKES = {
+    "float labels": (lambda e, y: (e, y.astype("float32")), TypeError, "labels must be integer"),
+    "1-D embeddings": (
+        lambda e, y: (e[:, 0], y),
+        ValueError,
+        r"embeddings must have shape \(B, D\)",
+    ),
+    "3-D embeddings": (lambda e, y: (e[None], y), ValueError, r"got shape \(1, 32, 16\)"),
+    "labels (B, 1)": (lambda e, y: (e, y[:, None]), ValueError, r"labels must have shape \(32,\)"),
+    "30 labels": (lambda e, y: (e, y[:30]), ValueError, r"shape \(32,\).*got shape \(30,\)"),
+    "integer embeddings": (lambda e, y: (e.astype("int32"), y), TypeError, "floating point"),
+}
+CLASS_MISTAKES = {
+    "labels 8..15": (8, r"\[0, 8\).*from 8 to 15"),
+    "labels -1..6": (-1, r"\[0, 8\).*from -1 to 6"),
+}
+
+
+@pytest.fixture(scope="module")
+def batch():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jdml.losses
+    import jdml.miners
+
+    loss = jdml.losses.get("margin", num_classes=8, margin=0.2, beta=1.2)
+    miner = jdml.miners.get("distance", lower_cutoff=0.5, upper_cutoff=1.4)
+    rng = np.random.default_rng(0)
+    labels = jnp.asarray(np.repeat(np.arange(8), 4))
+    e = jnp.asarray(rng.normal(size=(32, 16)), jnp.float32)
+    e = e / jnp.linalg.norm(e, axis=-1, keepdims=True)
+    key = jax.random.key(0)
+    tuples = miner(key, e, labels)
+    return loss, miner, loss.init(key, e, labels, tuples), e, labels, tuples, key
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_the_loss_and_the_miner_refuse_wrong_arrays(batch, mistake: str, jitted: bool) -> None:
+    """Each mistake is one error at trace time, eagerly and under ``jax.jit`` alike, from the
+    loss and from the miner (the miner takes no tuples)."""
+    import jax
+
+    loss, miner, params, e, labels, tuples, key = batch
+    make, error, message = MISTAKES[mistake]
+    bad_e, bad_labels = make(e, labels)
+
+    def apply(p, x, y, t):
+        return loss.apply(p, x, y, t)
+
+    def mine(k, x, y):
+        return miner(k, x, y)
+
+    if jitted:
+        apply, mine = jax.jit(apply), jax.jit(mine)
+    with pytest.raises(error, match=f"loss 'margin': .*{message}"):
+        apply(params, bad_e, bad_labels, tuples)
+    with pytest.raises(error, match=f"miner 'distance': .*{message}"):
+        mine(key, bad_e, bad_labels)
+
+
+@pytest.mark.parametrize("mistake", sorted(CLASS_MISTAKES))
+def test_labels_outside_the_classes_are_refused(batch, mistake: str) -> None:
+    """A loss with a parameter per class refuses labels outside [0, num_classes): at once where
+    the labels are concrete (``init``, eager calls), and under ``checkify`` inside ``jit``."""
+    import jax
+    from jax.experimental import checkify
+
+    loss, _, params, e, labels, tuples, key = batch
+    shift, message = CLASS_MISTAKES[mistake]
+    bad = labels + shift
+    with pytest.raises(ValueError, match=f"loss 'margin': labels must be class ids in {message}"):
+        loss.init(key, e, bad, tuples)
+    with pytest.raises(ValueError, match=message):
+        loss.apply(params, e, bad, tuples)
+    checked = checkify.checkify(jax.jit(lambda p, x, y, t: loss.apply(p, x, y, t)))
+    error, _ = checked(params, e, bad, tuples)
+    with pytest.raises(checkify.JaxRuntimeError, match=message):
+        error.throw()
+    error, _ = checked(params, e, labels, tuples)
+    assert error.get() is None
+
+
+def test_malformed_tuples_are_refused(batch) -> None:
+    loss, _, params, e, labels, tuples, _ = batch
+    with pytest.raises(TypeError, match=r"jdml\.miners\.Tuples"):
+        loss.apply(params, e, labels, (tuples.anchors, tuples.positives))
+    short = tuples._replace(valid=tuples.valid[:-1])
+    with pytest.raises(ValueError, match="1-D of one length"):
+        loss.apply(params, e, labels, short)
+
+
+def test_a_script_with_float_labels_ends_in_the_error(tmp_path) -> None:
+    """The README's block with float labels, run as a user's script: it exits non-zero and its
+    last line is the error naming the argument."""
+    import subprocess
+    import sys
+
+    script = _example().replace(
+        "labels = jnp.asarray(np.repeat(np.arange(8), 4))",
+        "labels = jnp.asarray(np.repeat(np.arange(8), 4), jnp.float32)",
+    )
+    assert "jnp.float32)" in script.split("labels = ", 1)[1].splitlines()[0]
+    path = tmp_path / "user.py"
+    path.write_text(script)
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("TypeError: miner 'distance': labels must be integer class ids"), last

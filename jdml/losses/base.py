@@ -23,6 +23,7 @@ declare them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
@@ -30,6 +31,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jdml.checks import check_batch, check_class_labels, check_tuples
 from jdml.miners.base import MINERS, Tuples
 from jdml.registry import Range, Registry
 
@@ -62,6 +64,40 @@ class Loss(nn.Module):
         self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None
     ) -> LossOutput:
         raise NotImplementedError
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every subclass's ``__call__`` first checks its arguments (``check_loss_inputs``)."""
+        call = cls.__dict__.get("__call__")
+        if call is not None:
+
+            @functools.wraps(call)
+            def checked(
+                self: Loss,
+                embeddings: jax.Array,
+                labels: jax.Array,
+                tuples: Tuples | None = None,
+                *args: Any,
+                **kw: Any,
+            ) -> LossOutput:
+                check_loss_inputs(self, embeddings, labels, tuples)
+                return call(self, embeddings, labels, tuples, *args, **kw)
+
+            cls.__call__ = checked  # type: ignore[method-assign]
+        super().__init_subclass__(**kwargs)
+
+
+def check_loss_inputs(
+    loss: Loss, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None
+) -> None:
+    """The checks of ``jdml.checks`` for a loss's arguments: (B, D) floating embeddings, (B,)
+    integer labels, well-formed tuples, and labels in ``[0, num_classes)`` for a loss with a
+    parameter per class. Shapes and dtypes fail at trace time with one clear error."""
+    owner = f"loss {getattr(type(loss), 'loss_name', type(loss).__name__)!r}"
+    check_batch(owner, embeddings, labels)
+    check_tuples(owner, tuples)
+    num_classes = getattr(loss, "num_classes", None)
+    if isinstance(num_classes, int) and num_classes > 0:
+        check_class_labels(owner, labels, num_classes)
 
 
 LOSSES: Registry[type[Loss]] = Registry("loss")

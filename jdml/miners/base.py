@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jdml.checks import check_batch
 from jdml.registry import Registry
 
 
@@ -50,7 +51,8 @@ def make_miner(name: str, **hparams: Any) -> Callable[[jax.Array, jax.Array, jax
       **hparams: keyword-only hyperparameters of that miner.
 
     Returns:
-      ``fn(key, embeddings, labels) -> Tuples``.
+      ``fn(key, embeddings, labels) -> Tuples``, which refuses embeddings other than (B, D)
+      floating point and labels other than (B,) integer (``jdml.checks.check_batch``).
 
     Raises:
       UnknownNameError: for an unregistered name (the message lists the known miners).
@@ -61,7 +63,13 @@ def make_miner(name: str, **hparams: Any) -> Callable[[jax.Array, jax.Array, jax
         inspect.signature(fn).bind(None, None, None, **hparams)
     except TypeError as e:
         raise TypeError(f"miner {name!r}: {e}") from None
-    return functools.partial(fn, **hparams)
+
+    @functools.wraps(fn)
+    def mine(key: jax.Array, embeddings: jax.Array, labels: jax.Array) -> Tuples:
+        check_batch(f"miner {name!r}", embeddings, labels)  # at trace time (jdml.checks)
+        return fn(key, embeddings, labels, **hparams)
+
+    return mine
 
 
 def same_label(labels: jax.Array) -> jax.Array:

@@ -1,0 +1,115 @@
+"""Checks of the arrays a caller passes to a loss or a miner (the own-loop API, README "Losses and
+miners in your own loop").
+
+Shapes and dtypes are known when a function is traced, so they are checked then, under ``jit``
+as well as eagerly, at no cost to the compiled step: a wrong rank, dtype or batch size is one
+Python error naming the argument, the shape expected and the shape given, instead of an error
+from deep inside the loss. Label values are data: they are checked in Python where the labels
+are concrete (eager calls, such as ``loss.init``), and inside a jitted function through
+``checkify.debug_check``, which costs nothing unless the caller wraps the function in
+``jax.experimental.checkify.checkify`` (then an out-of-range label is a reported error).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+
+
+def _describe(x: Any) -> str:
+    shape = getattr(x, "shape", None)
+    dtype = getattr(x, "dtype", None)
+    if shape is None or dtype is None:
+        return f"a {type(x).__name__}"
+    return f"shape {tuple(shape)} {dtype}"
+
+
+def check_batch(owner: str, embeddings: Any, labels: Any) -> None:
+    """Refuses anything but ``embeddings`` of shape (B, D) floating point and ``labels`` of shape
+    (B,) integer.
+
+    Args:
+      owner: how to name the caller in the message, e.g. ``"loss 'margin'"``.
+      embeddings: the batch's embeddings.
+      labels: the batch's class labels.
+
+    Raises:
+      TypeError: for arrays that are not arrays, or of the wrong dtype.
+      ValueError: for arrays of the wrong rank or batch size.
+    """
+    shape = getattr(embeddings, "shape", None)
+    if shape is None or not hasattr(embeddings, "dtype"):
+        raise TypeError(f"{owner}: embeddings must be a (B, D) array, got {_describe(embeddings)}")
+    if len(shape) != 2:
+        raise ValueError(
+            f"{owner}: embeddings must have shape (B, D) (a batch of B vectors), got "
+            f"{_describe(embeddings)}; reshape them to (B, D)"
+        )
+    if not jnp.issubdtype(embeddings.dtype, jnp.floating):
+        raise TypeError(
+            f"{owner}: embeddings must be floating point, got {_describe(embeddings)}; "
+            "pass embeddings.astype(jnp.float32)"
+        )
+    batch = shape[0]
+    if not hasattr(labels, "shape") or not hasattr(labels, "dtype"):
+        raise TypeError(
+            f"{owner}: labels must be a ({batch},) integer array, got {_describe(labels)}"
+        )
+    if tuple(labels.shape) != (batch,):
+        raise ValueError(
+            f"{owner}: labels must have shape ({batch},), one per embedding (embeddings "
+            f"{_describe(embeddings)}), got {_describe(labels)}"
+            + ("; pass labels.reshape(-1)" if labels.size == batch else "")
+        )
+    if not jnp.issubdtype(labels.dtype, jnp.integer):
+        raise TypeError(
+            f"{owner}: labels must be integer class ids, got {_describe(labels)}; pass "
+            "labels.astype(jnp.int32)"
+        )
+
+
+def check_tuples(owner: str, tuples: Any) -> None:
+    """Refuses mined tuples whose fields are not 1-D arrays of one length (integer indices, a
+    boolean ``valid``). ``tuples`` is a ``jdml.miners.Tuples``, or None for a loss that mines
+    itself (that loss refuses None on its own where it needs tuples)."""
+    if tuples is None:
+        return
+    fields = getattr(tuples, "_fields", None)
+    if fields != ("anchors", "positives", "negatives", "valid"):
+        raise TypeError(
+            f"{owner}: tuples must be the jdml.miners.Tuples a miner returns (or None), got "
+            f"{type(tuples).__name__}"
+        )
+    lengths = {getattr(getattr(tuples, f), "shape", None) for f in fields}
+    if len(lengths) != 1 or len(next(iter(lengths)) or ()) != 1:
+        shapes = ", ".join(f"{f} {_describe(getattr(tuples, f))}" for f in fields)
+        raise ValueError(f"{owner}: the tuples' fields must be 1-D of one length, got {shapes}")
+    for field in fields[:3]:
+        if not jnp.issubdtype(getattr(tuples, field).dtype, jnp.integer):
+            raise TypeError(f"{owner}: tuples.{field} must hold integer batch indices")
+
+
+def check_class_labels(owner: str, labels: jax.Array, num_classes: int) -> None:
+    """Refuses labels outside ``[0, num_classes)`` for a loss with a parameter per class: at once
+    where the labels are concrete, under ``checkify.checkify`` where they are traced (see the
+    module docstring). Without the check such a label would index a clamped parameter row."""
+    if isinstance(labels, jax.core.Tracer):
+        checkify.debug_check(
+            jnp.all((labels >= 0) & (labels < num_classes)),
+            f"{owner}: labels must be class ids in [0, {num_classes}) (num_classes="
+            f"{num_classes}); got labels from {{low}} to {{high}}",
+            low=jnp.min(labels),
+            high=jnp.max(labels),
+        )
+        return
+    values = np.asarray(labels)
+    if values.size and (values.min() < 0 or values.max() >= num_classes):
+        raise ValueError(
+            f"{owner}: labels must be class ids in [0, {num_classes}) (num_classes="
+            f"{num_classes}), got labels from {values.min()} to {values.max()}; map the "
+            f"classes to 0..{num_classes - 1}, or raise num_classes"
+        )
