@@ -57,8 +57,10 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _embed(args: argparse.Namespace) -> None:
+    from jdml.fileio import check_output_path
     from jdml.inference import collect_images, load
 
+    check_output_path(args.out, "index.npz")  # before the model loads and the images embed
     model = load(args.workdir, args.checkpoint, args.embedding)
     items = collect_images(args.images, model)
     index = model.index(
@@ -79,8 +81,11 @@ def _embed(args: argparse.Namespace) -> None:
 
 
 def _search(args: argparse.Namespace) -> None:
+    from jdml.fileio import check_output_path
     from jdml.inference import Index, collect_images, hits_table, load
 
+    if args.json:
+        check_output_path(args.json, "hits.json")  # before the search runs
     index = Index.load(args.index)
     fingerprint = index.fingerprint
     model = load(
@@ -141,9 +146,12 @@ def _platforms(text: str) -> tuple[str, ...]:
 
 
 def _export(args: argparse.Namespace) -> None:
+    from jdml.fileio import check_output_path
     from jdml.inference import load
     from jdml.workdir import check_writable
 
+    check_output_path(args.out, "model.jaxexp")  # the program and its description, both
+    check_output_path(args.out + ".json")
     check_writable(os.path.dirname(os.path.abspath(args.out)), "output folder")
     model = load(args.workdir, args.checkpoint, args.embedding)
     info = model.export(args.out, args.platforms)

@@ -14,6 +14,7 @@ def known_errors() -> tuple[type[BaseException], ...]:
     from jdml.errors import (
         DataError,
         NonFiniteLossError,
+        OutputPathError,
         WeightFileError,
         WeightMismatchError,
         WorkdirError,
@@ -25,6 +26,7 @@ def known_errors() -> tuple[type[BaseException], ...]:
         CheckpointError,
         UnknownNameError,
         NonFiniteLossError,
+        OutputPathError,
         WorkdirError,
         WeightFileError,
         WeightMismatchError,

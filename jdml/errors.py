@@ -48,6 +48,10 @@ class WorkdirError(RuntimeError):
     """The run directory cannot be used (not writable, full, or in use); the message says how."""
 
 
+class OutputPathError(ValueError):
+    """An output path that is not a new path or a regular file (a folder, a device, a link)."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing or cannot be restored; the message names it and the fix."""
 

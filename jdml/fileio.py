@@ -4,7 +4,9 @@ one, and reading JSON-lines files that a kill may have cut short.
 Every writer of the library goes through :func:`atomic_path`: the content is written to a
 temporary file next to the target, then renamed onto it (``os.replace`` is atomic on POSIX and
 Windows within one filesystem). A failed write (a full disk, say) removes the temporary file and
-leaves the target as it was.
+leaves the target as it was. The target is only ever a new path or a regular file: a folder, a
+device, a pipe or a symbolic link there is refused (:func:`check_output_path`), so that a rename
+never puts a file in place of something the library did not write.
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from jdml.errors import OutputPathError
 
 
 def cache_root(name: str) -> Path:
@@ -24,6 +29,50 @@ def cache_root(name: str) -> Path:
     (built datasets, compiled native kernels)."""
     base = os.environ.get("JDML_CACHE")
     return (Path(base) if base else Path.home() / ".cache" / "jdml") / name
+
+
+_KINDS = {
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+    stat.S_IFIFO: "named pipe",
+    stat.S_IFSOCK: "socket",
+}
+
+
+def check_output_path(path: str | os.PathLike[str], example: str = "out.json") -> None:
+    """Refuses to write ``path`` unless it is a new path or a regular file.
+
+    Args:
+      path: the file about to be written.
+      example: a file name to suggest inside ``path`` when it is a folder.
+
+    Raises:
+      OutputPathError: ``path`` is a folder, a device, a pipe, a socket or a symbolic link (the
+        link itself would be replaced, or written through to where it points); the message
+        says what it is and what to pass instead.
+    """
+    path = os.fspath(path)
+    try:
+        info = os.lstat(path)
+    except OSError:  # new (or unreachable: the write itself says why)
+        return
+    if stat.S_ISREG(info.st_mode):
+        return
+    if stat.S_ISDIR(info.st_mode):
+        raise OutputPathError(
+            f"{path} is a folder, not a file: give the file to write, e.g. "
+            f"{os.path.join(path, example)}"
+        )
+    if stat.S_ISLNK(info.st_mode):
+        raise OutputPathError(
+            f"{path} is a symbolic link (to {os.readlink(path)}); jdml writes new files and "
+            "replaces only regular files: remove the link, or give another path"
+        )
+    kind = _KINDS.get(stat.S_IFMT(info.st_mode), "special file")
+    raise OutputPathError(
+        f"{path} is a {kind}, not a regular file; jdml writes new files and replaces only "
+        "regular files: give a file path"
+    )
 
 
 @contextlib.contextmanager
@@ -42,8 +91,13 @@ def atomic_path(
     Yields:
       The temporary path (in the same folder, so the rename stays on one filesystem). It is
       removed if the block raises.
+
+    Raises:
+      OutputPathError: ``path`` is neither new nor a regular file (:func:`check_output_path`),
+        checked before anything is written and again just before the rename.
     """
     path = os.fspath(path)
+    check_output_path(path)
     folder, name = os.path.split(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     # One name per process and thread (no other writer can hold it), with the umask's permissions.
@@ -55,6 +109,7 @@ def atomic_path(
         if durable:
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
+        check_output_path(path)  # nothing else has appeared there meanwhile
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

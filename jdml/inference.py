@@ -51,7 +51,7 @@ from jdml.errors import CheckpointError, DataError, IndexFileError, IndexMismatc
 from jdml.evaluation.embeddings import combine_heads
 from jdml.evaluation.knn import knn
 from jdml.evaluation.splits import embed_split
-from jdml.fileio import atomic_path
+from jdml.fileio import atomic_path, check_output_path
 from jdml.methods.method import input_normalization
 from jdml.nn import native
 from jdml.program import build_program
@@ -378,7 +378,12 @@ class Model:
 
         Returns:
           The JSON description written next to it.
+
+        Raises:
+          OutputPathError: ``path`` or ``path + ".json"`` is a folder, a device or a link.
         """
+        check_output_path(path, "model.jaxexp")
+        check_output_path(path + ".json")
         params, stats, combine = self._params, self._batch_stats, self._combine
 
         def embed(images: jax.Array) -> jax.Array:

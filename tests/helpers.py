@@ -194,13 +194,24 @@ def central_differences(fn, x, *, eps: float = 1e-6) -> np.ndarray:
 
 
 def tree_digest(root: str) -> dict[str, str]:
-    """sha256 of every file under ``root``, keyed by relative path."""
+    """sha256 of every regular file under ``root``, keyed by relative path; a symbolic link
+    as its target, anything else (a pipe, a device, an empty folder) as its kind."""
     import hashlib
+    import stat
 
     out = {}
-    for folder, _, files in os.walk(root):
-        for name in files:
+    for folder, folders, files in os.walk(root):
+        for name in files + [d for d in folders if os.path.islink(os.path.join(folder, d))]:
             path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                digest = f"link to {os.readlink(path)}"
+            elif stat.S_ISREG(mode):
+                with open(path, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+            else:
+                digest = f"special file {stat.S_IFMT(mode):o}"
+            out[os.path.relpath(path, root)] = digest
+        for name in folders:
+            out.setdefault(os.path.relpath(os.path.join(folder, name), root) + "/", "folder")
     return out

@@ -7,7 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from jdml.fileio import atomic_path, atomic_write, read_jsonl
+from jdml.errors import OutputPathError
+from jdml.fileio import atomic_path, atomic_write, check_output_path, read_jsonl
 
 
 def test_atomic_write_replaces_whole_files_and_creates_folders(tmp_path) -> None:
@@ -67,3 +68,43 @@ def test_an_interrupted_durable_write_leaves_no_file(tmp_path, monkeypatch) -> N
     with pytest.raises(KeyboardInterrupt):
         atomic_write(tmp_path / "x" / "glyphs.npz", b"data", durable=True)
     assert list((tmp_path / "x").iterdir()) == []
+
+
+def test_only_new_paths_and_regular_files_are_written(tmp_path) -> None:
+    """A folder, a named pipe, a symbolic link and a device are refused in one line before
+    anything is written, and stay as they were; a regular file is replaced."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not ours")
+    link = tmp_path / "link.json"
+    link.symlink_to(outside)
+    cases = {
+        folder: r"is a folder, not a file: give the file to write, e.g. .*folder/out\.json",
+        pipe: "is a named pipe, not a regular file",
+        link: "is a symbolic link .*outside.txt.*remove the link",
+    }
+    for path, message in cases.items():
+        with pytest.raises(OutputPathError, match=message):
+            atomic_write(path, "new")
+        assert sorted(os.listdir(tmp_path)) == ["folder", "link.json", "outside.txt", "pipe"]
+    assert link.is_symlink() and outside.read_text() == "not ours"
+    assert os.listdir(folder) == []
+    with pytest.raises(OutputPathError, match="/dev/null is a character device"):
+        check_output_path("/dev/null")  # checked only: a broken check must not write there
+    regular = tmp_path / "regular.json"
+    regular.write_text("old")
+    atomic_write(regular, "new")
+    assert regular.read_text() == "new"
+    check_output_path(tmp_path / "new.json")  # a new path
+
+
+def test_a_special_file_appearing_before_the_rename_is_not_replaced(tmp_path) -> None:
+    target = tmp_path / "out.json"
+    with pytest.raises(OutputPathError, match="named pipe"), atomic_path(target) as tmp:
+        with open(tmp, "w") as f:
+            f.write("new")
+        os.mkfifo(target)  # another program put it there meanwhile
+    assert sorted(os.listdir(tmp_path)) == ["out.json"]  # the pipe, and no temporary file

@@ -485,6 +485,44 @@ def test_search_needs_a_positive_k(finished: Path, npz: str, tmp_path: Path, k: 
     assert_refused(proc, "argument -k", "must be at least 1")
 
 
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding what an output path must never replace: a folder, a named pipe (as a
+    device would be) and a symbolic link to a file that is not the program's."""
+    folder = tmp_path_factory.mktemp("outputs")
+    (folder / "sub").mkdir()
+    os.mkfifo(folder / "pipe")
+    (folder / "outside.txt").write_text("not ours")
+    (folder / "link").symlink_to(folder / "outside.txt")
+    return folder
+
+
+OUTPUTS = {
+    "sub": "is a folder, not a file: give the file to write, e.g. ",
+    "pipe": "is a named pipe, not a regular file",
+    "link": "is a symbolic link",
+}
+
+
+@pytest.mark.parametrize("target", sorted(OUTPUTS))
+@pytest.mark.parametrize("command", ["export", "embed", "search"])
+def test_outputs_replace_only_regular_files(
+    command: str, target: str, finished: Path, npz: str, outputs: Path, tmp_path: Path
+) -> None:
+    """``jdml export --out``, ``jdml embed --out`` and ``jdml search --json`` on a folder, a
+    pipe or a link: one line naming it, before the model loads, and nothing changed."""
+    out = str(outputs / target)
+    args = {
+        "export": ["export", str(finished), "--out", out],
+        "embed": ["embed", str(finished), npz, "--out", out],
+        "search": ["search", str(tmp_path / "index.npz"), npz, "--json", out],
+    }[command]
+    before = tree_digest(outputs)
+    proc = unchanged_after(finished, "-m", "jdml", *args)
+    assert_refused(proc, f"{out} {OUTPUTS[target]}")
+    assert tree_digest(outputs) == before
+
+
 class _Payload:
     def __init__(self, marker: Path) -> None:
         self.marker = marker
