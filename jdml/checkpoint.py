@@ -11,7 +11,10 @@ renames it when complete, so a run killed mid-save leaves the earlier checkpoint
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import shutil
 from typing import Any
 
 import orbax.checkpoint as ocp
@@ -37,6 +40,51 @@ def has_checkpoints(workdir: str) -> bool:
     return bool(saved_steps(workdir, "latest") or saved_steps(workdir, "best"))
 
 
+# What a failed write says, in the storage layer's words (tensorstore reports the OS error as
+# text inside its own exception), and what to do about it.
+_CAUSES = (
+    (errno.ENOSPC, "No space left on device", "no space left on device", "free some space"),
+    (errno.EDQUOT, "Disk quota exceeded", "disk quota exceeded", "free some space"),
+    (errno.EROFS, "Read-only file system", "read-only filesystem", "make it writable"),
+    (errno.EACCES, "Permission denied", "permission denied", "make it writable"),
+    (errno.EIO, "Input/output error", "input/output error", "check the disk"),
+)
+
+
+def _save_failure(error: BaseException, directory: str, step: int, kept: list[int]) -> str:
+    """One line: which checkpoint could not be saved, why, and how to go on."""
+    chain, seen = [], error
+    while seen is not None and len(chain) < 20:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = " ".join(str(e) for e in chain)
+    codes = {getattr(e, "errno", None) for e in chain}
+    for code, words, reason, fix in _CAUSES:
+        if code in codes or words in text:
+            break
+    else:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        reason, fix = f"{type(error).__name__}: {first}", "fix the cause"
+    earlier = (
+        f"the checkpoints saved before (steps {kept}) are intact"
+        if kept
+        else "none was saved before"
+    )
+    return (
+        f"cannot save checkpoint step {step} in {directory} ({reason}); {earlier}. {fix}, then "
+        "run the same command again: it resumes from the newest checkpoint"
+    )
+
+
+def _remove_partial(directory: str, step: int) -> None:
+    """Removes the temporary folder of this process's failed save of ``step`` (never a finished
+    checkpoint), so that the space it took is free again."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            if name.startswith(f"{step}.orbax-checkpoint-tmp"):
+                shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
 def _manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep,
@@ -59,17 +107,29 @@ class Checkpoints:
         self.best = _manager(os.path.join(workdir, "best"), 1)
 
     def save(self, state: TrainState, meta: dict[str, Any], *, best: bool = False) -> None:
+        """Saves ``state`` as the latest (or best) checkpoint of its step.
+
+        Raises:
+          CheckpointError: the save failed (no space, no permission, an I/O error); the message
+            names the checkpoint, the cause and the fix. The partial files of this save are
+            removed and the checkpoints saved before are intact.
+        """
         manager = self.best if best else self.latest
         step = int(state.step)
         if step in manager.all_steps():
             return
-        manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
-            ),
-        )
-        manager.wait_until_finished()
+        try:
+            manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+                ),
+            )
+            manager.wait_until_finished()
+        except Exception as e:  # orbax and tensorstore raise many types for a failed write
+            _remove_partial(str(manager.directory), step)
+            kept = saved_steps(self.workdir, "best" if best else "latest")
+            raise CheckpointError(_save_failure(e, str(manager.directory), step, kept)) from e
 
     def steps(self, which: str) -> list[int]:
         return list(self._manager(which).all_steps())
@@ -127,5 +187,9 @@ class Checkpoints:
         return out["state"], dict(out["meta"])
 
     def close(self) -> None:
+        """Stops the managers' background work (once; a later call does nothing)."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
         self.latest.close()
         self.best.close()

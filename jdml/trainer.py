@@ -226,6 +226,7 @@ def _train(
     """The body of :func:`train_and_evaluate` once the workdir is prepared and locked (what it
     opens is closed by ``stack``, also on failure)."""
     ckpts = Checkpoints(workdir)
+    stack.callback(ckpts.close)  # also when a save or a step fails
     state = run.initial_state
     start = 0
     if ckpts.latest.latest_step() is not None:

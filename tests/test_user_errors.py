@@ -446,6 +446,61 @@ def test_full_disk(npz: str, finished: Path, tmp_path: Path) -> None:
             assert_refused(proc, str(copy), "space" if mounted else "cannot write")
 
 
+FILL_AT_SAVE = """
+import os, runpy, sys
+
+import jdml.checkpoint as ckpt
+
+save, calls = ckpt.Checkpoints.save, []
+
+
+def patched_save(self, state, meta, *, best=False):
+    calls.append(best)
+    if len(calls) == int(os.environ["FILL_AT"]):  # the disk fills up just before this save
+        with open(os.environ["FILLER"], "wb") as f:
+            try:
+                while True:
+                    f.write(bytes(65536))
+                    f.flush()
+            except OSError:
+                pass
+    save(self, state, meta, best=best)
+
+
+ckpt.Checkpoints.save = patched_save
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_a_full_disk_during_a_checkpoint_save(npz: str, finished: Path, tmp_path: Path) -> None:
+    """The disk fills up during a run, just before its third checkpoint save: one ``error:``
+    line naming the checkpoint, the cause and the fix, exit 2, the partial save removed and
+    the earlier checkpoints intact; freeing the space and running again resumes the run to the
+    metrics of an uninterrupted one."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)]).returncode:
+        pytest.skip("mounting a small filesystem needs root (the CI machine is)")
+    try:
+        workdir, filler = mount / "run", mount / "filler"
+        script = tmp_path / "fill.py"
+        script.write_text(FILL_AT_SAVE)
+        env = {"FILL_AT": "3", "FILLER": str(filler)}
+        proc = run(str(script), *train_args(npz, workdir)[1:], env=env)
+        line = assert_refused(proc, "cannot save checkpoint step", "no space left on device")
+        assert proc.returncode == 2 and "free some space" in line and "resumes" in line
+        assert len(proc.stderr.strip().splitlines()) <= 3, proc.stderr
+        assert not [p for p in workdir.rglob("*") if "orbax-checkpoint-tmp" in p.name]
+        filler.unlink()
+        resumed = run(*train_args(npz, workdir))
+        assert resumed.returncode == 0, resumed.stderr
+        assert "Resuming from the checkpoint" in resumed.stdout + resumed.stderr
+        assert _records(workdir) == _records(finished)
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
 def test_eval_prints_its_results_before_writing_them(finished: Path, tmp_path: Path) -> None:
     """If the results cannot be written after the work, they are still shown."""
     copy = tmp_path / "late"
