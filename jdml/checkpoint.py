@@ -59,9 +59,9 @@ def _save_failure(error: BaseException, directory: str, step: int, kept: list[in
         seen = seen.__cause__ or seen.__context__
     text = " ".join(str(e) for e in chain)
     codes = {getattr(e, "errno", None) for e in chain}
-    for code, words, reason, fix in _CAUSES:
-        if code in codes or words in text:
-            break
+    known = [(r, f) for code, words, r, f in _CAUSES if code in codes or words in text]
+    if known:
+        reason, fix = known[0]
     else:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
         reason, fix = f"{type(error).__name__}: {first}", "fix the cause"
@@ -85,10 +85,10 @@ def _remove_partial(directory: str, step: int) -> None:
                 shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
 
-def _manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
+def _manager(directory: str, max_to_keep: int, create: bool) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep,
-        create=True,
+        create=create,
         # Synchronous saves: the state buffers are donated to the next step, so a save must
         # have copied them before training continues.
         enable_async_checkpointing=False,
@@ -99,12 +99,13 @@ def _manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
 
 
 class Checkpoints:
-    """The latest and best checkpoints of one workdir."""
+    """The latest and best checkpoints of one workdir (``create=False``: only read them, creating
+    no folder, for evaluation and inference)."""
 
-    def __init__(self, workdir: str, keep_latest: int = 2) -> None:
+    def __init__(self, workdir: str, keep_latest: int = 2, *, create: bool = True) -> None:
         self.workdir = workdir
-        self.latest = _manager(os.path.join(workdir, "checkpoints"), keep_latest)
-        self.best = _manager(os.path.join(workdir, "best"), 1)
+        self.latest = _manager(os.path.join(workdir, "checkpoints"), keep_latest, create)
+        self.best = _manager(os.path.join(workdir, "best"), 1, create)
 
     def save(self, state: TrainState, meta: dict[str, Any], *, best: bool = False) -> None:
         """Saves ``state`` as the latest (or best) checkpoint of its step.
@@ -158,13 +159,18 @@ class Checkpoints:
         manager = self._manager(str(which))
         step = manager.latest_step()
         if step is None:
-            if which == "best" and self.latest.latest_step() is not None:
-                manager, step = self.latest, self.latest.latest_step()
-            else:
+            latest = self.steps("latest")
+            if which == "best" and latest:  # never another checkpoint in its place
                 raise CheckpointError(
-                    f"no {which} checkpoint in {self.workdir}: train first with "
-                    f"`python train.py --config ... --workdir {self.workdir}`"
+                    f"no best checkpoint in {self.workdir} (best/ is missing or holds no "
+                    f"finished checkpoint); the checkpoints here are latest, steps {latest}: "
+                    f"pass --checkpoint latest (step {latest[-1]}) or a step number, or train "
+                    "on to save a best one"
                 )
+            raise CheckpointError(
+                f"no {which} checkpoint in {self.workdir}: train first with "
+                f"`python train.py --config ... --workdir {self.workdir}`"
+            )
         return manager, step
 
     def restore(self, which: str | int, target: TrainState) -> tuple[TrainState, dict[str, Any]]:

@@ -57,7 +57,7 @@ def evaluate_checkpoint(
     config = load_config(workdir)
     if write:
         check_writable(workdir)
-    ckpts = Checkpoints(workdir)
+    ckpts = Checkpoints(workdir, create=False)
     try:
         ckpts.resolve(checkpoint)  # a wrong name or step fails before the data is loaded
         run = Run(config)

@@ -185,7 +185,7 @@ def _weights_digest(tree: Any) -> str:
 
 def _restore_raw(workdir: str, checkpoint: str | int) -> tuple[dict[str, Any], int]:
     """The saved train state of a checkpoint as nested dicts of arrays, and its step."""
-    ckpts = Checkpoints(workdir)
+    ckpts = Checkpoints(workdir, create=False)
     try:
         manager, step = ckpts.resolve(checkpoint)
         try:

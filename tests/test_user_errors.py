@@ -532,6 +532,23 @@ def test_unknown_checkpoint_name(finished: Path) -> None:
     assert_refused(proc, "unknown checkpoint 'bestt'", "best, latest or a step number")
 
 
+def test_a_deleted_best_checkpoint_is_named_not_replaced(finished: Path, tmp_path: Path) -> None:
+    """With ``best/`` gone, ``eval.py`` (and the model commands, whose default is best) say so
+    and name the checkpoints that exist, instead of evaluating the latest one as "best"."""
+    copy = Path(shutil.copytree(finished, tmp_path / "run"))
+    shutil.rmtree(copy / "best")
+    latest = sorted(int(p.name) for p in (copy / "checkpoints").iterdir() if p.name.isdigit())
+    for args in (
+        ["eval.py", "--workdir", str(copy)],
+        ["-m", "jdml", "export", str(copy), "--out", str(tmp_path / "model.jaxexp")],
+    ):
+        proc = unchanged_after(copy, *args)
+        assert_refused(proc, "no best checkpoint", f"steps {latest}", "--checkpoint latest")
+    proc = run("eval.py", "--workdir", str(copy), "--checkpoint", "latest")
+    assert proc.returncode == 0, proc.stderr
+    assert f"latest (step {latest[-1]})" in proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("k", ["0", "-3"])
 def test_search_needs_a_positive_k(finished: Path, npz: str, tmp_path: Path, k: str) -> None:
     index = tmp_path / "index.npz"
