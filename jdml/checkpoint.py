@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
 from typing import Any
@@ -21,6 +22,8 @@ import orbax.checkpoint as ocp
 
 from jdml.errors import CheckpointError
 from jdml.state import TrainState
+
+log = logging.getLogger("jdml")
 
 
 def saved_steps(workdir: str, which: str = "latest") -> list[int]:
@@ -184,12 +187,29 @@ class Checkpoints:
                 ),
             )
         except Exception as e:  # orbax raises many types for unreadable or mismatched files
+            # The storage layer's message can run to dozens of lines (a TensorStore spec dump):
+            # its whole text goes to the log file, its first line into the error.
+            log.info(
+                "Restoring checkpoint step %d from %s failed:\n%s",
+                step,
+                manager.directory,
+                e,
+                extra={"file_only": True},
+            )
+            cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            cause = cause if len(cause) <= 160 else cause[:157] + "..."
+            others = [s for s in self.steps("latest") + self.steps("best") if s != step]
+            earlier = (
+                f"move {manager.directory}/{step} out of the way to use the other checkpoints "
+                f"(steps {sorted(set(others))})"
+                if others
+                else "train again in a new --workdir"
+            )
             raise CheckpointError(
-                f"cannot restore checkpoint step {step} from {manager.directory}: {e}. The files "
-                "may be corrupt or written by a different model config; use the config.json "
-                "stored in the workdir, or delete this checkpoint directory to fall back to an "
-                "earlier one"
-            ) from e
+                f"cannot restore checkpoint step {step} from {manager.directory}: the files are "
+                f"damaged or were written by another model config ({type(e).__name__}: {cause}). "
+                f"Check that config.json is the run's own; otherwise {earlier}"
+            ) from None
         return out["state"], dict(out["meta"])
 
     def close(self) -> None:

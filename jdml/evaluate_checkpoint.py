@@ -27,8 +27,10 @@ def load_config(workdir: str):
     try:
         with open(path) as f:
             config = saved_config(f.read())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path} is unreadable: {e}") from None
+    except (OSError, ValueError, TypeError, AttributeError) as e:  # not a config's JSON object
+        from jdml.trainer import unreadable_config
+
+        raise ConfigError(unreadable_config(path, e)) from None
     config.lock()
     return config
 

@@ -205,9 +205,15 @@ class Program:
                 weights = []
             if heads and len(weights) == len(heads):
                 return dict(zip(heads, weights, strict=True))
+            if not heads:  # eval.heads is empty: nothing to concatenate
+                raise ConfigError(
+                    f"embedding {spec!r}: this run evaluates one head (eval.heads is empty), so "
+                    f"there is nothing to concatenate; use --embedding "
+                    f"{self.head} (choices: {', '.join(self.embedding_names)})"
+                )
             raise ConfigError(
                 f"embedding {spec!r} needs one weight per evaluated head {list(heads)}, e.g. "
-                f"concat:{','.join('1' for _ in heads) or '1,1'}"
+                f"concat:{','.join('1' for _ in heads)}"
             )
         choices = [*self.embedding_names, *([ENSEMBLE] if self.cohort else [])]
         if heads:

@@ -33,7 +33,7 @@ from jdml.config import (
     to_json,
     validate,
 )
-from jdml.config.validation import profile_range
+from jdml.config.validation import check_devices, check_profile_steps, profile_range
 from jdml.data.arrays import ImageSet
 from jdml.data.pipeline import input_pipeline, train_batches
 from jdml.distributed import barrier, is_main_process
@@ -54,19 +54,25 @@ log = logging.getLogger("jdml")
 _MAX_IN_FLIGHT = 2  # train steps dispatched ahead of the last finished one
 
 
-def check_workdir_config(config: ml_collections.ConfigDict, workdir: str) -> bool:
+def check_workdir_config(
+    config: ml_collections.ConfigDict, workdir: str, *, replace_unreadable: bool = False
+) -> bool:
     """Checks that ``config`` may continue the run stored in ``workdir``; reads, writes nothing.
 
     A workdir whose ``config.json`` differs in keys that change the model or the training run is
     refused once it holds a checkpoint. Without one (a start that failed or was stopped before
     its first checkpoint) the new config simply replaces the old one.
 
+    An unreadable ``config.json`` (damaged) is refused unless ``replace_unreadable``: then
+    ``config``, which the caller says is the one the run was trained with, replaces it (the
+    checkpoints must restore into its model, which ``Checkpoints.restore`` checks).
+
     Returns:
-      True if the stored config differs and is to be replaced (nothing was trained with it).
+      True if the stored config differs (or is unreadable) and is to be replaced.
 
     Raises:
-      ConfigError: if ``workdir/config.json`` is unreadable, or differs and a checkpoint exists
-        (the message lists the differences and the fixes).
+      ConfigError: if ``workdir/config.json`` is unreadable (without ``replace_unreadable``), or
+        differs and a checkpoint exists (the message lists the differences and the fixes).
     """
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
@@ -74,11 +80,13 @@ def check_workdir_config(config: ml_collections.ConfigDict, workdir: str) -> boo
     try:
         with open(path) as f:
             old = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(
-            f"{path} is unreadable ({e}); it does not describe this workdir's checkpoints. "
-            "Use a new --workdir, or restore the file"
-        ) from None
+        if not isinstance(old, dict):
+            raise ValueError(f"a JSON {type(old).__name__}, not an object")
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError included
+        if replace_unreadable:
+            log.warning("%s is unreadable (%s); replacing it with this config", path, e)
+            return True
+        raise ConfigError(unreadable_config(path, e)) from None
     defaults = flatten_config(json.loads(to_json(base_config())))
     diffs = incompatible_keys(old, json.loads(to_json(config)), defaults=defaults)
     if not diffs:
@@ -93,13 +101,27 @@ def check_workdir_config(config: ml_collections.ConfigDict, workdir: str) -> boo
     )
 
 
-def prepare_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
+def unreadable_config(path: str, error: BaseException) -> str:
+    """The message for a damaged ``config.json``, with the fixes that work."""
+    workdir = os.path.dirname(path)
+    return (
+        f"{path} is unreadable ({type(error).__name__}: {error}); it describes the model of "
+        f"this workdir's checkpoints. Restore it from a copy, or write it again from the config "
+        f"and flags the run was trained with: python train.py --config <that config> "
+        f"--workdir {workdir} --replace_unreadable_config (it resumes the run, or only rewrites "
+        "the file if the run is finished)"
+    )
+
+
+def prepare_workdir(
+    config: ml_collections.ConfigDict, workdir: str, *, replace_unreadable: bool = False
+) -> None:
     """Creates the workdir, refusing one written by an incompatible config, and writes config.json.
 
     Raises:
       ConfigError: see :func:`check_workdir_config`.
     """
-    replaced = check_workdir_config(config, workdir)
+    replaced = check_workdir_config(config, workdir, replace_unreadable=replace_unreadable)
     os.makedirs(workdir, exist_ok=True)
     barrier("jdml:workdir-checked")  # every process has read the old config before it changes
     if is_main_process():
@@ -118,7 +140,8 @@ def setup_logging(workdir: str | None) -> None:
 
     class _TqdmHandler(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            tqdm.write(self.format(record))
+            if not getattr(record, "file_only", False):  # long details: train.log only
+                tqdm.write(self.format(record))
 
     log.setLevel(logging.INFO)
     log.propagate = False
@@ -175,12 +198,16 @@ def summarize(records: list[dict], selection_split: str, metric: str) -> dict[st
     return summary
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: str, *, replace_unreadable_config: bool = False
+) -> dict[str, Any]:
     """Trains the configured method, evaluating on unseen classes; resumes from ``workdir``.
 
     Args:
       config: a full config (see ``jdml.config.base_config`` and ``configs/``).
       workdir: run directory: config.json, metrics.jsonl, train.log, results.json, checkpoints.
+      replace_unreadable_config: a damaged ``workdir/config.json`` is replaced by ``config``
+        (see :func:`check_workdir_config`) instead of refused.
 
     Returns:
       The run summary (also written to ``workdir/results.json``): the untrained, final and best
@@ -189,6 +216,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     """
     workdir = os.path.abspath(workdir)
     validate(config)
+    check_devices(config)
     setup_logging(None)
     with contextlib.ExitStack() as stack:
         # The lock first (a second process on the same workdir stops before loading data), then
@@ -198,12 +226,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if is_main_process():
             check_writable(workdir)
             claim = stack.enter_context(claim_workdir(workdir))
-        check_workdir_config(config, workdir)
+        check_workdir_config(config, workdir, replace_unreadable=replace_unreadable_config)
         run = Run(config, validated=True)
         _check_not_past_the_end(run, workdir)
+        check_profile_steps(config.profile_steps, run.total_steps)
         if claim is not None:
             claim.keep()
-        prepare_workdir(config, workdir)
+        prepare_workdir(config, workdir, replace_unreadable=replace_unreadable_config)
         setup_logging(workdir)
         return _train(config, workdir, run, stack)
 

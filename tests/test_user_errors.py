@@ -549,6 +549,31 @@ def test_a_deleted_best_checkpoint_is_named_not_replaced(finished: Path, tmp_pat
     assert f"latest (step {latest[-1]})" in proc.stdout + proc.stderr
 
 
+def _damage(checkpoint: Path) -> None:
+    """Overwrites every file of a checkpoint's state with bytes of the same size."""
+    for path in (checkpoint / "state").rglob("*"):
+        if path.is_file():
+            path.write_bytes(b"\x5a" * max(1, path.stat().st_size))
+
+
+def test_a_damaged_checkpoint_is_one_line(npz: str, finished: Path, tmp_path: Path) -> None:
+    """A damaged best checkpoint under ``eval.py`` and a damaged latest one when training
+    resumes: one ``error:`` line with a short cause, naming the other checkpoints and the fix
+    (no storage-layer dump on the console; training writes it to train.log)."""
+    copy = Path(shutil.copytree(finished, tmp_path / "run"))
+    (best,) = [p for p in (copy / "best").iterdir() if p.name.isdigit()]
+    _damage(best)
+    proc = unchanged_after(copy, "eval.py", "--workdir", str(copy))
+    line = assert_refused(proc, f"cannot restore checkpoint step {best.name}", "damaged")
+    assert len(line) < 700 and len(proc.stderr.strip().splitlines()) <= 3, proc.stderr
+    steps = sorted(int(p.name) for p in (copy / "checkpoints").iterdir() if p.name.isdigit())
+    _damage(copy / "checkpoints" / str(steps[-1]))
+    proc = run(*train_args(npz, copy, "--config.train.epochs=3"))
+    line = assert_refused(proc, f"cannot restore checkpoint step {steps[-1]}", "out of the way")
+    assert len(line) < 700 and len(proc.stderr.strip().splitlines()) <= 3, proc.stderr
+    assert "failed:" in (copy / "train.log").read_text()  # the whole cause, in the log
+
+
 @pytest.mark.parametrize("k", ["0", "-3"])
 def test_search_needs_a_positive_k(finished: Path, npz: str, tmp_path: Path, k: str) -> None:
     index = tmp_path / "index.npz"

@@ -30,6 +30,11 @@ _COORDINATOR = flags.DEFINE_string(
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 1, "Processes of a multi-host run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index in a multi-host run.")
+_REPLACE_UNREADABLE = flags.DEFINE_bool(
+    "replace_unreadable_config",
+    False,
+    "Replace a damaged <workdir>/config.json with --config (the one the run was trained with).",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -44,7 +49,9 @@ def main(argv: list[str]) -> None:
         if _COORDINATOR.value or _DISTRIBUTED.value:
             initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
 
-        summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+        summary = train_and_evaluate(
+            _CONFIG.value, _WORKDIR.value, replace_unreadable_config=_REPLACE_UNREADABLE.value
+        )
         if not is_main_process():
             return
         tables = {}

@@ -265,6 +265,42 @@ def _validate_pipeline(data: ml_collections.ConfigDict) -> None:
         )
 
 
+def check_devices(c: ml_collections.ConfigDict) -> None:
+    """Checks the device counts of a training run against the devices present (every process's,
+    under ``jax.distributed``), before anything is read or written; raises ``ConfigError``.
+
+    ``validate`` does not: a stored config is also evaluated on machines with other devices.
+    """
+    import jax
+
+    from jdml.methods.cohort import mesh_shape
+
+    available = len(jax.devices())
+    for key in ("data_devices", "eval_devices"):
+        value = int(c.parallel[key])
+        if value > available:
+            raise ConfigError(
+                f"parallel.{key}={value}, but this run has {available} device(s); set "
+                f"--config.parallel.{key}=0 (all of them) or a number up to {available}"
+            )
+    mesh_shape(c.cohort.size, c.cohort.devices, c.parallel.data_devices)
+
+
+def check_profile_steps(profile_steps: str, total_steps: int) -> None:
+    """Refuses a ``profile_steps`` range that starts at or after the run's last step (the trace
+    would never start); raises ``ConfigError`` naming a range that fits."""
+    span = profile_range(profile_steps)
+    if span is None or span[0] < total_steps:
+        return
+    length = min(span[1] - span[0], 5, max(1, total_steps - 1))
+    start = max(0, min(total_steps - length, 1))
+    raise ConfigError(
+        f"profile_steps={profile_steps!r} starts after the run's last step ({total_steps} "
+        f"steps: train.epochs x steps per epoch), so no trace would be written; use e.g. "
+        f"--config.profile_steps={start}:{start + length}"
+    )
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
     """Checks the combination of choices before anything runs; raises ``ConfigError``."""
     from jdml.data.augment import AUGMENTATIONS

@@ -618,6 +618,12 @@ def contact_sheet(
 
 def run(args: argparse.Namespace) -> int:
     """``jdml data fetch emoji``: fetch, check and build; prints the statistics."""
+    from jdml.fileio import check_output_path
+    from jdml.workdir import check_writable
+
+    check_writable(str(_root(args.cache_dir)), "cache folder (--cache-dir)")
+    if args.sheet:
+        check_output_path(args.sheet, "sheet.png")
     start = time.perf_counter()
     manifest = fetch_and_build(args.cache_dir, SOURCES)
     stats = manifest["stats"]
