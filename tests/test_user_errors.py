@@ -324,6 +324,68 @@ def test_failed_starts_write_nothing_and_the_corrected_command_runs(
     assert '"name": "margin"' in (workdir / "config.json").read_text()
 
 
+@pytest.mark.parametrize(
+    ("flag", "fragment"),
+    [
+        ("--config.parallel.data_devices=3", "parallel.data_devices=3, but this run has"),
+        ("--config.parallel.eval_devices=5", "parallel.eval_devices=5, but this run has"),
+        ("--config.profile_steps=100:200", "starts after the run's last step"),
+    ],
+)
+def test_device_counts_and_profile_ranges_fail_first_and_their_fix_works(
+    npz: str, tmp_path: Path, flag: str, fragment: str
+) -> None:
+    """On one device: checked before anything is written (no workdir is left), and the flag
+    the message suggests runs (the profile range then writes a trace)."""
+    import re
+
+    one_device = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    workdir = tmp_path / "w"
+    line = assert_refused(run(*train_args(npz, workdir, flag), env=one_device), fragment)
+    assert not workdir.exists()
+    fix = re.search(r"--config\.[a-z_.]+=[0-9:]+", line).group(0)
+    proc = run(*train_args(npz, workdir, fix), env=one_device)
+    assert proc.returncode == 0, proc.stderr + line
+    if "profile_steps" in fix:
+        assert [p for p in (workdir / "profile").rglob("*") if p.is_file()], line
+
+
+def test_a_damaged_config_json_names_a_fix_that_works(
+    npz: str, finished: Path, tmp_path: Path
+) -> None:
+    """A truncated config.json: eval.py and train.py refuse it naming the fix, and the fix
+    (the training command with --replace_unreadable_config) restores a run eval.py reads."""
+    copy = Path(shutil.copytree(finished, tmp_path / "run"))
+    text = (copy / "config.json").read_text()
+    (copy / "config.json").write_text(text[: len(text) // 2])
+    for args in (["eval.py", "--workdir", str(copy)], train_args(npz, copy)):
+        proc = unchanged_after(copy, *args)
+        assert_refused(proc, "config.json is unreadable", "--replace_unreadable_config")
+    proc = run(*train_args(npz, copy, "--replace_unreadable_config"))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((copy / "config.json").read_text()) == json.loads(text)
+    assert run("eval.py", "--workdir", str(copy)).returncode == 0
+
+
+def test_a_concatenation_on_a_one_head_run_names_its_head(finished: Path, tmp_path: Path) -> None:
+    import re
+
+    out = str(tmp_path / "model.jaxexp")
+    args = ["-m", "jdml", "export", str(finished), "--out", out]
+    proc = unchanged_after(finished, *args, "--embedding", "concat:1,2")
+    line = assert_refused(proc, "nothing to concatenate")
+    head = re.search(r"use --embedding (\S+)", line).group(1)
+    assert run(*args, "--embedding", head).returncode == 0
+
+
+def test_a_file_as_the_cache_folder_is_named(tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "hostname"
+    not_a_folder.write_text("host")
+    proc = run("-m", "jdml", "data", "fetch", "emoji", "--cache-dir", str(not_a_folder))
+    assert_refused(proc, f"{not_a_folder} is a file, not a folder", "choose another path")
+    assert not_a_folder.read_text() == "host"
+
+
 # ----------------------------------------------------------------- 5. numbers out of range
 
 

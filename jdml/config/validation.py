@@ -283,7 +283,14 @@ def check_devices(c: ml_collections.ConfigDict) -> None:
                 f"parallel.{key}={value}, but this run has {available} device(s); set "
                 f"--config.parallel.{key}=0 (all of them) or a number up to {available}"
             )
-    mesh_shape(c.cohort.size, c.cohort.devices, c.parallel.data_devices)
+    data_devices = int(c.parallel.data_devices)
+    if data_devices and c.train.batch_size % data_devices:
+        raise ConfigError(
+            f"parallel.data_devices={data_devices} must divide train.batch_size="
+            f"{c.train.batch_size}; choose a batch size that is a multiple of it, or another "
+            "--config.parallel.data_devices"
+        )
+    mesh_shape(c.cohort.size, c.cohort.devices, data_devices)
 
 
 def check_profile_steps(profile_steps: str, total_steps: int) -> None:
@@ -391,12 +398,6 @@ def _validate_cohort(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"parallel.batch_norm={c.parallel.batch_norm!r}; choose one of "
             f"{', '.join(BATCH_NORM_MODES)}"
-        )
-    data_devices = c.parallel.data_devices
-    if data_devices and c.train.batch_size % data_devices:
-        raise ConfigError(
-            f"parallel.data_devices={data_devices} must divide train.batch_size="
-            f"{c.train.batch_size}; choose a batch size that is a multiple of it"
         )
     if cohort.members:
         from jdml.methods.cohort import member_configs
