@@ -74,7 +74,8 @@ def _save_failure(error: BaseException, directory: str, step: int, kept: list[in
         else "none was saved before"
     )
     return (
-        f"cannot save checkpoint step {step} in {directory} ({reason}); {earlier}. {fix}, then "
+        f"cannot save checkpoint step {step} in {directory} ({reason}); {earlier}. "
+        f"{fix[0].upper()}{fix[1:]}, then "
         "run the same command again: it resumes from the newest checkpoint"
     )
 

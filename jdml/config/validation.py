@@ -290,7 +290,14 @@ def check_devices(c: ml_collections.ConfigDict) -> None:
             f"{c.train.batch_size}; choose a batch size that is a multiple of it, or another "
             "--config.parallel.data_devices"
         )
-    mesh_shape(c.cohort.size, c.cohort.devices, data_devices)
+    members, data = mesh_shape(c.cohort.size, c.cohort.devices, data_devices)
+    if jax.process_count() > 1 and members * data != available:
+        raise ConfigError(
+            f"this run has {jax.process_count()} processes, whose {available} devices must all "
+            f"train, but cohort.devices x parallel.data_devices = {members} x {data} uses "
+            f"{members * data}; set --config.parallel.data_devices=0 (every device the cohort's "
+            "member axis leaves)"
+        )
 
 
 def check_profile_steps(profile_steps: str, total_steps: int) -> None:

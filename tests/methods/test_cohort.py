@@ -13,6 +13,7 @@ import pytest
 
 from configs.diva import get_config as diva_config
 from jdml.config import set_keys, validate
+from jdml.config.validation import check_devices
 from jdml.errors import ConfigError
 from jdml.fileio import read_jsonl
 from jdml.program import make_train_step
@@ -181,8 +182,12 @@ def test_view_diversity_gives_each_member_its_own_augmentation(npz):
     ],
 )
 def test_cohort_config_errors(npz, overrides, message):
+    """As the trainer checks a config: ``validate``, then the device counts, then the run."""
+    config = tiny_config(npz, **overrides)
     with pytest.raises(ConfigError, match=message):
-        Run(tiny_config(npz, **overrides))
+        validate(config)
+        check_devices(config)
+        Run(config, validated=True)
 
 
 def test_cohort_trains_evaluates_and_resumes_exactly(npz, tmp_path):
