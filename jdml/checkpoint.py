@@ -132,6 +132,10 @@ class Checkpoints:
             )
             manager.wait_until_finished()
         except Exception as e:  # orbax and tensorstore raise many types for a failed write
+            from jdml.distributed import is_peer_failure
+
+            if is_peer_failure(e):  # another process died: the trainer stops this one at once
+                raise
             _remove_partial(str(manager.directory), step)
             kept = saved_steps(self.workdir, "best" if best else "latest")
             raise CheckpointError(_save_failure(e, str(manager.directory), step, kept)) from e

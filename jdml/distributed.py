@@ -13,6 +13,8 @@ results); checkpoints are written cooperatively by orbax (each process its own s
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
@@ -71,3 +73,58 @@ def local_rows(sharding: jax.sharding.Sharding, rows: int) -> tuple[int, int]:
     if sum(b - a for a, b in slices) != stop - start:
         raise ValueError(f"this process's rows {sorted(slices)} are not one contiguous range")
     return start, stop
+
+
+# What a collective or the coordination service says when another process of the run has died.
+_PEER_FAILURE = (
+    "Gloo",
+    "NCCL",
+    "Connection reset",
+    "coordination service",
+    "another task",
+    "UNAVAILABLE",
+    "DEADLINE_EXCEEDED",
+)
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a multi-process run's collective or coordination failure, which is
+    what another process's death looks like from this one."""
+    return (
+        isinstance(error, jax.errors.JaxRuntimeError)
+        and jax.process_count() > 1
+        and any(word in str(error) for word in _PEER_FAILURE)
+    )
+
+
+def peer_failure(error: BaseException, workdir: str) -> str | None:
+    """The ``error:`` line for a multi-process run whose step failed because another process
+    stopped (a collective or the coordination service reports it), or None for any other error.
+    """
+    if not is_peer_failure(error):
+        return None
+    text = str(error)
+    from jdml.checkpoint import saved_steps
+
+    steps = saved_steps(workdir)
+    saved = (
+        f"the checkpoints saved (latest step {steps[-1]}) are intact"
+        if steps
+        else ("no checkpoint was saved yet")
+    )
+    first = (text.strip().splitlines() or [""])[0][:200]
+    return (
+        f"error: another process of this {jax.process_count()}-process run stopped, so process "
+        f"{jax.process_index()} cannot go on ({first}); {saved}: start every process again with "
+        "the same command to resume"
+    )
+
+
+def exit_after_peer_failure(line: str, code: int) -> None:
+    """Prints ``line`` and ends this process at once: JAX's exit handlers would wait on the
+    dead process's collectives and then abort with a stack dump."""
+    import sys
+
+    print(line, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)

@@ -26,6 +26,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from jdml.checkpoint import Checkpoints, has_checkpoints, saved_steps
+from jdml.cli import EXIT_USAGE
 from jdml.config import (
     base_config,
     flatten_config,
@@ -36,7 +37,7 @@ from jdml.config import (
 from jdml.config.validation import check_devices, check_profile_steps, profile_range
 from jdml.data.arrays import ImageSet
 from jdml.data.pipeline import input_pipeline, train_batches
-from jdml.distributed import barrier, is_main_process
+from jdml.distributed import barrier, exit_after_peer_failure, is_main_process, peer_failure
 from jdml.errors import ConfigError, NonFiniteLossError
 from jdml.evaluation.embeddings import format_table
 from jdml.evaluation.splits import SPECTRUM
@@ -340,7 +341,14 @@ def _train(
             evaluate(state, 0)
         state = run.prepare(state)
     train_step = run.make_train_step()
-    _Loop(run, train_step, writer, ckpts, evaluate, os.path.join(workdir, "profile"))(state, start)
+    loop = _Loop(run, train_step, writer, ckpts, evaluate, os.path.join(workdir, "profile"))
+    try:
+        loop(state, start)
+    except jax.errors.JaxRuntimeError as e:  # another process of the run may have died
+        line = peer_failure(e, workdir)
+        if line is None:
+            raise
+        exit_after_peer_failure(line, EXIT_USAGE)  # at once: before anything waits on it
     done = read_jsonl(writer.path) if os.path.exists(writer.path) else []
     summary = summarize(done, selection, metric)
     compiles = train_step._cache_size()  # type: ignore[attr-defined]

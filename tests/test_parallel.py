@@ -193,3 +193,66 @@ def test_a_checkpoint_restores_on_fewer_devices_and_training_continues(npz, tmp_
         )
         for x, y in pairs:
             np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5, err_msg=field)
+
+
+def test_a_two_process_run_killed_on_one_host_stops_the_other_in_one_line(npz, tmp_path):
+    """Process 1 of a ``jax.distributed`` run is killed after the first checkpoint: process 0
+    ends within seconds with one ``error:`` line (no stack dump of JAX's exit handlers), the
+    checkpoints stay, and both processes started again resume and finish the run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import REPO, free_port, train_in_processes, write_tiny_config_file
+
+    # A long run, so that the kill lands while process 0 trains or saves (both end the same).
+    overrides = {
+        "parallel.data_devices": 0,
+        "train.epochs": 60,
+        "eval.every_epochs": 60,
+        "train.checkpoint_every_steps": 60,
+    }
+    config = write_tiny_config_file(str(tmp_path), npz, **overrides)
+    workdir = tmp_path / "run"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                os.path.join(REPO, "train.py"),
+                f"--config={config}",
+                f"--workdir={workdir}",
+                f"--coordinator_address=127.0.0.1:{port}",
+                "--num_processes=2",
+                f"--process_id={i}",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        deadline = time.time() + 600
+        while not any(p.name.isdigit() for p in (workdir / "checkpoints").glob("*")):
+            assert procs[0].poll() is None and time.time() < deadline
+            time.sleep(0.2)
+        time.sleep(0.5)  # the save is committed: training goes on
+        procs[1].send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        _, err = procs[0].communicate(timeout=300)
+        assert procs[0].returncode == 2, err[-3000:]
+        assert time.time() - killed_at < 120
+        lines = [line for line in err.splitlines() if "error:" in line]
+        assert len(lines) == 1 and "another process of this 2-process run stopped" in lines[0]
+        assert "start every process again" in lines[0] and "Traceback" not in err, err[-3000:]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    outputs = train_in_processes(config, str(workdir))
+    assert "Resuming from the checkpoint" in outputs[0] and "results:" in outputs[0]
