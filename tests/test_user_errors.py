@@ -584,7 +584,7 @@ def test_a_full_disk_during_a_checkpoint_save(npz: str, finished: Path, tmp_path
         env = {"FILL_AT": "3", "FILLER": str(filler)}
         proc = run(str(script), *train_args(npz, workdir)[1:], env=env)
         line = assert_refused(proc, "cannot save checkpoint step", "no space left on device")
-        assert proc.returncode == 2 and "free some space" in line and "resumes" in line
+        assert proc.returncode == 2 and "Free some space" in line and "resumes" in line
         assert len(proc.stderr.strip().splitlines()) <= 3, proc.stderr
         assert not [p for p in workdir.rglob("*") if "orbax-checkpoint-tmp" in p.name]
         filler.unlink()
