@@ -148,16 +148,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def train_in_processes(config_file: str, workdir: str, processes: int = 2) -> list[str]:
-    """Runs ``train.py`` as ``processes`` processes of one ``jax.distributed`` run on this
-    machine (two CPU devices each, gloo collectives) and returns each one's output; fails the
-    test if any exits non-zero."""
+def start_training_processes(
+    config_file: str, workdir: str, processes: int = 2, **popen: object
+) -> list:
+    """Starts ``train.py`` as ``processes`` processes of one ``jax.distributed`` run on this
+    machine (two CPU devices each, gloo collectives); ``popen``: the streams (``stdout``,
+    ``stderr``, ``text``) of ``subprocess.Popen``. Returns the processes."""
     import subprocess
     import sys
 
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     port = free_port()
-    procs = [
+    return [
         subprocess.Popen(
             [
                 sys.executable,
@@ -169,12 +171,21 @@ def train_in_processes(config_file: str, workdir: str, processes: int = 2) -> li
                 f"--process_id={i}",
             ],
             env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+            **popen,
         )
         for i in range(processes)
     ]
+
+
+def train_in_processes(config_file: str, workdir: str, processes: int = 2) -> list[str]:
+    """Runs ``train.py`` as ``processes`` processes of one ``jax.distributed`` run on this
+    machine (``start_training_processes``) and returns each one's output; fails the test if any
+    exits non-zero."""
+    import subprocess
+
+    procs = start_training_processes(
+        config_file, workdir, processes, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out[-3000:]

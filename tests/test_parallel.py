@@ -203,13 +203,11 @@ def test_a_two_process_run_killed_on_one_host_stops_the_other_in_one_line(npz, t
     ends within seconds, with one ``error:`` line (exit 2) where the failed collective reaches
     Python first, or through JAX's own abort where its coordination service notices first; the
     checkpoints stay, and both processes started again resume and finish the run."""
-    import os
     import signal
     import subprocess
-    import sys
     import time
 
-    from tests.helpers import REPO, free_port, train_in_processes, write_tiny_config_file
+    from tests.helpers import start_training_processes, train_in_processes, write_tiny_config_file
 
     # A long run, so that the kill lands while process 0 trains or saves (both end the same).
     overrides = {
@@ -220,26 +218,9 @@ def test_a_two_process_run_killed_on_one_host_stops_the_other_in_one_line(npz, t
     }
     config = write_tiny_config_file(str(tmp_path), npz, **overrides)
     workdir = tmp_path / "run"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                os.path.join(REPO, "train.py"),
-                f"--config={config}",
-                f"--workdir={workdir}",
-                f"--coordinator_address=127.0.0.1:{port}",
-                "--num_processes=2",
-                f"--process_id={i}",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
+    procs = start_training_processes(
+        config, str(workdir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.time() + 600
         while not any(p.name.isdigit() for p in (workdir / "checkpoints").glob("*")):
