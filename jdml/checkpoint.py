@@ -110,6 +110,7 @@ class Checkpoints:
         self.workdir = workdir
         self.latest = _manager(os.path.join(workdir, "checkpoints"), keep_latest, create)
         self.best = _manager(os.path.join(workdir, "best"), 1, create)
+        self._closed = False
 
     def save(self, state: TrainState, meta: dict[str, Any], *, best: bool = False) -> None:
         """Saves ``state`` as the latest (or best) checkpoint of its step.
@@ -219,7 +220,7 @@ class Checkpoints:
 
     def close(self) -> None:
         """Stops the managers' background work (once; a later call does nothing)."""
-        if getattr(self, "_closed", False):
+        if self._closed:
             return
         self._closed = True
         self.latest.close()
