@@ -97,16 +97,15 @@ def is_peer_failure(error: BaseException) -> bool:
     )
 
 
-def peer_failure(error: BaseException, workdir: str) -> str | None:
+def peer_failure(error: BaseException, saved_steps: list[int]) -> str | None:
     """The ``error:`` line for a multi-process run whose step failed because another process
-    stopped (a collective or the coordination service reports it), or None for any other error.
+    stopped (a collective or the coordination service reports it), or None for any other error;
+    ``saved_steps`` are the steps of the run's latest checkpoints (the line says what is intact).
     """
     if not is_peer_failure(error):
         return None
     text = str(error)
-    from jdml.checkpoint import saved_steps
-
-    steps = saved_steps(workdir)
+    steps = sorted(saved_steps)
     saved = (
         f"the checkpoints saved (latest step {steps[-1]}) are intact"
         if steps

@@ -9,6 +9,7 @@ from typing import Any
 
 from jdml.checkpoint import Checkpoints
 from jdml.config import saved_config
+from jdml.config.saved import unreadable_config
 from jdml.errors import CheckpointError, ConfigError
 from jdml.evaluation.splits import SPECTRUM
 from jdml.fileio import atomic_write
@@ -28,8 +29,6 @@ def load_config(workdir: str):
         with open(path) as f:
             config = saved_config(f.read())
     except (OSError, ValueError, TypeError, AttributeError) as e:  # not a config's JSON object
-        from jdml.trainer import unreadable_config
-
         raise ConfigError(unreadable_config(path, e)) from None
     config.lock()
     return config

@@ -12,6 +12,7 @@ never puts a file in place of something the library did not write.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import stat
@@ -169,3 +170,12 @@ def read_jsonl(path: str | os.PathLike[str], *, warn: bool = False) -> list[dict
                 continue
             records.append(record)
     return records
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

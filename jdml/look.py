@@ -17,12 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from jdml.data.arrays import QueryGallery
 from jdml.data.loading import load_splits
 from jdml.errors import ConfigError
-from jdml.evaluation.knn import knn
 from jdml.inference import Model, load
-from jdml.visualize import embedding_map, embedding_maps, html_report, retrieval_grid
+from jdml.visualize import embedding_map, embedding_maps, html_report, split_retrieval_grid
 
 log = logging.getLogger("jdml")
 
@@ -51,18 +49,6 @@ class LookOptions:
     seed: int = 0
 
 
-def _neighbours(
-    embeddings: np.ndarray, queries: np.ndarray, references: np.ndarray, k: int, distance: str
-) -> np.ndarray:
-    """(Q, k) indices of each query's k nearest ``references`` (the query itself excluded)."""
-    _, found = knn(
-        embeddings[queries], embeddings[references], k + 1, exclude_self=False, distance=distance
-    )
-    found = references[np.asarray(found)]
-    rows = [row[row != q][:k] for row, q in zip(found, queries, strict=True)]
-    return np.stack(rows)
-
-
 def draw_retrieval_grid(
     model: Model, data: Any, embeddings: np.ndarray, path: str, options: LookOptions
 ) -> str:
@@ -70,41 +56,13 @@ def draw_retrieval_grid(
     other items; for a query/gallery split, random queries among the gallery."""
     title = f"{os.path.basename(model.workdir)}: {options.split} queries, {model.embedding}"
     return split_retrieval_grid(
-        data, embeddings, path, options, distance=str(model.config.eval.distance), title=title
-    )
-
-
-def split_retrieval_grid(
-    data: Any,
-    embeddings: np.ndarray,
-    path: str,
-    options: LookOptions,
-    *,
-    distance: str,
-    title: str | None = None,
-) -> str:
-    """The retrieval grid of a split's ``embeddings`` (one row per item of ``data``): the
-    queries drawn with ``options.seed`` (the same ones at every call), their neighbours among
-    the other items (the gallery for a query/gallery split) by ``distance``."""
-    if isinstance(data, QueryGallery):
-        pool, references = np.arange(data.num_queries), np.arange(data.num_queries, len(data))
-    else:
-        pool = references = np.arange(len(data))
-    rng = np.random.default_rng(options.seed)
-    queries = np.sort(rng.choice(pool, min(options.queries, len(pool)), replace=False))
-    k = min(options.neighbours, len(references) - 1)
-    found = _neighbours(np.asarray(embeddings), queries, references, k, distance)
-    labels = np.asarray(data.labels)
-    query_images = data.eval_images(queries)
-    neighbour_images = data.eval_images(found.reshape(-1))
-    return retrieval_grid(
-        query_images,
-        neighbour_images.reshape(*found.shape, *query_images.shape[1:]),
-        labels[found] == labels[queries][:, None],
+        data,
+        embeddings,
         path,
-        query_labels=labels[queries],
-        neighbour_labels=labels[found],
-        class_names=list(data.class_names),
+        distance=str(model.config.eval.distance),
+        queries=options.queries,
+        neighbours=options.neighbours,
+        seed=options.seed,
         title=title,
     )
 

@@ -38,7 +38,7 @@ from jdml.config import RESUMABLE_CHANGES, flatten_config, selected_only
 from jdml.errors import ReportError
 from jdml.evaluation.embeddings import is_percent
 from jdml.fileio import read_jsonl
-from jdml.visualize.figures import curves_with_bands, spectra_comparison
+from jdml.visualize.curves import curves_with_bands, spectra_comparison
 
 log = logging.getLogger("jdml")
 

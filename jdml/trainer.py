@@ -34,6 +34,7 @@ from jdml.config import (
     to_json,
     validate,
 )
+from jdml.config.saved import unreadable_config
 from jdml.config.validation import check_devices, check_profile_steps, profile_range
 from jdml.data.arrays import ImageSet
 from jdml.data.pipeline import input_pipeline, train_batches
@@ -48,6 +49,7 @@ from jdml.program import StepFn
 from jdml.run import Run
 from jdml.samplers.memory import epoch_sampler
 from jdml.state import TrainState
+from jdml.visualize import spectrum_plot, split_retrieval_grid
 from jdml.workdir import check_writable, claim_workdir
 
 log = logging.getLogger("jdml")
@@ -99,18 +101,6 @@ def check_workdir_config(
         "it with this config would mix two experiments. Use a new --workdir for the new config, "
         f"or resume the old run with its stored config: python train.py --config {path} "
         f"--workdir {workdir}"
-    )
-
-
-def unreadable_config(path: str, error: BaseException) -> str:
-    """The message for a damaged ``config.json``, with the fixes that work."""
-    workdir = os.path.dirname(path)
-    return (
-        f"{path} is unreadable ({type(error).__name__}: {error}); it describes the model of "
-        f"this workdir's checkpoints. Restore it from a copy, or write it again from the config "
-        f"and flags the run was trained with: python train.py --config <that config> "
-        f"--workdir {workdir} --replace_unreadable_config (it resumes the run, or only rewrites "
-        "the file if the run is finished)"
     )
 
 
@@ -345,7 +335,7 @@ def _train(
     try:
         loop(state, start)
     except jax.errors.JaxRuntimeError as e:  # another process of the run may have died
-        line = peer_failure(e, workdir)
+        line = peer_failure(e, saved_steps(workdir))
         if line is None:
             raise
         exit_after_peer_failure(line, EXIT_USAGE)  # at once: before anything waits on it
@@ -362,8 +352,6 @@ def _train(
 
 def _spectrum_image(writer: MetricWriter, split: str) -> np.ndarray:
     """The run's spectrum plot of ``split`` so far (latest against first), as RGB pixels."""
-    from jdml.visualize.figures import spectrum_plot
-
     with tempfile.TemporaryDirectory() as folder:
         path = spectrum_plot(read_jsonl(writer.path), os.path.join(folder, "s.png"), split=split)
         with Image.open(path) as image:
@@ -373,11 +361,9 @@ def _spectrum_image(writer: MetricWriter, split: str) -> np.ndarray:
 def _retrieval_image(data: ImageSet, embeddings: np.ndarray, distance: str) -> np.ndarray:
     """The retrieval grid of a split (``jdml look``'s six queries and six neighbours, the same
     queries at every call) as RGB pixels."""
-    from jdml.look import LookOptions, split_retrieval_grid
-
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "grid.png")
-        split_retrieval_grid(data, embeddings, path, LookOptions(), distance=distance)
+        split_retrieval_grid(data, embeddings, path, distance=distance)
         with Image.open(path) as image:
             return np.asarray(image.convert("RGB"))
 

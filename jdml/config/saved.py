@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -154,3 +155,15 @@ def incompatible_keys(
 
 
 ConfigFactory = Callable[..., ml_collections.ConfigDict]
+
+
+def unreadable_config(path: str, error: BaseException) -> str:
+    """The message for a damaged ``config.json``, with the fixes that work."""
+    workdir = os.path.dirname(path)
+    return (
+        f"{path} is unreadable ({type(error).__name__}: {error}); it describes the model of "
+        f"this workdir's checkpoints. Restore it from a copy, or write it again from the config "
+        f"and flags the run was trained with: python train.py --config <that config> "
+        f"--workdir {workdir} --replace_unreadable_config (it resumes the run, or only rewrites "
+        "the file if the run is finished)"
+    )

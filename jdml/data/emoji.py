@@ -76,10 +76,9 @@ import numpy as np
 from PIL import Image
 
 from jdml.data.arrays import ImageArrays
-from jdml.data.glyphs import sha256_file
 from jdml.data.sources import DATASETS, _check_channels, _check_image_size, resize_images
 from jdml.errors import DataError, EmojiFetchError
-from jdml.fileio import atomic_write, cache_root
+from jdml.fileio import atomic_write, cache_root, sha256_file
 
 FORMAT_VERSION = 1
 IMAGE_SIZE = 64

@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jdml.fileio import atomic_write
-from jdml.visualize.figures import is_fraction_metric, load_records, spectrum_plot, training_curves
+from jdml.visualize.curves import load_records, spectrum_plot, training_curves
+from jdml.visualize.figure import is_fraction_metric
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _RESULT_SECTIONS = ("untrained", "best", "final")

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from jdml.data import glyphs
+from jdml.data import fonts, glyphs
 from jdml.data.arrays import ImageArrays
+from jdml.fileio import sha256_file
 from tests.helpers import REPO as REPO_DIR
 
 REPO = Path(REPO_DIR)
@@ -49,15 +50,15 @@ def _ink_rows(image: np.ndarray) -> tuple[int, int]:
 
 def test_pins_agree_with_pyproject() -> None:
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    assert extras["optional-dependencies"]["glyphs"] == list(glyphs.FONT_PINS)
+    assert extras["optional-dependencies"]["glyphs"] == list(fonts.FONT_PINS)
 
 
 def test_at_least_40_pinned_families_all_used(table: glyphs.GlyphTable) -> None:
-    families = [glyphs.parse_pin(p)[0].removeprefix("fontpkg-") for p in glyphs.FONT_PINS]
+    families = [fonts.parse_pin(p)[0].removeprefix("fontpkg-") for p in fonts.FONT_PINS]
     assert len(set(families)) >= 40
     assert table.manifest["families"] == families
     used = {entry["package"] for entry in table.manifest["inputs"]["fonts"]}
-    assert used == {glyphs.parse_pin(p)[0] for p in glyphs.FONT_PINS}
+    assert used == {fonts.parse_pin(p)[0] for p in fonts.FONT_PINS}
 
 
 def test_many_classes_each_with_many_instances(glyph_data: ImageArrays) -> None:
@@ -189,20 +190,18 @@ def test_glyphs_centred_and_rarely_clipped(table: glyphs.GlyphTable) -> None:
 
 def test_no_missing_glyph_rendered(table: glyphs.GlyphTable) -> None:
     instances = table.manifest["instances"]
-    fonts = {
-        (e["package"], e["path"]): glyphs._character_map(
-            glyphs._package_dir(e["package"]) / e["path"]
-        )
+    maps = {
+        (e["package"], e["path"]): fonts.character_map(fonts._package_dir(e["package"]) / e["path"])
         for e in instances
     }
     for j, entry in enumerate(instances):
-        cmap = fonts[(entry["package"], entry["path"])]
+        cmap = maps[(entry["package"], entry["path"])]
         labels = table.data.labels[table.instances == j]
         assert all(ord(table.data.class_names[c]) in cmap for c in np.unique(labels))
 
 
 def test_render_at_64_fits_accents_and_descenders() -> None:
-    instance = glyphs.select_instances(glyphs.locate_fonts(["fontpkg-roboto==3.15"]))[0]
+    instance = fonts.select_instances(fonts.locate_fonts(["fontpkg-roboto==3.15"]))[0]
     geometry = glyphs.Geometry(64)
     font = glyphs.open_instance(instance, geometry.em)
     for char in "ÅÇgjŲ":
@@ -276,7 +275,7 @@ def _damage(kind: str, folder: Path) -> None:
             labels = arrays["labels"][:-1]
         np.savez(npz, images=np.zeros((len(labels), 32, 32, 1), np.uint8), labels=labels)
         data = json.loads(manifest.read_text())
-        data["arrays_sha256"] = glyphs.sha256_file(npz)
+        data["arrays_sha256"] = sha256_file(npz)
         manifest.write_text(json.dumps(data))
 
 
@@ -321,13 +320,13 @@ def test_damaged_cache_is_rebuilt(
 def test_missing_font_package_names_it_and_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = glyphs._installed_version
+    real = fonts._installed_version
     monkeypatch.setattr(
-        glyphs,
+        fonts,
         "_installed_version",
         lambda package: None if package == "fontpkg-lobster" else real(package),
     )
-    with pytest.raises(glyphs.MissingFontsError) as info:
+    with pytest.raises(fonts.MissingFontsError) as info:
         glyphs.load_glyphs(32, tmp_path)
     message = str(info.value)
     assert "fontpkg-lobster is not installed" in message
@@ -338,25 +337,25 @@ def test_missing_font_package_names_it_and_the_fix(
 
 
 def test_wrong_font_version_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = glyphs._installed_version
+    real = fonts._installed_version
     monkeypatch.setattr(
-        glyphs,
+        fonts,
         "_installed_version",
         lambda package: "0.1" if package == "fontpkg-roboto" else real(package),
     )
-    with pytest.raises(glyphs.MissingFontsError, match=r"fontpkg-roboto is at version 0\.1"):
-        glyphs.locate_fonts()
+    with pytest.raises(fonts.MissingFontsError, match=r"fontpkg-roboto is at version 0\.1"):
+        fonts.locate_fonts()
 
 
 def test_unknown_pin_is_reported() -> None:
-    with pytest.raises(glyphs.MissingFontsError, match="fontpkg-no-such-font is not installed"):
-        glyphs.locate_fonts(["fontpkg-no-such-font==1.0"])
+    with pytest.raises(fonts.MissingFontsError, match="fontpkg-no-such-font is not installed"):
+        fonts.locate_fonts(["fontpkg-no-such-font==1.0"])
 
 
 def test_version_comparison_ignores_leading_zeros() -> None:
-    assert glyphs._same_version("1.045", "1.45")
-    assert glyphs._same_version("5.2.post1", "5.2.post1")
-    assert not glyphs._same_version("1.4", "1.45")
+    assert fonts._same_version("1.045", "1.45")
+    assert fonts._same_version("5.2.post1", "5.2.post1")
+    assert not fonts._same_version("1.4", "1.45")
 
 
 # ----------------------------------------------------------------------------- command line
@@ -376,7 +375,7 @@ def test_main_prints_summary_and_writes_sheet(
 def test_main_reports_missing_fonts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(glyphs, "_installed_version", lambda package: None)
+    monkeypatch.setattr(fonts, "_installed_version", lambda package: None)
     assert glyphs.main(["--cache-dir", str(tmp_path)]) == 2
     assert "pip install 'jdml[glyphs]'" in capsys.readouterr().err
 

@@ -217,8 +217,8 @@ def test_glyphs_source_uses_the_cache(glyph_cache_dir: Path, glyph_data: ImageAr
 def test_glyphs_source_reports_missing_fonts_as_data_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jdml.data import glyphs
+    from jdml.data import fonts
 
-    monkeypatch.setattr(glyphs, "_installed_version", lambda package: None)
+    monkeypatch.setattr(fonts, "_installed_version", lambda package: None)
     with pytest.raises(DataError, match=r"fontpkg-roboto is not installed.*jdml\[glyphs\]"):
         DATASETS.get("glyphs")(path="", image_size=32, cache_dir=str(tmp_path))
