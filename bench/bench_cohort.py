@@ -13,7 +13,7 @@ devices share the same two cores, so the sharded cohort can only show its overhe
 speed-up of L real accelerators.
 
 ``--heterogeneous`` times instead the three different networks of
-``bench/glyph_dm2_hetero.py``: each alone (its plain step), and their cohort (one step tracing
+``experiments/glyph_dm2_hetero.py``: each alone (its plain step), and their cohort (one step tracing
 the three, relation matrices exchanged inside it) with and without the mutual term, against
 the sum of the three plain steps.
 
@@ -79,7 +79,8 @@ def _time(entry: list, steps: int) -> float:
 
 def _heterogeneous(steps: int, rounds: int) -> None:
     """The cohort of three different networks against its members' plain steps."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(repo, "experiments"))  # the table's script
     from glyph_dm2_hetero import MEMBERS, _config
 
     cases = {}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The accelerator checks of one session on a GPU host, in one command (README, "On a GPU or
-# TPU"). Run from the repository root; results and logs go to $OUT (default /tmp/jdml-gpu).
+# The accelerator checks of one session on a GPU host, in one command (docs/devices.md,
+# "On a GPU: what was measured"). Run from the repository root; results and logs go to $OUT
+# (default /tmp/jdml-gpu).
 #
 #   bash bench/gpu_session.sh [steps...]
 #
@@ -14,7 +15,7 @@
 #   bench    bench/bench_gpu.py (step, eval, train), its JSON in $OUT
 #   sweep    bench/bench_gpu.py --sections sweep (the evaluator's block sizes)
 #
-# A host without network access takes the missing packages from wheels in .whl/ (README).
+# A host without network access takes the missing packages from wheels in .whl/ (docs/devices.md).
 set -uo pipefail
 OUT=${OUT:-/tmp/jdml-gpu}
 mkdir -p "$OUT"

@@ -14,8 +14,8 @@ do not help: ``mmap_max=0`` is ignored for blocks larger than a thread arena, on
 
 A process cannot change its allocator once it runs, so :func:`reexec_with_tcmalloc` starts the
 program again (the same interpreter and command line, ``os.execve``: the same process id) with
-tcmalloc in ``LD_PRELOAD``. ``train.py``, ``eval.py``, the ``jdml`` command and the benchmark and
-experiment scripts of ``bench/`` that train Lite0 call it first thing; code that imports jdml is
+tcmalloc in ``LD_PRELOAD``. ``train.py``, ``eval.py``, the ``jdml`` command and the scripts of
+``bench/`` and ``experiments/`` that train Lite0 call it first thing; code that imports jdml is
 left alone (set ``LD_PRELOAD`` yourself to get the same effect there).
 
 ``$JDML_ALLOCATOR`` chooses: ``auto`` (the default: tcmalloc if installed, else glibc's malloc

@@ -1,5 +1,5 @@
-"""Checks of the arrays a caller passes to a loss or a miner (the own-loop API, README "Losses and
-miners in your own loop").
+"""Checks of the arrays a caller passes to a loss or a miner (the own-loop API,
+docs/own_loop.md, "Losses and miners in your own loop").
 
 Shapes and dtypes are known when a function is traced, so they are checked then, under ``jit``
 as well as eagerly, at no cost to the compiled step: a wrong rank, dtype or batch size is one

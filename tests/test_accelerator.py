@@ -3,7 +3,7 @@ and trains there, bfloat16 reaches the matrix units, convolutions run as the ven
 the train state is donated, and the evaluator's device path finds the exact neighbours.
 
 Run them on a GPU or TPU host with ``python -m pytest -q -m gpu -n 0 tests/test_accelerator.py``
-(README, "On a GPU or TPU").
+(docs/devices.md, "Tests on a GPU or TPU").
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""bench/emoji_design_errors.py's count of same-design retrieval errors, on explicit points."""
+"""experiments/emoji_design_errors.py's count of same-design retrieval errors, on explicit
+points."""
 
 from __future__ import annotations
 
@@ -14,27 +15,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def bench():
-    path = os.path.join(ROOT, "bench", "emoji_design_errors.py")
+def script():
+    path = os.path.join(ROOT, "experiments", "emoji_design_errors.py")
     spec = importlib.util.spec_from_file_location("emoji_design_errors", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_design_errors_on_explicit_points(bench):
+def test_design_errors_on_explicit_points(script):
     # classes 0, 1, 2 drawn by designs a=0 and b=1; points on a line.
     x = np.array([[0.0], [0.1], [1.0], [5.0], [5.3], [9.0]], np.float32)
     labels = np.array([0, 0, 1, 1, 2, 2])
     designs = np.array([0, 1, 0, 1, 0, 1])
     # first neighbours: 0->1 (right), 1->0 (right), 2->1 (wrong, design b vs a: other),
     # 3->4 (wrong, b vs a: other), 4->3 (wrong, a vs b: other), 5->4 (right)
-    r = bench.design_errors(x, labels, designs)
+    r = script.design_errors(x, labels, designs)
     assert r["recall@1"] == pytest.approx(3 / 6)
     assert r["same_design"] == 0.0
     # same design: point 2 (class 1, design a) moved next to point 0 (class 0, design a)
     x[2] = -0.05
-    r = bench.design_errors(x, labels, designs)
+    r = script.design_errors(x, labels, designs)
     # 0->2 (wrong, same design), 1->0 (right), 2->0 (wrong, same), 3->4, 4->3 (wrong, other),
     # 5->4 (right)
     assert r["recall@1"] == pytest.approx(2 / 6)
@@ -43,10 +44,10 @@ def test_design_errors_on_explicit_points(bench):
     assert r["chance"] == pytest.approx(0.5)
 
 
-def test_test_designs_follow_the_split_and_refuse_another_build(bench):
+def test_test_designs_follow_the_split_and_refuse_another_build(script):
     labels = np.array([3, 0, 2, 1, 3, 2])
     designs = np.array([0, 1, 2, 3, 4, 5])
     # classes 2 and 3 are the upper half: images 0, 2, 4, 5 in dataset order
-    np.testing.assert_array_equal(bench.test_designs(labels, designs, 4), [0, 2, 4, 5])
+    np.testing.assert_array_equal(script.test_designs(labels, designs, 4), [0, 2, 4, 5])
     with pytest.raises(DataError, match="not trained on this build"):
-        bench.test_designs(labels, designs, 5)
+        script.test_designs(labels, designs, 5)

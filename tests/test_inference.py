@@ -1,5 +1,5 @@
 """Using trained models: ``jdml.load``, embed -> index -> search, the incompatible-index error,
-the ``jdml embed / search / look`` commands, and the README's Python example."""
+the ``jdml embed / search / look`` commands, and the Python example of docs/usage.md."""
 
 from __future__ import annotations
 
@@ -159,15 +159,15 @@ def test_look_writes_the_pictures_and_the_report(run_dir, tmp_path, capsys):
     assert "split 'val' does not exist for this run" in capsys.readouterr().err
 
 
-def test_readme_python_example_runs(run_dir, capsys):
-    """The README's Python example, run as written on a trained glyph-like run."""
-    with open(f"{REPO}/README.md") as f:
-        readme = f.read()
-    section = readme.split("## Using a trained model", 1)[1]
+def test_documented_python_example_runs(run_dir, capsys):
+    """The Python example of docs/usage.md, run as written on a trained glyph-like run."""
+    with open(f"{REPO}/docs/usage.md") as f:
+        page = f.read()
+    section = page.split("## Using a trained model", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert 'workdir = "runs/glyphs"' in code
     code = code.replace('workdir = "runs/glyphs"', f"workdir = {run_dir!r}")
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/usage.md", "exec"), {})
     assert "nearest" in capsys.readouterr().out
 
 

@@ -1,5 +1,5 @@
-"""The README's "Losses and miners in your own loop" example runs as printed, and the functional
-API refuses what it does not know."""
+"""The example of docs/own_loop.md ("Losses and miners in your own loop") runs as printed, and the
+functional API refuses what it does not know."""
 
 from __future__ import annotations
 
@@ -12,18 +12,21 @@ import pytest
 from jdml.errors import UnknownNameError
 from tests.helpers import REPO
 
+PAGE = "docs/own_loop.md"  # the documentation page of the own-loop API
+
 
 def _example() -> str:
-    with open(os.path.join(REPO, "README.md")) as f:
+    """The page's first Python block, as a user copies it."""
+    with open(os.path.join(REPO, PAGE)) as f:
         text = f.read()
-    section = text.split("## Losses and miners in your own loop", 1)[1]
+    section = text.split("# Losses and miners in your own loop", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 @pytest.mark.smoke
-def test_the_readme_example_trains_a_user_model(capsys):
+def test_the_documented_example_trains_a_user_model(capsys):
     namespace: dict = {}
-    exec(compile(_example(), "README.md", "exec"), namespace)  # the README of this repository
+    exec(compile(_example(), PAGE, "exec"), namespace)  # the page of this repository
     losses = namespace["losses"]
     assert len(losses) == 30 and all(math.isfinite(v) for v in losses)
     assert losses[-1] < 0.8 * losses[0]
@@ -142,7 +145,7 @@ def test_malformed_tuples_are_refused(batch) -> None:
 
 
 def test_a_script_with_float_labels_ends_in_the_error(tmp_path) -> None:
-    """The README's block with float labels, run as a user's script: it exits non-zero and its
+    """The documented block with float labels, run as a user's script: it exits non-zero and its
     last line is the error naming the argument."""
     import subprocess
     import sys

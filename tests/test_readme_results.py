@@ -1,12 +1,13 @@
-"""The README's emoji result tables against the committed run records.
+"""The documentation's emoji result tables against the committed run records.
 
-Every row of a README table whose header names "emoji test" and that reports a trained run (a
-best epoch) or a baseline without training (raw pixels, ImageNet features) must be a row that
-``bench/emoji_protocol.py``'s report computes from the records in ``bench/results/emoji*`` (for
-some seed set and budget; the baselines from ``baselines.json`` there): the same seeds, best
-epochs and metric cells, bold marks aside. Labels may be longer in the README; extra trailing
-columns (the 60-epoch table's train Recall@1) are not checked. Tables titled "records not kept"
-are runs whose records predate the record files.
+Every row of a table in README.md or a page of docs/ whose header names "emoji test" and that
+reports a trained run (a best epoch) or a baseline without training (raw pixels, ImageNet
+features) must be a row that ``experiments/emoji_protocol.py``'s report computes from the records
+in ``experiments/results/emoji*`` (for some seed set and budget; the baselines from
+``baselines.json`` there): the same seeds, best epochs and metric cells, bold marks aside. Labels
+may be longer in the documentation; extra trailing columns (the 60-epoch table's train Recall@1)
+are not checked. Tables titled "records not kept" are runs whose records predate the record
+files.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def protocol():
     spec = importlib.util.spec_from_file_location(
-        "emoji_protocol", os.path.join(ROOT, "bench", "emoji_protocol.py")
+        "emoji_protocol", os.path.join(ROOT, "experiments", "emoji_protocol.py")
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -45,10 +46,19 @@ def _cells(line: str) -> list[str]:
     return [re.sub(r",\s+", ",", c) for c in cells]
 
 
-def readme_rows() -> list[tuple[str, list[str], bool]]:
-    """(table header, row cells, whether the table has a seeds column) of every checked row."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        lines = f.read().splitlines()
+def documentation_pages() -> list[str]:
+    """README.md and every Markdown page under docs/, the places a result table may stand."""
+    pages = [os.path.join(ROOT, "README.md")]
+    return pages + sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
+
+
+def documentation_rows() -> list[tuple[str, list[str], bool]]:
+    """(table header, row cells, whether the table has a seeds column) of every checked row of
+    the documentation."""
+    lines = []
+    for page in documentation_pages():
+        with open(page) as f:
+            lines += [*f.read().splitlines(), ""]  # a table never runs over two pages
     rows, header = [], None
     for line in lines:
         if not line.startswith("|"):
@@ -70,7 +80,7 @@ def computed_rows(protocol) -> list[list[str]]:
     tables = {n: rows for n, (_, rows) in protocol.TABLES.items()}
     tables["dm2"] = tuple(f"dm2-3-{d}" for d in protocol.DM2_ROWS.values())
     out = []
-    for results in sorted(glob.glob(os.path.join(ROOT, "bench", "results", "emoji*"))):
+    for results in sorted(glob.glob(os.path.join(ROOT, "experiments", "results", "emoji*"))):
         records = glob.glob(os.path.join(results, "*", "seed*.json"))
         epochs, frozen = set(), {-1}
         for path in records:
@@ -96,7 +106,7 @@ def computed_rows(protocol) -> list[list[str]]:
 
 
 def test_readme_emoji_rows_are_computed_from_the_records(protocol):
-    rows = readme_rows()
+    rows = documentation_rows()
     assert len(rows) >= 40  # the tables are found
     computed = computed_rows(protocol)
     missing = []
@@ -111,7 +121,7 @@ def test_readme_emoji_rows_are_computed_from_the_records(protocol):
             found = found or (c[1] != "0" and n >= 4 and values[:n] == theirs[:n])
         if not found:
             missing.append(f"{header}: {' | '.join(cells)}")
-    assert not missing, "README rows no report computes:\n" + "\n".join(missing)
+    assert not missing, "documentation rows no report computes:\n" + "\n".join(missing)
 
 
 def test_baselines_are_read_from_the_results_file_without_the_data(protocol, tmp_path):

@@ -12,7 +12,7 @@ triplets with an active term (``loss.margin.reference_pair_count``) instead of t
 active terms; those runs go to ``<row>-refdiv`` directories and their table to
 ``glyph_losses-refdiv[-<rows>].md``, so the default rows' results stay untouched.
 
-Usage: python bench/glyph_losses.py [--epochs 2] [--seeds 0 1 2] [--out runs/glyph_losses]
+Usage: python experiments/glyph_losses.py [--epochs 2] [--seeds 0 1 2] [--out runs/glyph_losses]
            [--rows margin,R-margin] [--margin-divisor terms|reference] [--table-only]
 """
 
@@ -107,7 +107,7 @@ def _table(
             name += DIVISOR_LABELS[divisor]
         lines.append(f"| {name} | {c.miner.name or '-'} | " + " | ".join(cells) + " |")
     seed_list = ", ".join(map(str, seeds))
-    command = shlex.join(["python", "bench/glyph_losses.py", *sys.argv[1:]])
+    command = shlex.join(["python", "experiments/glyph_losses.py", *sys.argv[1:]])
     return (
         "\n".join(lines)
         + f"\n\n{epochs} epochs each, seeds {seed_list} (mean ± std). Command: `{command}`\n"

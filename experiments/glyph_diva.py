@@ -12,7 +12,7 @@ Writes ``<out>/diva.md`` and ``<out>/sharing.md`` (the main head and the concate
 checkpoint selected on the main head, mean ± std over seeds, and the main head's train rho) and
 prints them.
 
-Usage: python bench/glyph_diva.py [--epochs 4] [--seeds 0 1 2] [--out runs/glyph_diva]
+Usage: python experiments/glyph_diva.py [--epochs 4] [--seeds 0 1 2] [--out runs/glyph_diva]
        [--only diva|sharing] [--report-only]
 """
 

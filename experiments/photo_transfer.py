@@ -13,7 +13,7 @@ a small part of a photo shows. Views are embedded by
 
 and evaluated with jdml's leave-one-out retrieval metrics. Usage:
 
-  python bench/photo_transfer.py [--views 24] [--scale 0.08 0.3] [--seed 0]
+  python experiments/photo_transfer.py [--views 24] [--scale 0.08 0.3] [--seed 0]
 """
 
 from __future__ import annotations

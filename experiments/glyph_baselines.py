@@ -1,4 +1,5 @@
-"""The README's glyph results: the trained baseline against raw pixels and the untrained network.
+"""The glyph results of docs/results.md: the trained baseline against raw pixels and the
+untrained network.
 
 For each seed, trains the default config (``configs/revisiting.py``: margin loss, distance
 miner, SPC-2) in ``<out>/seed<seed>`` (resuming if interrupted), and reports on the unseen test
@@ -14,9 +15,10 @@ Prints a Markdown table of mean +- std over the seeds and writes it, with every 
 to ``<out>/glyph_baselines.md`` and ``.json``.
 
 ``--set KEY=VALUE`` (repeatable) changes the config of every run, e.g. ``--set
-model.dtype=bfloat16 --out runs/glyph_bf16`` for the bfloat16 row of the README.
+model.dtype=bfloat16 --out runs/glyph_bf16`` for the bfloat16 row of docs/results.md.
 
-Usage: python bench/glyph_baselines.py [--seeds 0 1 2] [--out runs/glyph_baselines] [--set K=V]
+Usage: python experiments/glyph_baselines.py [--seeds 0 1 2] [--out runs/glyph_baselines]
+       [--set K=V]
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ random from the other classes (chance). An embedding that encodes the drawing st
 the concept pulls same-design neighbours: its share rises above chance. The emoji designs are
 read from the built dataset (``python -m jdml data fetch emoji``).
 
-Usage: python bench/emoji_design_errors.py RUN[:EMBEDDING] [RUN[:EMBEDDING] ...]
-   e.g. python bench/emoji_design_errors.py runs/emoji-45/diva-DI/seed2:discriminative \
+Usage: python experiments/emoji_design_errors.py RUN[:EMBEDDING] [RUN[:EMBEDDING] ...]
+   e.g. python experiments/emoji_design_errors.py runs/emoji-45/diva-DI/seed2:discriminative \
             runs/emoji-45/diva-DI/seed2:concat:1,1
 """
 

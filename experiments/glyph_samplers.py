@@ -11,7 +11,7 @@ epochs, mean and std over seeds, Recall@1 over epochs, spectrum plot):
 * ``<out>/rho/``: margin against R-Margin, with the Recall@1 and rho of each in the spectrum
   plot's legend.
 
-Usage: python bench/glyph_samplers.py [--epochs 4] [--seeds 0 1 2] [--out runs/glyph_samplers]
+Usage: python experiments/glyph_samplers.py [--epochs 4] [--seeds 0 1 2] [--out runs/glyph_samplers]
        [--report-only]
 """
 

@@ -13,7 +13,7 @@ over the first epoch, in ``<out>/<row>/seed<seed>`` (finished or interrupted run
 Writes ``<out>/table1.md``, ``<out>/cohort_size.md`` and ``<out>/cohort_size.png`` and prints
 the tables.
 
-Usage: python bench/glyph_dm2.py [--epochs 3] [--seeds 0 1 2] [--out runs/glyph_dm2]
+Usage: python experiments/glyph_dm2.py [--epochs 3] [--seeds 0 1 2] [--out runs/glyph_dm2]
        [--steps N (a smoke run: N steps per epoch)] [--report-only]
        [--mutual-weight LAMBDA --table1-only (a lambda probe: Table 1's rows only)]
 """

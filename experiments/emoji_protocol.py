@@ -24,8 +24,8 @@ directories. Tables (mean ± std over seeds) are printed and written to ``<out>/
 ``<row>-frozen<k>`` directories and their tables say so. ``--rows`` keeps only the named rows
 of the tables (their keys, e.g. ``dm2-3-independent``), for a check that cannot afford them all.
 
-Usage: python bench/emoji_protocol.py [--tables protocol,rho] [--epochs 45] [--seeds 0 1 2]
-           [--out runs/emoji-<epochs>] [--results bench/results/emoji-<epochs>]
+Usage: python experiments/emoji_protocol.py [--tables protocol,rho] [--epochs 45] [--seeds 0 1 2]
+           [--out runs/emoji-<epochs>] [--results experiments/results/emoji-<epochs>]
            [--frozen-stages -1] [--rows KEY,...] [--report-only]
 """
 
@@ -419,7 +419,7 @@ def table(name: str, rows: tuple[str, ...], args: argparse.Namespace) -> str:
         else f", only the stages after {args.frozen_stages} trained (model.frozen_stages)"
     )
     argv = [a for a in sys.argv[1:] if a != "--report-only"]  # the command that trains them
-    command = shlex.join(["python", "bench/emoji_protocol.py", *argv])
+    command = shlex.join(["python", "experiments/emoji_protocol.py", *argv])
     return (
         f"## {title}\n\n"
         + "\n".join(lines)
@@ -452,7 +452,7 @@ def main() -> None:
     parser.add_argument("--out", help="the run directories (default runs/emoji-<epochs>)")
     parser.add_argument(
         "--results",
-        help="the finished runs' records, kept (default bench/results/emoji-<epochs>)",
+        help="the finished runs' records, kept (default experiments/results/emoji-<epochs>)",
     )
     parser.add_argument("--frozen-stages", type=int, default=-1)
     parser.add_argument("--cohort", type=int, default=3, help="DM2 cohort size")
@@ -464,7 +464,7 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     args.out = args.out or f"runs/emoji-{args.epochs}"
-    args.results = args.results or f"bench/results/emoji-{args.epochs}"
+    args.results = args.results or f"experiments/results/emoji-{args.epochs}"
     names = [t.strip() for t in args.tables.split(",") if t.strip()]
     unknown = [t for t in names if t not in TABLES]
     if unknown:

@@ -2,7 +2,7 @@
 per member): a cohort of three different networks, mutual learning against the same three
 trained independently.
 
-The members (``cohort.members``) are the small glyph member of ``bench/glyph_dm2.py`` (half
+The members (``cohort.members``) are the small glyph member of ``experiments/glyph_dm2.py`` (half
 width, 64-d), the full-width glyph network (128-d), and a deeper half-width network (two blocks
 per stage, 32-d). Rows: Independent (lambda = 0: the three train side by side, each equal to
 its own run), MD+VD (mutual learning with own initialisations and augmentations) and MD+TD+VD
@@ -12,8 +12,8 @@ epoch, ``--epochs`` epochs, seeds 0, 1, 2, test split, in ``<out>/<row>/seed<see
 
 Writes ``<out>/table.md`` and prints it.
 
-Usage: python bench/glyph_dm2_hetero.py [--epochs 3] [--seeds 0 1 2] [--out runs/glyph_dm2_hetero]
-       [--steps N (a smoke run: N steps per epoch)] [--report-only]
+Usage: python experiments/glyph_dm2_hetero.py [--epochs 3] [--seeds 0 1 2]
+       [--out runs/glyph_dm2_hetero] [--steps N (a smoke run: N steps per epoch)] [--report-only]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ ROWS = {"Independent": "independent", "MD+VD": "md+vd", "MD+TD+VD (DM2)": "md+td
 
 
 def _config(diversity: str, seed: int, epochs: int, steps: int = 0) -> ml_collections.ConfigDict:
-    """``bench/glyph_dm2.py``'s cohort config with the three networks as its members."""
+    """``experiments/glyph_dm2.py``'s cohort config with the three networks as its members."""
     c = dm2_config(diversity, len(MEMBERS), seed, epochs, steps)
     with c.unlocked():
         c.cohort.members = tuple(MEMBERS.values())
