@@ -9,11 +9,29 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import ml_collections
 
 from jdml.config.saved import flatten_config
+from jdml.data.augment import AUGMENTATIONS
+from jdml.data.benchmarks import BENCHMARKS, SOURCES
+from jdml.data.sources import DATASETS
 from jdml.errors import ConfigError
+from jdml.evaluation.embeddings import check_metric_names
+from jdml.evaluation.kmeans import KMEANS_MODES
+from jdml.losses import LOSSES
+from jdml.losses.mutual import RELATIONS
+from jdml.methods.cohort import member_configs, mesh_shape
+from jdml.methods.terms import TERMS
+from jdml.methods.terms.metric import check_sections
+from jdml.miners import MINERS
+from jdml.models import BACKBONES, input_normalization
+from jdml.models.embedding import frozen_backbone_modules
+from jdml.models.pretrained.backbones import CONVERTERS, weight_path
+from jdml.models.small_resnet import check_map_sizes
+from jdml.optim import OPTIMIZERS, SCHEDULES
 from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
+from jdml.samplers import SAMPLERS
 
 _COUNT = COUNT
 _NON_NEGATIVE_INT = Range(0, integer=True)
@@ -105,11 +123,6 @@ def _check_number(key: str, value: Any, allowed: Range) -> None:
 def _component_sections(c: ml_collections.ConfigDict):
     """(key prefix, section, registry) of every selected loss, miner and sampler, the auxiliary
     terms' included."""
-    from jdml.losses import LOSSES
-    from jdml.methods.terms import TERMS
-    from jdml.miners import MINERS
-    from jdml.samplers import SAMPLERS
-
     out = [("loss", c.loss, LOSSES), ("miner", c.miner, MINERS), ("sampler", c.sampler, SAMPLERS)]
     for name, term in c.aux.items():
         out += TERMS.get(term.kind).components(f"aux.{name}", term)
@@ -123,7 +136,6 @@ def _validate_numbers(c: ml_collections.ConfigDict) -> None:
     flat = flatten_config(c.to_dict())
     for key, allowed in NUMERIC_KEYS.items():
         _check_number(key, flat[key], allowed)
-    from jdml.methods.terms import TERMS
 
     for name, term in c.aux.items():
         for key, allowed in TERMS.ranges(term.kind).items():
@@ -145,8 +157,6 @@ def _validate_numbers(c: ml_collections.ConfigDict) -> None:
             f"{len(model.stage_strides)}"
         )
     if model.backbone == "small_resnet":
-        from jdml.models.small_resnet import check_map_sizes
-
         try:
             check_map_sizes(c.data.image_size, model.stem_strides, model.stage_strides)
         except ValueError as e:
@@ -155,9 +165,6 @@ def _validate_numbers(c: ml_collections.ConfigDict) -> None:
 
 def _validate_model(model: ml_collections.ConfigDict, channels: int) -> None:
     """Pooling and pretrained weights of the ``model`` section (``channels``: data.channels)."""
-    from jdml.models.embedding import frozen_backbone_modules
-    from jdml.models.pretrained.backbones import CONVERTERS, weight_path
-
     if model.pooling not in ("avg", "avg+max"):
         raise ConfigError(f"model.pooling={model.pooling!r}; choose avg or avg+max")
     try:
@@ -191,8 +198,6 @@ def _validate_model(model: ml_collections.ConfigDict, channels: int) -> None:
 
 def _validate_normalization(c: ml_collections.ConfigDict) -> None:
     """``data.normalization`` and, for ``backbone``, that the backbone has constants."""
-    from jdml.models import input_normalization
-
     if c.data.normalization not in ("mean_std", "backbone"):
         raise ConfigError(
             f"data.normalization={c.data.normalization!r}; choose mean_std or backbone"
@@ -206,9 +211,6 @@ def _validate_normalization(c: ml_collections.ConfigDict) -> None:
 
 def _validate_photos(data: ml_collections.ConfigDict) -> None:
     """Photo datasets need a photo augmentation; photo augmentations need RGB data."""
-    from jdml.data.augment import AUGMENTATIONS
-    from jdml.data.benchmarks import BENCHMARKS
-
     photos = AUGMENTATIONS.names_where("photo")
     photo = data.augment in photos
     if data.name in BENCHMARKS and not photo:
@@ -229,9 +231,6 @@ def _validate_source(data: ml_collections.ConfigDict) -> None:
     """``data.source`` is a known source that holds ``data.name``: a benchmark it has a reader
     of, or a dataset registered with that source (``data.name=tfds``); ``files`` (the default)
     also suits every in-memory dataset."""
-    from jdml.data.benchmarks import BENCHMARKS, SOURCES
-    from jdml.data.sources import DATASETS
-
     if data.source not in SOURCES:
         raise ConfigError(
             f"data.source={data.source!r} is not a known data source; choose one of: "
@@ -271,10 +270,6 @@ def check_devices(c: ml_collections.ConfigDict) -> None:
 
     ``validate`` does not: a stored config is also evaluated on machines with other devices.
     """
-    import jax
-
-    from jdml.methods.cohort import mesh_shape
-
     available = len(jax.devices())
     for key in ("data_devices", "eval_devices"):
         value = int(c.parallel[key])
@@ -317,17 +312,6 @@ def check_profile_steps(profile_steps: str, total_steps: int) -> None:
 
 def validate(c: ml_collections.ConfigDict) -> None:
     """Checks the combination of choices before anything runs; raises ``ConfigError``."""
-    from jdml.data.augment import AUGMENTATIONS
-    from jdml.data.benchmarks import BENCHMARKS
-    from jdml.data.sources import DATASETS
-    from jdml.evaluation.embeddings import check_metric_names
-    from jdml.evaluation.kmeans import KMEANS_MODES
-    from jdml.losses import LOSSES
-    from jdml.methods.terms.metric import check_sections
-    from jdml.models import BACKBONES
-    from jdml.optim import OPTIMIZERS, SCHEDULES
-    from jdml.samplers import SAMPLERS
-
     for registry, value, key in (
         (AUGMENTATIONS, c.data.augment, "data.augment"),
         (BACKBONES, c.model.backbone, "model.backbone"),
@@ -392,7 +376,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
 
 
 def _validate_cohort(c: ml_collections.ConfigDict) -> None:
-    from jdml.losses.mutual import RELATIONS
 
     cohort = c.cohort
     if cohort.relation not in RELATIONS:
@@ -407,8 +390,6 @@ def _validate_cohort(c: ml_collections.ConfigDict) -> None:
             f"{', '.join(BATCH_NORM_MODES)}"
         )
     if cohort.members:
-        from jdml.methods.cohort import member_configs
-
         members = member_configs(c)
         if cohort.devices > 1:
             raise ConfigError(
@@ -429,7 +410,6 @@ def _validate_cohort(c: ml_collections.ConfigDict) -> None:
 
 
 def _validate_aux(c: ml_collections.ConfigDict) -> None:
-    from jdml.methods.terms import TERMS
 
     heads = {c.model.head}
     for name, t in c.aux.items():

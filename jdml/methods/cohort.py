@@ -40,6 +40,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jdml.errors import ConfigError
+from jdml.keys import parse_assignments, set_keys
 
 AXIS = "member"
 DATA = "data"  # splits each member's batch (automatic partitioning)
@@ -58,8 +59,6 @@ def member_overrides(spec: str) -> dict[str, Any]:
     Raises:
       ConfigError: for an item without ``=`` or a key outside the ``model`` section.
     """
-    from jdml.config.schema import parse_assignments
-
     items = [item.strip() for item in spec.split(";") if item.strip()]
     values = parse_assignments(items)
     outside = [k for k in values if not k.startswith("model.")]
@@ -79,8 +78,6 @@ def member_configs(config: ml_collections.ConfigDict) -> tuple[ml_collections.Co
       ConfigError: if ``cohort.members`` does not have one entry per member, or an entry sets an
         unknown key or a value of the wrong type.
     """
-    from jdml.config.schema import set_keys
-
     specs = tuple(config.cohort.members)
     if not specs:
         return ()
