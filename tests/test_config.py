@@ -299,3 +299,60 @@ def test_the_batch_norm_mode_blocks_resuming_and_the_data_devices_do_not():
     assert incompatible_keys(old, new) == []
     new["parallel"]["batch_norm"] = "per_device"
     assert incompatible_keys(old, new) == ["parallel.batch_norm: 'global' -> 'per_device'"]
+
+
+def _diva_on_missing_data(tmp_path, **overrides):
+    """A DiVA config whose dataset file does not exist: reading the data would fail."""
+    from configs.diva import get_config as diva_config
+    from jdml.config import set_keys
+
+    c = diva_config("data=npz")
+    return set_keys(c, {"data.path": str(tmp_path / "missing.npz"), **overrides})
+
+
+@pytest.mark.parametrize(
+    "overrides,pattern",
+    [
+        # A heterogeneous DM2 cohort with a stateful term (DaNCE's key queue).
+        (
+            {"cohort.size": 2, "cohort.members": ("", "model.embed_dim=64")},
+            r"cohort.members \(a heterogeneous cohort\) with a term that keeps a state",
+        ),
+        # Two terms on one head with different dimensions (nothing else names the head the
+        # term leaves).
+        (
+            {
+                "aux.shared.head": "discriminative",
+                "aux.shared.dim": 64,
+                "decorrelation.pairs": (),
+                "decorrelation.weights": (),
+                "eval.heads": (),
+                "eval.combinations": (),
+            },
+            r"aux.shared.dim=64 differs from another term's dimension for head 'discriminative'",
+        ),
+        # A phase naming a term the method does not have.
+        (
+            {"phases": (("main",), ("shard",))},
+            r"phases entry \('shard',\) names unknown term\(s\) \['shard'\]; choose from",
+        ),
+    ],
+    ids=["stateful_term_in_heterogeneous_cohort", "aux_head_dimensions", "unknown_phase"],
+)
+def test_method_mistakes_fail_before_the_data_is_read(tmp_path, overrides, pattern):
+    """Caught by ``validate``: training refuses the config before it reads the (missing) data
+    and before it creates the run directory."""
+    from jdml.trainer import train_and_evaluate
+
+    c = _diva_on_missing_data(tmp_path, **overrides)
+    with pytest.raises(ConfigError, match=pattern):
+        validate(c)
+    workdir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=pattern):
+        train_and_evaluate(c, str(workdir))
+    assert not workdir.exists()
+    # The same config without the mistake gets as far as the data, which is missing.
+    from jdml.errors import DataError
+
+    with pytest.raises(DataError, match=r"missing\.npz does not exist"):
+        train_and_evaluate(_diva_on_missing_data(tmp_path), str(tmp_path / "fixed"))

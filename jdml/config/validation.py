@@ -21,6 +21,7 @@ from jdml.evaluation.embeddings import check_metric_names
 from jdml.evaluation.kmeans import KMEANS_MODES
 from jdml.losses import LOSSES
 from jdml.losses.mutual import RELATIONS
+from jdml.methods.checks import check_head_dims, check_phases, check_stateless_members
 from jdml.methods.cohort import member_configs, mesh_shape
 from jdml.methods.terms import TERMS
 from jdml.methods.terms.metric import check_sections
@@ -391,6 +392,7 @@ def _validate_cohort(c: ml_collections.ConfigDict) -> None:
         )
     if cohort.members:
         members = member_configs(c)
+        check_stateless_members(c)
         if cohort.devices > 1:
             raise ConfigError(
                 f"cohort.devices={cohort.devices} with cohort.members: a heterogeneous cohort "
@@ -420,6 +422,8 @@ def _validate_aux(c: ml_collections.ConfigDict) -> None:
             )
         TERMS.get(t.kind).validate(where, t)
         heads.add(t.head)
+    check_head_dims(c)
+    check_phases(c)
     decorrelation = c.decorrelation
     if len(decorrelation.pairs) != len(decorrelation.weights):
         raise ConfigError(
