@@ -35,11 +35,14 @@ _RUNTIME_ARGS = frozenset(
 
 
 class NamedComponents(Protocol):
-    """What :func:`component_section` reads of a registry: its names and their objects."""
+    """What this module reads of a registry (``jdml.registry.Registry``): its names, their
+    objects and the facts they were registered with."""
 
     def names(self) -> list[str]: ...
 
     def get(self, name: str) -> Any: ...
+
+    def meta(self, name: str) -> Mapping[str, Any]: ...
 
 
 def component_defaults(obj: Any) -> dict[str, Any]:
@@ -157,4 +160,32 @@ def parse_assignments(items: Iterable[str]) -> dict[str, Any]:
             out[key] = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             out[key] = text
+    return out
+
+
+def declared_keys(registry: NamedComponents, section: str) -> dict[str, Any]:
+    """The keys of ``section`` that the components of ``registry`` declare with their
+    registration (their ``keys`` fact: key -> default), e.g. a backbone's own ``model.*`` keys.
+
+    Args:
+      registry: the components.
+      section: the config section the keys belong to (for the message).
+
+    Returns:
+      key -> default, in the order of the components' names.
+
+    Raises:
+      ValueError: if two components declare one key with different defaults.
+    """
+    out: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    for name in registry.names():
+        for key, default in registry.meta(name).get("keys", {}).items():
+            if key in out and out[key] != default:
+                raise ValueError(
+                    f"{owner[key]!r} and {name!r} declare {section}.{key} with different "
+                    f"defaults ({out[key]!r} and {default!r}); give them one default"
+                )
+            out.setdefault(key, to_config_value(default))
+            owner.setdefault(key, name)
     return out

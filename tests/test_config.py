@@ -45,6 +45,41 @@ def test_unknown_names_are_rejected(key, value, pattern):
         validate(c)
 
 
+def _choice_registries():
+    from jdml.data.splits import SPLITS
+    from jdml.losses.mutual import RELATIONS
+    from jdml.methods.cohort import MEMBER_LOOPS
+    from jdml.models import INPUT_NORMALIZATIONS, POOLINGS
+    from jdml.nn.batch_norm import BATCH_NORM_MODES
+
+    return [
+        ("model.pooling", POOLINGS),
+        ("data.normalization", INPUT_NORMALIZATIONS),
+        ("cohort.member_loop", MEMBER_LOOPS),
+        ("cohort.relation", RELATIONS),
+        ("parallel.batch_norm", BATCH_NORM_MODES),
+        ("eval.splits", SPLITS),
+    ]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_choices_are_read_from_the_registries(index, monkeypatch):
+    """A value a component registers is accepted and named in the message of a refusal."""
+    key, registry = _choice_registries()[index]
+    section, name = key.split(".")
+    tuple_valued = key == "eval.splits"
+    c = get_config()
+    default = c[section][name][0] if tuple_valued else c[section][name]
+    c[section][name] = ("nonesuch",) if tuple_valued else "nonesuch"
+    with pytest.raises(ConfigError) as refused:
+        validate(c)
+    assert all(known in str(refused.value) for known in registry.names()), refused.value
+    # A value registered later (here for the test only: the default's entry) is accepted.
+    monkeypatch.setitem(registry._items, "nonesuch", registry.get(default))
+    monkeypatch.setitem(registry._ranges, "nonesuch", {})
+    validate(c)
+
+
 def test_batch_size_not_divisible():
     c = get_config()
     c.train.batch_size = 111

@@ -5,9 +5,11 @@ the files in ``configs/`` (one per method, the dataset chosen by an argument). T
 so a misspelt override (``--config.optim.lrr=...``) is an error instead of a silently ignored key.
 
 Component hyperparameters are not repeated here: the defaults of every registered loss, miner and
-sampler are read from the component itself (its dataclass fields or keyword-only arguments), so a
+sampler are read from the component itself (its dataclass fields or keyword-only arguments), and
+a backbone's or a dataset loader's own ``model.*`` / ``data.*`` keys from its registration
+(``jdml.models.registry``, ``jdml.data.sources``), so a
 component's defaults are declared in exactly one place and every one of them can be overridden as
-``--config.loss.margin.beta=0.6``.
+``--config.loss.margin.beta=0.6``. The generic key helpers are :mod:`jdml.keys`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,18 @@ from collections.abc import Iterable
 
 import ml_collections
 
-from jdml.keys import component_defaults, component_section, parse_assignments, set_keys
+from jdml.data.sources import DATASETS
+from jdml.keys import (
+    component_defaults,
+    component_section,
+    declared_keys,
+    parse_assignments,
+    set_keys,
+)
 from jdml.losses import LOSSES
 from jdml.methods.terms import TERMS
 from jdml.miners import MINERS
+from jdml.models import backbone_keys
 from jdml.samplers import SAMPLERS
 
 __all__ = [
@@ -49,13 +59,10 @@ def base_config() -> ml_collections.ConfigDict:
     # How the benchmarks are read: "files" (the official archives' layouts) or "tfds" (cub200,
     # cars196 and sop as tfds builders prepared in data.path; pip install 'jdml[tfds]').
     c.data.source = "files"
-    # data.name=tfds (any prepared tfds image dataset; a loader's own options are its
-    # data.<name>_<option> keys): the builder, its image and label features, and the splits
-    # read (tfds's split syntax, e.g. "train+test" or "train[:50%]"; "": all of them).
-    c.data.tfds_name = ""
-    c.data.tfds_image_key = "image"
-    c.data.tfds_label_key = "label"
-    c.data.tfds_splits = ""
+    # Every dataset loader's own keys, its options as data.<name>_<option> (data.name=tfds, any
+    # prepared tfds image dataset: data.tfds_name, ...), declared by the loader with its
+    # registration.
+    c.data.update(declared_keys(DATASETS, "data"))
     # Where built data are cached: the glyph renders (default $JDML_CACHE/glyphs or
     # ~/.cache/jdml/glyphs) and the decode cache of photos (default $JDML_CACHE/decoded).
     c.data.cache_dir = ""
@@ -90,11 +97,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.model = ml_collections.ConfigDict()
     c.model.backbone = "small_resnet"
-    c.model.stem_features = 32
-    c.model.stem_strides = 2
-    c.model.stage_features = (32, 64, 128)
-    c.model.stage_blocks = (1, 1, 1)
-    c.model.stage_strides = (1, 2, 2)
+    # Every backbone's own keys (small_resnet's stem_features, stage_strides, ...), declared by
+    # the backbone with its registration.
+    c.model.update(backbone_keys())
     c.model.frozen_bn = False  # running statistics fixed, affine parameters trained
     # Partial fine-tuning (pretrained backbones): -1 trains every stage (the papers); k freezes
     # the stem and the first k stages (no gradient, no update), see jdml.models.freeze.
