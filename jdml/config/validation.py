@@ -149,7 +149,9 @@ def _validate_numbers(c: ml_collections.ConfigDict) -> None:
         _check_declared(DATASETS, c.data.name, "data", c)
 
 
-def _check_declared(registry: Registry, name: str, section: str, c: ml_collections.ConfigDict):
+def _check_declared(
+    registry: Registry, name: str, section: str, c: ml_collections.ConfigDict
+) -> None:
     """The ranges of the keys the component ``name`` of ``registry`` declared in ``section``,
     then its own ``check`` fact (``check(config)``, raising ``ConfigError``) if it has one."""
     for key, allowed in registry.ranges(name).items():
@@ -375,7 +377,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
 
 
 def _validate_cohort(c: ml_collections.ConfigDict) -> None:
-
     cohort = c.cohort
     if cohort.relation not in RELATIONS:
         raise ConfigError(
@@ -413,7 +414,6 @@ def _validate_cohort(c: ml_collections.ConfigDict) -> None:
 
 
 def _validate_aux(c: ml_collections.ConfigDict) -> None:
-
     heads = {c.model.head}
     for name, t in c.aux.items():
         where = f"aux.{name}"
