@@ -391,3 +391,56 @@ def test_method_mistakes_fail_before_the_data_is_read(tmp_path, overrides, patte
 
     with pytest.raises(DataError, match=r"missing\.npz does not exist"):
         train_and_evaluate(_diva_on_missing_data(tmp_path), str(tmp_path / "fixed"))
+
+
+def _jdml_imports(path) -> set[str]:
+    """The jdml modules a source file imports anywhere in it (function-local imports included)."""
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {name for name in out if name == "jdml" or name.startswith("jdml.")}
+
+
+def test_the_config_layer_is_on_top():
+    """No module that ``jdml.config`` imports (directly or through others) imports it back, and
+    ``jdml.config`` imports nothing inside its functions."""
+    import ast
+    from pathlib import Path
+
+    root = Path(REPO) / "jdml"
+    modules = {}
+    for path in root.rglob("*.py"):
+        name = ".".join(("jdml", *path.relative_to(root).with_suffix("").parts))
+        modules[name.removesuffix(".__init__")] = path
+
+    def owner(name: str) -> str | None:  # the module an imported name lives in
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges = {m: {owner(n) for n in _jdml_imports(p)} - {None, m} for m, p in modules.items()}
+    config = {m for m in modules if m == "jdml.config" or m.startswith("jdml.config.")}
+    below, todo = set(), [t for m in config for t in edges[m] if t not in config]
+    while todo:
+        m = todo.pop()
+        if m not in below:
+            below.add(m)
+            todo.extend(edges[m])
+    back = sorted(m for m in below if edges[m] & config)
+    assert back == [], f"imported by jdml.config and importing it: {back}"
+    for m in config:
+        tree = ast.parse(modules[m].read_text())
+        local = [
+            node.lineno
+            for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef)
+            for node in ast.walk(f)
+            if isinstance(node, ast.Import | ast.ImportFrom)
+        ]
+        assert local == [], f"{m} imports inside functions at lines {local}"
