@@ -45,6 +45,41 @@ def test_unknown_names_are_rejected(key, value, pattern):
         validate(c)
 
 
+def _choice_registries():
+    from jdml.data.splits import SPLITS
+    from jdml.losses.mutual import RELATIONS
+    from jdml.methods.cohort import MEMBER_LOOPS
+    from jdml.models import INPUT_NORMALIZATIONS, POOLINGS
+    from jdml.nn.batch_norm import BATCH_NORM_MODES
+
+    return [
+        ("model.pooling", POOLINGS),
+        ("data.normalization", INPUT_NORMALIZATIONS),
+        ("cohort.member_loop", MEMBER_LOOPS),
+        ("cohort.relation", RELATIONS),
+        ("parallel.batch_norm", BATCH_NORM_MODES),
+        ("eval.splits", SPLITS),
+    ]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_choices_are_read_from_the_registries(index, monkeypatch):
+    """A value a component registers is accepted and named in the message of a refusal."""
+    key, registry = _choice_registries()[index]
+    section, name = key.split(".")
+    tuple_valued = key == "eval.splits"
+    c = get_config()
+    default = c[section][name][0] if tuple_valued else c[section][name]
+    c[section][name] = ("nonesuch",) if tuple_valued else "nonesuch"
+    with pytest.raises(ConfigError) as refused:
+        validate(c)
+    assert all(known in str(refused.value) for known in registry.names()), refused.value
+    # A value registered later (here for the test only: the default's entry) is accepted.
+    monkeypatch.setitem(registry._items, "nonesuch", registry.get(default))
+    monkeypatch.setitem(registry._ranges, "nonesuch", {})
+    validate(c)
+
+
 def test_batch_size_not_divisible():
     c = get_config()
     c.train.batch_size = 111
@@ -299,3 +334,113 @@ def test_the_batch_norm_mode_blocks_resuming_and_the_data_devices_do_not():
     assert incompatible_keys(old, new) == []
     new["parallel"]["batch_norm"] = "per_device"
     assert incompatible_keys(old, new) == ["parallel.batch_norm: 'global' -> 'per_device'"]
+
+
+def _diva_on_missing_data(tmp_path, **overrides):
+    """A DiVA config whose dataset file does not exist: reading the data would fail."""
+    from configs.diva import get_config as diva_config
+    from jdml.config import set_keys
+
+    c = diva_config("data=npz")
+    return set_keys(c, {"data.path": str(tmp_path / "missing.npz"), **overrides})
+
+
+@pytest.mark.parametrize(
+    "overrides,pattern",
+    [
+        # A heterogeneous DM2 cohort with a stateful term (DaNCE's key queue).
+        (
+            {"cohort.size": 2, "cohort.members": ("", "model.embed_dim=64")},
+            r"cohort.members \(a heterogeneous cohort\) with a term that keeps a state",
+        ),
+        # Two terms on one head with different dimensions (nothing else names the head the
+        # term leaves).
+        (
+            {
+                "aux.shared.head": "discriminative",
+                "aux.shared.dim": 64,
+                "decorrelation.pairs": (),
+                "decorrelation.weights": (),
+                "eval.heads": (),
+                "eval.combinations": (),
+            },
+            r"aux.shared.dim=64 differs from another term's dimension for head 'discriminative'",
+        ),
+        # A phase naming a term the method does not have.
+        (
+            {"phases": (("main",), ("shard",))},
+            r"phases entry \('shard',\) names unknown term\(s\) \['shard'\]; choose from",
+        ),
+    ],
+    ids=["stateful_term_in_heterogeneous_cohort", "aux_head_dimensions", "unknown_phase"],
+)
+def test_method_mistakes_fail_before_the_data_is_read(tmp_path, overrides, pattern):
+    """Caught by ``validate``: training refuses the config before it reads the (missing) data
+    and before it creates the run directory."""
+    from jdml.trainer import train_and_evaluate
+
+    c = _diva_on_missing_data(tmp_path, **overrides)
+    with pytest.raises(ConfigError, match=pattern):
+        validate(c)
+    workdir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=pattern):
+        train_and_evaluate(c, str(workdir))
+    assert not workdir.exists()
+    # The same config without the mistake gets as far as the data, which is missing.
+    from jdml.errors import DataError
+
+    with pytest.raises(DataError, match=r"missing\.npz does not exist"):
+        train_and_evaluate(_diva_on_missing_data(tmp_path), str(tmp_path / "fixed"))
+
+
+def _jdml_imports(path) -> set[str]:
+    """The jdml modules a source file imports anywhere in it (function-local imports included)."""
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {name for name in out if name == "jdml" or name.startswith("jdml.")}
+
+
+def test_the_config_layer_is_on_top():
+    """No module that ``jdml.config`` imports (directly or through others) imports it back, and
+    ``jdml.config`` imports nothing inside its functions."""
+    import ast
+    from pathlib import Path
+
+    root = Path(REPO) / "jdml"
+    modules = {}
+    for path in root.rglob("*.py"):
+        name = ".".join(("jdml", *path.relative_to(root).with_suffix("").parts))
+        modules[name.removesuffix(".__init__")] = path
+
+    def owner(name: str) -> str | None:  # the module an imported name lives in
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges = {m: {owner(n) for n in _jdml_imports(p)} - {None, m} for m, p in modules.items()}
+    config = {m for m in modules if m == "jdml.config" or m.startswith("jdml.config.")}
+    below, todo = set(), [t for m in config for t in edges[m] if t not in config]
+    while todo:
+        m = todo.pop()
+        if m not in below:
+            below.add(m)
+            todo.extend(edges[m])
+    back = sorted(m for m in below if edges[m] & config)
+    assert back == [], f"imported by jdml.config and importing it: {back}"
+    for m in config:
+        tree = ast.parse(modules[m].read_text())
+        local = [
+            node.lineno
+            for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef)
+            for node in ast.walk(f)
+            if isinstance(node, ast.Import | ast.ImportFrom)
+        ]
+        assert local == [], f"{m} imports inside functions at lines {local}"

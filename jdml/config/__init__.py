@@ -1,6 +1,11 @@
-"""Configs by job: :mod:`.schema` (every key and its default; setting keys), :mod:`.validation`
-(checking a config once, before anything runs) and :mod:`.saved` (a run's ``config.json`` and the
-keys that may change on resume). The names below are the package's interface.
+"""Configs by job: :mod:`.schema` (every key and its default, the components' own keys read from
+their registrations), :mod:`.validation` (checking a config once, before anything is read or
+written, with the checks and choices the components registered) and :mod:`.saved` (a run's
+``config.json`` and the keys that may change on resume). The names below are the package's
+interface.
+
+The package sits on top of the components: it imports them, and they import only the ground-floor
+key helpers of :mod:`jdml.keys` (re-exported here), never this package.
 """
 
 from jdml.config.saved import (

@@ -5,100 +5,48 @@ the files in ``configs/`` (one per method, the dataset chosen by an argument). T
 so a misspelt override (``--config.optim.lrr=...``) is an error instead of a silently ignored key.
 
 Component hyperparameters are not repeated here: the defaults of every registered loss, miner and
-sampler are read from the component itself (its dataclass fields or keyword-only arguments), so a
+sampler are read from the component itself (its dataclass fields or keyword-only arguments), and
+a backbone's or a dataset loader's own ``model.*`` / ``data.*`` keys from its registration
+(``jdml.models.registry``, ``jdml.data.sources``), so a
 component's defaults are declared in exactly one place and every one of them can be overridden as
-``--config.loss.margin.beta=0.6``.
+``--config.loss.margin.beta=0.6``. The generic key helpers are :mod:`jdml.keys`.
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-import inspect
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 import ml_collections
 
-from jdml.errors import ConfigError
-
-# Keys of a component's signature that the library fills in itself.
-_RUNTIME_ARGS = frozenset(
-    {
-        "parent",
-        "name",
-        "num_classes",
-        "miner_name",
-        "key",
-        "embeddings",
-        "labels",
-        "batch_size",
-        "samples_per_class",
-        "seed",
-    }
+from jdml.data.sources import DATASETS
+from jdml.keys import (
+    component_defaults,
+    component_section,
+    declared_keys,
+    parse_assignments,
+    set_keys,
 )
+from jdml.losses import LOSSES
+from jdml.methods.terms import TERMS
+from jdml.miners import MINERS
+from jdml.models import backbone_keys
+from jdml.samplers import SAMPLERS
 
-
-def component_defaults(obj: Any) -> dict[str, Any]:
-    """Returns the overridable hyperparameters of a registered component with their defaults.
-
-    Args:
-      obj: a Flax module class (dataclass fields) or a function / class (keyword arguments).
-    """
-    out: dict[str, Any] = {}
-    if dataclasses.is_dataclass(obj):
-        for f in dataclasses.fields(obj):
-            if f.name in _RUNTIME_ARGS or not f.init:
-                continue
-            if f.default is not dataclasses.MISSING:
-                out[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                out[f.name] = f.default_factory()
-        return out
-    target = obj.__init__ if inspect.isclass(obj) else obj
-    for p in inspect.signature(target).parameters.values():
-        if p.name in _RUNTIME_ARGS or p.name == "self" or p.default is inspect.Parameter.empty:
-            continue
-        out[p.name] = p.default
-    return out
-
-
-def _to_config_value(value: Any) -> Any:
-    # Sequences are tuples: ml_collections can override tuples from the command line, not lists.
-    return tuple(value) if isinstance(value, list) else value
-
-
-def _optional_names(obj: Any) -> set[str]:
-    """Hyperparameters annotated as accepting None (e.g. ``upper_cutoff: float | None``)."""
-    if dataclasses.is_dataclass(obj):
-        annotations = {f.name: f.type for f in dataclasses.fields(obj)}
-    else:
-        target = obj.__init__ if inspect.isclass(obj) else obj
-        annotations = {p.name: p.annotation for p in inspect.signature(target).parameters.values()}
-    return {k for k, a in annotations.items() if "None" in str(a)}
-
-
-def component_section(registry: Any) -> ml_collections.ConfigDict:
-    section = ml_collections.ConfigDict()
-    for name in registry.names():
-        obj = registry.get(name)
-        optional = _optional_names(obj)
-        entries = {}
-        for k, v in component_defaults(obj).items():
-            v = _to_config_value(v)
-            # An optional value must accept None from the command line (--config.x=None).
-            entries[k] = ml_collections.FieldReference(v, field_type=object) if k in optional else v
-        section[name] = ml_collections.ConfigDict(entries)
-    return section
+__all__ = [
+    "apply_overrides",
+    "base_config",
+    "component_defaults",
+    "component_section",
+    "dance_term",
+    "decorrelation_section",
+    "metric_term",
+    "parse_assignments",
+    "set_keys",
+]
 
 
 def base_config() -> ml_collections.ConfigDict:
     """Returns the full default configuration (the Revisiting baseline on glyphs)."""
-    from jdml.data.sources import DATASETS
-    from jdml.losses import LOSSES
-    from jdml.miners import MINERS
-    from jdml.samplers import SAMPLERS
-
     c = ml_collections.ConfigDict()
     c.seed = 0
     # "a:b" records a JAX profiler trace of steps a to b - 1 in <workdir>/profile (open it in
@@ -111,13 +59,10 @@ def base_config() -> ml_collections.ConfigDict:
     # How the benchmarks are read: "files" (the official archives' layouts) or "tfds" (cub200,
     # cars196 and sop as tfds builders prepared in data.path; pip install 'jdml[tfds]').
     c.data.source = "files"
-    # data.name=tfds (any prepared tfds image dataset; a loader's own options are its
-    # data.<name>_<option> keys): the builder, its image and label features, and the splits
-    # read (tfds's split syntax, e.g. "train+test" or "train[:50%]"; "": all of them).
-    c.data.tfds_name = ""
-    c.data.tfds_image_key = "image"
-    c.data.tfds_label_key = "label"
-    c.data.tfds_splits = ""
+    # Every dataset loader's own keys, its options as data.<name>_<option> (data.name=tfds, any
+    # prepared tfds image dataset: data.tfds_name, ...), declared by the loader with its
+    # registration.
+    c.data.update(declared_keys(DATASETS, "data"))
     # Where built data are cached: the glyph renders (default $JDML_CACHE/glyphs or
     # ~/.cache/jdml/glyphs) and the decode cache of photos (default $JDML_CACHE/decoded).
     c.data.cache_dir = ""
@@ -152,11 +97,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.model = ml_collections.ConfigDict()
     c.model.backbone = "small_resnet"
-    c.model.stem_features = 32
-    c.model.stem_strides = 2
-    c.model.stage_features = (32, 64, 128)
-    c.model.stage_blocks = (1, 1, 1)
-    c.model.stage_strides = (1, 2, 2)
+    # Every backbone's own keys (small_resnet's stem_features, stage_strides, ...), declared by
+    # the backbone with its registration.
+    c.model.update(backbone_keys())
     c.model.frozen_bn = False  # running statistics fixed, affine parameters trained
     # Partial fine-tuning (pretrained backbones): -1 trains every stage (the papers); k freezes
     # the stem and the first k stages (no gradient, no update), see jdml.models.freeze.
@@ -266,7 +209,6 @@ def base_config() -> ml_collections.ConfigDict:
     # metrics as on one device (1: the default device only), with about 1/D of the memory each.
     c.parallel.eval_devices = 1
 
-    _ = DATASETS  # the dataset name is validated in validate()
     return c
 
 
@@ -274,8 +216,6 @@ def metric_term(
     loss: str, miner: str, *, head: str, weight: float, dim: int = 0
 ) -> ml_collections.ConfigDict:
     """An auxiliary metric term's section (``jdml.methods.terms.metric.MetricTerm.section``)."""
-    from jdml.methods.terms import TERMS
-
     return TERMS.get("metric").section(loss, miner, head=head, weight=weight, dim=dim)
 
 
@@ -283,8 +223,6 @@ def dance_term(
     *, head: str = "selfsimilarity", weight: float, dim: int = 0
 ) -> ml_collections.ConfigDict:
     """An auxiliary DaNCE term's section (``jdml.methods.terms.dance.DanceTerm.section``)."""
-    from jdml.methods.terms import TERMS
-
     return TERMS.get("dance").section(head=head, weight=weight, dim=dim)
 
 
@@ -305,60 +243,6 @@ def decorrelation_section() -> ml_collections.ConfigDict:
     d.renormalize = True
     d.detach_target = False
     return d
-
-
-def set_keys(c: ml_collections.ConfigDict, values: Mapping[str, Any]) -> ml_collections.ConfigDict:
-    """Sets every dotted key of ``values`` (``{"data.name": "sop"}``) on ``c``.
-
-    Only keys the config has can be set (the config is the schema); the config's own type checks
-    apply to the values.
-
-    Args:
-      c: the config, changed in place.
-      values: dotted key -> value.
-
-    Returns:
-      ``c``.
-
-    Raises:
-      ConfigError: naming the key, for an unknown key or a value of the wrong type.
-    """
-    for dotted, value in values.items():
-        *path, name = dotted.split(".")
-        section = c
-        try:
-            for part in path:
-                section = section[part]
-            if not isinstance(section, ml_collections.ConfigDict) or name not in section:
-                raise KeyError(dotted)
-            section[name] = value
-        except (KeyError, TypeError, AttributeError) as e:
-            raise ConfigError(
-                f"cannot set {dotted}={value!r} ({type(e).__name__}: {e}): use a key of the "
-                "config (see the config file's keys) with a value of its type"
-            ) from None
-    return c
-
-
-def parse_assignments(items: Iterable[str]) -> dict[str, Any]:
-    """``"section.key=value"`` strings (scripts' ``--set``) as dotted key -> value.
-
-    A value is read as a Python literal where it is one (numbers, tuples, booleans), else kept
-    as a string.
-
-    Raises:
-      ConfigError: for an item without ``=``.
-    """
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise ConfigError(f"cannot set {item!r}: expected section.key=value")
-        try:
-            out[key] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            out[key] = text
-    return out
 
 
 def apply_overrides(

@@ -9,11 +9,31 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import ml_collections
 
 from jdml.config.saved import flatten_config
+from jdml.data.augment import AUGMENTATIONS
+from jdml.data.benchmarks import BENCHMARKS, SOURCES
+from jdml.data.sources import DATASETS
+from jdml.data.splits import SPLITS
 from jdml.errors import ConfigError
-from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
+from jdml.evaluation.embeddings import check_metric_names
+from jdml.evaluation.kmeans import KMEANS_MODES
+from jdml.losses import LOSSES
+from jdml.losses.mutual import RELATIONS
+from jdml.methods.checks import check_head_dims, check_phases, check_stateless_members
+from jdml.methods.cohort import MEMBER_LOOPS, member_configs, mesh_shape
+from jdml.methods.terms import TERMS
+from jdml.methods.terms.metric import check_sections
+from jdml.miners import MINERS
+from jdml.models import BACKBONES, INPUT_NORMALIZATIONS, POOLINGS
+from jdml.models.embedding import frozen_backbone_modules
+from jdml.models.pretrained.backbones import CONVERTERS, weight_path
+from jdml.nn.batch_norm import BATCH_NORM_MODES
+from jdml.optim import OPTIMIZERS, SCHEDULES
+from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range, Registry
+from jdml.samplers import SAMPLERS
 
 _COUNT = COUNT
 _NON_NEGATIVE_INT = Range(0, integer=True)
@@ -35,11 +55,6 @@ NUMERIC_KEYS: dict[str, Range] = {
     "data.num_threads": AUTO_SIZE,
     "data.prefetch": _COUNT,
     "data.num_workers": AUTO_SIZE,
-    "model.stem_features": _COUNT,
-    "model.stem_strides": _COUNT,
-    "model.stage_features": _COUNT,
-    "model.stage_blocks": _COUNT,
-    "model.stage_strides": _COUNT,
     "model.embed_dim": _COUNT,
     "model.frozen_stages": Range(-1, integer=True),
     "sampler.samples_per_class": _COUNT,
@@ -66,9 +81,6 @@ NUMERIC_KEYS: dict[str, Range] = {
     "decorrelation.lr": _NON_NEGATIVE,
     "decorrelation.weight_decay": _NON_NEGATIVE,
 }
-
-
-BATCH_NORM_MODES = ("global", "per_device")
 
 
 def profile_range(text: str) -> tuple[int, int] | None:
@@ -105,11 +117,6 @@ def _check_number(key: str, value: Any, allowed: Range) -> None:
 def _component_sections(c: ml_collections.ConfigDict):
     """(key prefix, section, registry) of every selected loss, miner and sampler, the auxiliary
     terms' included."""
-    from jdml.losses import LOSSES
-    from jdml.methods.terms import TERMS
-    from jdml.miners import MINERS
-    from jdml.samplers import SAMPLERS
-
     out = [("loss", c.loss, LOSSES), ("miner", c.miner, MINERS), ("sampler", c.sampler, SAMPLERS)]
     for name, term in c.aux.items():
         out += TERMS.get(term.kind).components(f"aux.{name}", term)
@@ -119,11 +126,11 @@ def _component_sections(c: ml_collections.ConfigDict):
 def _validate_numbers(c: ml_collections.ConfigDict) -> None:
     """Range checks of every numeric key: the base config's (``NUMERIC_KEYS``), the auxiliary
     terms' (the ranges their kinds registered with) and the selected components' (their
-    registries' ranges; any other numeric hyperparameter must at least be finite)."""
+    registries' ranges; any other numeric hyperparameter must at least be finite), then the
+    selected backbone's own keys (its ranges and its registered check)."""
     flat = flatten_config(c.to_dict())
     for key, allowed in NUMERIC_KEYS.items():
         _check_number(key, flat[key], allowed)
-    from jdml.methods.terms import TERMS
 
     for name, term in c.aux.items():
         for key, allowed in TERMS.ranges(term.kind).items():
@@ -137,29 +144,29 @@ def _validate_numbers(c: ml_collections.ConfigDict) -> None:
                 _check_number(where, value, ranges[key])
             elif isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{where}={value!r} must be finite; change --config.{where}")
-    model = c.model
-    if not len(model.stage_features) == len(model.stage_blocks) == len(model.stage_strides):
-        raise ConfigError(
-            "model.stage_features, model.stage_blocks and model.stage_strides need one entry per "
-            f"stage; got {len(model.stage_features)}, {len(model.stage_blocks)} and "
-            f"{len(model.stage_strides)}"
-        )
-    if model.backbone == "small_resnet":
-        from jdml.models.small_resnet import check_map_sizes
+    _check_declared(BACKBONES, c.model.backbone, "model", c)
+    if c.data.name in DATASETS:
+        _check_declared(DATASETS, c.data.name, "data", c)
 
-        try:
-            check_map_sizes(c.data.image_size, model.stem_strides, model.stage_strides)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+
+def _check_declared(
+    registry: Registry, name: str, section: str, c: ml_collections.ConfigDict
+) -> None:
+    """The ranges of the keys the component ``name`` of ``registry`` declared in ``section``,
+    then its own ``check`` fact (``check(config)``, raising ``ConfigError``) if it has one."""
+    for key, allowed in registry.ranges(name).items():
+        _check_number(f"{section}.{key}", c[section][key], allowed)
+    check = registry.meta(name).get("check")
+    if check is not None:
+        check(c)
 
 
 def _validate_model(model: ml_collections.ConfigDict, channels: int) -> None:
     """Pooling and pretrained weights of the ``model`` section (``channels``: data.channels)."""
-    from jdml.models.embedding import frozen_backbone_modules
-    from jdml.models.pretrained.backbones import CONVERTERS, weight_path
-
-    if model.pooling not in ("avg", "avg+max"):
-        raise ConfigError(f"model.pooling={model.pooling!r}; choose avg or avg+max")
+    if model.pooling not in POOLINGS:
+        raise ConfigError(
+            f"model.pooling={model.pooling!r}; choose {' or '.join(POOLINGS.names())}"
+        )
     try:
         frozen_backbone_modules(model)
     except ValueError as e:
@@ -191,13 +198,12 @@ def _validate_model(model: ml_collections.ConfigDict, channels: int) -> None:
 
 def _validate_normalization(c: ml_collections.ConfigDict) -> None:
     """``data.normalization`` and, for ``backbone``, that the backbone has constants."""
-    from jdml.models import input_normalization
-
-    if c.data.normalization not in ("mean_std", "backbone"):
+    if c.data.normalization not in INPUT_NORMALIZATIONS:
         raise ConfigError(
-            f"data.normalization={c.data.normalization!r}; choose mean_std or backbone"
+            f"data.normalization={c.data.normalization!r}; choose "
+            + " or ".join(INPUT_NORMALIZATIONS.names())
         )
-    if c.data.normalization == "backbone" and input_normalization(c.model.backbone) is None:
+    if INPUT_NORMALIZATIONS.get(c.data.normalization)(c) is None:
         raise ConfigError(
             f"data.normalization=backbone, but backbone {c.model.backbone!r} has no input "
             "constants of its own; use data.normalization=mean_std with data.mean and data.std"
@@ -206,9 +212,6 @@ def _validate_normalization(c: ml_collections.ConfigDict) -> None:
 
 def _validate_photos(data: ml_collections.ConfigDict) -> None:
     """Photo datasets need a photo augmentation; photo augmentations need RGB data."""
-    from jdml.data.augment import AUGMENTATIONS
-    from jdml.data.benchmarks import BENCHMARKS
-
     photos = AUGMENTATIONS.names_where("photo")
     photo = data.augment in photos
     if data.name in BENCHMARKS and not photo:
@@ -229,9 +232,6 @@ def _validate_source(data: ml_collections.ConfigDict) -> None:
     """``data.source`` is a known source that holds ``data.name``: a benchmark it has a reader
     of, or a dataset registered with that source (``data.name=tfds``); ``files`` (the default)
     also suits every in-memory dataset."""
-    from jdml.data.benchmarks import BENCHMARKS, SOURCES
-    from jdml.data.sources import DATASETS
-
     if data.source not in SOURCES:
         raise ConfigError(
             f"data.source={data.source!r} is not a known data source; choose one of: "
@@ -271,10 +271,6 @@ def check_devices(c: ml_collections.ConfigDict) -> None:
 
     ``validate`` does not: a stored config is also evaluated on machines with other devices.
     """
-    import jax
-
-    from jdml.methods.cohort import mesh_shape
-
     available = len(jax.devices())
     for key in ("data_devices", "eval_devices"):
         value = int(c.parallel[key])
@@ -317,17 +313,6 @@ def check_profile_steps(profile_steps: str, total_steps: int) -> None:
 
 def validate(c: ml_collections.ConfigDict) -> None:
     """Checks the combination of choices before anything runs; raises ``ConfigError``."""
-    from jdml.data.augment import AUGMENTATIONS
-    from jdml.data.benchmarks import BENCHMARKS
-    from jdml.data.sources import DATASETS
-    from jdml.evaluation.embeddings import check_metric_names
-    from jdml.evaluation.kmeans import KMEANS_MODES
-    from jdml.losses import LOSSES
-    from jdml.methods.terms.metric import check_sections
-    from jdml.models import BACKBONES
-    from jdml.optim import OPTIMIZERS, SCHEDULES
-    from jdml.samplers import SAMPLERS
-
     for registry, value, key in (
         (AUGMENTATIONS, c.data.augment, "data.augment"),
         (BACKBONES, c.model.backbone, "model.backbone"),
@@ -372,8 +357,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
             f"eval.kmeans={c.eval.kmeans!r}; choose one of: {', '.join(KMEANS_MODES)}"
         )
     for split in c.eval.splits:
-        if split not in ("train", "val", "test"):
-            raise ConfigError(f"eval.splits has {split!r}; choose from train, val, test")
+        if split not in SPLITS:
+            raise ConfigError(f"eval.splits has {split!r}; choose from {', '.join(SPLITS.names())}")
     _validate_model(c.model, c.data.channels)
     _validate_normalization(c)
     _validate_photos(c.data)
@@ -392,24 +377,24 @@ def validate(c: ml_collections.ConfigDict) -> None:
 
 
 def _validate_cohort(c: ml_collections.ConfigDict) -> None:
-    from jdml.losses.mutual import RELATIONS
-
     cohort = c.cohort
     if cohort.relation not in RELATIONS:
         raise ConfigError(
-            f"cohort.relation={cohort.relation!r}; choose one of {', '.join(RELATIONS)}"
+            f"cohort.relation={cohort.relation!r}; choose one of {', '.join(RELATIONS.names())}"
         )
-    if cohort.member_loop not in ("unroll", "vmap"):
-        raise ConfigError(f"cohort.member_loop={cohort.member_loop!r}; choose unroll or vmap")
+    if cohort.member_loop not in MEMBER_LOOPS:
+        raise ConfigError(
+            f"cohort.member_loop={cohort.member_loop!r}; choose "
+            + " or ".join(MEMBER_LOOPS.names())
+        )
     if c.parallel.batch_norm not in BATCH_NORM_MODES:
         raise ConfigError(
             f"parallel.batch_norm={c.parallel.batch_norm!r}; choose one of "
-            f"{', '.join(BATCH_NORM_MODES)}"
+            f"{', '.join(BATCH_NORM_MODES.names())}"
         )
     if cohort.members:
-        from jdml.methods.cohort import member_configs
-
         members = member_configs(c)
+        check_stateless_members(c)
         if cohort.devices > 1:
             raise ConfigError(
                 f"cohort.devices={cohort.devices} with cohort.members: a heterogeneous cohort "
@@ -429,8 +414,6 @@ def _validate_cohort(c: ml_collections.ConfigDict) -> None:
 
 
 def _validate_aux(c: ml_collections.ConfigDict) -> None:
-    from jdml.methods.terms import TERMS
-
     heads = {c.model.head}
     for name, t in c.aux.items():
         where = f"aux.{name}"
@@ -440,6 +423,8 @@ def _validate_aux(c: ml_collections.ConfigDict) -> None:
             )
         TERMS.get(t.kind).validate(where, t)
         heads.add(t.head)
+    check_head_dims(c)
+    check_phases(c)
     decorrelation = c.decorrelation
     if len(decorrelation.pairs) != len(decorrelation.weights):
         raise ConfigError(

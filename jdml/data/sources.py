@@ -48,7 +48,10 @@ from jdml.registry import Registry
 
 Loader = Callable[..., ImageArrays]
 
-#: Dataset loaders by name.
+#: Dataset loaders by name. Facts of a registration: ``source`` (the ``data.source`` that reads
+#: it, if not ``files``), ``keys`` (the loader's own ``data.<name>_<option>`` keys with their
+#: defaults, added to the base config), ``ranges`` of those keys and ``check(config)`` (raising
+#: ``ConfigError``), both applied by ``jdml.config.validate`` when the dataset is selected.
 DATASETS: Registry[Loader] = Registry("dataset")
 
 #: File suffixes (lower case) that the folder source reads as images.

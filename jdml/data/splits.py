@@ -14,9 +14,16 @@ import numpy as np
 
 from jdml.data.arrays import ImageSet
 from jdml.errors import DataError
+from jdml.registry import Registry
 
 MIN_SAMPLES_PER_TRAIN_CLASS = 2
 MIN_CLASSES_PER_SPLIT = 2
+
+#: The splits a run loads, by name (``eval.splits``), each with what it holds.
+SPLITS: Registry[str] = Registry("split")
+SPLITS.register("train")("the training classes (less those held out for validation)")
+SPLITS.register("val")("training classes held out for model selection (data.val_fraction > 0)")
+SPLITS.register("test")("the unseen classes of the evaluation")
 
 
 def _check_train_samples(data: ImageSet, classes: np.ndarray) -> None:

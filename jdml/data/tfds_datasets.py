@@ -241,7 +241,13 @@ def _decode(data: bytes, size: int, channels: int, name: str) -> np.ndarray:
         ) from err
 
 
-@DATASETS.register("tfds", source="tfds")
+#: The loader's own ``data.*`` keys (its options as ``data.tfds_<option>``, see
+#: ``jdml.data.loading.loader_options``): the builder, its image and label features, and the
+#: splits read (tfds's split syntax, e.g. "train+test" or "train[:50%]"; "": all of them).
+KEYS = {"tfds_name": "", "tfds_image_key": "image", "tfds_label_key": "label", "tfds_splits": ""}
+
+
+@DATASETS.register("tfds", source="tfds", keys=KEYS)
 def load_tfds(
     *,
     path: str = "",

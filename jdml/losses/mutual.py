@@ -12,12 +12,16 @@ Huber loss (delta 1). The DM2 paper states the plain form, which is the default.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
 from jdml.geometry import differentiable_distances
+from jdml.registry import Registry
 
-RELATIONS = ("distance", "rkd")
+#: The transfer losses between two (N, N) relation matrices, by ``cohort.relation`` name.
+RELATIONS: Registry[Callable[[jax.Array, jax.Array], jax.Array]] = Registry("relation")
 
 
 def relation_matrix(embeddings: jax.Array, *, eps: float = 1e-12) -> jax.Array:
@@ -42,14 +46,26 @@ def _huber(x: jax.Array) -> jax.Array:
     return jnp.where(a < 1.0, 0.5 * x * x, a - 0.5)
 
 
+@RELATIONS.register("distance")
+def distance_transfer(student: jax.Array, teacher: jax.Array) -> jax.Array:
+    """The paper's mean squared difference of the plain distances."""
+    return jnp.mean(jnp.square(student - teacher))
+
+
+@RELATIONS.register("rkd")
+def rkd_transfer(student: jax.Array, teacher: jax.Array) -> jax.Array:
+    """RKD's distance term: the Huber loss between the mean-normalised matrices."""
+    return jnp.mean(_huber(_rkd_normalize(student) - _rkd_normalize(teacher)))
+
+
 def transfer_loss(student: jax.Array, teacher: jax.Array, relation: str = "distance") -> jax.Array:
     """``L^{l<-k}`` for one pair of ``(N, N)`` relation matrices (the teacher is not detached
-    here; ``mutual_losses`` does that)."""
-    if relation == "distance":
-        return jnp.mean(jnp.square(student - teacher))
-    if relation == "rkd":
-        return jnp.mean(_huber(_rkd_normalize(student) - _rkd_normalize(teacher)))
-    raise ValueError(f"unknown relation {relation!r}; choose one of {RELATIONS}")
+    here; ``mutual_losses`` does that).
+
+    Raises:
+      UnknownNameError: (a ``ValueError``) for a relation not in ``RELATIONS``.
+    """
+    return RELATIONS.get(relation)(student, teacher)
 
 
 def mutual_losses(

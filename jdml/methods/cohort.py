@@ -40,6 +40,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jdml.errors import ConfigError
+from jdml.keys import parse_assignments, set_keys
+from jdml.registry import Registry
 
 AXIS = "member"
 DATA = "data"  # splits each member's batch (automatic partitioning)
@@ -58,8 +60,6 @@ def member_overrides(spec: str) -> dict[str, Any]:
     Raises:
       ConfigError: for an item without ``=`` or a key outside the ``model`` section.
     """
-    from jdml.config.schema import parse_assignments
-
     items = [item.strip() for item in spec.split(";") if item.strip()]
     values = parse_assignments(items)
     outside = [k for k in values if not k.startswith("model.")]
@@ -79,8 +79,6 @@ def member_configs(config: ml_collections.ConfigDict) -> tuple[ml_collections.Co
       ConfigError: if ``cohort.members`` does not have one entry per member, or an entry sets an
         unknown key or a value of the wrong type.
     """
-    from jdml.config.schema import set_keys
-
     specs = tuple(config.cohort.members)
     if not specs:
         return ()
@@ -140,16 +138,28 @@ def stack_members(trees: list[Any]) -> Any:
     return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def over_members(fn: Callable[..., Any], loop: str, *args: Any) -> Any:
-    """Applies ``fn`` to each member's slice of ``args`` (leading member axis), stacking outputs.
+#: Ways to run ``fn`` over the members of a device, by ``cohort.member_loop`` name.
+MEMBER_LOOPS: Registry[Callable[..., Any]] = Registry("member loop")
 
-    ``"unroll"`` traces the members of a device one after the other into the step (compile time
-    grows with their number; each runs ordinary convolutions). ``"vmap"`` vectorises them, which
-    turns convolutions into grouped ones: worth trying on accelerators, but on XLA's CPU backend
-    measured 2.6x slower than two separate networks already for two members (and a
-    ``lax.map`` loop is worse still: convolution gradients inside a loop body ran 27x slower).
-    """
-    if loop == "vmap":
-        return jax.vmap(fn)(*args)
+
+@MEMBER_LOOPS.register("unroll")
+def unrolled(fn: Callable[..., Any], *args: Any) -> Any:
+    """The members traced one after the other into the step (compile time grows with their
+    number; each runs ordinary convolutions)."""
     count = jax.tree.leaves(args)[0].shape[0]
     return stack_members([fn(*jax.tree.map(lambda x, i=i: x[i], args)) for i in range(count)])
+
+
+@MEMBER_LOOPS.register("vmap")
+def vectorised(fn: Callable[..., Any], *args: Any) -> Any:
+    """The members vectorised, which turns convolutions into grouped ones: worth trying on
+    accelerators, but on XLA's CPU backend measured 2.6x slower than two separate networks
+    already for two members (and a ``lax.map`` loop is worse still: convolution gradients inside
+    a loop body ran 27x slower)."""
+    return jax.vmap(fn)(*args)
+
+
+def over_members(fn: Callable[..., Any], loop: str, *args: Any) -> Any:
+    """Applies ``fn`` to each member's slice of ``args`` (leading member axis), stacking outputs,
+    the ``MEMBER_LOOPS`` way named ``loop`` (``"unroll"`` or ``"vmap"``)."""
+    return MEMBER_LOOPS.get(loop)(fn, *args)

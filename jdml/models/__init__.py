@@ -1,13 +1,20 @@
 """Backbones and embedding models, looked up by name.
 
 Importing this package imports every module in it, which registers each backbone in
-``BACKBONES``; a new backbone only needs a module here with ``@BACKBONES.register``.
+``BACKBONES``; a new backbone only needs a module here with ``@BACKBONES.register`` (its own
+``model.*`` keys, their ranges and its checks included, see ``jdml.models.registry``).
 """
 
 import importlib
 import pkgutil
 
-from jdml.models.registry import BACKBONES, input_normalization
+from jdml.models.registry import (
+    BACKBONES,
+    INPUT_NORMALIZATIONS,
+    POOLINGS,
+    backbone_keys,
+    input_normalization,
+)
 
 for _module in pkgutil.iter_modules(__path__):
     if not _module.ispkg:
@@ -15,4 +22,12 @@ for _module in pkgutil.iter_modules(__path__):
 
 from jdml.models.embedding import EmbeddingModel, build_model  # noqa: E402
 
-__all__ = ["BACKBONES", "EmbeddingModel", "build_model", "input_normalization"]
+__all__ = [
+    "BACKBONES",
+    "INPUT_NORMALIZATIONS",
+    "POOLINGS",
+    "EmbeddingModel",
+    "backbone_keys",
+    "build_model",
+    "input_normalization",
+]

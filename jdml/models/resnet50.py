@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from jdml.models.freeze import NOT_FROZEN, cut_after
-from jdml.models.registry import BACKBONES
+from jdml.models.registry import BACKBONES, POOLINGS
 from jdml.nn.batch_norm import BatchNorm
 from jdml.nn.frozen_bn import FrozenBatchNorm
 
@@ -46,20 +46,15 @@ def global_pool(x: jnp.ndarray, pooling: str) -> jnp.ndarray:
 
     Args:
       x: the last feature map.
-      pooling: ``"avg"``, or ``"avg+max"`` for the sum of average and max pooling (the
-        reference's ``double`` pooling).
+      pooling: a name of ``POOLINGS``: ``"avg"``, or ``"avg+max"`` for the sum of average and
+        max pooling (the reference's ``double`` pooling).
 
     Raises:
-      ValueError: for another pooling name.
+      UnknownNameError: (a ``ValueError``) for another pooling name.
     """
-    if pooling not in ("avg", "avg+max"):
-        raise ValueError(f"unknown pooling {pooling!r}; use 'avg' or 'avg+max'")
+    pool = POOLINGS.get(pooling)
     # Average in float32: a bfloat16 sum over 7x7 positions loses digits the embedding needs.
-    x = x.astype(jnp.float32)
-    pooled = jnp.mean(x, axis=(1, 2))
-    if pooling == "avg+max":
-        pooled = pooled + jnp.max(x, axis=(1, 2))
-    return pooled
+    return pool(x.astype(jnp.float32))
 
 
 def batch_norm(

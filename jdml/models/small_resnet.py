@@ -24,11 +24,22 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
-from jdml.models.registry import BACKBONES
+from jdml.errors import ConfigError
+from jdml.models.registry import BACKBONES, POOLINGS
 from jdml.nn.batch_norm import BatchNorm
 from jdml.nn.conv import Conv
+from jdml.registry import COUNT
 
 _MIN_CONV_MAP = 3
+
+#: The backbone's own ``model.*`` keys and their defaults (``--config.model.stem_features=16``).
+KEYS = {
+    "stem_features": 32,
+    "stem_strides": 2,
+    "stage_features": (32, 64, 128),
+    "stage_blocks": (1, 1, 1),
+    "stage_strides": (1, 2, 2),
+}
 
 
 class BasicBlock(nn.Module):
@@ -133,13 +144,32 @@ class SmallResNet(nn.Module):
                         "fewer/smaller stage strides (model.stage_strides)"
                     )
                 x = BasicBlock(feat, s, self.train_bn, self.dtype, name=f"stage{i}_block{j}")(x)
-        pooled = jnp.mean(x, axis=(1, 2))
-        if self.pooling == "avg+max":
-            pooled = pooled + jnp.max(x, axis=(1, 2))
-        return pooled.astype(jnp.float32)
+        return POOLINGS.get(self.pooling)(x).astype(jnp.float32)
 
 
-@BACKBONES.register("small_resnet")
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """The stage keys give one entry per stage, and no stage convolves a map smaller than 3x3
+    (:func:`check_map_sizes`) on ``data.image_size`` inputs.
+
+    Raises:
+      ConfigError: naming the keys to change.
+    """
+    model = config.model
+    if not len(model.stage_features) == len(model.stage_blocks) == len(model.stage_strides):
+        raise ConfigError(
+            "model.stage_features, model.stage_blocks and model.stage_strides need one entry per "
+            f"stage; got {len(model.stage_features)}, {len(model.stage_blocks)} and "
+            f"{len(model.stage_strides)}"
+        )
+    try:
+        check_map_sizes(config.data.image_size, model.stem_strides, model.stage_strides)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+@BACKBONES.register(
+    "small_resnet", keys=KEYS, ranges=dict.fromkeys(KEYS, COUNT), check=check_config
+)
 def small_resnet(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
     """The compact CPU-friendly ResNet (see ``jdml.models.small_resnet``)."""
     return SmallResNet(

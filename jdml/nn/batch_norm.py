@@ -18,10 +18,19 @@ glyph network's 16x16x32 maps (batch 112) forward and backward with the ReLU aft
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from jdml.registry import Registry
+
+#: Trained BatchNorm on a batch split over devices (``parallel.batch_norm``): the number of row
+#: blocks with statistics of their own, as a function of the number of devices.
+BATCH_NORM_MODES: Registry[Callable[[int], int]] = Registry("batch-norm mode")
+BATCH_NORM_MODES.register("global")(lambda devices: 1)  # the whole batch's (synchronised)
+BATCH_NORM_MODES.register("per_device")(lambda devices: devices)  # each device's rows
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

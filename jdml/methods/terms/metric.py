@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from jdml.config.schema import component_section
 from jdml.errors import ConfigError
+from jdml.keys import component_section
 from jdml.losses import LOSSES, compatible_miners
 from jdml.methods.terms.base import TERMS, Metrics, Term, TermInputs
 from jdml.miners import MINERS, make_miner

@@ -1,0 +1,191 @@
+"""Config keys on the ground floor: a component's keys and defaults, and setting dotted keys.
+
+Components (loss terms, cohorts, backbones) build and read their config sections with these
+helpers; ``jdml.config`` assembles the whole schema from the components on top of them. This
+module imports nothing from jdml but ``errors``, so any module may use it without a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+import ml_collections
+
+from jdml.errors import ConfigError
+
+# Keys of a component's signature that the library fills in itself.
+_RUNTIME_ARGS = frozenset(
+    {
+        "parent",
+        "name",
+        "num_classes",
+        "miner_name",
+        "key",
+        "embeddings",
+        "labels",
+        "batch_size",
+        "samples_per_class",
+        "seed",
+    }
+)
+
+
+class NamedComponents(Protocol):
+    """What this module reads of a registry (``jdml.registry.Registry``): its names, their
+    objects and the facts they were registered with."""
+
+    def names(self) -> list[str]: ...
+
+    def get(self, name: str) -> Any: ...
+
+    def meta(self, name: str) -> Mapping[str, Any]: ...
+
+
+def component_defaults(obj: Any) -> dict[str, Any]:
+    """Returns the overridable hyperparameters of a registered component with their defaults.
+
+    Args:
+      obj: a Flax module class (dataclass fields) or a function / class (keyword arguments).
+
+    Returns:
+      hyperparameter name -> default, without the arguments the library fills in itself.
+    """
+    out: dict[str, Any] = {}
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            if f.name in _RUNTIME_ARGS or not f.init:
+                continue
+            if f.default is not dataclasses.MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                out[f.name] = f.default_factory()
+        return out
+    target = obj.__init__ if inspect.isclass(obj) else obj
+    for p in inspect.signature(target).parameters.values():
+        if p.name in _RUNTIME_ARGS or p.name == "self" or p.default is inspect.Parameter.empty:
+            continue
+        out[p.name] = p.default
+    return out
+
+
+def to_config_value(value: Any) -> Any:
+    """``value`` as a config holds it: lists become tuples (ml_collections can override tuples
+    from the command line, not lists)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def optional_names(obj: Any) -> set[str]:
+    """Hyperparameters of ``obj`` annotated as accepting None (e.g. ``upper_cutoff: float |
+    None``)."""
+    if dataclasses.is_dataclass(obj):
+        annotations = {f.name: f.type for f in dataclasses.fields(obj)}
+    else:
+        target = obj.__init__ if inspect.isclass(obj) else obj
+        annotations = {p.name: p.annotation for p in inspect.signature(target).parameters.values()}
+    return {k for k, a in annotations.items() if "None" in str(a)}
+
+
+def config_entry(value: Any, optional: bool = False) -> Any:
+    """A config value, or for an ``optional`` key a reference that also accepts None from the
+    command line (``--config.x=None``)."""
+    value = to_config_value(value)
+    return ml_collections.FieldReference(value, field_type=object) if optional else value
+
+
+def component_section(registry: NamedComponents) -> ml_collections.ConfigDict:
+    """One sub-section per registered component with its hyperparameters and their defaults
+    (``loss.margin.beta``, ...); the caller adds the section's ``name``."""
+    section = ml_collections.ConfigDict()
+    for name in registry.names():
+        obj = registry.get(name)
+        optional = optional_names(obj)
+        section[name] = ml_collections.ConfigDict(
+            {k: config_entry(v, k in optional) for k, v in component_defaults(obj).items()}
+        )
+    return section
+
+
+def set_keys(c: ml_collections.ConfigDict, values: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """Sets every dotted key of ``values`` (``{"data.name": "sop"}``) on ``c``.
+
+    Only keys the config has can be set (the config is the schema); the config's own type checks
+    apply to the values.
+
+    Args:
+      c: the config, changed in place.
+      values: dotted key -> value.
+
+    Returns:
+      ``c``.
+
+    Raises:
+      ConfigError: naming the key, for an unknown key or a value of the wrong type.
+    """
+    for dotted, value in values.items():
+        *path, name = dotted.split(".")
+        section = c
+        try:
+            for part in path:
+                section = section[part]
+            if not isinstance(section, ml_collections.ConfigDict) or name not in section:
+                raise KeyError(dotted)
+            section[name] = value
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(
+                f"cannot set {dotted}={value!r} ({type(e).__name__}: {e}): use a key of the "
+                "config (see the config file's keys) with a value of its type"
+            ) from None
+    return c
+
+
+def parse_assignments(items: Iterable[str]) -> dict[str, Any]:
+    """``"section.key=value"`` strings (scripts' ``--set``) as dotted key -> value.
+
+    A value is read as a Python literal where it is one (numbers, tuples, booleans), else kept
+    as a string.
+
+    Raises:
+      ConfigError: for an item without ``=``.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"cannot set {item!r}: expected section.key=value")
+        try:
+            out[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            out[key] = text
+    return out
+
+
+def declared_keys(registry: NamedComponents, section: str) -> dict[str, Any]:
+    """The keys of ``section`` that the components of ``registry`` declare with their
+    registration (their ``keys`` fact: key -> default), e.g. a backbone's own ``model.*`` keys.
+
+    Args:
+      registry: the components.
+      section: the config section the keys belong to (for the message).
+
+    Returns:
+      key -> default, in the order of the components' names.
+
+    Raises:
+      ValueError: if two components declare one key with different defaults.
+    """
+    out: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    for name in registry.names():
+        for key, default in registry.meta(name).get("keys", {}).items():
+            if key in out and out[key] != default:
+                raise ValueError(
+                    f"{owner[key]!r} and {name!r} declare {section}.{key} with different "
+                    f"defaults ({out[key]!r} and {default!r}); give them one default"
+                )
+            out.setdefault(key, to_config_value(default))
+            owner.setdefault(key, name)
+    return out
