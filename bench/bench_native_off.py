@@ -13,6 +13,8 @@ so that changes in machine load affect them alike:
 * ``step``: the quick start's train step (batch 112), one step function traced with
   ``JDML_CONV`` at each mode (it is read when a function is traced).
 
+Runs under tcmalloc where it is installed, as ``train.py`` and ``eval.py`` do.
+
 Usage: PYTHONPATH=. python bench/bench_native_off.py [--repeats 5] [--steps 10]
            [--parts eval,eval10k,step]
 """
@@ -28,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs.revisiting import get_config
+from jdml.allocator import reexec_with_tcmalloc
 from jdml.evaluation.embeddings import evaluate_embeddings
 from jdml.native import switches
 from jdml.program import make_train_step
@@ -68,6 +71,7 @@ def clustered(n: int, dim: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def main() -> None:
+    reexec_with_tcmalloc()  # as train.py and eval.py run (jdml.allocator)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
