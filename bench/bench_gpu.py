@@ -421,15 +421,16 @@ def eval_section(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
 
 def sweep_section(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     """The evaluator's warm time at SOP's size under other block sizes: the kNN query blocks
-    (``knn.BLOCK_SCORES`` scores per block) and the k-means assignment blocks
-    (``kmeans.ASSIGN_SCORES``), to choose the accelerator defaults."""
+    (``knn.layout.BLOCK_SCORES`` scores per block) and the k-means assignment blocks
+    (``kmeans.assignment.ASSIGN_SCORES``), to choose the accelerator defaults."""
     from jdml.evaluation import kmeans as kmeans_module
-    from jdml.evaluation import knn as knn_module
     from jdml.evaluation.embeddings import evaluate_embeddings
+    from jdml.evaluation.kmeans import assignment
+    from jdml.evaluation.knn import layout as knn_module
 
     x, labels = sop_like(args.eval_points, args.eval_classes)
     record: dict[str, Any] = {"device": device_name(), "knn": {}, "kmeans": {}}
-    default_block, default_assign = knn_module.BLOCK_SCORES, kmeans_module.ASSIGN_SCORES
+    default_block, default_assign = knn_module.BLOCK_SCORES, assignment.ASSIGN_SCORES
     print(f"\nsweep at {len(x):,} x {SOP_DIM}:", flush=True)
     defaults = (
         knn_module.GROUP_SIZE,
@@ -456,7 +457,7 @@ def sweep_section(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     ) = defaults
     for init in args.kmeans_inits:
         for log2 in args.sweep_assign_scores:
-            kmeans_module.ASSIGN_SCORES = 2**log2
+            assignment.ASSIGN_SCORES = 2**log2
             fn = lambda init=init: kmeans_module.kmeans(x, args.eval_classes, init=init).centroids  # noqa: E731
             t = alternating_rounds({"k": fn}, 2)
             record["kmeans"][f"{init} 2^{log2}"] = {
@@ -465,7 +466,7 @@ def sweep_section(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
             }
             print(f"  k-means {init:<10} ASSIGN_SCORES 2^{log2}: first {t['k'].first:6.2f} s, "
                   f"warm {t['k'].median:6.3f} s", flush=True)  # fmt: skip
-    kmeans_module.ASSIGN_SCORES = default_assign
+    assignment.ASSIGN_SCORES = default_assign
     return record
 
 

@@ -48,7 +48,7 @@ from configs.revisiting import get_config
 from jdml.config import apply_overrides
 from jdml.data.pipeline import train_batches
 from jdml.errors import ConfigError
-from jdml.nn import native
+from jdml.native.switches import xla_convolutions
 from jdml.nn.conv import conv2d
 from jdml.program import make_train_step
 from jdml.run import Run
@@ -171,7 +171,7 @@ def _jdml_conv(layer: ConvLayer, batch: int, xla: bool = False) -> Callable[[], 
         dx, dw = pull(jnp.ones_like(out))
         return (dw, dx) if layer.input_grad else (dw,)
 
-    with native.xla_convolutions() if xla else contextlib.nullcontext():
+    with xla_convolutions() if xla else contextlib.nullcontext():
         compiled = jax.jit(forward_backward).lower(x, w).compile()
     return lambda: jax.block_until_ready(compiled(x, w))
 

@@ -53,7 +53,7 @@ from jdml.evaluation.knn import knn
 from jdml.evaluation.splits import embed_split
 from jdml.fileio import atomic_path, check_output_path
 from jdml.methods.method import input_normalization
-from jdml.nn import native
+from jdml.native.switches import xla_convolutions
 from jdml.program import build_program
 
 INDEX_FORMAT = "jdml-index-1"
@@ -391,7 +391,7 @@ class Model:
             return out[self.embedding] if combine is None else combine_heads(out, combine)
 
         shape = jax.export.symbolic_shape("batch, {}, {}, {}".format(*self.input_shape))
-        with native.xla_convolutions():  # a portable module: no custom calls
+        with xla_convolutions():  # a portable module: no custom calls
             exported = jax.export.export(jax.jit(embed), platforms=tuple(platforms))(
                 jax.ShapeDtypeStruct(shape, jnp.float32)
             )

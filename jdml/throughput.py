@@ -18,7 +18,7 @@ taps that fall on the zeros an input dilation inserts (the input gradient of a s
 convolution, as JAX computes it) multiply nothing and are left out, so the gradient
 convolutions of a layer whose input size the stride divides count exactly its forward pass
 each, and a train step (forward, input and kernel gradients) about 3x the forward pass. The
-oneDNN custom calls of the CPU backend (:mod:`jdml.nn.native`) count as the XLA operations they
+oneDNN custom calls of the CPU backend (:mod:`jdml.native`) count as the XLA operations they
 replace, so a step's count is the same with ``JDML_CONV=xla`` or without. The count is taken
 from the traced program, before XLA compiles it: it is the same on every backend, which XLA's
 own ``cost_analysis`` is not (on GPU it leaves out the convolutions that run as cuDNN calls).
@@ -414,7 +414,7 @@ _NATIVE_TARGETS = (
 
 
 def _ffi_macs(eqn: core.JaxprEqn, tally: _Tally) -> int:
-    """Multiply-adds of a native custom call (:mod:`jdml.nn.native`), counted as the XLA
+    """Multiply-adds of a native custom call (:mod:`jdml.native`), counted as the XLA
     operation it replaces (a convolution's gradients as JAX's transposed convolutions); other
     targets count 0 and are named in the tally."""
     target = eqn.params["target_name"]

@@ -61,20 +61,20 @@ def glyph_data(glyph_cache_dir: Path) -> ImageArrays:
 def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """kNN query blocks of exactly the ``block_size`` a test passes, so that the tests' small
     sets still span several blocks (outside tests, blocks grow while they hold few scores:
-    ``jdml.evaluation.knn.BLOCK_SCORES``)."""
-    from jdml.evaluation import knn
+    ``jdml.evaluation.knn.layout.BLOCK_SCORES``)."""
+    from jdml.evaluation.knn import layout
 
-    monkeypatch.setattr(knn, "BLOCK_SCORES", 1)
+    monkeypatch.setattr(layout, "BLOCK_SCORES", 1)
 
 
 @pytest.fixture(params=["xla", "host", "native"])
 def selection(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a kNN test with the top-k taken by XLA and again with the host selection (the CPU
-    path for most k, see ``jdml.evaluation.knn._select_on_host``), whatever the k."""
-    from jdml.evaluation import knn
+    path for most k, see ``jdml.evaluation.knn.search.select_on_host``), whatever the k."""
+    from jdml.evaluation.knn import search
     from tests.helpers import skip_off_cpu
 
     if request.param == "native":
         skip_off_cpu("the native kNN selection")
-    monkeypatch.setattr(knn, "SELECTION", request.param)
+    monkeypatch.setattr(search, "SELECTION", request.param)
     return request.param

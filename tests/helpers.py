@@ -59,7 +59,7 @@ def skip_off_cpu(what: str) -> None:
 
 def sgemm_tiles_round_alike() -> bool:
     """Whether oneDNN's sgemm rounds a dot product the same in every tile shape the native
-    kernels use (jdml/nn/native/gemm.h), so that searches cut into tiles differently agree bit for
+    kernels use (jdml/native/gemm.h), so that searches cut into tiles differently agree bit for
     bit: measured on CPUs with AVX-512 (Intel Xeon). On CPUs with AVX2 only (measured on an AMD
     EPYC) sgemm's kernels for tiles of other shapes sum in other orders, and the same product
     differs by about one float32 ulp; results then agree up to that rounding."""

@@ -30,6 +30,11 @@ _ALIGNMENT = 64
 _staging = threading.local()
 
 
+def _address(x: np.ndarray) -> int:
+    """The address of ``x``'s first element (NumPy's array interface, no ``ctypes``)."""
+    return x.__array_interface__["data"][0]
+
+
 def staged(x: np.ndarray, slot: int) -> np.ndarray:
     """``x`` (C-contiguous float32) as JAX on CPU can share it: ``x`` itself if it is 64-byte
     aligned, else an aligned copy: up to ``STAGING_MAX_BYTES`` in a buffer of this thread that
@@ -44,7 +49,7 @@ def staged(x: np.ndarray, slot: int) -> np.ndarray:
     it must be done with every computation that reads it before the same thread stages
     something else in that slot.
     """
-    if x.ctypes.data % _ALIGNMENT == 0:
+    if _address(x) % _ALIGNMENT == 0:
         return x
     if x.nbytes > STAGING_MAX_BYTES:
         buffer = np.empty(x.nbytes + _ALIGNMENT, np.uint8)
@@ -53,7 +58,7 @@ def staged(x: np.ndarray, slot: int) -> np.ndarray:
         buffer = buffers.get(slot)
         if buffer is None or buffer.nbytes < x.nbytes + _ALIGNMENT:
             buffer = buffers[slot] = np.empty(x.nbytes + _ALIGNMENT, np.uint8)
-    start = -buffer.ctypes.data % _ALIGNMENT
+    start = -_address(buffer) % _ALIGNMENT
     copy = buffer[start : start + x.nbytes].view(np.float32).reshape(x.shape)
     np.copyto(copy, x)
     return copy

@@ -21,10 +21,11 @@ only traffic is the references, passed D - 1 times around the ring. Measured per
 (``bench/bench_eval_sharded.py``, k = 32: arguments, outputs and temporaries of the compiled
 program): 401 MB on 1 device, 263 MB on 2, 141 MB on 4.
 
-The search is the one of :func:`jdml.evaluation.knn.knn`, with its primitives: the references
-augmented with the score-bias column (``_augmented_references``), the exact two-stage top-k
-over chunks of a shard (``_chunks_top_k``), the self-exclusion by index
-(``_drop_own_index``), the distances from the scores (``_scores_to_distances``) and the final
+The search is the one of :func:`jdml.evaluation.knn.knn`, with the primitives of its XLA path
+(:mod:`jdml.evaluation.knn.xla`): the references augmented with the score-bias column
+(``augmented_references``), the exact two-stage top-k over chunks of a shard
+(``chunks_top_k``), the self-exclusion by index (``drop_own_index``), the distances from the
+scores (``scores_to_distances``) and the final
 (distance, index) order. Ties: the one-device search keeps, among equal scores, the lower
 reference index, because it visits the references in index order. Around the ring a device
 visits the shards in rotated order (its own first), so the merge of the running top-k with a
@@ -82,29 +83,31 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jdml.errors import ConfigError
-from jdml.evaluation import knn as knn_module
 from jdml.evaluation.kmeans import (
     DEFAULT_NUM_ITERS,
     REFERENCE_SEED,
     KMeansResult,
     Shards,
-    _block_rows,
     check_points,
     lloyd_kmeans,
     random_indices,
     reference_kmeans,
 )
-from jdml.evaluation.knn import (
-    _INDEX_SENTINEL,
+from jdml.evaluation.kmeans.assignment import block_rows
+from jdml.evaluation.knn.layout import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CHUNK_SIZE,
+    INDEX_SENTINEL,
     NeighbourBlock,
-    _augmented_references,
-    _chunk_layout,
-    _chunks_top_k,
-    _neighbours_from_scores,
-    _with_ones,
     check_search,
+    chunk_layout,
+    query_block,
+)
+from jdml.evaluation.knn.xla import (
+    augmented_references,
+    chunks_top_k,
+    neighbours_from_scores,
+    with_ones,
 )
 from jdml.geometry import l2_normalize
 
@@ -222,14 +225,14 @@ def _knn_layout(
     holds N / D rounded up, in narrower chunks. The device's queries (the same rows when
     ``num_queries`` is None) are scored ``block`` at a time.
     """
-    num_chunks, chunk = _chunk_layout(num_references, chunk_size)
+    num_chunks, chunk = chunk_layout(num_references, chunk_size)
     if num_chunks >= devices:
         num_chunks = math.ceil(num_chunks / devices)
     else:
-        num_chunks, chunk = _chunk_layout(math.ceil(num_references / devices), chunk_size)
+        num_chunks, chunk = chunk_layout(math.ceil(num_references / devices), chunk_size)
     per_device = num_chunks * chunk
     queries_per_device = per_device if num_queries is None else math.ceil(num_queries / devices)
-    block = knn_module._query_block(queries_per_device, chunk, block_size)
+    block = query_block(queries_per_device, chunk, block_size)
     return {
         "num_chunks": num_chunks,
         "chunk": chunk,
@@ -263,7 +266,7 @@ def _knn_program(
     def search(queries: jax.Array, *references: jax.Array) -> tuple[jax.Array, jax.Array]:
         me = jax.lax.axis_index(AXIS)
         (own,) = references or (queries,)
-        shard = _augmented_references(
+        shard = augmented_references(
             own,
             num_chunks=num_chunks,
             chunk=chunk,
@@ -279,13 +282,13 @@ def _knn_program(
             one chunk narrower than ``wanted`` is completed with ``-inf`` at the sentinel
             index, as a running top-k over several chunks starts (the N >= ``wanted`` real
             references evict them)."""
-            values, local = _chunks_top_k(_with_ones(rows), shard, wanted)
+            values, local = chunks_top_k(with_ones(rows), shard, wanted)
             missing = wanted - values.shape[1]
             if missing:
                 values = jnp.pad(values, ((0, 0), (0, missing)), constant_values=-jnp.inf)
-                local = jnp.pad(local, ((0, 0), (0, missing)), constant_values=_INDEX_SENTINEL)
+                local = jnp.pad(local, ((0, 0), (0, missing)), constant_values=INDEX_SENTINEL)
             # The sentinel stays the sentinel (it would overflow).
-            indices = jnp.where(local == _INDEX_SENTINEL, local, local + owner * per_device)
+            indices = jnp.where(local == INDEX_SENTINEL, local, local + owner * per_device)
             return values, indices
 
         def merge_block(best: tuple, start: Any, size: int, shard: jax.Array, owner: Any):
@@ -314,7 +317,7 @@ def _knn_program(
 
         empty = (
             jnp.full((count, wanted), -jnp.inf, jnp.float32),
-            jnp.full((count, wanted), _INDEX_SENTINEL, jnp.int32),
+            jnp.full((count, wanted), INDEX_SENTINEL, jnp.int32),
         )
         best = merge_shard(empty, shard, me)
 
@@ -328,7 +331,7 @@ def _knn_program(
             _, best = jax.lax.fori_loop(1, devices, step, (shard, best))
         values, indices = best
         query_ids = me * count + jnp.arange(count, dtype=jnp.int32)
-        return _neighbours_from_scores(
+        return neighbours_from_scores(
             queries,
             values,
             indices,
@@ -590,7 +593,7 @@ def sharded_kmeans(
         num_points=n,
         num_clusters=num_clusters,
         num_iters=num_iters,
-        block_size=_block_rows(per_device, num_clusters, block_size),
+        block_size=block_rows(per_device, num_clusters, block_size),
         init=init,
     )
     points = shard_rows(x, mesh, per_device)

@@ -3,7 +3,7 @@ batch pieces on CPU).
 
 On the CPU backend, float32 convolutions with a kernel larger than 1x1 and at least
 ``ONEDNN_MIN_CHANNELS`` input channels run oneDNN's forward, input-gradient and kernel-gradient
-primitives as XLA FFI custom calls (``jdml.nn.native``; ``$JDML_CONV=xla`` turns this off). On
+primitives as XLA FFI custom calls (``jdml.native``; ``$JDML_CONV=xla`` turns this off). On
 the glyph network's layers, forward and backward, they are 1.2-1.8x faster than XLA's
 convolutions, and equal to them up to float32 summation order. Under a mesh that splits the
 batch over several CPU devices, XLA gathers a custom call's inputs and runs it on the whole
@@ -38,9 +38,9 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jdml.nn import native
+from jdml.native import conv as native_conv
+from jdml.native.switches import onednn_enabled
 from jdml.nn.padding import same_padding
 from jdml.nn.pointwise import pointwise_conv
 
@@ -99,22 +99,13 @@ def _conv_bwd(
 _conv_with_pieces.defvjp(_conv_fwd, _conv_bwd)
 
 
-def _onednn_call(
-    target: str, shape: tuple[int, ...], a: jax.Array, b: jax.Array, x_hw: tuple[int, int],
-    k: tuple[int, int], stride: int, groups: int,
-) -> jax.Array:  # fmt: skip
+def _same_padding(x_hw: tuple[int, int], k: tuple[int, int], stride: int) -> native_conv.Padding:
+    """The SAME padding ((top, bottom), (left, right)) of a convolution of a ``x_hw`` map with
+    a ``k`` kernel."""
     (_, top, bottom), (_, left, right) = (
         same_padding(n, kk, stride) for n, kk in zip(x_hw, k, strict=True)
     )
-    native.library()  # registers the targets (compiled once per machine)
-    call = jax.ffi.ffi_call(
-        target, jax.ShapeDtypeStruct(shape, jnp.float32), vmap_method="sequential"
-    )
-    i64 = lambda v: np.int64(v)  # noqa: E731  (FFI attributes are typed)
-    return call(
-        a, b, stride=i64(stride), pad_top=i64(top), pad_bottom=i64(bottom), pad_left=i64(left),
-        pad_right=i64(right), groups=i64(groups),
-    )  # fmt: skip
+    return (top, bottom), (left, right)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -128,10 +119,8 @@ def onednn_conv(x: jax.Array, kernel: jax.Array, stride: int, groups: int = 1) -
 def _onednn_fwd(
     x: jax.Array, kernel: jax.Array, stride: int, groups: int
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    b, h, w, _ = x.shape
-    shape = (b, -(-h // stride), -(-w // stride), kernel.shape[3])
-    k = kernel.shape[:2]
-    y = _onednn_call("jdml_dnnl_conv_fwd", shape, x, kernel, (h, w), k, stride, groups)
+    padding = _same_padding(x.shape[1:3], kernel.shape[:2], stride)
+    y = native_conv.conv_forward(x, kernel, stride=stride, padding=padding, groups=groups)
     return y, (x, kernel)
 
 
@@ -139,29 +128,19 @@ def _onednn_bwd(
     stride: int, groups: int, residuals: tuple[jax.Array, jax.Array], g: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     x, kernel = residuals
-    hw, k = x.shape[1:3], kernel.shape[:2]
-    dx = _onednn_call("jdml_dnnl_conv_bwd_data", x.shape, g, kernel, hw, k, stride, groups)
+    k = kernel.shape[:2]
+    padding = _same_padding(x.shape[1:3], k, stride)
+    dx = native_conv.conv_input_grad(
+        g, kernel, x.shape, stride=stride, padding=padding, groups=groups
+    )
     if groups > 1 and groups == x.shape[3] == kernel.shape[3]:
-        return dx, _depthwise_kernel_grad(x, g, k, stride)
-    dk = _onednn_call("jdml_dnnl_conv_bwd_weights", kernel.shape, x, g, hw, k, stride, groups)
+        # oneDNN 2.6's own depthwise kernel gradient is its generic kernel for 5x5 kernels and
+        # small maps, 10-100x slower than the forward pass
+        return dx, native_conv.depthwise_kernel_grad(x, g, k, stride=stride, padding=padding)
+    dk = native_conv.conv_kernel_grad(
+        x, g, kernel.shape, stride=stride, padding=padding, groups=groups
+    )
     return dx, dk
-
-
-def _depthwise_kernel_grad(
-    x: jax.Array, g: jax.Array, k: tuple[int, int], stride: int
-) -> jax.Array:
-    """A depthwise convolution's kernel gradient (k, k, 1, C) from the native handler
-    ``jdml_depthwise_bwd_weights`` (oneDNN 2.6's own is its generic kernel for 5x5 kernels and
-    small maps, 10-100x slower than the forward pass)."""
-    (_, top, _), (_, left, _) = (
-        same_padding(n, kk, stride) for n, kk in zip(x.shape[1:3], k, strict=True)
-    )
-    call = jax.ffi.ffi_call(
-        "jdml_depthwise_bwd_weights",
-        jax.ShapeDtypeStruct((*k, 1, x.shape[3]), jnp.float32),
-        vmap_method="sequential",
-    )
-    return call(x, g, stride=np.int64(stride), pad_top=np.int64(top), pad_left=np.int64(left))
 
 
 onednn_conv.defvjp(_onednn_fwd, _onednn_bwd)
@@ -186,7 +165,7 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int = 1) -> jax.Array:
     if (
         x.shape[-1] >= ONEDNN_MIN_CHANNELS
         and x.dtype == kernel.dtype == jnp.float32
-        and native.onednn_enabled()
+        and onednn_enabled()
     ):
         return onednn_conv(x, kernel, stride)
     out_positions = -(-x.shape[1] // stride) * -(-x.shape[2] // stride)

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jdml.nn import native
+from jdml.native.switches import onednn_enabled
 from jdml.nn.conv import onednn_conv
 from jdml.nn.padding import same_padding
 
@@ -139,7 +139,7 @@ def _auto(x: jnp.ndarray, kernel: jnp.ndarray) -> str:
     float32 where the native library builds (``$JDML_CONV``), else the shifted sum."""
     if jax.default_backend() != "cpu":
         return "xla"
-    if x.dtype == kernel.dtype == jnp.float32 and native.onednn_enabled():
+    if x.dtype == kernel.dtype == jnp.float32 and onednn_enabled():
         return "onednn"
     return "shifted"
 

@@ -16,7 +16,7 @@ subdim_size_accumulator == dim_size (64 vs. 16)``): it fused the strided slice o
 tiling analysis could not follow the stride. The convolution form is what XLA compiles for
 every ResNet-50 layer without trouble.
 
-On the CPU backend, where the native library builds (``jdml.nn.native``; ``$JDML_CONV=xla``
+On the CPU backend, where the native library builds (``jdml.native``; ``$JDML_CONV=xla``
 turns it off), float32 products run oneDNN's sgemm instead of XLA's dot, as the custom call
 ``jdml_dnnl_matmul`` (forward pass and both gradients), the same values up to float32
 summation order: on Lite0's 32 1x1 layers at 64 px, batch 112, forward + backward took 158 ms
@@ -35,7 +35,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jdml.nn import native
+from jdml.native import conv as native_conv
+from jdml.native.switches import onednn_enabled
 
 Form = Literal["auto", "matmul", "conv"]
 FORMS: tuple[Form, ...] = ("auto", "matmul", "conv")
@@ -46,13 +47,7 @@ FORM: Form = "auto"
 
 def _matmul_call(a: jax.Array, b: jax.Array, trans_a: bool, trans_b: bool) -> jax.Array:
     """``op(a) @ op(b)`` of float32 matrices by the native ``jdml_dnnl_matmul``."""
-    native.library()  # registers the target (compiled once per machine)
-    m = a.shape[1] if trans_a else a.shape[0]
-    n = b.shape[0] if trans_b else b.shape[1]
-    call = jax.ffi.ffi_call(
-        "jdml_dnnl_matmul", jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential"
-    )
-    return call(a, b, trans_a=trans_a, trans_b=trans_b)
+    return native_conv.matmul(a, b, trans_a=trans_a, trans_b=trans_b)
 
 
 @jax.custom_vjp
@@ -102,7 +97,7 @@ def pointwise_conv(x: jax.Array, kernel: jax.Array, stride: int = 1) -> jax.Arra
         x = x[:, ::stride, ::stride, :]
     k = kernel.reshape(kernel.shape[-2], kernel.shape[-1])
     rows = x.reshape(-1, x.shape[-1])
-    if rows.dtype == k.dtype == jnp.float32 and native.onednn_enabled():
+    if rows.dtype == k.dtype == jnp.float32 and onednn_enabled():
         y = onednn_matmul(rows, k)
     else:
         y = rows @ k

@@ -3,10 +3,11 @@ ones on accelerators, an explicit module setting on every backend."""
 
 from __future__ import annotations
 
+import jax
 import pytest
 
-from jdml.evaluation import kmeans as kmeans_module
-from jdml.evaluation import knn as knn_module
+from jdml.evaluation.kmeans import assignment
+from jdml.evaluation.knn import layout
 
 
 @pytest.mark.parametrize(
@@ -14,20 +15,20 @@ from jdml.evaluation import knn as knn_module
     [("cpu", 2**22, 2**21), ("gpu", 2**28, 2**27), ("tpu", 2**28, 2**27)],
 )
 def test_block_sizes_follow_the_backend(monkeypatch, backend, scores, assign):
-    monkeypatch.setattr(knn_module, "BLOCK_SCORES", None)  # the tests' small_blocks unset
-    monkeypatch.setattr(knn_module.jax, "default_backend", lambda: backend)
-    assert knn_module.block_scores() == scores
-    assert kmeans_module.assign_scores() == assign
+    monkeypatch.setattr(layout, "BLOCK_SCORES", None)  # the tests' small_blocks unset
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    assert layout.block_scores() == scores
+    assert assignment.assign_scores() == assign
     # SOP's size: 60,502 queries against chunks of 15,136 references, 11,316 clusters.
-    rows = knn_module._query_block(60_502, 15_136, knn_module.DEFAULT_BLOCK_SIZE)
+    rows = layout.query_block(60_502, 15_136, layout.DEFAULT_BLOCK_SIZE)
     assert rows == max(512, scores // 15_136)
-    assert kmeans_module._block_rows(60_502, 11_316, None) == max(64, assign // 11_316)
+    assert assignment.block_rows(60_502, 11_316, None) == max(64, assign // 11_316)
 
 
 def test_an_explicit_setting_wins_on_every_backend(monkeypatch):
-    monkeypatch.setattr(knn_module.jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(knn_module, "BLOCK_SCORES", 6 * 100)
-    monkeypatch.setattr(kmeans_module, "ASSIGN_SCORES", 4 * 13)
-    assert knn_module._query_block(1000, 100, 2) == 6
-    assert kmeans_module._block_rows(1000, 4, None) == 64  # at least MIN_BLOCK_ROWS
-    assert kmeans_module._block_rows(1000, 4, 13) == 13
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(layout, "BLOCK_SCORES", 6 * 100)
+    monkeypatch.setattr(assignment, "ASSIGN_SCORES", 4 * 13)
+    assert layout.query_block(1000, 100, 2) == 6
+    assert assignment.block_rows(1000, 4, None) == 64  # at least MIN_BLOCK_ROWS
+    assert assignment.block_rows(1000, 4, 13) == 13

@@ -12,10 +12,9 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from jdml.errors import UnknownMetricError
 from jdml.evaluation import embeddings as evaluator
-from jdml.evaluation import knn as knn_module
 from jdml.evaluation.embeddings import check_metric_names, evaluate_embeddings, format_table
-from jdml.evaluation.kmeans import kmeans
-from jdml.evaluation.knn import knn, knn_blocks, largest_k, sortable_key
+from jdml.evaluation.kmeans import assignment, kmeans
+from jdml.evaluation.knn import host, knn, knn_blocks, largest_k, layout, search, sortable_key, xla
 from jdml.evaluation.metrics import METRICS, Metric, Requirements, get_metric
 
 # ---------------------------------------------------------------------------------------------
@@ -186,9 +185,9 @@ def test_host_selection_over_memory_capped_blocks_and_row_pieces(
 ) -> None:
     """Blocks capped by HOST_BLOCK_BYTES (5 queries, the last one padded) and rows split into
     pieces of 2 over the threads give the brute-force neighbours."""
-    monkeypatch.setattr(knn_module, "SELECTION", "host")
-    monkeypatch.setattr(knn_module, "HOST_BLOCK_BYTES", 4 * len(points) * 5)
-    monkeypatch.setattr(knn_module, "HOST_PIECE_ELEMENTS", 2 * len(points))
+    monkeypatch.setattr(search, "SELECTION", "host")
+    monkeypatch.setattr(host, "HOST_BLOCK_BYTES", 4 * len(points) * 5)
+    monkeypatch.setattr(host, "HOST_PIECE_ELEMENTS", 2 * len(points))
     dist, idx = knn(points, points, 9, exclude_self=exclude_self)
     ref_dist, ref_idx = brute_force_knn(points, points, 9, exclude_self, "euclidean")
     np.testing.assert_array_equal(np.asarray(idx), ref_idx)
@@ -201,11 +200,11 @@ def test_query_blocks_grow_while_they_hold_few_scores(
     selection: str, points: np.ndarray, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Outside the tests' ``small_blocks``: blocks hold up to BLOCK_SCORES scores."""
-    monkeypatch.setattr(knn_module, "BLOCK_SCORES", 2**22)
-    assert knn_module._query_block(1000, 1000, 512) == 1000
-    assert knn_module._query_block(50_000, 20_000, 512) == 512
-    assert knn_module._query_block(50_000, 2_000, 512) == 2**22 // 2_000
-    monkeypatch.setattr(knn_module, "BLOCK_SCORES", 6 * len(points))  # 6 queries per block
+    monkeypatch.setattr(layout, "BLOCK_SCORES", 2**22)
+    assert layout.query_block(1000, 1000, 512) == 1000
+    assert layout.query_block(50_000, 20_000, 512) == 512
+    assert layout.query_block(50_000, 2_000, 512) == 2**22 // 2_000
+    monkeypatch.setattr(layout, "BLOCK_SCORES", 6 * len(points))  # 6 queries per block
     dist, idx = knn(points, points, 4, exclude_self=True, block_size=2)
     ref_dist, ref_idx = brute_force_knn(points, points, 4, True, "euclidean")
     np.testing.assert_array_equal(np.asarray(idx), ref_idx)
@@ -238,12 +237,12 @@ def test_equal_distances_out_of_index_order_are_reordered() -> None:
     """Different scores can round to one distance; rows must end in (distance, index) order."""
     d = jnp.asarray([[0.0, 0.0, 1.0], [0.5, 0.5, 0.5]], jnp.float32)
     i = jnp.asarray([[4, 2, 0], [1, 3, 9]], jnp.int32)
-    got_d, got_i = knn_module._by_distance_then_index(d, i)
+    got_d, got_i = xla.by_distance_then_index(d, i)
     np.testing.assert_array_equal(np.asarray(got_i), [[2, 4, 0], [1, 3, 9]])
     np.testing.assert_array_equal(np.asarray(got_d), np.asarray(d))
     in_order = jnp.asarray([[0, 1, 2], [5, 6, 7]], jnp.int32)
     np.testing.assert_array_equal(
-        np.asarray(knn_module._by_distance_then_index(d, in_order)[1]), np.asarray(in_order)
+        np.asarray(xla.by_distance_then_index(d, in_order)[1]), np.asarray(in_order)
     )
 
 
@@ -253,7 +252,7 @@ def test_sortable_key_orders_value_then_index() -> None:
     order = np.argsort(sortable_key(values, indices))
     expected = sorted(range(len(values)), key=lambda i: (values[i], indices[i]))
     np.testing.assert_array_equal(order, expected)
-    back_values, back_indices = knn_module._from_key(np.sort(sortable_key(values, indices)))
+    back_values, back_indices = host.from_key(np.sort(sortable_key(values, indices)))
     np.testing.assert_array_equal(back_values, values[expected])
     np.testing.assert_array_equal(back_indices, indices[expected])
 
@@ -447,17 +446,16 @@ def test_kmeans_automatic_blocks_hold_assign_scores_distances(
 ) -> None:
     """Without a block_size, assignment blocks hold about ASSIGN_SCORES distances, and the
     clustering is the same as with explicit small blocks."""
-    from jdml.evaluation import kmeans as kmeans_module
 
-    assert kmeans_module._block_rows(20_000, 5, None) == 20_000
-    assert kmeans_module._block_rows(20_000, 1_000, None) == min(
-        20_000, kmeans_module.assign_scores() // 1_000
+    assert assignment.block_rows(20_000, 5, None) == 20_000
+    assert assignment.block_rows(20_000, 1_000, None) == min(
+        20_000, assignment.assign_scores() // 1_000
     )
-    assert kmeans_module._block_rows(20_000, 50_000, None) == kmeans_module.MIN_BLOCK_ROWS
-    assert kmeans_module._block_rows(20_000, 5, 7) == 7
+    assert assignment.block_rows(20_000, 50_000, None) == assignment.MIN_BLOCK_ROWS
+    assert assignment.block_rows(20_000, 5, 7) == 7
     x = np.random.default_rng(4).normal(size=(60, 3)).astype(np.float32)
     small = kmeans(x, 4, seed=0, block_size=7)
-    monkeypatch.setattr(kmeans_module, "ASSIGN_SCORES", 4 * 13)  # blocks of 13 points
+    monkeypatch.setattr(assignment, "ASSIGN_SCORES", 4 * 13)  # blocks of 13 points
     for init in ("k-means++", "reference"):
         got = kmeans(x, 4, seed=0 if init != "reference" else None, init=init)
         want = kmeans(x, 4, seed=0 if init != "reference" else None, init=init, block_size=7)

@@ -1,4 +1,4 @@
-"""The native k-means assignment (jdml/nn/native/kmeans.cc) equals XLA's: the same nearest
+"""The native k-means assignment (jdml/native/kmeans.cc) equals XLA's: the same nearest
 centroids (ties to the lower index, across vector lanes and centroid tiles), the same distances
 up to the rounding of the dot products, NaN rows as XLA treats them, and every k-means mode
 gives the same result with either ($JDML_KMEANS=onednn against =xla)."""
@@ -12,7 +12,9 @@ import pytest
 
 from jdml.errors import ConfigError
 from jdml.evaluation import kmeans as km
-from jdml.nn import native
+from jdml.evaluation.kmeans import assignment, lloyd, reference
+from jdml.native import build, switches
+from jdml.native import kmeans as native_kmeans
 from tests.helpers import sgemm_tiles_round_alike
 
 pytestmark = pytest.mark.cpu  # the CPU backend's native kernels
@@ -20,24 +22,24 @@ pytestmark = pytest.mark.cpu  # the CPU backend's native kernels
 
 @pytest.fixture(scope="module", autouse=True)
 def _library() -> None:
-    native.library()  # compiled once per machine; the tests need it
+    build.library()  # compiled once per machine; the tests need it
 
 
 @jax.jit
 def _xla(points: jax.Array, centroids: jax.Array) -> tuple[jax.Array, jax.Array]:
-    return km._assign(points[None], centroids, use_native=False)
+    return assignment.assign(points[None], centroids, use_native=False)
 
 
 @jax.jit
 def _native(points: jax.Array, centroids: jax.Array) -> tuple[jax.Array, jax.Array]:
-    return km._assign(points[None], centroids, use_native=True)
+    return assignment.assign(points[None], centroids, use_native=True)
 
 
 @jax.jit
 def _native_with_norms(
     blocks: jax.Array, centroids: jax.Array, norms: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    return km._assign(blocks, centroids, norms[None, :, None], use_native=True)
+    return assignment.assign(blocks, centroids, norms[None, :, None], use_native=True)
 
 
 def both(points: np.ndarray, centroids: np.ndarray) -> tuple[tuple, tuple]:
@@ -163,8 +165,8 @@ def test_every_mode_is_the_same_with_the_native_assignment(
     x = (centres[np.arange(600) % 8] + rng.normal(size=(600, 16))).astype(np.float32)
     results = {}
     for mode in ("xla", "onednn"):
-        monkeypatch.setenv(native.KMEANS_ENV, mode)
-        assert km.native_enabled() == (mode == "onednn")
+        monkeypatch.setenv(switches.KMEANS_ENV, mode)
+        assert assignment.native_enabled() == (mode == "onednn")
         results[mode] = km.kmeans(x, 8, seed=None if init == "reference" else 0, init=init)
     np.testing.assert_array_equal(results["onednn"].assignments, results["xla"].assignments)
     np.testing.assert_allclose(results["onednn"].centroids, results["xla"].centroids, atol=1e-6)
@@ -172,7 +174,7 @@ def test_every_mode_is_the_same_with_the_native_assignment(
 
 
 def test_an_unknown_switch_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(native.KMEANS_ENV, "fast")
+    monkeypatch.setenv(switches.KMEANS_ENV, "fast")
     with pytest.raises(ConfigError, match=r"JDML_KMEANS='fast' is not one of .*JDML_KMEANS=auto"):
         km.kmeans(np.zeros((4, 2), np.float32), 2)
 
@@ -207,12 +209,14 @@ def test_native_lloyd_iterations_equal_lloyd_written_out(dim: int, clusters: int
     initial = np.concatenate([x[:real], np.full((1, dim), 1e3, np.float32)])
     x[5000, 1] = np.nan
     got, nearest, sq, inertia = map(
-        np.asarray, km._native_lloyd(jnp.asarray(x), jnp.zeros(dim), jnp.asarray(initial), 4)
+        np.asarray, native_kmeans.lloyd(jnp.asarray(x), jnp.zeros(dim), jnp.asarray(initial), 4)
     )
     offset = np.float32(8.0)
     shifted = map(
         np.asarray,
-        km._native_lloyd(jnp.asarray(x + offset), jnp.full(dim, offset), jnp.asarray(initial), 4),
+        native_kmeans.lloyd(
+            jnp.asarray(x + offset), jnp.full(dim, offset), jnp.asarray(initial), 4
+        ),
     )
     for a, b in zip((got, nearest, sq, inertia), shifted, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -235,7 +239,7 @@ def test_native_centring_equals_numpy(n: int, dim: int) -> None:
     in another order: within rounding), with an offset ten times the spread."""
     rng = np.random.default_rng(n)
     x = (rng.normal(size=(n, dim)) + 10.0).astype(np.float32)
-    centred, norms, mean = map(np.asarray, jax.jit(km._native_centre)(jnp.asarray(x)))
+    centred, norms, mean = map(np.asarray, jax.jit(native_kmeans.centre)(jnp.asarray(x)))
     want_mean = x.astype(np.float64).mean(axis=0)
     np.testing.assert_allclose(mean, want_mean, rtol=1e-6)
     np.testing.assert_array_equal(centred, x - mean)
@@ -266,16 +270,16 @@ def test_native_reference_updates_sum_in_point_order(dim: int, clusters: int) ->
     rng = np.random.default_rng(dim)
     x = rng.normal(size=(3000, dim)).astype(np.float32)
     points = jnp.asarray(x)
-    rows = km._block_rows(len(x), clusters, None)
+    rows = assignment.block_rows(len(x), clusters, None)
     centroids = x[:clusters]
     for _ in range(3):
         nearest = np.asarray(
-            km._final_assignment(points, jnp.asarray(centroids), block_size=rows, use_native=True)[
-                0
-            ]
+            reference._final_assignment(
+                points, jnp.asarray(centroids), block_size=rows, use_native=True
+            )[0]
         )
         centroids = sequential_means(x, nearest, clusters)
-    got, counts, steps, assignments, inertia = km._reference_updates(
+    got, counts, steps, assignments, inertia = reference._reference_updates(
         points,
         jnp.asarray(x[:clusters]),
         jnp.int32(3),
@@ -285,7 +289,7 @@ def test_native_reference_updates_sum_in_point_order(dim: int, clusters: int) ->
     )
     assert int(steps) == 3 and np.all(np.asarray(counts) > 0)
     np.testing.assert_array_equal(np.asarray(got), centroids)
-    want, want_inertia = km._final_assignment(points, got, block_size=rows, use_native=True)
+    want, want_inertia = reference._final_assignment(points, got, block_size=rows, use_native=True)
     np.testing.assert_array_equal(np.asarray(assignments), np.asarray(want))
     np.testing.assert_allclose(float(inertia), float(want_inertia), rtol=1e-6)
 
@@ -296,7 +300,7 @@ def test_native_reference_updates_stop_at_an_empty_cluster_without_a_final_assig
     rng = np.random.default_rng(0)
     x = rng.normal(size=(500, 24)).astype(np.float32)
     initial = np.concatenate([x[:3], np.full((1, 24), 1e3, np.float32)])  # cluster 3 stays empty
-    got, counts, steps, assignments, _ = km._reference_updates(
+    got, counts, steps, assignments, _ = reference._reference_updates(
         jnp.asarray(x),
         jnp.asarray(initial),
         jnp.int32(5),
@@ -320,7 +324,7 @@ def test_reference_updates_are_the_same_on_every_call() -> None:
 
     def update() -> np.ndarray:
         return np.asarray(
-            km._reference_updates(
+            reference._reference_updates(
                 x, x[:20], jnp.int32(20), num_points=240, block_size=240, use_native=True
             )[0]
         )
@@ -334,8 +338,10 @@ def test_reference_updates_are_the_same_on_every_call() -> None:
 
 
 @jax.jit
-def _bounded(points: jax.Array, centroids: jax.Array, bounds: km.Bounds) -> km.Bounds:
-    return km._native_assign_bounded(points, jnp.sum(points * points, axis=1), centroids, bounds)
+def _bounded(
+    points: jax.Array, centroids: jax.Array, bounds: assignment.Bounds
+) -> assignment.Bounds:
+    return assignment.assign_bounded(points, jnp.sum(points * points, axis=1), centroids, bounds)
 
 
 def moving_centroids(rng: np.random.Generator, start: np.ndarray, steps: int) -> list:
@@ -361,7 +367,7 @@ def test_bounded_assignment_equals_the_full_one_at_every_step(n: int, dim: int, 
         np.float32
     )
     path = moving_centroids(rng, points[rng.choice(n, k, replace=False)], 8)
-    bounds = km.Bounds.unknown(jnp.asarray(path[0]), n)
+    bounds = assignment.Bounds.unknown(jnp.asarray(path[0]), n)
     x64 = points.astype(np.float64)
     for c in path:
         bounds = _bounded(jnp.asarray(points), jnp.asarray(c), bounds)
@@ -389,7 +395,7 @@ def test_bounded_assignment_keeps_ties_and_nan_points_as_the_full_one() -> None:
         [centroids[[5, 30, 61]], rng.integers(-20, 20, size=(200, 4)).astype(np.float32)]
     )
     points[100, 2] = np.nan
-    bounds = km.Bounds.unknown(jnp.asarray(centroids), len(points))
+    bounds = assignment.Bounds.unknown(jnp.asarray(centroids), len(points))
     for step in range(3):
         before = np.asarray(bounds.upper)
         bounds = _bounded(jnp.asarray(points), jnp.asarray(centroids), bounds)
@@ -414,18 +420,18 @@ def test_kmeans_above_64_clusters_is_the_same_without_bounds(
     bounded = km.kmeans(x, 100, seed=None if init == "reference" else 0, init=init)
 
     def full(points, norms, centroids, bounds):
-        nearest, _ = km._native_assign(points, norms, centroids)
-        return km.Bounds(centroids, nearest, bounds.upper, bounds.lower)
+        nearest, _ = native_kmeans.assign(points, norms, centroids)
+        return assignment.Bounds(centroids, nearest, bounds.upper, bounds.lower)
 
-    monkeypatch.setattr(km, "_native_assign_bounded", full)
-    km._kmeans.clear_cache()
-    km._reference_updates.clear_cache()
+    monkeypatch.setattr(assignment, "assign_bounded", full)
+    lloyd.jitted_kmeans.clear_cache()
+    reference._reference_updates.clear_cache()
     try:
         plain = km.kmeans(x, 100, seed=None if init == "reference" else 0, init=init)
     finally:
         monkeypatch.undo()
-        km._kmeans.clear_cache()
-        km._reference_updates.clear_cache()
+        lloyd.jitted_kmeans.clear_cache()
+        reference._reference_updates.clear_cache()
     np.testing.assert_array_equal(np.asarray(bounded.assignments), np.asarray(plain.assignments))
     np.testing.assert_array_equal(np.asarray(bounded.centroids), np.asarray(plain.centroids))
     assert float(bounded.inertia) == float(plain.inertia)
@@ -445,7 +451,7 @@ def test_native_sums_equal_segment_sum_bit_for_bit(n: int, dim: int, k: int) -> 
     nearest = rng.integers(-1, k + 1, n).astype(np.int32)
 
     def sums(use_native: bool) -> tuple[np.ndarray, np.ndarray]:
-        got = jax.jit(lambda p, a: km._cluster_sums(p, a, k, use_native))(x, nearest)
+        got = jax.jit(lambda p, a: assignment.cluster_sums(p, a, k, use_native))(x, nearest)
         return tuple(np.asarray(v) for v in got)
 
     got_sums, got_counts = sums(True)
@@ -492,9 +498,9 @@ def test_host_arrays_take_the_direct_call_with_the_jitted_result(
     x = (centres[np.arange(n) % len(centres)] + rng.normal(size=(n, dim))).astype(np.float32)
     seed = None if init == "reference" else 1
     called = []
-    call_host = km._call_host
+    call_host = native_kmeans.call_host
     monkeypatch.setattr(
-        km, "_call_host", lambda name, *a: called.append(name) or call_host(name, *a)
+        native_kmeans, "call_host", lambda name, *a: called.append(name) or call_host(name, *a)
     )
     want = km.kmeans(jnp.asarray(x), k, seed=seed, init=init)
     assert isinstance(want.assignments, jax.Array) and not called
@@ -540,9 +546,9 @@ def test_direct_reference_splits_empty_clusters_as_the_jitted_call(
     for first, second in ((0, 1), (2, 3), (4, 7)):
         x[permutation[second]] = x[permutation[first]]
     called = []
-    direct = km._direct_reference_updates
+    direct = native_kmeans.reference_lloyd_host
     monkeypatch.setattr(
-        km, "_direct_reference_updates", lambda *a: called.append(a[2]) or direct(*a)
+        native_kmeans, "reference_lloyd_host", lambda *a: called.append(a[2]) or direct(*a)
     )
     got = km.kmeans(x, 12, init="reference")
     assert len(called) >= 2 and called[0] == km.DEFAULT_NUM_ITERS  # a split came between
@@ -558,4 +564,4 @@ def test_a_failing_direct_call_raises_its_message() -> None:
     x = np.ones((10, 4), np.float32)
     mean = np.empty((4,), np.float32)
     with pytest.raises(RuntimeError, match="k-means mean: bad shapes: -10 points"):
-        km._call_host("jdml_kmeans_mean_host", x.ctypes.data, -10, 4, mean.ctypes.data)
+        native_kmeans.call_host("jdml_kmeans_mean_host", x.ctypes.data, -10, 4, mean.ctypes.data)

@@ -25,13 +25,13 @@ from jdml.evaluation.embeddings import evaluate_embeddings
 from jdml.evaluation.kmeans import (
     KMEANS_MODES,
     REFERENCE_SEED,
-    SPLIT_EPS,
     kmeans,
     mt19937_outputs,
     reference_kmeans,
     reference_permutation,
     split_empty_clusters,
 )
+from jdml.evaluation.kmeans.draws import SPLIT_EPS
 from jdml.evaluation.metrics import Requirements, f1, nmi
 from jdml.evaluation.splits import evaluate_splits
 

@@ -1,4 +1,4 @@
-"""The native kNN kernels (jdml/nn/native/knn.cc): ``jdml_knn_top`` selects what an explicit
+"""The native kNN kernels (jdml/native/knn.cc): ``jdml_knn_top`` selects what an explicit
 sort of every score selects, ties to the lower index (within a vector of compares, across
 reference tiles, across buffer cuts and across threads), and ``jdml_order_rows`` orders rows as
 a lexicographic sort does; ``$JDML_KNN`` chooses the selection; NumPy arrays searched directly
@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 from jdml.errors import ConfigError
-from jdml.evaluation import knn as knn_module
-from jdml.evaluation.knn import knn
-from jdml.nn import native
+from jdml.evaluation.knn import knn, layout, search
+from jdml.native import build, switches
 from tests.helpers import sgemm_tiles_round_alike
 
 pytestmark = pytest.mark.cpu  # the CPU backend's native kernels
@@ -25,7 +24,7 @@ pytestmark = pytest.mark.cpu  # the CPU backend's native kernels
 
 @pytest.fixture(scope="module", autouse=True)
 def _library() -> None:
-    native.library()  # compiled once per machine; the tests need it
+    build.library()  # compiled once per machine; the tests need it
 
 
 @jax.jit
@@ -219,12 +218,12 @@ def test_knn_with_the_native_selection_equals_the_others(
     on_device = jnp.asarray(x)  # NumPy arrays would take the direct search (compared below)
     results = {}
     for selection in ("native", "host", "xla"):
-        monkeypatch.setattr(knn_module, "SELECTION", selection)
+        monkeypatch.setattr(search, "SELECTION", selection)
         found = knn(on_device, on_device, 300, exclude_self=exclude_self)
         results[selection] = [np.asarray(a) for a in found]
     np.testing.assert_array_equal(results["host"][1], results["xla"][1])
     assert_equal_up_to_rounding_ties(x, x, results["native"], results["xla"])
-    monkeypatch.setattr(knn_module, "SELECTION", "native")
+    monkeypatch.setattr(search, "SELECTION", "native")
     direct = knn(x, x, 300, exclude_self=exclude_self)
     assert_same_search(x, x, direct, results["native"])
 
@@ -237,14 +236,14 @@ def test_the_native_search_is_the_same_in_one_block_or_several(
     """Blocks of 64 queries (the biases from ``jdml_knn_bias``, the query offsets for the own
     index) give the neighbours and distances of one block (the biases computed inside
     ``jdml_knn_search``), bit for bit where sgemm rounds alike in every tile."""
-    monkeypatch.setattr(knn_module, "SELECTION", "native")
+    monkeypatch.setattr(search, "SELECTION", "native")
     rng = np.random.default_rng(7)
     x = rng.standard_normal((700, 24)).astype(np.float32)
     x[5] = x[600]  # an exact duplicate: kept as a neighbour at distance 0, ranked by index
     on_device = jnp.asarray(x)  # NumPy arrays would take the direct search, in one call
     options = {"exclude_self": exclude_self, "distance": distance}
     one = [np.asarray(a) for a in knn(on_device, on_device, 9, **options)]
-    monkeypatch.setattr(knn_module, "BLOCK_SCORES", 1)  # blocks of block_size queries
+    monkeypatch.setattr(layout, "BLOCK_SCORES", 1)  # blocks of block_size queries
     several = [np.asarray(a) for a in knn(on_device, on_device, 9, block_size=64, **options)]
     assert_same_search(x, x, several, one, distance)
     direct = knn(x, x, 9, block_size=64, **options)  # the direct search for the Euclidean one
@@ -292,7 +291,7 @@ def test_the_direct_search_of_numpy_arrays_is_the_jitted_search(
     oneDNN's sgemm sums the dot products in blocks that depend on the tile's shape, so routes
     that cut the queries differently agree up to float32 rounding, as they do at every width on
     CPUs whose sgemm rounds differently per tile shape (``sgemm_tiles_round_alike``)."""
-    monkeypatch.setattr(knn_module, "SELECTION", "native")
+    monkeypatch.setattr(search, "SELECTION", "native")
     rng = np.random.default_rng(queries + references + k)
     r = rng.standard_normal((references, dim)).astype(np.float32)
     if references > 3:
@@ -312,7 +311,7 @@ def test_the_direct_search_of_numpy_arrays_is_the_jitted_search(
     want = knn(jnp.asarray(q), jnp.asarray(r), k, exclude_self=exclude_self)
     assert all(isinstance(a, jax.Array) for a in want)
     assert_same(got, want)
-    monkeypatch.setattr(knn_module, "BLOCK_SCORES", 1)  # several jitted blocks
+    monkeypatch.setattr(layout, "BLOCK_SCORES", 1)  # several jitted blocks
     blocks = knn(jnp.asarray(q), jnp.asarray(r), k, exclude_self=exclude_self, block_size=64)
     assert_same(got, blocks)
     if not exclude_self:  # float64 and a strided view: converted, then searched directly
@@ -332,7 +331,7 @@ def test_numpy_arrays_give_numpy_results_on_every_path(monkeypatch: pytest.Monke
         ("native", "cosine"),
         ("xla", "euclidean"),
     ]:
-        monkeypatch.setattr(knn_module, "SELECTION", selection)
+        monkeypatch.setattr(search, "SELECTION", selection)
         found = knn(x, x, 3, exclude_self=True, distance=distance)
         assert all(isinstance(a, np.ndarray) for a in found), (selection, distance)
         mixed = knn(jnp.asarray(x), x, 3, exclude_self=True, distance=distance)
@@ -341,7 +340,7 @@ def test_numpy_arrays_give_numpy_results_on_every_path(monkeypatch: pytest.Monke
 
 
 def test_the_direct_search_checks_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(knn_module, "SELECTION", "native")
+    monkeypatch.setattr(search, "SELECTION", "native")
     x = np.zeros((4, 2), np.float32)
     with pytest.raises(ValueError, match="k"):
         knn(x, x, 4, exclude_self=True)  # only 3 other points
@@ -351,11 +350,11 @@ def test_the_direct_search_checks_its_arguments(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize("mode", ["xla", "onednn"])
 def test_the_switch_chooses_the_selection(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
-    monkeypatch.setenv(native.KNN_ENV, mode)
-    assert (knn_module._selection(5, 100) == "native") == (mode == "onednn")
+    monkeypatch.setenv(switches.KNN_ENV, mode)
+    assert (search._selection(5, 100) == "native") == (mode == "onednn")
 
 
 def test_an_unknown_switch_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(native.KNN_ENV, "fast")
+    monkeypatch.setenv(switches.KNN_ENV, "fast")
     with pytest.raises(ConfigError, match=r"JDML_KNN='fast' is not one of .*JDML_KNN=auto"):
         knn(np.zeros((4, 2), np.float32), np.zeros((4, 2), np.float32), 1, exclude_self=False)

@@ -85,6 +85,7 @@ def _targets(fn, *args) -> set[str]:
 
 
 def test_auto_picks_onednn_on_cpu_the_shifted_sum_without_it_and_xla_elsewhere(monkeypatch):
+    monkeypatch.setenv("JDML_CONV", "auto")  # whatever the run's switch: this test sets it
     x, kernel = _inputs((1, 4, 4, 2), 3)
 
     def step(x, kernel):

@@ -1,4 +1,4 @@
-"""jdml.nn.native: the oneDNN library is compiled once per machine and safely by concurrent
+"""jdml.native: the oneDNN library is compiled once per machine and safely by concurrent
 processes, a failed build falls back to XLA with one warning (or is an error with
 JDML_CONV=onednn), a wrong JDML_CONV is a ConfigError, and the model-FLOP count of the custom
 calls is that of the XLA convolutions they replace."""
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 from jdml.errors import ConfigError
-from jdml.nn import native
+from jdml.native import build, switches
 from jdml.nn.conv import conv2d
 from jdml.nn.depthwise import depthwise_conv2d
 from jdml.nn.padding import same_padding
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.cpu  # the CPU backend's native kernels
 PROBE = """
 import warnings, jax, jax.numpy as jnp
 warnings.simplefilter("always")
-from jdml.nn import native
+from jdml.native import build, switches
 from jdml.nn.conv import conv2d
 from jdml.nn.depthwise import depthwise_conv2d
 from jdml.nn.padding import same_padding
@@ -35,7 +35,7 @@ x, k = jnp.ones((2, 8, 8, 16)), jnp.ones((3, 3, 16, 4))
 f = jax.jit(jax.value_and_grad(lambda x, k: jnp.sum(conv2d(x, k)), argnums=(0, 1)))
 uses = "jdml_dnnl_conv_fwd" in f.lower(x, k).as_text()
 value = float(f(x, k)[0])
-print("onednn" if uses else "xla", value, native.library_path())
+print("onednn" if uses else "xla", value, build.library_path())
 """
 
 
@@ -49,7 +49,7 @@ def probe(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
 def test_a_wrong_mode_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JDML_CONV", "fast")
     with pytest.raises(ConfigError, match="JDML_CONV='fast' is not one of auto, xla, onednn"):
-        native.conv_mode()
+        switches.conv_mode()
 
 
 def test_two_processes_build_the_library_once_each_safely(tmp_path: Path) -> None:
@@ -97,9 +97,9 @@ def test_a_compile_error_names_the_first_error(
 ) -> None:
     broken = tmp_path / "broken.cc"
     broken.write_text("#include <no_such_header.h>\n")
-    monkeypatch.setattr(native, "SOURCES", (broken,))
-    with pytest.raises(native.NativeBuildError, match=r"compiling broken\.cc failed: .*no_such"):
-        native._compile(tmp_path / "out.so")
+    monkeypatch.setattr(build, "SOURCES", (broken,))
+    with pytest.raises(build.NativeBuildError, match=r"compiling broken\.cc failed: .*no_such"):
+        build._compile(tmp_path / "out.so")
     assert list(tmp_path.iterdir()) == [broken]  # nothing half-written
 
 

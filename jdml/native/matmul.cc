@@ -1,5 +1,5 @@
 // Matrix products through oneDNN's sgemm as an XLA FFI handler for the CPU backend (see
-// jdml/nn/native/__init__.py and jdml/nn/pointwise.py).
+// jdml/native/build.py and jdml/nn/pointwise.py).
 //
 //   jdml_dnnl_matmul:  c = op(a) @ op(b), op(m) = m^T where trans_a / trans_b is set
 //

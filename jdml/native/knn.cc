@@ -1,5 +1,5 @@
 // Exact top-k of nearest-neighbour search as XLA FFI handlers for the CPU backend (see
-// jdml/evaluation/knn.py and jdml/nn/native/__init__.py).
+// jdml/native/knn.py and jdml/native/build.py).
 //
 //   jdml_knn_top: for every query q, the k references r with the largest scores
 //     scale * q.r + bias[r], best first: score descending, equal scores by lower reference

@@ -1,4 +1,4 @@
-// oneDNN convolutions as XLA FFI handlers for the CPU backend (see jdml/nn/native/__init__.py).
+// oneDNN convolutions as XLA FFI handlers for the CPU backend (see jdml/native/build.py).
 //
 // Three handlers, NHWC activations and HWIO kernels in float32, padding given per side (the
 // SAME padding the Python side computes) and a number of groups (1: an ordinary convolution;

@@ -1,5 +1,5 @@
 // The kernel gradient of a depthwise convolution as an XLA FFI handler for the CPU backend (see
-// jdml/nn/native/__init__.py and jdml/nn/depthwise.py).
+// jdml/native/build.py and jdml/nn/depthwise.py).
 //
 //   jdml_depthwise_bwd_weights:  dw[i, j, 0, c] = sum_{b, y, x} xp[b, s*y + i, s*x + j, c] * dy[b, y, x, c]
 //

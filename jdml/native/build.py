@@ -1,4 +1,5 @@
-"""Native kernels for XLA's CPU backend, compiled on first use and called through the XLA FFI.
+"""The native library: compiled on first use, loaded once per process, its FFI targets
+registered for the CPU platform.
 
 XLA's CPU convolutions are the slow part of a small convolutional network's train step on CPU
 (``bench/bench_train.py --layers``): on the glyph network's layers, oneDNN's convolutions, called
@@ -22,45 +23,26 @@ default ``g++``) against the XLA FFI headers that jaxlib ships (``jax.ffi.includ
 oneDNN (Debian: ``apt-get install g++ libdnnl-dev``), into
 ``$JDML_CACHE/native/jdml_native-<hash>.so``; the hash covers the sources, jaxlib's version and
 the command, so a new jaxlib or source compiles again. Compiling writes a temporary file and renames
-it, so concurrent processes never load half a library.
-
-``$JDML_CONV`` chooses the convolution on CPU, ``$JDML_KMEANS`` the k-means assignment and
-``$JDML_KNN`` the nearest-neighbour selection:
-
-* ``auto`` (default): the native kernels where the library compiles, else XLA's ops, with one
-  warning saying why and how to install oneDNN;
-* ``xla``: always XLA's ops;
-* ``onednn``: the native kernels, and an error if the library cannot be built.
+it, so concurrent processes never load half a library. Whether a switch uses it is
+:mod:`jdml.native.switches`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import hashlib
 import os
 import shutil
 import subprocess
-import warnings
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 
-from jdml.errors import ConfigError
 from jdml.fileio import atomic_path, cache_root
 
-ENV = "JDML_CONV"
-KMEANS_ENV = "JDML_KMEANS"
-KNN_ENV = "JDML_KNN"
-MODES = ("auto", "xla", "onednn")
-# What falls back to XLA, and what it costs, per switch (the fallback's warning).
-FALLBACKS = {
-    ENV: "CPU convolutions fall back to XLA's, about 1.5x slower to train",
-    KMEANS_ENV: "CPU k-means falls back to XLA's ops, about 1.5x slower from 100 clusters on",
-    KNN_ENV: "CPU nearest-neighbour search falls back to XLA's top-k and numpy's selection",
-}
 SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in ("dnnl_conv.cc", "depthwise.cc", "matmul.cc", "kmeans.cc", "knn.cc")
@@ -84,38 +66,14 @@ TARGETS = (
     "jdml_knn_top",
     "jdml_order_rows",
 )
-INSTALL_HINT = "install a C++ compiler and oneDNN (Debian: apt-get install g++ libdnnl-dev)"
 
 
 class NativeBuildError(RuntimeError):
     """The native library could not be compiled or loaded; the message says why."""
 
 
-def conv_mode(env: str = ENV) -> str:
-    """``$JDML_CONV`` (or another switch, ``env``), checked (see the module docstring)."""
-    mode = os.environ.get(env, "auto").strip().lower() or "auto"
-    if mode not in MODES:
-        raise ConfigError(f"{env}={mode!r} is not one of {', '.join(MODES)}: set {env}=auto")
-    return mode
-
-
-@contextlib.contextmanager
-def xla_convolutions() -> Iterator[None]:
-    """Functions traced inside use XLA's convolutions: for programs that leave this process
-    (``jax.export`` refuses custom calls, and another machine may lack the library). jit caches
-    traces per function, so trace a function created inside."""
-    before = os.environ.get(ENV)
-    os.environ[ENV] = "xla"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[ENV]
-        else:
-            os.environ[ENV] = before
-
-
 def _command(output: str) -> list[str]:
+    """The compiler command that builds the library of ``SOURCES`` into ``output``."""
     return [
         os.environ.get("CXX", "g++"),
         "-O3",
@@ -144,6 +102,8 @@ def library_path() -> Path:
 
 
 def _compile(path: Path) -> None:
+    """Compiles the library into ``path`` (through a temporary file renamed into place).
+    Raises ``NativeBuildError`` naming the first compiler error."""
     compiler = _command("")[0]
     if shutil.which(compiler) is None:
         raise NativeBuildError(f"no C++ compiler {compiler!r} on PATH")
@@ -172,36 +132,9 @@ def library() -> ctypes.CDLL:
     return lib
 
 
-@functools.cache
-def _unavailable() -> str | None:
-    """Why the library cannot be used (``None``: it can)."""
-    try:
-        library()
-    except NativeBuildError as err:
-        return str(err)
-    return None
-
-
-def onednn_enabled(env: str = ENV) -> bool:
-    """Whether the native kernels of switch ``env`` run: CPU convolutions (``$JDML_CONV``, the
-    default) or the k-means assignment (``$JDML_KMEANS``); the switch's mode and whether the
-    library builds decide."""
-    mode = conv_mode(env)
-    if mode == "xla" or jax.default_backend() != "cpu":
-        return False
-    reason = _unavailable()
-    if reason is None:
-        return True
-    if mode == "onednn":
-        raise ConfigError(f"{env}=onednn but {reason}: {INSTALL_HINT}, or set {env}=auto")
-    _warn_once(env, reason)
-    return False
-
-
-@functools.cache
-def _warn_once(env: str, reason: str) -> None:
-    warnings.warn(
-        f"{FALLBACKS[env]} ({reason}); {INSTALL_HINT}, or set {env}=xla to silence this",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+def ffi_call(target: str, results: Any, *, vmap_method: str | None = None) -> Callable[..., Any]:
+    """``jax.ffi.ffi_call`` of the library's FFI ``target`` with ``results`` (a
+    ``jax.ShapeDtypeStruct`` or a tuple of them), the library loaded first so that the target
+    is registered (compiled once per machine). Raises ``NativeBuildError``."""
+    library()
+    return jax.ffi.ffi_call(target, results, vmap_method=vmap_method)

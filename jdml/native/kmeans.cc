@@ -1,5 +1,5 @@
 // k-means' passes over the points as XLA FFI handlers for the CPU backend (see
-// jdml/evaluation/kmeans.py and jdml/nn/native/__init__.py).
+// jdml/native/kmeans.py and jdml/native/build.py).
 //
 //   jdml_kmeans_assign: every point's nearest centroid (ties to the lower index) and its squared
 //     distance |x|^2 + |c|^2 - 2 x.c, clamped at 0, rounded as jdml.geometry.squared_distances
@@ -720,8 +720,8 @@ __attribute__((target_clones("avx512f", "default"))) void row_norms(const float*
   }
 }
 
-// Updates of faiss's k-means (the "reference" mode of jdml/evaluation/kmeans.py) for few
-// clusters, up to `iters` of them from `c` (clusters x dim, updated in place), stopping after
+// Updates of faiss's k-means (the "reference" mode, jdml/evaluation/kmeans/reference.py) for
+// few clusters, up to `iters` of them from `c` (clusters x dim, updated in place), stopping after
 // the first that leaves a cluster empty (the caller then splits clusters as faiss does). A first
 // round computes the points' squared norms (row_norms). Each update is every point's nearest
 // centroid (assign_range), then each centroid the float32 sum of its points in point order times

@@ -1,0 +1,95 @@
+"""The switches of the native kernels: ``$JDML_CONV`` chooses the convolution on CPU,
+``$JDML_KMEANS`` the k-means assignment and ``$JDML_KNN`` the nearest-neighbour selection:
+
+* ``auto`` (default): the native kernels where the library compiles, else XLA's ops, with one
+  warning saying why and how to install oneDNN;
+* ``xla``: always XLA's ops (the pure-XLA path, the same on every backend);
+* ``onednn``: the native kernels, and an error if the library cannot be built.
+
+Other backends than CPU always take XLA's ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import warnings
+from collections.abc import Iterator
+
+import jax
+
+from jdml.errors import ConfigError
+from jdml.native import build
+
+ENV = "JDML_CONV"
+KMEANS_ENV = "JDML_KMEANS"
+KNN_ENV = "JDML_KNN"
+MODES = ("auto", "xla", "onednn")
+# What falls back to XLA, and what it costs, per switch (the fallback's warning).
+FALLBACKS = {
+    ENV: "CPU convolutions fall back to XLA's, about 1.5x slower to train",
+    KMEANS_ENV: "CPU k-means falls back to XLA's ops, about 1.5x slower from 100 clusters on",
+    KNN_ENV: "CPU nearest-neighbour search falls back to XLA's top-k and numpy's selection",
+}
+INSTALL_HINT = "install a C++ compiler and oneDNN (Debian: apt-get install g++ libdnnl-dev)"
+
+
+def conv_mode(env: str = ENV) -> str:
+    """``$JDML_CONV`` (or another switch, ``env``), checked (see the module docstring)."""
+    mode = os.environ.get(env, "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ConfigError(f"{env}={mode!r} is not one of {', '.join(MODES)}: set {env}=auto")
+    return mode
+
+
+@contextlib.contextmanager
+def xla_convolutions() -> Iterator[None]:
+    """Functions traced inside use XLA's convolutions: for programs that leave this process
+    (``jax.export`` refuses custom calls, and another machine may lack the library). jit caches
+    traces per function, so trace a function created inside."""
+    before = os.environ.get(ENV)
+    os.environ[ENV] = "xla"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[ENV]
+        else:
+            os.environ[ENV] = before
+
+
+@functools.cache
+def _unavailable() -> str | None:
+    """Why the library cannot be used (``None``: it can)."""
+    try:
+        build.library()
+    except build.NativeBuildError as err:
+        return str(err)
+    return None
+
+
+def onednn_enabled(env: str = ENV) -> bool:
+    """Whether the native kernels of switch ``env`` run: CPU convolutions (``$JDML_CONV``, the
+    default), the k-means assignment (``$JDML_KMEANS``) or the kNN selection (``$JDML_KNN``);
+    the switch's mode, the backend and whether the library builds decide."""
+    mode = conv_mode(env)
+    if mode == "xla" or jax.default_backend() != "cpu":
+        return False
+    reason = _unavailable()
+    if reason is None:
+        return True
+    if mode == "onednn":
+        raise ConfigError(f"{env}=onednn but {reason}: {INSTALL_HINT}, or set {env}=auto")
+    _warn_once(env, reason)
+    return False
+
+
+@functools.cache
+def _warn_once(env: str, reason: str) -> None:
+    """The fallback's warning of switch ``env``, once per process and reason."""
+    warnings.warn(
+        f"{FALLBACKS[env]} ({reason}); {INSTALL_HINT}, or set {env}=xla to silence this",
+        RuntimeWarning,
+        stacklevel=3,
+    )
