@@ -28,7 +28,7 @@ KNN_ENV = "JDML_KNN"
 MODES = ("auto", "xla", "onednn")
 # What falls back to XLA, and what it costs, per switch (the fallback's warning).
 FALLBACKS = {
-    ENV: "CPU convolutions fall back to XLA's, about 1.5x slower to train",
+    ENV: "CPU convolutions fall back to XLA's, 1.1-1.5x slower to train",
     KMEANS_ENV: "CPU k-means falls back to XLA's ops, about 1.5x slower from 100 clusters on",
     KNN_ENV: "CPU nearest-neighbour search falls back to XLA's top-k and numpy's selection",
 }
