@@ -155,13 +155,11 @@ class Program:
     def embedding_names(self) -> tuple[str, ...]:
         """Every embedding ``embed`` returns: the method's heads, or per member ``member<l>``
         (its main head) and ``member<l>/<head>`` (its other heads)."""
-        if not self.cohort:
-            return tuple(self.method.heads)
-        others = [h for h in self.method.heads if h != self.method.head]
+        methods = self.methods or (self.method,) * self.size
         return tuple(
-            member_name(i) + suffix
-            for i in range(self.size)
-            for suffix in ("", *(f"/{h}" for h in others))
+            self._embedding_name(i, method, head)
+            for i, method in enumerate(methods)
+            for head in sorted(method.heads, key=lambda h: h != method.head)
         )
 
     @functools.cached_property
@@ -280,24 +278,30 @@ class Program:
     # -- embeddings -----------------------------------------------------------------------------
 
     def embed(self, params: Any, batch_stats: Any, images: jax.Array) -> dict[str, jax.Array]:
-        """Eval-mode embeddings ``{name: (B, dim)}`` of every name of ``embedding_names``."""
+        """Eval-mode embeddings ``{name: (B, dim)}`` of every name of ``embedding_names``: each
+        group's members embedded as the step runs them (``cohort.member_loop``)."""
+        layout, out, index = self.layout, {}, 0
+        groups = zip(
+            self.members_config.methods,
+            layout.split(params),
+            layout.split(batch_stats),
+            strict=True,
+        )
+        for method, group_params, group_stats in groups:
+            embed = lambda p, s, method=method: method.embed(p, s, images)  # noqa: E731
+            embedded = over_members(embed, self.loop, group_params, group_stats)
+            for i in range(index, index + jax.tree.leaves(group_params)[0].shape[0]):
+                for head, emb in embedded.items():
+                    out[self._embedding_name(i, method, head)] = emb[i - index]
+            index = i + 1
+        return out
+
+    def _embedding_name(self, index: int, method: Method, head: str) -> str:
+        """A head's name in ``embedding_names``: the head itself for one member, else
+        ``member<l>`` for the member's main head and ``member<l>/<head>`` for the others."""
         if not self.cohort:
-            return self.method.embed(params, batch_stats, images)
-        if self.heterogeneous:
-            out = {}
-            for i, (name, method) in enumerate(zip(self.names, self.methods, strict=True)):
-                for head, emb in method.embed(params[name], batch_stats[name], images).items():
-                    suffix = "" if head == method.head else f"/{head}"
-                    out[member_name(i) + suffix] = emb
-            return out
-        embed = lambda p, s: self.method.embed(p, s, images)  # noqa: E731
-        out = over_members(embed, self.loop, params, batch_stats)
-        named = {}
-        for i in range(self.size):
-            for head, emb in out.items():
-                suffix = "" if head == self.method.head else f"/{head}"
-                named[member_name(i) + suffix] = emb[i]
-        return named
+            return head
+        return member_name(index) + ("" if head == method.head else f"/{head}")
 
     def make_embed_fn(self) -> Callable[[Any, Any, Any], dict[str, jax.Array]]:
         """``embed`` jitted, taking host images (the same in every process). On a mesh the
