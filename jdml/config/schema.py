@@ -45,6 +45,18 @@ __all__ = [
 ]
 
 
+def exchange_sections() -> ml_collections.ConfigDict:
+    """The ``exchange`` section: per registered exchange with settings, its own section."""
+    from jdml.exchanges import EXCHANGES
+
+    section = ml_collections.ConfigDict()
+    for name in EXCHANGES.names():
+        keys = EXCHANGES.get(name).section()
+        if keys:
+            section[name] = ml_collections.ConfigDict(keys)
+    return section
+
+
 def base_config() -> ml_collections.ConfigDict:
     """Returns the full default configuration (the Revisiting baseline on glyphs)."""
     c = ml_collections.ConfigDict()
@@ -190,6 +202,10 @@ def base_config() -> ml_collections.ConfigDict:
     # model.* overrides of that member's network, e.g. ("", "model.embed_dim=64",
     # "model.backbone=efficientnet_lite0;model.pretrained=packaged"). () = identical members.
     c.cohort.members = ()
+    # What the members exchange (jdml.exchanges): "dm2", DM2's relation matrices (its settings
+    # are the keys above); another exchange reads its own section exchange.<name>.
+    c.cohort.exchange = "dm2"
+    c.exchange = exchange_sections()
 
     # Data parallelism for every method (jdml.program): the global batch of each member split
     # over ``data_devices`` devices of the mesh's data axis (0: every device the member axis

@@ -15,9 +15,10 @@ Park, Kim, You, Cho, "Diversified Mutual Learning for Deep Metric Learning" (DM2
   skipped member keeps params, optimiser state, batch statistics and method state unchanged;
 * view diversity: each member sees its own augmentation of the same images.
 
-The step, the state and the embeddings of every run, one member or a cohort, are
-``jdml.program.Program``'s; this module holds what is particular to cohorts. The member axis is
-the ``member`` axis of a device mesh: ``jax.shard_map`` gives each device its
+The state and the step of every run, one member or a cohort, are ``jdml.step``'s, their
+storage and placement ``jdml.layout``'s, and the relation terms DM2's entry of
+``jdml.exchanges`` (``cohort.exchange="dm2"``); this module holds what is particular to cohorts.
+The member axis is the ``member`` axis of a device mesh: ``jax.shard_map`` gives each device its
 block of members; the relation matrices (B x B per member) are all-gathered. On one device the
 same code runs with the whole cohort in one block. A second mesh axis ``data`` (left to the
 compiler's automatic partitioning) splits each member's batch over ``parallel.data_devices``

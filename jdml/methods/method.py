@@ -25,7 +25,6 @@ import numpy as np
 
 from jdml.errors import ConfigError
 from jdml.losses.decorrelation import Decorrelation
-from jdml.methods.cohort import mesh_shape
 from jdml.methods.terms import TERMS, Metrics, MetricTerm, Term, TermInputs
 from jdml.models import build_model
 from jdml.models import input_normalization as backbone_normalization
@@ -45,26 +44,22 @@ def input_normalization(
     return float(config.data.mean), float(config.data.std)
 
 
-def batch_norm_groups(config: ml_collections.ConfigDict) -> int:
-    """How many row blocks of a batch get their own BatchNorm statistics: the data axis's
-    devices under ``parallel.batch_norm="per_device"`` with trained BatchNorm, else 1."""
-    if config.parallel.batch_norm != "per_device" or config.model.frozen_bn:
-        return 1
-    return mesh_shape(config.cohort.size, config.cohort.devices, config.parallel.data_devices)[1]
-
-
 class Method:
     """Wires model, terms and decorrelation for the train step and the evaluator.
 
     Args:
       config: the full run config.
       num_classes: number of training classes (sizes per-class loss parameters).
+      bn_groups: row blocks of a batch normalised each with its own BatchNorm statistics (the
+        devices of the data axis under per-device BatchNorm; ``jdml.layout.batch_norm_groups``).
 
     Params tree: ``{"model", "loss" (main term), "aux_<term>" (metric terms' own loss params),
     "decorrelation" (the psi MLPs)}``, each an optimiser group with its own learning rate.
     """
 
-    def __init__(self, config: ml_collections.ConfigDict, num_classes: int) -> None:
+    def __init__(
+        self, config: ml_collections.ConfigDict, num_classes: int, bn_groups: int = 1
+    ) -> None:
         self.config = config
         self.head = config.model.head
         self.main = MetricTerm(
@@ -106,7 +101,7 @@ class Method:
             else None
         )
         self.train_model = build_model(config.model, train=True, heads=self.heads)
-        self.bn_groups = batch_norm_groups(config)
+        self.bn_groups = bn_groups
         self.eval_model = build_model(config.model, train=False, heads=self.heads)
         self.mean, self.std = input_normalization(config)
 

@@ -1,0 +1,379 @@
+"""The one state constructor and the one jitted train step of every run.
+
+The members of a run (``jdml.layout.Layout``) are groups, each stacked on a leading member axis
+and run by one method: a plain run is one group of one, a stacked DM2 cohort one group of L, a
+heterogeneous cohort L groups of one. The step converts the stored state into groups, runs the
+same code over them, and stores the result again:
+
+* each phase (one by default; Sharing Matters' alternating variant has two, each on its own data
+  stream) takes the gradient of the members' summed losses, where member l's loss is its
+  method's plus ``lambda * value_l`` of the cohort's exchange (``jdml.exchanges``; DM2: the
+  relation matrices), the peers' contributions constants, so that the gradient for member l's
+  params is that of its own objective (DM2, Algorithm 1);
+* a step whose loss, gradients or params are not finite for any member leaves every member
+  unchanged and increments ``nonfinite``; a member skipped by its temporal-diversity draw is left
+  unchanged;
+* the method states (DaNCE's EMA and queue) and the sampler memory are updated in the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import PartitionSpec as P
+
+from jdml.exchanges import Exchange, Peers
+from jdml.layout import MEMBER_FIELDS, Groups, Layout, zeros_state
+from jdml.methods.cohort import AXIS, VIEWS, member_name, over_members
+from jdml.methods.method import Method
+from jdml.samplers.memory import update_memory
+from jdml.state import TrainState
+
+StepFn = Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]
+
+_TEMPORAL_TAG = 0x7D  # folded into a member's step key for its temporal-diversity draw
+
+
+@dataclasses.dataclass(frozen=True)
+class Members:
+    """What the step trains: the layout, each group's method, and how the members interact.
+
+    Attributes:
+      layout: the members and their placement.
+      methods: the method of each group (``layout.group_sizes``).
+      exchange: what the members exchange (None for one member).
+      loop: ``cohort.member_loop`` (``jdml.methods.cohort.over_members``).
+      probabilities: (L,) each member's update probability (temporal diversity).
+      model_diversity: whether member l > 1 draws its embedding heads (a listed member: its
+        whole network) from its own key.
+    """
+
+    layout: Layout
+    methods: tuple[Method, ...]
+    exchange: Exchange | None
+    loop: str
+    probabilities: np.ndarray
+    model_diversity: bool
+
+
+def keep_where(mask: jax.Array, new: Any, old: Any) -> Any:
+    """``new`` where ``mask`` else ``old``, leaf by leaf; ``mask`` is (L,) over the leading
+    member axis of the leaves, or a scalar for a whole tree."""
+
+    def pick(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jnp.where(mask.reshape(mask.shape + (1,) * (a.ndim - mask.ndim)), a, b)
+
+    return jax.tree.map(pick, new, old)
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """Whether every value of every leaf of ``tree`` is finite (True for no leaves)."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)] or [True]))
+
+
+def finite_per_member(tree: Any) -> jax.Array:
+    """(L,): whether every value of member l in a tree with a leading member axis is finite."""
+    if not jax.tree.leaves(tree):
+        return jnp.array(True)
+    return jax.vmap(all_finite)(tree)
+
+
+def only_groups(
+    groups: frozenset[str] | None, new_params: Any, params: Any, new_opt: Any, opt: Any
+) -> tuple[Any, Any]:
+    """Keeps the params and optimiser state of the groups a phase does not train unchanged
+    (their gradient is zero, but Adam's momentum and the coupled weight decay would move them)."""
+    if groups is None:
+        return new_params, new_opt
+    params = {k: new_params[k] if k in groups else params[k] for k in params}
+    inner = {k: new_opt.inner_states[k] if k in groups else v for k, v in opt.inner_states.items()}
+    return params, new_opt._replace(inner_states=inner)
+
+
+def concat(parts: list[jax.Array]) -> jax.Array:
+    """The groups' (n_g, ...) arrays as one (L_local, ...) array (one group: itself)."""
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+
+
+def init_state(
+    members: Members,
+    tx: optax.GradientTransformation,
+    seed: int,
+    sample: np.ndarray,
+    sampler_state: dict | None = None,
+) -> TrainState:
+    """The state at step 0, placed as the step takes it.
+
+    Member 1 is the same for every run (a plain run of the config and seed). Member l > 1
+    initialises from member 1's key, or with model diversity from its own: the members of a
+    group then take everything but their embedding heads (``head_*``) from the group's first
+    member (one backbone start, as a pretrained one would be), a member alone in its group
+    (heterogeneous cohorts) its whole network.
+    """
+    layout = members.layout
+    key = jax.random.PRNGKey(seed)
+    images = jnp.asarray(sample)
+    init_key, rng0 = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+    fields: dict[str, list[Any]] = {f: [] for f in MEMBER_FIELDS if f != "opt_state"}
+    index = 0
+    for method, size in zip(members.methods, layout.group_sizes, strict=True):
+        first = index
+        for i in range(index, index + size):
+            own = i > 0 and members.model_diversity
+            if i == first:
+                params, stats = method.init(
+                    jax.random.fold_in(init_key, i) if own else init_key, images
+                )
+            else:
+                params, stats = fields["params"][first], fields["batch_stats"][first]
+                if own:
+                    other, _ = method.init(jax.random.fold_in(init_key, i), images)
+                    model = {
+                        k: other["model"][k] if k.startswith("head_") else v
+                        for k, v in params["model"].items()
+                    }
+                    params = {**params, "model": model}
+            fields["params"].append(params)
+            fields["batch_stats"].append(stats)
+            fields["rng"].append(rng0 if i == 0 else jax.random.fold_in(rng0, i))
+            fields["method_state"].append(method.init_method_state(params))
+        index += size
+    state = zeros_state(
+        sampler_state,
+        opt_state=layout.init_optimizer(tx, fields["params"]),
+        **{f: layout.store(v) for f, v in fields.items()},
+    )
+    return layout.place_state(state)
+
+
+def temporal_draws(
+    probabilities: np.ndarray, keys: jax.Array, offset: jax.Array | int
+) -> jax.Array:
+    """(L_local,) bool: which members apply their update this step (temporal diversity:
+    member l with probability ``2^-(l-1)``; all of them without it)."""
+    local = keys.shape[0]
+    if not np.any(probabilities < 1.0):
+        return jnp.ones((local,), bool)
+    probs = jnp.asarray(probabilities)[offset + jnp.arange(local)]
+    tag = lambda k: jax.random.fold_in(k, _TEMPORAL_TAG)  # noqa: E731
+    return jax.vmap(lambda k: jax.random.uniform(tag(k)))(keys) < probs
+
+
+def cohort_metrics(
+    metric: str, totals: jax.Array, losses: jax.Array, exchanged: jax.Array, applied: jax.Array
+) -> dict[str, jax.Array]:
+    """Per member its loss, exchanged term and whether it updated, and the cohort's means
+    (every argument (L,) over the whole cohort)."""
+    updated = applied.astype(jnp.float32)
+    out = {}
+    for i in range(totals.shape[0]):
+        out[f"{member_name(i)}/loss"] = losses[i]
+        out[f"{member_name(i)}/{metric}"] = exchanged[i]
+        out[f"{member_name(i)}/updated"] = updated[i]
+    out["loss"] = jnp.mean(totals)
+    out[f"{metric}/loss"] = jnp.mean(exchanged)
+    out["updated_fraction"] = jnp.mean(updated)
+    return out
+
+
+def _slices(sizes: tuple[int, ...]) -> list[slice | None]:
+    """Each group's rows of a (L_local, ...) array; None for a group that is all of them."""
+    if len(sizes) == 1:
+        return [None]
+    starts = np.cumsum((0, *sizes))
+    return [slice(int(a), int(b)) for a, b in itertools.pairwise(starts)]
+
+
+def _take(x: Any, rows: slice | None) -> Any:
+    return x if rows is None else jax.tree.map(lambda a: a[rows], x)
+
+
+def train_step(
+    members: Members,
+    tx: optax.GradientTransformation,
+    state: TrainState,
+    batch: dict[str, jax.Array],
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One step of the members in ``state``, whose member fields are groups (``Layout.split``):
+    this device's block of a sharded cohort inside ``shard_map``, or all members."""
+    layout, methods, exchange = members.layout, members.methods, members.exchange
+    sharded = layout.sharded
+    gather = (lambda x: jax.lax.all_gather(x, AXIS, tiled=True)) if sharded else (lambda x: x)
+    sizes = tuple(r.shape[0] for r in state.rng)
+    rows = _slices(sizes)
+    local = sum(sizes)
+    offset = jax.lax.axis_index(AXIS) * local if sharded else 0
+    keys = tuple(jax.vmap(lambda r: jax.random.fold_in(r, state.step))(r) for r in state.rng)
+    views = {k: v for k, v in batch.items() if k in VIEWS and layout.view_diversity}
+    shared = {k: v for k, v in batch.items() if k not in views}
+    lam = exchange.weight(state.step) if exchange is not None else None
+    peers = Peers(gather=gather, offset=offset, size=layout.size)
+    phases = methods[0].phases
+    params, opt_state, stats = state.params, state.opt_state, state.batch_stats
+    ok = jnp.ones((local,), bool)
+    metrics: dict[str, jax.Array] = {}
+    outputs: list[dict[str, Any]] = [{} for _ in methods]
+    embeddings: Groups = ()
+    totals = losses = exchanged = None
+    for i, phase in enumerate(phases):
+        phase_batch = methods[0].phase_batch(shared, i)
+        phase_keys = (
+            keys
+            if i == 0
+            else tuple(jax.vmap(lambda k, i=i: jax.random.fold_in(k, i))(k) for k in keys)
+        )
+
+        def members_loss(p, s=stats, k=phase_keys, b=phase_batch, ph=phase):
+            group_losses, auxes = [], []
+            for g, method in enumerate(methods):
+
+                def member_loss(p_, s_, views_, key, method_state, method=method):
+                    return method.loss_fn(p_, s_, {**b, **views_}, key, method_state, ph)
+
+                loss, aux = over_members(
+                    member_loss,
+                    members.loop,
+                    p[g],
+                    s[g],
+                    _take(views, rows[g]),
+                    k[g],
+                    state.method_state[g],
+                )
+                group_losses.append(loss)
+                auxes.append(aux)
+            loss = concat(group_losses)
+            if exchange is None:  # one member: nothing to exchange
+                return jnp.sum(loss), (loss, loss, None, auxes)
+            if exchange.active:
+                value = exchange.losses(tuple(a[2] for a in auxes), peers)
+            else:  # members side by side
+                value = jnp.zeros_like(loss)
+            total = loss + lam * value
+            return jnp.sum(total), (total, loss, value, auxes)
+
+        grads, (total, loss, value, auxes) = jax.grad(members_loss, has_aux=True)(params)
+        stats = tuple(a[0] for a in auxes)
+        new_params, new_opt_state = layout.update(tx, grads, opt_state, params)
+        kept = [
+            only_groups(
+                method.phase_groups(phase), new_params[g], params[g], new_opt_state[g], opt_state[g]
+            )
+            for g, method in enumerate(methods)
+        ]
+        params, opt_state = tuple(p for p, _ in kept), tuple(o for _, o in kept)
+        ok = (
+            ok
+            & jnp.isfinite(total)
+            & concat([finite_per_member(g) for g in grads])
+            & concat([finite_per_member(p) for p in params])
+        )
+        prefix = "" if len(phases) == 1 else f"phase{i}/"
+        metrics.update({prefix + k: concat([a[1][k] for a in auxes]) for k in auxes[0][1]})
+        for g, a in enumerate(auxes):
+            outputs[g].update(a[3])
+        if i == 0:
+            embeddings, totals, losses, exchanged = tuple(a[2] for a in auxes), total, loss, value
+    all_ok = jnp.all(gather(ok))
+    apply = all_ok & temporal_draws(members.probabilities, concat(list(keys)), offset)
+    new_fields: dict[str, list[Any]] = {f: [] for f in MEMBER_FIELDS if f != "rng"}
+    for g, method in enumerate(methods):
+        mask = _take(apply, rows[g])
+        method_state = jax.vmap(method.update_method_state, (0, 0, 0, None))(
+            state.method_state[g], params[g], outputs[g], batch["labels"]
+        )
+        new_fields["params"].append(keep_where(mask, params[g], state.params[g]))
+        new_fields["opt_state"].append(keep_where(mask, opt_state[g], state.opt_state[g]))
+        new_fields["batch_stats"].append(keep_where(mask, stats[g], state.batch_stats[g]))
+        new_fields["method_state"].append(keep_where(mask, method_state, state.method_state[g]))
+    new_state = state.replace(
+        step=state.step + 1,
+        nonfinite=state.nonfinite + (~all_ok).astype(jnp.int32),
+        sampler_state=update_memory(
+            state.sampler_state, shared.get("indices"), gather(embeddings[0])[0]
+        ),
+        **{f: tuple(v) for f, v in new_fields.items()},
+    )
+    out = {k: jnp.mean(gather(v)) for k, v in metrics.items()}
+    if len(phases) > 1:
+        out["loss"] = sum(out[f"phase{i}/loss"] for i in range(len(phases)))
+    if exchange is not None:
+        out.update(
+            cohort_metrics(
+                exchange.metric, gather(totals), gather(losses), gather(exchanged), gather(apply)
+            )
+        )
+        out[f"{exchange.metric}/weight"] = lam
+    return new_state, out
+
+
+def make_train_step(
+    members: Members, tx: optax.GradientTransformation, state: TrainState | None
+) -> StepFn:
+    """The jitted, state-donating step ``(state, batch) -> (state, metrics)``.
+
+    The stored state is split into groups and joined again inside the jitted step (free
+    reshapes). On a mesh, host batches are placed first (``Layout.place_batch``) and, unless the
+    members are listed, each device steps its members (``shard_map`` over the member axis; the
+    data axis is left to the compiler, which splits the batch and gathers what the losses need).
+    ``state`` (an example of the stored state) is needed on a mesh only.
+    """
+    layout = members.layout
+    body: Callable = functools.partial(train_step, members, tx)
+    if layout.sharded:
+        specs = layout.state_specs(state)  # a one-member state has the stacked structure
+        specs = specs.replace(**{f: (getattr(specs, f),) for f in MEMBER_FIELDS})
+        per_member = P(AXIS) if layout.view_diversity else P()
+        inner = body
+
+        def body(state: TrainState, batch: dict[str, jax.Array]):
+            sharded = jax.shard_map(
+                inner,
+                mesh=layout.mesh,
+                in_specs=(specs, {k: per_member if k in VIEWS else P() for k in batch}),
+                out_specs=(specs, P()),
+                axis_names=frozenset({AXIS}),  # the data axis stays automatic
+                check_vma=False,
+            )
+            return sharded(state, batch)
+
+    def step(state: TrainState, batch: dict[str, jax.Array]):
+        grouped = state.replace(**{f: layout.split(getattr(state, f)) for f in MEMBER_FIELDS})
+        new, metrics = body(grouped, batch)
+        return new.replace(**{f: layout.join(getattr(new, f)) for f in MEMBER_FIELDS}), metrics
+
+    if not layout.on_mesh:
+        return jax.jit(step, donate_argnums=0)
+    shardings = layout.state_shardings(state)
+    # Fixed output shardings: the returned state is placed exactly as the state it replaces
+    # (on a one-device member axis the compiler would otherwise pick an equivalent spec and
+    # the second call would compile again).
+    jitted = jax.jit(step, donate_argnums=0, out_shardings=(shardings, layout.replicated))
+    return PlacedStep(jitted, layout.place_batch, shardings)
+
+
+class PlacedStep:
+    """A jitted step taking host batches: places them on the mesh, then calls the step.
+
+    The first call also places the state as the step returns it (``Run.prepare`` may have
+    replaced parts of it), so that the step compiles once.
+    """
+
+    def __init__(self, jitted: Any, place: Callable[[dict], dict], shardings: Any) -> None:
+        self.jitted, self.place, self.shardings = jitted, place, shardings
+        self.placed = False
+
+    def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict[str, jax.Array]]:
+        if not self.placed:
+            state, self.placed = jax.device_put(state, self.shardings), True
+        return self.jitted(state, self.place(batch))
+
+    def _cache_size(self) -> int:
+        return self.jitted._cache_size()
