@@ -39,6 +39,7 @@ from jdml.methods.cohort import (
     mesh_shape,
     stack_members,
 )
+from jdml.nn.batch_norm import BATCH_NORM_MODES
 from jdml.state import TrainState
 
 MEMBER_FIELDS = ("params", "batch_stats", "opt_state", "rng", "method_state")
@@ -48,9 +49,10 @@ Groups = tuple[Any, ...]  # one tree per group, each with a leading member axis
 def batch_norm_groups(config: ml_collections.ConfigDict) -> int:
     """How many row blocks of a batch get their own BatchNorm statistics: the data axis's
     devices under ``parallel.batch_norm="per_device"`` with trained BatchNorm, else 1."""
-    if config.parallel.batch_norm != "per_device" or config.model.frozen_bn:
+    if config.model.frozen_bn:
         return 1
-    return mesh_shape(config.cohort.size, config.cohort.devices, config.parallel.data_devices)[1]
+    devices = mesh_shape(config.cohort.size, config.cohort.devices, config.parallel.data_devices)
+    return BATCH_NORM_MODES.get(config.parallel.batch_norm)(devices[1])
 
 
 class Layout:

@@ -31,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 from jdml.errors import ConfigError
 from jdml.exchanges import EXCHANGES
 from jdml.layout import Layout, batch_norm_groups
+from jdml.methods.checks import check_stateless_members
 from jdml.methods.cohort import (
     AXIS,
     DATA,
@@ -85,12 +86,7 @@ class Program:
                 "a cohort trains one joint update per step; the method's config sets "
                 f"phases={tuple(config.phases)}: use phases=() with cohort.size > 1"
             )
-        if self.heterogeneous and any(t.stateful for m in self.methods for t in m.terms.values()):
-            raise ConfigError(
-                "cohort.members (a heterogeneous cohort) with a term that keeps a state (DaNCE's "
-                "key queue) is not supported; use identical members (cohort.members=()) or drop "
-                "the DaNCE term"
-            )
+        check_stateless_members(config)
         self.exchange = (
             EXCHANGES.get(cohort.exchange)(config, steps_per_epoch) if self.cohort else None
         )

@@ -80,6 +80,11 @@ class Registry(Generic[T]):
 
         return deco
 
+    def unregister(self, name: str) -> None:
+        """Removes ``name`` (a plug-in registered for a while, e.g. by a test); unknown: error."""
+        self.get(name)
+        del self._items[name], self._ranges[name], self._meta[name]
+
     def meta(self, name: str) -> Mapping[str, Any]:
         """The facts ``name`` was registered with (read-only; possibly none)."""
         self.get(name)

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import ml_collections
 
 from jdml.data.sources import DATASETS
+from jdml.exchanges import EXCHANGES
 from jdml.keys import (
     component_defaults,
     component_section,
@@ -47,8 +48,6 @@ __all__ = [
 
 def exchange_sections() -> ml_collections.ConfigDict:
     """The ``exchange`` section: per registered exchange with settings, its own section."""
-    from jdml.exchanges import EXCHANGES
-
     section = ml_collections.ConfigDict()
     for name in EXCHANGES.names():
         keys = EXCHANGES.get(name).section()

@@ -20,6 +20,7 @@ from jdml.data.splits import SPLITS
 from jdml.errors import ConfigError
 from jdml.evaluation.embeddings import check_metric_names
 from jdml.evaluation.kmeans import KMEANS_MODES
+from jdml.exchanges import EXCHANGES
 from jdml.losses import LOSSES
 from jdml.losses.mutual import RELATIONS
 from jdml.methods.checks import check_head_dims, check_phases, check_stateless_members
@@ -378,6 +379,13 @@ def validate(c: ml_collections.ConfigDict) -> None:
 
 def _validate_cohort(c: ml_collections.ConfigDict) -> None:
     cohort = c.cohort
+    if cohort.exchange not in EXCHANGES:
+        raise ConfigError(
+            f"cohort.exchange={cohort.exchange!r}; choose one of {', '.join(EXCHANGES.names())}"
+        )
+    for key, allowed in EXCHANGES.ranges(cohort.exchange).items():
+        where = f"exchange.{cohort.exchange}.{key}"
+        _check_number(where, c.exchange[cohort.exchange][key], allowed)
     if cohort.relation not in RELATIONS:
         raise ConfigError(
             f"cohort.relation={cohort.relation!r}; choose one of {', '.join(RELATIONS.names())}"

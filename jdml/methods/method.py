@@ -25,9 +25,9 @@ import numpy as np
 
 from jdml.errors import ConfigError
 from jdml.losses.decorrelation import Decorrelation
+from jdml.methods.checks import check_head_dims, check_phases
 from jdml.methods.terms import TERMS, Metrics, MetricTerm, Term, TermInputs
-from jdml.models import build_model
-from jdml.models import input_normalization as backbone_normalization
+from jdml.models import INPUT_NORMALIZATIONS, build_model
 from jdml.models.embedding import frozen_backbone_modules
 from jdml.models.pretrained.backbones import load_backbone
 from jdml.optim import Group
@@ -37,11 +37,15 @@ def input_normalization(
     config: ml_collections.ConfigDict,
 ) -> tuple[float | np.ndarray, float | np.ndarray]:
     """The mean and standard deviation ``preprocess`` applies: ``data.mean`` / ``data.std``, or
-    the backbone's own per-channel constants with ``data.normalization=backbone``."""
-    if config.data.normalization == "backbone":
-        mean, std = backbone_normalization(config.model.backbone)
-        return np.asarray(mean, np.float32), np.asarray(std, np.float32)
-    return float(config.data.mean), float(config.data.std)
+    the backbone's own per-channel constants with ``data.normalization=backbone`` (the
+    ``INPUT_NORMALIZATIONS`` entry of ``data.normalization``)."""
+    constants = INPUT_NORMALIZATIONS.get(config.data.normalization)(config)
+    if constants is None:
+        raise ConfigError(
+            f"data.normalization=backbone, but backbone {config.model.backbone!r} has no "
+            "pretrained input constants; use data.normalization=mean_std"
+        )
+    return constants
 
 
 class Method:
@@ -69,18 +73,16 @@ class Method:
             miner=config.miner,
             num_classes=num_classes,
         )
-        self.heads = {self.head: int(config.model.embed_dim)}
-        self.terms: dict[str, Term] = {}
-        for name, t in config.aux.items():
-            dim = int(t.dim or config.model.embed_dim)
-            if self.heads.setdefault(t.head, dim) != dim:
-                raise ConfigError(
-                    f"aux.{name}.dim={dim} differs from another term's dimension for head "
-                    f"{t.head!r} ({self.heads[t.head]}); give them one dimension"
-                )
-            self.terms[name] = TERMS.get(t.kind).build(
-                t, num_classes=num_classes, batch_size=config.train.batch_size, dim=dim
+        self.heads = check_head_dims(config)
+        self.terms: dict[str, Term] = {
+            name: TERMS.get(t.kind).build(
+                t,
+                num_classes=num_classes,
+                batch_size=config.train.batch_size,
+                dim=self.heads[t.head],
             )
+            for name, t in config.aux.items()
+        }
         decorrelation = config.decorrelation
         self.decorrelation = (
             Decorrelation(
@@ -109,14 +111,7 @@ class Method:
         """The optimiser updates of one step, each a set of terms (``None``: all of them)."""
         if not config.phases:
             return (None,)
-        known = {"main", "decorrelation", *self.terms}
-        for phase in config.phases:
-            unknown = [t for t in phase if t not in known]
-            if unknown or not phase:
-                raise ConfigError(
-                    f"phases entry {tuple(phase)} names unknown term(s) {unknown}; choose from "
-                    f"{sorted(known)}"
-                )
+        check_phases(config)
         return tuple(tuple(p) for p in config.phases)
 
     def phase_groups(self, phase: tuple[str, ...] | None) -> frozenset[str] | None:

@@ -12,11 +12,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jdml.config import set_keys, validate
+from jdml.config import base_config, set_keys, validate
+from jdml.errors import ConfigError
 from jdml.exchanges import EXCHANGES, Exchange, Peers
 from jdml.exchanges.base import local_members
 from jdml.fileio import read_jsonl
 from jdml.geometry import l2_normalize
+from jdml.registry import NON_NEGATIVE
 from jdml.run import Run
 from jdml.trainer import train_and_evaluate
 from tests.helpers import make_npz, tiny_config
@@ -27,7 +29,11 @@ pytestmark = pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 (fake) d
 # -- file 1: the exchange (would be jdml/exchanges/consistency.py) ------------------------------
 
 
-@EXCHANGES.register("consistency")
+# In its own file the class would carry ``@EXCHANGES.register("consistency", ranges=RANGES)``;
+# here the module fixture below registers it for these tests only and removes it after them.
+RANGES = {"weight": NON_NEGATIVE}
+
+
 class Consistency(Exchange):
     """Each member's L2-normalised embeddings pulled towards the members' mean (a constant):
     ``value_l = mean_i ||z^l_i - mean_k z^k_i||^2``, with weight ``exchange.consistency.weight``."""
@@ -68,6 +74,13 @@ def consistency_config(npz: str, size: int = 2, **overrides) -> ml_collections.C
 
 
 # -- the tests ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def consistency_exchange():
+    EXCHANGES.register("consistency", ranges=RANGES)(Consistency)
+    yield
+    EXCHANGES.unregister("consistency")
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +150,33 @@ def test_wrapper_trains_through_the_loop_and_logs_its_term(npz, tmp_path):
     assert rows[-1]["consistency/weight"] == 0.5
     evals = {r.get("embedding", "main") for r in records if r["kind"] == "eval"}
     assert evals == {"main", "member2", "concat:1,1"}  # every member and the ensemble
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"cohort.exchange": "nonesuch"},
+            r"cohort.exchange='nonesuch'; choose one of .*consistency",
+        ),
+        ({"exchange.consistency.weight": -1.0}, r"exchange.consistency.weight=-1.0"),
+    ],
+)
+def test_an_unknown_exchange_or_a_bad_setting_is_refused_by_validate(npz, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        consistency_config(npz, **overrides)
+
+
+def test_a_registered_exchange_has_a_config_section_until_it_is_removed():
+    class Probe(Consistency):
+        @classmethod
+        def section(cls) -> dict[str, float]:
+            return {"strength": 1.0}
+
+    EXCHANGES.register("probe")(Probe)
+    try:
+        assert base_config().exchange.probe.strength == 1.0
+    finally:
+        EXCHANGES.unregister("probe")
+    assert "probe" not in base_config().exchange
+    assert "probe" not in EXCHANGES

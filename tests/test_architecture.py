@@ -1,0 +1,153 @@
+"""The shape of the library: layered imports with no cycle, modules of one size, the config layer
+on top, and commands that nothing below them imports.
+
+The import graph is read from the source (``ast``), so it counts every import statement of a
+module: at the top, inside functions, and under ``TYPE_CHECKING``. An edge goes to the deepest
+``jdml`` module an import names (``from jdml.a import b`` is an edge to ``jdml.a.b`` when that is a
+module, else to ``jdml.a``). The import of a package's ``__init__`` that Python runs before any of
+its submodules is not an edge: counted, it would make a cycle of every package that imports its
+own modules to register them.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.helpers import REPO
+
+PACKAGE = Path(REPO) / "jdml"
+MAX_MODULE_LINES = 700
+#: The user commands: nothing in the library imports them.
+COMMANDS = ("jdml.__main__", "jdml.commands", "jdml.look", "jdml.report")
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its own name)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _imported_names(module: str, path: Path) -> Iterator[tuple[str, int, bool]]:
+    """``(dotted name, line, at top level)`` of every name an import statement of ``path`` reads."""
+    tree = ast.parse(path.read_text(), str(path))
+    top = {id(node) for node in tree.body}
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno, id(node) in top
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                yield f"{base}.{alias.name}", node.lineno, id(node) in top
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the jdml modules its import statements name."""
+    files = module_files()
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for module, path in files.items():
+        for name, _, _ in _imported_names(module, path):
+            while name and name not in files:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                graph[module].add(name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_cycles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    found = cycles(import_graph())
+    assert not found, "modules that import each other, directly or through others: " + "; ".join(
+        " <-> ".join(component) for component in found
+    )
+
+
+def test_every_module_is_under_the_size_limit() -> None:
+    sizes = {name: len(path.read_text().splitlines()) for name, path in module_files().items()}
+    over = {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines (split them by job): {over}"
+
+
+def test_the_config_layer_imports_at_the_top() -> None:
+    """``jdml.config`` sits on top of the components, so it needs no import inside a function."""
+    files = module_files()
+    local = [
+        f"{module}:{line} {name}"
+        for module, path in files.items()
+        if module == "jdml.config" or module.startswith("jdml.config.")
+        for name, line, at_top in _imported_names(module, path)
+        if not at_top and name.startswith("jdml")
+    ]
+    assert not local, f"function-local imports in jdml/config: {local}"
+
+
+def test_the_library_imports_no_command() -> None:
+    def is_command(module: str) -> bool:
+        return any(module == c or module.startswith(c + ".") for c in COMMANDS)
+
+    wrong = [
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        if not is_command(module)
+        for target in targets
+        if is_command(target)
+    ]
+    assert not wrong, f"library modules importing a user command: {wrong}"
