@@ -80,13 +80,22 @@ def keep_aux_terms(c: ml_collections.ConfigDict, keep: tuple[str, ...]) -> None:
     c.decorrelation.weights = tuple(w for _, w in pairs)
 
 
-def split_embedding(c: ml_collections.ConfigDict, total_dim: int) -> None:
-    """Gives every head ``total_dim / (number of heads)`` dimensions, so that rows with different
-    heads compare at one total size, and evaluates each head and their equal-weight
-    concatenation."""
+def split_embedding(
+    c: ml_collections.ConfigDict, total_dim: int, main_dim: int | None = None
+) -> None:
+    """Gives every head ``total_dim / (number of heads)`` dimensions (or the main head
+    ``main_dim`` and the others equal shares of the rest), so that rows with different heads
+    compare at one total size, and evaluates each head and their equal-weight concatenation."""
     heads = [c.model.head, *(t.head for t in c.aux.values())]
     dim = total_dim // len(heads)
-    c.model.embed_dim = dim
+    if main_dim is not None and len(heads) > 1:
+        if not 0 < main_dim < total_dim or (total_dim - main_dim) % (len(heads) - 1):
+            raise ConfigError(
+                f"main_dim={main_dim} does not leave {len(heads) - 1} equal shares of "
+                f"total_dim={total_dim}"
+            )
+        dim = (total_dim - main_dim) // (len(heads) - 1)
+    c.model.embed_dim = main_dim if main_dim is not None and len(heads) > 1 else dim
     for t in c.aux.values():
         t.dim = dim
     c.eval.heads = tuple(heads)
@@ -94,13 +103,24 @@ def split_embedding(c: ml_collections.ConfigDict, total_dim: int) -> None:
 
 
 def ablation_config(
-    data: str, keep: tuple[str, ...], *, decorrelate: bool = True, total_dim: int = 512
+    data: str,
+    keep: tuple[str, ...],
+    *,
+    decorrelate: bool = True,
+    total_dim: int = 512,
+    main_dim: int | None = None,
+    aux_weight: float | None = None,
 ) -> ml_collections.ConfigDict:
     """A row of DiVA's Tab. 2 on ``data``: the discriminative head with the auxiliary terms in
-    ``keep`` (decorrelated from it unless told otherwise), all heads sharing ``total_dim``."""
+    ``keep`` (decorrelated from it unless told otherwise), all heads sharing ``total_dim`` (the
+    discriminative head ``main_dim`` of it if given), the auxiliary terms at weight
+    ``aux_weight`` (default: the preset's alpha)."""
     c = get_config(f"data={data}")
     keep_aux_terms(c, keep)
     if not decorrelate:
         c.decorrelation.pairs, c.decorrelation.weights = (), ()
-    split_embedding(c, total_dim)
+    split_embedding(c, total_dim, main_dim)
+    if aux_weight is not None:
+        for t in c.aux.values():
+            t.weight = float(aux_weight)
     return c

@@ -50,7 +50,8 @@ from configs.dm2 import get_config as dm2_config
 from configs.revisiting import get_config as revisiting_config
 from configs.sharing import get_config as sharing_config
 from jdml.allocator import reexec_with_tcmalloc
-from jdml.evaluate_checkpoint import evaluate_checkpoint
+from jdml.config import metric_term, set_keys
+from jdml.data.emoji import cache_paths as emoji_cache_paths
 from jdml.evaluation.embeddings import evaluate_embeddings
 from jdml.fileio import read_jsonl
 from jdml.models.efficientnet import MEAN, STD, EfficientNetLite0
@@ -58,6 +59,7 @@ from jdml.models.pretrained.backbones import load_backbone
 from jdml.report import load_run, plot_spectra, summarize_group
 from jdml.run import Run
 from jdml.samplers import SAMPLERS as SAMPLER_REGISTRY
+from jdml.statistics import Paired, mean_std, paired
 from jdml.trainer import atomic_write, train_and_evaluate
 
 METRICS = ("recall@1", "map@r", "nmi")
@@ -67,24 +69,82 @@ DIVA_DIM = 512  # DiVA's total embedding dimension, split over the heads of each
 Build = Callable[[], ml_collections.ConfigDict]
 
 
-def revisiting(spec: str, **overrides: object) -> Build:
-    """A Revisiting row: ``configs/revisiting.py:<spec>,data=emoji`` plus dotted overrides."""
+# The settings a method's row is trained with beyond its preset: the values selected on
+# validation by the ``tune`` table (``selected``) when tuned rows are asked for, else none.
+Settings = dict[str, object]
+SETTINGS: dict[str, Callable[[], Settings]] = {}
+
+
+def settings_of(method: str | None) -> Settings:
+    """The settings of ``method``'s rows: the shared keys the baseline's tuning selected, then
+    the method's own (a tuning run's candidate, or the selected ones)."""
+    if method is None:
+        return {}
+    shared = SETTINGS["margin"]() if method != "margin" and "margin" in SETTINGS else {}
+    shared = {k: v for k, v in shared.items() if k in SHARED_KEYS}
+    if method in _OVERRIDE:
+        return {**shared, **_OVERRIDE[method]}
+    return {**shared, **(SETTINGS[method]() if method in SETTINGS else {})}
+
+
+def _apply(c: ml_collections.ConfigDict, settings: Settings) -> ml_collections.ConfigDict:
+    """Sets the dotted config keys of ``settings`` (the DiVA split keys are applied by
+    :func:`diva`)."""
+    keys = {k: v for k, v in settings.items() if "." in k}
+    with c.unlocked():
+        set_keys(c, keys)
+    return c
+
+
+def revisiting(spec: str, method: str | None = "margin", **overrides: object) -> Build:
+    """A Revisiting row: ``configs/revisiting.py:<spec>,data=emoji`` plus dotted overrides and
+    ``method``'s settings."""
 
     def build() -> ml_collections.ConfigDict:
         c = revisiting_config(f"{spec},{DATA}")
         with c.unlocked():
-            for key, value in overrides.items():
-                section, name = key.rsplit(".", 1)
-                c[section][name] = value
-        return c
+            set_keys(c, overrides)
+        return _apply(c, settings_of(method))
 
     return build
 
 
-def diva(keep: tuple[str, ...], decorrelate: bool = True) -> Build:
-    """A DiVA row: the discriminative head with the auxiliary terms in ``keep``."""
+def diva(keep: tuple[str, ...], decorrelate: bool = True, copies: int = 0) -> Build:
+    """A DiVA row: the discriminative head with the auxiliary terms in ``keep`` (or, with
+    ``copies``, that many more discriminative heads: the equal-dimension control)."""
 
-    return lambda: ablation_config("emoji", keep, decorrelate=decorrelate, total_dim=DIVA_DIM)
+    def build() -> ml_collections.ConfigDict:
+        s = settings_of("diva")
+        c = ablation_config(
+            "emoji",
+            keep,
+            decorrelate=decorrelate,
+            total_dim=DIVA_DIM,
+            main_dim=s.get("main_dim") if keep else None,
+            aux_weight=s.get("aux_weight"),
+        )
+        if copies:
+            extra_class_heads(c, copies, DIVA_DIM // (copies + 1))
+        return _apply(c, {k: v for k, v in s.items() if k.startswith("optim.")})
+
+    return build
+
+
+def extra_class_heads(c: ml_collections.ConfigDict, copies: int, dim: int) -> None:
+    """``copies`` more heads trained by the main head's loss and miner, each ``dim``-d like the
+    main head, all evaluated and concatenated: more heads of the same task, the control for a
+    method whose extra heads learn other tasks."""
+    main = c.model.head
+    with c.unlocked():
+        c.model.embed_dim = dim
+        for k in range(2, copies + 2):
+            term = metric_term(c.loss.name, c.miner.name, head=f"{main}{k}", weight=1.0, dim=dim)
+            term.loss = ml_collections.ConfigDict(c.loss.to_dict())  # the main term's options
+            term.miner = ml_collections.ConfigDict(c.miner.to_dict())
+            c.aux[f"{main}{k}"] = term
+        heads = (main, *(f"{main}{k}" for k in range(2, copies + 2)))
+        c.eval.heads = heads
+        c.eval.combinations = ((1.0,) * len(heads),)
 
 
 def sharing(decorrelate: bool) -> Build:
@@ -92,7 +152,25 @@ def sharing(decorrelate: bool) -> Build:
         c = sharing_config(DATA)
         if not decorrelate:
             c.decorrelation.pairs, c.decorrelation.weights = (), ()
-        return c  # both heads at the class head's dimension, as the paper compares them
+        s = settings_of("sharing")
+        if not decorrelate:
+            s = {k: v for k, v in s.items() if not k.startswith("decorrelation.")}
+        return _apply(c, s)  # both heads at the class head's dimension, as the paper has them
+
+    return build
+
+
+def class_heads(copies: int = 0, dim: int = 128) -> Build:
+    """Sharing's class head alone (margin loss, SPC-4 as Sharing trains), ``dim``-d, with
+    ``copies`` more class heads of the same dimension (the equal-dimension control)."""
+
+    def build() -> ml_collections.ConfigDict:
+        c = revisiting("loss=margin", "sharing", **{"sampler.samples_per_class": 4})()
+        with c.unlocked():
+            c.model.embed_dim = dim
+        if copies:
+            extra_class_heads(c, copies, dim)
+        return c
 
     return build
 
@@ -101,7 +179,10 @@ def dm2(diversity: str, size: int) -> Build:
     def build() -> ml_collections.ConfigDict:
         c = dm2_config(f"size={size},diversity={diversity},{DATA}")
         c.cohort.warmup_epochs = 1.0  # lambda at full weight after one of the few epochs
-        return c
+        s = settings_of("dm2")
+        if diversity == "independent":  # lambda 0: no exchange to weigh
+            s = {k: v for k, v in s.items() if k != "cohort.mutual_weight"}
+        return _apply(c, s)
 
     return build
 
@@ -110,8 +191,12 @@ def dm2(diversity: str, size: int) -> Build:
 # (the margin baseline) is trained once.
 ROWS: dict[str, tuple[str, Build]] = {
     "margin": ("margin (distance miner)", revisiting("loss=margin")),
-    "R-margin": ("R-margin (rho-regularised)", revisiting("loss=margin,miner=rho_distance")),
+    "R-margin": (
+        "R-margin (rho-regularised)",
+        revisiting("loss=margin,miner=rho_distance", "R-margin"),
+    ),
     "diva-D": ("margin, one 512-d head", diva(())),
+    "diva-4D": ("four 128-d margin heads, concatenated", diva((), copies=3)),
     "diva-DS": ("D+S", diva(("shared",))),
     "diva-DI": ("D+I", diva(("intra",))),
     "diva-DDa": ("D+Da", diva(("selfsimilarity",))),
@@ -120,7 +205,9 @@ ROWS: dict[str, tuple[str, Build]] = {
         "DiVA without decorrelation",
         diva(("selfsimilarity", "shared", "intra"), decorrelate=False),
     ),
-    "sharing-class": ("class only", revisiting("loss=margin", **{"sampler.samples_per_class": 4})),
+    "sharing-class": ("class only", class_heads()),
+    "sharing-class256": ("class only, one 256-d head", class_heads(dim=256)),
+    "sharing-2class": ("two 128-d class heads, concatenated", class_heads(copies=1)),
     "sharing": ("class + shared", sharing(decorrelate=False)),
     "sharing-decor": ("class + shared, decorrelated", sharing(decorrelate=True)),
     "triplet": ("triplet", revisiting("loss=triplet")),
@@ -141,15 +228,28 @@ DM2_ROWS = {
     "MD+TD+VD": "md+td+vd",
 }
 
+
+def add_dm2_rows(size: int) -> tuple[str, ...]:
+    """DM2's rows for cohorts of ``size`` (``dm2-<size>-<diversity>``)."""
+    for label, diversity in DM2_ROWS.items():
+        ROWS[f"dm2-{size}-{diversity}"] = (label, dm2(diversity, size))
+    return tuple(f"dm2-{size}-{d}" for d in DM2_ROWS.values())
+
+
+add_dm2_rows(3)  # the tables' cohort size (DM2's tuning runs use it)
+
 TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
     "protocol": ("ImageNet features, raw pixels and fine-tuning", ("margin",)),
     "rho": ("Revisiting: rho-regularisation", ("margin", "R-margin")),
     "diva": (
         "DiVA, Tab. 2",
-        ("diva-D", "diva-DS", "diva-DI", "diva-DDa", "diva", "diva-nodecor"),
+        ("diva-D", "diva-4D", "diva-DS", "diva-DI", "diva-DDa", "diva", "diva-nodecor"),
     ),
     "dm2": ("DM2, Table 1", ()),  # rows added per cohort size in main()
-    "sharing": ("Sharing Matters", ("sharing-class", "sharing", "sharing-decor")),
+    "sharing": (
+        "Sharing Matters",
+        ("sharing-class", "sharing-class256", "sharing-2class", "sharing", "sharing-decor"),
+    ),
     "losses": (
         "Revisiting: losses",
         (
@@ -170,6 +270,143 @@ TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
 # Rows whose train rho (spectral decay, eval.train_metrics) is measured after every epoch.
 RHO_ROWS = frozenset({"margin", "R-margin", "triplet", "R-triplet"})
 
+# -- tuning on validation -------------------------------------------------------------------------
+# Every method gets the same budget for its own key hyperparameters: TUNE_RUNS candidates (a
+# small grid that holds the preset's value, listed first so that it wins ties), trained at seed
+# 0 for --epochs (20 by default for the tune table) and compared by their best validation
+# Recall@1 only. The baseline's learning rate is shared by every other method (SHARED_KEYS), so
+# the margin grid runs first. (what is tuned, the row it is tuned on, {variant: settings})
+TUNE_RUNS = 4
+SHARED_KEYS = frozenset({"optim.lr"})
+TUNING: dict[str, tuple[str, str, dict[str, Settings]]] = {
+    "margin": (
+        "learning rate",
+        "margin",
+        {f"lr{v:g}": {"optim.lr": v} for v in (1e-4, 5e-5, 2e-4, 4e-4)},
+    ),
+    "R-margin": (
+        "push probability",
+        "R-margin",
+        {f"p{v:g}": {"miner.rho_distance.push_prob": v} for v in (0.2, 0.05, 0.1, 0.35)},
+    ),
+    "diva": (
+        "auxiliary weight x discriminative head's dimension",
+        "diva",
+        {
+            f"a{a:g}-d{d}": {"aux_weight": a, "main_dim": d}
+            for a, d in ((0.2, 128), (0.1, 128), (0.2, 224), (0.1, 224))
+        },
+    ),
+    "sharing": (
+        "shared term's weight x decorrelation weight",
+        "sharing-decor",
+        {
+            f"w{w:g}-g{g:g}": {"aux.shared.weight": w, "decorrelation.weights": (g,)}
+            for w, g in ((1.0, 500.0), (0.5, 500.0), (1.0, 100.0), (0.5, 100.0))
+        },
+    ),
+    "dm2": (
+        "lambda x temporal update rate",
+        "dm2-3-md+td+vd",
+        {
+            f"l{lam:g}-r{r:g}": {"cohort.mutual_weight": lam, "cohort.temporal_rate": r}
+            for lam, r in ((20.0, 0.5), (5.0, 0.5), (20.0, 0.8), (5.0, 0.8))
+        },
+    ),
+}
+#: Stages every run of a row keeps frozen whatever --frozen-stages says (DM2's tuning runs, as
+#: its table trains only the stages after stage 3).
+ROW_FROZEN: dict[str, int] = {}
+_OVERRIDE: dict[str, Settings] = {}  # a tuning run's candidate, while its config is built
+
+
+def method_of(row: str) -> str:
+    """The method whose settings a row is trained with."""
+    if row.startswith("tune-"):
+        return next(m for m in TUNING if row.startswith(f"tune-{m}-"))
+    for prefix, method in (("R-", "R-margin"), ("diva", "diva"), ("sharing", "sharing")):
+        if row.startswith(prefix):
+            return method
+    return "dm2" if row.startswith("dm2-") else "margin"
+
+
+def tune_row(method: str, variant: str) -> str:
+    return f"tune-{method}-{variant}"
+
+
+def row_settings(row: str) -> Settings:
+    """The settings a row's runs are trained with (a tuning run: its candidate)."""
+    method = method_of(row)
+    if row.startswith("tune-"):
+        variant = row.removeprefix(f"tune-{method}-")
+        _OVERRIDE[method] = TUNING[method][2][variant]
+        try:
+            return settings_of(method)
+        finally:
+            _OVERRIDE.pop(method, None)
+    return settings_of(method)
+
+
+def tuning_build(method: str, settings: Settings) -> Build:
+    def build() -> ml_collections.ConfigDict:
+        _OVERRIDE[method] = settings
+        try:
+            return ROWS[TUNING[method][1]][1]()
+        finally:
+            _OVERRIDE.pop(method, None)
+
+    return build
+
+
+def best_validation(record: dict) -> tuple[float, int]:
+    """A run's best validation Recall@1 over its trained epochs, and that epoch."""
+    curve = [(p["recall@1"], p["epoch"]) for p in record["val_curve"] if p.get("epoch")]
+    value, epoch = max(curve, key=lambda x: (x[0], -x[1]))
+    return value, epoch
+
+
+def selected(method: str, tune_results: str, tune_epochs: int) -> Settings:
+    """The candidate of ``method`` with the best validation Recall@1 among its tuning runs
+    (ties: the first listed, the preset's); every candidate must have its record."""
+    best: tuple[float, Settings] | None = None
+    for variant, settings in TUNING[method][2].items():
+        path = os.path.join(tune_results, tune_row(method, variant), "seed0.json")
+        record = None
+        if os.path.exists(path):
+            with open(path) as f:
+                record = json.load(f)
+        if record is None or record.get("epochs") != tune_epochs:
+            raise SystemExit(
+                f"error: {method}'s tuning run {variant} has no {tune_epochs}-epoch record at "
+                f"{path}; run `python experiments/emoji_protocol.py --tables tune --epochs "
+                f"{tune_epochs} --seeds 0 --results {tune_results}` first"
+            )
+        value = best_validation(record)[0]
+        if best is None or value > best[0]:
+            best = (value, settings)
+    assert best is not None
+    return best[1]
+
+
+def use_selected(tune_results: str, tune_epochs: int) -> None:
+    """Makes every tuned method's rows use its selected settings."""
+    for method in TUNING:
+        SETTINGS[method] = lambda m=method: selected(m, tune_results, tune_epochs)
+
+
+for _method, (_, _row, _grid) in TUNING.items():
+    for _variant, _settings in _grid.items():
+        ROWS[tune_row(_method, _variant)] = (
+            f"{_method} {_variant}",
+            tuning_build(_method, _settings),
+        )
+        if _method == "dm2":
+            ROW_FROZEN[tune_row(_method, _variant)] = 3
+TABLES["tune"] = (
+    "Tuning on validation",
+    tuple(tune_row(m, v) for m, (_, _, grid) in TUNING.items() for v in grid),
+)
+
 
 def row_name(row: str, frozen: int) -> str:
     return row if frozen < 0 else f"{row}-frozen{frozen}"
@@ -183,20 +420,46 @@ def record_path(args: argparse.Namespace, row: str, seed: int) -> str:
     return os.path.join(args.results, row_name(row, args.frozen_stages), f"seed{seed}.json")
 
 
-def finished(workdir: str) -> str | None:
-    """The test evaluation of the best checkpoint, if the run has one."""
+def finished(workdir: str, row: str = "") -> str | None:
+    """The test evaluation of the best checkpoint (a tuning run's summary), if the run has one."""
+    if row.startswith("tune-"):
+        path = os.path.join(workdir, "results.json")
+        return path if os.path.exists(path) else None
     found = sorted(glob.glob(os.path.join(workdir, "eval_best_step*.json")))
     return found[-1] if found else None
 
 
 def load_record(args: argparse.Namespace, row: str, seed: int) -> dict | None:
-    """The finished run's record, if it was trained with this budget."""
+    """The finished run's record, if it was trained with this budget (and, when training, on
+    the same data and with the settings the row has now)."""
     path = record_path(args, row, seed)
     if not os.path.exists(path):
         return None
     with open(path) as f:
         record = json.load(f)
-    return record if record.get("epochs") == args.epochs else None
+    if record.get("epochs") != args.epochs:
+        return None
+    data = getattr(args, "data_sha256", None)
+    if data and record.get("data_sha256") != data:
+        return None  # another build of the dataset
+    if getattr(args, "check_settings", False) and record.get("settings") != _jsonable(
+        row_settings(row)
+    ):
+        return None  # trained before the method's settings were selected
+    return record
+
+
+def _jsonable(settings: Settings) -> dict:
+    return json.loads(json.dumps(settings))
+
+
+def data_sha256() -> str | None:
+    """The built emoji set's npz checksum (from its manifest), if the set is built."""
+    try:
+        with open(emoji_cache_paths()[1]) as f:
+            return json.load(f).get("npz_sha256")
+    except (OSError, ValueError):
+        return None
 
 
 def commit() -> str:
@@ -219,8 +482,11 @@ def commit() -> str:
 def write_record(args: argparse.Namespace, row: str, seed: int, workdir: str) -> dict:
     """Keeps what the tables need from a finished run: the test evaluation of the selected
     checkpoint, the validation curve it was selected on and the commit."""
-    with open(finished(workdir)) as f:
+    tuning = row.startswith("tune-")
+    with open(finished(workdir, row)) as f:
         evaluation = json.load(f)
+    if tuning:  # validation only: the test classes are never evaluated
+        evaluation = {"meta": {"epoch": evaluation["best"]["epoch"]}, "results": {}}
     curve = [
         {"step": r["step"], "epoch": r.get("epoch"), **{m: r[m] for m in METRICS if m in r}}
         for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))
@@ -232,6 +498,8 @@ def write_record(args: argparse.Namespace, row: str, seed: int, workdir: str) ->
         "epochs": args.epochs,
         "frozen_stages": args.frozen_stages,
         "commit": commit(),
+        "data_sha256": data_sha256(),
+        "settings": _jsonable(row_settings(row)),
         "meta": evaluation["meta"],
         "results": evaluation["results"],
         "embeddings": evaluation.get("embeddings", {}),
@@ -243,14 +511,18 @@ def write_record(args: argparse.Namespace, row: str, seed: int, workdir: str) ->
     return record
 
 
-def configure(c: ml_collections.ConfigDict, seed: int, epochs: int, frozen: int, rho: bool):
-    """The shared budget: epochs, seed, validation-only evaluation during training."""
+def configure(
+    c: ml_collections.ConfigDict, seed: int, epochs: int, frozen: int, rho: bool, test: bool
+):
+    """The shared budget: epochs, seed, validation-only evaluation during training, and the
+    selected checkpoint evaluated on the test classes at the end (not for a tuning run)."""
     with c.unlocked():
         c.seed = seed
         c.train.epochs = epochs
         c.train.progress_bar = False
         c.model.frozen_stages = frozen
         c.eval.splits = ()  # validation only; the test split sees the selected checkpoint
+        c.eval.selected_splits = (("test", "train") if rho else ("test",)) if test else ()
         c.eval.metrics = METRICS
         c.eval.train_metrics = ("rho_spectrum@1",) if rho else ()
     return c
@@ -260,15 +532,19 @@ def train_row(row: str, seed: int, args: argparse.Namespace) -> None:
     if load_record(args, row, seed):
         return
     workdir = run_dir(args.out, row, seed, args.frozen_stages)
-    rho = row in RHO_ROWS
-    if not finished(workdir):
+    rho, tuning = row in RHO_ROWS, row.startswith("tune-")
+    if not finished(workdir, row):
         print(f"== {row} seed {seed}", flush=True)
         start = time.perf_counter()
-        c = configure(ROWS[row][1](), seed, args.epochs, args.frozen_stages, rho)
+        frozen = ROW_FROZEN.get(row, args.frozen_stages)
+        c = configure(ROWS[row][1](), seed, args.epochs, frozen, rho, test=not tuning)
         train_and_evaluate(c, workdir)
-        evaluate_checkpoint(workdir, "best", ("test", "train") if rho else ("test",))
         print(f"   {time.perf_counter() - start:.0f} s", flush=True)
     record = write_record(args, row, seed, workdir)
+    if tuning:
+        value, epoch = best_validation(record)
+        print(f"   {row}: best validation R@1 {100 * value:.2f} at epoch {epoch}")
+        return
     r1 = 100 * record["results"]["test"]["recall@1"]
     print(f"   {row} seed {seed}: best epoch {record['meta'].get('epoch')}, test R@1 {r1:.2f}")
 
@@ -361,11 +637,11 @@ def _compute_baselines(cached: dict, seeds: list[int]) -> dict:
 
 
 def _cell(xs: list[float], scale: float = 100.0, digits: int = 2) -> str:
-    """mean ± std of ``scale * xs`` (percent by default)."""
+    """mean ± sample std of ``scale * xs`` (percent by default)."""
     if not xs:
         return "-"
-    a = scale * np.asarray(xs)
-    return f"{a.mean():.{digits}f} ± {a.std():.{digits}f}" if len(a) > 1 else f"{a[0]:.{digits}f}"
+    mean, std = mean_std([scale * x for x in xs])
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if len(xs) > 1 else f"{mean:.{digits}f}"
 
 
 def _row_results(row: str, args: argparse.Namespace) -> list[dict]:
@@ -381,6 +657,44 @@ def _concat_name(c: ml_collections.ConfigDict) -> str | None:
     return None
 
 
+#: The row every other row of a table is compared with (paired by seed).
+BASELINE_ROW = {
+    "rho": "margin",
+    "diva": "diva-D",
+    "sharing": "sharing-class",
+    "losses": "margin",
+    "samplers": "margin",
+}
+
+
+def _by_seed(row: str, args: argparse.Namespace, concat: str | None) -> dict[int, float]:
+    """Test Recall@1 per seed of a row (of its concatenation ``concat`` if given)."""
+    out = {}
+    for r in _row_results(row, args):
+        values = r["results"]["test"]
+        if concat:
+            values = r.get("embeddings", {}).get("test", {}).get(concat, {})
+        if "recall@1" in values:
+            out[r["seed"]] = values["recall@1"]
+    return out
+
+
+def difference(
+    row: str, base: str, args: argparse.Namespace, concat: bool = False
+) -> Paired | None:
+    """``row`` - ``base`` in test Recall@1 over their common seeds (``concat``: the row's
+    concatenation against the base's, or the base's main head if it has one head)."""
+    row_concat = _concat_name(ROWS[row][1]()) if concat else None
+    if concat and row_concat is None:
+        return None
+    base_concat = _concat_name(ROWS[base][1]()) if concat else None
+    a, b = _by_seed(row, args, row_concat), _by_seed(base, args, base_concat)
+    seeds = sorted(set(a) & set(b))
+    if not seeds or row == base:
+        return None
+    return paired([a[k] for k in seeds], [b[k] for k in seeds])
+
+
 def table(name: str, rows: tuple[str, ...], args: argparse.Namespace) -> str:
     title, _ = TABLES[name]
     rho = any(r in RHO_ROWS for r in rows)
@@ -390,6 +704,11 @@ def table(name: str, rows: tuple[str, ...], args: argparse.Namespace) -> str:
         header += [f"concat {m}" for m in METRICS]
     if rho:
         header.append("rho (train)")
+    base = BASELINE_ROW.get(name, rows[0] if name == "dm2" and rows else None)
+    if base is not None and base in rows:
+        header.append(f"Δ recall@1 vs {ROWS[base][0]} [95 % CI]")
+        if multi:
+            header.append("Δ concat recall@1 [95 % CI]")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     if name == "protocol":
         compute = getattr(args, "compute_baselines", True)
@@ -412,6 +731,10 @@ def table(name: str, rows: tuple[str, ...], args: argparse.Namespace) -> str:
         if rho:
             values = [r["results"]["train"]["rho_spectrum@1"] for r in results if row in RHO_ROWS]
             cells.append(_cell(values, scale=1.0, digits=4))
+        if base is not None and base in rows:
+            for concat in (False, True) if multi else (False,):
+                d = difference(row, base, args, concat)
+                cells.append(d.cell() if d else "-")
         lines.append("| " + " | ".join(cells) + " |")
     frozen = (
         ""
@@ -424,8 +747,36 @@ def table(name: str, rows: tuple[str, ...], args: argparse.Namespace) -> str:
         f"## {title}\n\n"
         + "\n".join(lines)
         + f"\n\nemoji test classes (unseen), %; {args.epochs} epochs{frozen}, checkpoint selected "
-        f"on validation Recall@1, mean ± std over seeds {', '.join(map(str, args.seeds))}. "
+        f"on validation Recall@1, mean ± sample std over seeds {', '.join(map(str, args.seeds))}; "
+        "Δ: the paired per-seed difference, mean and 95 % Student-t interval. "
         f"Command: `{command}`\n"
+    )
+
+
+def tune_table(args: argparse.Namespace) -> str:
+    """Every tuning run's best validation Recall@1 (and epoch), the selected candidate of each
+    method in bold."""
+    lines = [
+        "| method | tuned | candidate | best val recall@1 | at epoch |",
+        "|---|---|---|---|---|",
+    ]
+    for method, (what, _, grid) in TUNING.items():
+        found = {}
+        for variant in grid:
+            record = load_record(args, tune_row(method, variant), 0)
+            if record:
+                found[variant] = best_validation(record)
+        top = max(found, key=lambda v: found[v][0]) if len(found) == len(grid) else None
+        for variant in grid:
+            value = f"{100 * found[variant][0]:.2f}" if variant in found else "-"
+            epoch = str(found[variant][1]) if variant in found else "-"
+            mark = "**" if variant == top else ""
+            lines.append(f"| {method} | {what} | {mark}{variant}{mark} | {value} | {epoch} |")
+    return (
+        "## Tuning on validation\n\n"
+        + "\n".join(lines)
+        + f"\n\nemoji validation classes, %; seed 0, {args.epochs} epochs, {TUNE_RUNS} runs per "
+        "method; bold: the selected candidate (first listed on a tie: the preset's).\n"
     )
 
 
@@ -449,10 +800,10 @@ def main() -> None:
     parser.add_argument("--tables", default="protocol,rho", help=", ".join(TABLES))
     parser.add_argument("--epochs", type=int, default=45, help="the budget of every row")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--out", help="the run directories (default runs/emoji-<epochs>)")
+    parser.add_argument("--out", help="the run directories (default runs/emoji-v2-<epochs>)")
     parser.add_argument(
         "--results",
-        help="the finished runs' records, kept (default experiments/results/emoji-<epochs>)",
+        help="the finished runs' records, kept (default experiments/results/emoji-v2-<epochs>)",
     )
     parser.add_argument("--frozen-stages", type=int, default=-1)
     parser.add_argument("--cohort", type=int, default=3, help="DM2 cohort size")
@@ -461,18 +812,39 @@ def main() -> None:
         help="train and report only these rows of the tables, by their keys (e.g. "
         "dm2-3-independent,dm2-3-md+td+vd); default every row",
     )
+    parser.add_argument(
+        "--tuned",
+        action="store_true",
+        help="train every method with its hyperparameters selected on validation by the tune "
+        "table (from --tune-results); without it, the presets' values",
+    )
+    parser.add_argument("--tune-epochs", type=int, default=20)
+    parser.add_argument(
+        "--tune-results", help="default experiments/results/emoji-v2-tune-<tune-epochs>"
+    )
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
-    args.out = args.out or f"runs/emoji-{args.epochs}"
-    args.results = args.results or f"experiments/results/emoji-{args.epochs}"
+    args.out = args.out or f"runs/emoji-v2-{args.epochs}"
+    args.results = args.results or f"experiments/results/emoji-v2-{args.epochs}"
+    args.tune_results = args.tune_results or f"experiments/results/emoji-v2-tune-{args.tune_epochs}"
     names = [t.strip() for t in args.tables.split(",") if t.strip()]
     unknown = [t for t in names if t not in TABLES]
     if unknown:
         raise SystemExit(f"error: unknown table(s) {unknown}; choose from {', '.join(TABLES)}")
-    for label, diversity in DM2_ROWS.items():
-        ROWS[f"dm2-{args.cohort}-{diversity}"] = (label, dm2(diversity, args.cohort))
+    if "tune" in names and (len(names) > 1 or args.tuned or args.seeds != [0]):
+        raise SystemExit(
+            "error: the tune table runs alone, at seed 0, without --tuned: --tables tune "
+            "--seeds 0 --epochs 20 --results experiments/results/emoji-v2-tune-20"
+        )
+    if args.tuned:
+        use_selected(args.tune_results, args.tune_epochs)
+    elif "tune" in names:
+        use_selected(args.results, args.epochs)  # the baseline's selected lr for the others
+    args.check_settings = args.tuned or "tune" in names
+    if not args.report_only:
+        args.data_sha256 = data_sha256()
     tables = {n: TABLES[n][1] for n in names}
-    tables["dm2"] = tuple(f"dm2-{args.cohort}-{d}" for d in DM2_ROWS.values())
+    tables["dm2"] = add_dm2_rows(args.cohort)
     if args.rows:
         tables = select_rows(tables, args.rows)
     os.makedirs(args.out, exist_ok=True)
@@ -482,7 +854,7 @@ def main() -> None:
             for row in rows:
                 for seed in args.seeds:
                     train_row(row, seed, args)
-        text = table(name, rows, args)
+        text = tune_table(args) if name == "tune" else table(name, rows, args)
         print(text, flush=True)
         suffix = row_name("", args.frozen_stages)
         atomic_write(os.path.join(args.out, f"{name}{suffix}.md"), text)
@@ -495,7 +867,7 @@ def plot_rho(rows: tuple[str, ...], args: argparse.Namespace, path: str) -> None
     summaries = []
     for row in rows:
         workdirs = [run_dir(args.out, row, s, args.frozen_stages) for s in args.seeds]
-        runs = [load_run(w) for w in workdirs if finished(w)]
+        runs = [load_run(w) for w in workdirs if finished(w, row)]
         if runs:
             summaries.append(summarize_group(ROWS[row][0], runs, "val"))
     if plot_spectra(summaries, "val", path):

@@ -1,44 +1,44 @@
 #!/bin/bash
-# The order in which the emoji ablations are run in the background (docs/results.md, "Emoji: the
-# papers' protocol on real artwork"): seed 0 of every row of groups 1 and 2 first (rho, DiVA, Sharing,
-# DM2), then their second seeds, then group 3 at seed 0, then the third seeds, so that if the
-# budget runs out, seeds are cut before rows and group 3's rows before groups 1 and 2. Every
-# call resumes: finished runs are skipped, interrupted ones continue from their last
-# checkpoint.
+# The order in which the emoji tables of docs/results.md ("Emoji: the papers' protocol on real
+# artwork") are trained in the background, on the deduplicated set (format 2):
 #
-# EPOCHS sets the budget of every row (default 45; records of another budget are not reused).
-# Each finished run leaves its record in RESULTS (default experiments/results/emoji-$EPOCHS, kept
-# in the repository); OUT (default runs/emoji-$EPOCHS) holds the run directories. Both may point
-# elsewhere, e.g. to run the queue from a worktree pinned at one commit while the records land
-# in the main checkout.
+# 1. the tune table: every method's own hyperparameters, TUNE_RUNS candidates each, seed 0,
+#    TUNE_EPOCHS epochs, selected on the validation classes only (the baseline's learning rate
+#    first: the other methods train at the rate it selects);
+# 2. every headline table with the selected values (--tuned), seeds 0-2 row by row, then seeds
+#    3-4 (the rows whose claims rest on differences under 2 points need them), then the wider
+#    Revisiting comparison at seed 0.
 #
-# Usage: mkdir -p runs/emoji-45 &&
-#          nohup bash experiments/emoji_queue.sh > runs/emoji-45/queue.log 2>&1 &
-#        EPOCHS=20 OUT=/elsewhere/runs RESULTS=/elsewhere/results nohup bash ... &
+# Every call resumes: finished runs are skipped (a record of other data or other settings is
+# not reused), interrupted ones continue from their last checkpoint. EPOCHS sets the headline
+# budget (default 45), TUNE_EPOCHS the tuning budget (default 20). RESULTS / OUT / TUNE_RESULTS
+# may point elsewhere (e.g. a worktree pinned at one commit with the records landing in the
+# main checkout).
+#
+# Usage: mkdir -p runs/emoji-v2-45 &&
+#          nohup nice -n 10 bash experiments/emoji_queue.sh > runs/emoji-v2-45/queue.log 2>&1 &
 set -e
 cd "$(dirname "$0")/.."
+epochs="${EPOCHS:-45}"
+tune_epochs="${TUNE_EPOCHS:-20}"
+tune_results="${TUNE_RESULTS:-experiments/results/emoji-v2-tune-$tune_epochs}"
+python experiments/emoji_protocol.py --tables tune --seeds 0 --epochs "$tune_epochs" \
+  --out "${OUT:-runs}/emoji-v2-tune-$tune_epochs" --results "$tune_results"
 run() {
-  local epochs="${EPOCHS:-45}"
-  python experiments/emoji_protocol.py --epochs "$epochs" --out "${OUT:-runs/emoji-$epochs}" \
-    --results "${RESULTS:-experiments/results/emoji-$epochs}" "$@"
+  python experiments/emoji_protocol.py --epochs "$epochs" --tuned --tune-epochs "$tune_epochs" \
+    --tune-results "$tune_results" --out "${OUT:-runs}/emoji-v2-$epochs" \
+    --results "${RESULTS:-experiments/results/emoji-v2-$epochs}" "$@"
 }
 DM2=(--tables dm2 --frozen-stages 3 --cohort 3)
-for seeds in "0" "0 1"; do
+for seeds in "0 1 2" "0 1 2 3 4"; do
   # shellcheck disable=SC2086
   run --tables protocol,rho --seeds $seeds
   # shellcheck disable=SC2086
-  run --tables diva --seeds $seeds
-  # shellcheck disable=SC2086
   run --tables sharing --seeds $seeds
+  # shellcheck disable=SC2086
+  run --tables diva --seeds $seeds
   # shellcheck disable=SC2086
   run "${DM2[@]}" --seeds $seeds
 done
 run --tables losses --seeds 0
 run --tables samplers --seeds 0
-run --tables protocol,rho --seeds 0 1 2
-run --tables diva --seeds 0 1 2
-run --tables sharing --seeds 0 1 2
-run "${DM2[@]}" --seeds 0 1 2
-# DM2 against Independent once with every stage trained: does the frozen rows' ordering hold?
-# (about 20 minutes per row; all five rows ran with every stage trained at 20 epochs)
-run --tables dm2 --cohort 3 --seeds 0 --rows dm2-3-independent,dm2-3-md+td+vd

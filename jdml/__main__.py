@@ -10,12 +10,14 @@ and, on the run directories that training writes:
 * ``jdml embed RUN IMAGES --out INDEX``: embed an image folder or .npz into an index file;
 * ``jdml search INDEX QUERY...``: the nearest neighbours of query images in an index;
 * ``jdml look RUN``: retrieval grid, embedding map, training curves and ``report.html``;
-* ``jdml data fetch emoji``: fetch the pinned emoji packages and build the emoji dataset.
+* ``jdml data fetch emoji``: fetch the pinned emoji packages and build the emoji dataset;
+* ``jdml data check PATH``: unreadable files, single-image classes and copies across classes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import logging
@@ -164,9 +166,49 @@ def _export(args: argparse.Namespace) -> None:
 
 
 def _data_fetch(args: argparse.Namespace) -> None:
-    from jdml.data import emoji
+    import time
 
-    emoji.run(args)
+    from jdml.data import emoji
+    from jdml.data.notices import stamp
+    from jdml.fileio import check_output_path
+    from jdml.workdir import check_writable
+
+    check_writable(str(emoji.cache_paths(args.cache_dir)[0].parent), "cache folder (--cache-dir)")
+    if args.sheet:
+        check_output_path(args.sheet, "sheet.png")
+    start = time.perf_counter()
+    manifest = emoji.fetch_and_build(args.cache_dir, emoji.SOURCES)
+    stats, dup = manifest["stats"], manifest["duplicates"]
+    npz_path = emoji.cache_paths(args.cache_dir)[0]
+    print(
+        f"emoji: {stats['num_classes']} classes, {stats['num_images']} images, designs "
+        f"{stats['per_design']}, per class {stats['per_class']}; dropped as copies "
+        f"(RMS <= {dup['rms_threshold']:g}): {dup['images_dropped']} drawings, "
+        f"{len(dup['classes_dropped'])} classes; {npz_path} "
+        f"({npz_path.stat().st_size / 1e6:.1f} MB), {time.perf_counter() - start:.1f} s"
+    )
+    if args.sheet:
+        arrays, _ = emoji.read_cache(args.cache_dir)
+        stamp(emoji.contact_sheet(arrays)).save(args.sheet)
+        print(f"contact sheet written to {args.sheet}")
+
+
+def _data_check(args: argparse.Namespace) -> None:
+    import json
+
+    from jdml.data.check import check, format_report
+    from jdml.fileio import atomic_write, check_output_path
+
+    if args.json:
+        check_output_path(args.json, "check.json")
+    reports = check(args.path, args.dataset, image_size=args.image_size, threshold=args.threshold)
+    print(format_report(reports, args.threshold))
+    if args.json:
+        payload = [dataclasses.asdict(r) for r in reports]
+        atomic_write(args.json, json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
+        print(f"wrote {args.json}")
+    if not all(r.clean for r in reports):
+        raise SystemExit(1)
 
 
 def _model_arguments(p: argparse.ArgumentParser, checkpoint_default: str | None) -> None:
@@ -289,14 +331,37 @@ def parser() -> argparse.ArgumentParser:
     _model_arguments(x, "best")
     x.set_defaults(func=_export)
 
-    d = sub.add_parser("data", help="fetch and build downloadable datasets")
-    fetch = d.add_subparsers(dest="action", required=True).add_parser(
-        "fetch", help="fetch a dataset's pinned sources and build its cache"
-    )
+    d = sub.add_parser("data", help="fetch, build and check datasets")
+    actions = d.add_subparsers(dest="action", required=True)
+    fetch = actions.add_parser("fetch", help="fetch a dataset's pinned sources and build its cache")
     fetch.add_argument("dataset", choices=("emoji",))
     fetch.add_argument("--cache-dir", help="default: $JDML_CACHE/emoji or ~/.cache/jdml/emoji")
     fetch.add_argument("--sheet", help="also write a contact sheet PNG here")
     fetch.set_defaults(func=_data_fetch)
+    chk = actions.add_parser(
+        "check",
+        help="report unreadable files, single-image classes and copies across classes; exits "
+        "1 if it finds any",
+    )
+    chk.add_argument(
+        "path",
+        help="a dataset folder or .npz file, an emoji cache folder, or a registered name "
+        "(emoji, glyphs)",
+    )
+    chk.add_argument(
+        "--dataset",
+        help="the loader or benchmark that reads PATH (folder, npz, emoji, glyphs, tfds, cub200, "
+        "cars196, sop, inshop); default: guessed from PATH",
+    )
+    chk.add_argument("--image-size", type=_count(8), default=64, help="compared at this size")
+    chk.add_argument(
+        "--threshold",
+        type=float,
+        default=6.0,
+        help="RMS pixel distance (0-255) at or under which two images are copies",
+    )
+    chk.add_argument("--json", help="also write the full report (every group) here")
+    chk.set_defaults(func=_data_check)
     return p
 
 

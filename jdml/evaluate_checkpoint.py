@@ -76,16 +76,60 @@ def evaluate_checkpoint(
         state, meta = ckpts.restore(checkpoint, run.initial_state)
     finally:
         ckpts.close()
+    out = evaluate_state(run, state, splits, str(checkpoint), meta)
+    if write:
+        save_evaluation(workdir, out)
+        if str(checkpoint) == "best":
+            record_selected(workdir, out)
+    return out
+
+
+def evaluate_state(
+    run: Run, state: Any, splits: Sequence[str], checkpoint: str, meta: dict[str, Any]
+) -> dict[str, Any]:
+    """Evaluates a restored state on ``splits``: the record :func:`evaluate_checkpoint` returns
+    (``checkpoint``, ``step``, the checkpoint's ``meta``, ``results`` per split, and the other
+    heads' ``embeddings`` and the ``spectra`` where the run has them)."""
     results, vectors, extra = run.evaluate(state, {s: run.splits[s] for s in splits})
-    out = {"checkpoint": str(checkpoint), "step": int(state.step), "meta": meta, "results": results}
+    out = {"checkpoint": checkpoint, "step": int(state.step), "meta": meta, "results": results}
     if any(extra.values()):
         out["embeddings"] = extra  # other heads and weighted concatenations, per split
     spectra = {s: v[SPECTRUM].tolist() for s, v in vectors.items() if SPECTRUM in v}
     if spectra:
         out["spectra"] = spectra  # normalised singular values of the embeddings, descending
-    if write:
-        save_evaluation(workdir, out)
     return out
+
+
+def selected_block(out: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``results.json``'s ``selected``: the evaluation of the checkpoint selected on validation
+    (its step and epoch, the metrics per split and the other heads'), merged split by split
+    into ``previous`` when that is of the same step."""
+    same = previous if previous and previous.get("step") == out["step"] else {}
+    block = {
+        "step": out["step"],
+        "epoch": out["meta"].get("epoch"),
+        "results": {**same.get("results", {}), **out["results"]},
+    }
+    embeddings = {**same.get("embeddings", {}), **out.get("embeddings", {})}
+    if embeddings:
+        block["embeddings"] = embeddings
+    return block
+
+
+def record_selected(workdir: str, out: dict[str, Any]) -> None:
+    """Puts the best checkpoint's evaluation into the run's ``results.json`` (``selected``), so
+    that the run's summary holds its test numbers; a run without a (readable) ``results.json``
+    is left as it is."""
+    path = os.path.join(os.path.abspath(workdir), "results.json")
+    try:
+        with open(path) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return
+    if not isinstance(summary, dict):
+        return
+    summary["selected"] = selected_block(out, summary.get("selected"))
+    atomic_write(path, json.dumps(summary, indent=2))
 
 
 def save_evaluation(workdir: str, out: dict[str, Any]) -> str:

@@ -97,7 +97,9 @@ class Program:
             exchange=self.exchange,
             loop=self.loop,
             probabilities=update_probabilities(
-                self.size, bool(cohort.temporal_diversity) and self.cohort
+                self.size,
+                bool(cohort.temporal_diversity) and self.cohort,
+                float(cohort.temporal_rate),
             ),
             model_diversity=bool(cohort.model_diversity),
         )

@@ -40,6 +40,7 @@ from jdml.data.arrays import ImageSet
 from jdml.data.pipeline import input_pipeline, train_batches
 from jdml.distributed import barrier, exit_after_peer_failure, is_main_process, peer_failure
 from jdml.errors import ConfigError, NonFiniteLossError
+from jdml.evaluate_checkpoint import evaluate_state, save_evaluation, selected_block
 from jdml.evaluation.embeddings import format_table
 from jdml.evaluation.splits import SPECTRUM
 from jdml.fileio import atomic_write, read_jsonl
@@ -344,6 +345,14 @@ def _train(
     compiles = train_step._cache_size()  # type: ignore[attr-defined]
     # A finished run run again takes no step: it keeps the count of the process that trained.
     summary["train_step_compiles"] = compiles or _previous_compiles(workdir)
+    if config.eval.selected_splits and ckpts.best.latest_step() is not None:
+        best, meta = ckpts.restore("best", run.initial_state)
+        out = evaluate_state(run, best, tuple(config.eval.selected_splits), "best", meta)
+        if is_main_process():
+            save_evaluation(workdir, out)
+        summary["selected"] = selected_block(out)
+        log.info("The selected checkpoint (step %d):\n%s", out["step"],
+                 format_table(out["results"]))  # fmt: skip
     if is_main_process():
         atomic_write(os.path.join(workdir, "results.json"), json.dumps(summary, indent=2))
     ckpts.close()

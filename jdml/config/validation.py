@@ -73,6 +73,7 @@ NUMERIC_KEYS: dict[str, Range] = {
     "eval.batch_size": _COUNT,
     "cohort.size": _COUNT,
     "cohort.mutual_weight": _NON_NEGATIVE,
+    "cohort.temporal_rate": Range(0, 1, open_low=True),
     "cohort.warmup_epochs": _NON_NEGATIVE,
     "cohort.devices": _NON_NEGATIVE_INT,
     "parallel.data_devices": _NON_NEGATIVE_INT,
@@ -357,9 +358,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"eval.kmeans={c.eval.kmeans!r}; choose one of: {', '.join(KMEANS_MODES)}"
         )
-    for split in c.eval.splits:
-        if split not in SPLITS:
-            raise ConfigError(f"eval.splits has {split!r}; choose from {', '.join(SPLITS.names())}")
+    for key in ("splits", "selected_splits"):
+        for split in c.eval[key]:
+            if split not in SPLITS:
+                raise ConfigError(
+                    f"eval.{key} has {split!r}; choose from {', '.join(SPLITS.names())}"
+                )
     _validate_model(c.model, c.data.channels)
     _validate_normalization(c)
     _validate_photos(c.data)

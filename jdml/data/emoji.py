@@ -10,8 +10,9 @@ Designs (:data:`DESIGNS`) and their sources, npm packages pinned by version and 
 * ``google`` (Noto Color Emoji, Apache-2.0) and ``twitter`` (Twemoji, CC-BY-4.0): the 64 px
   PNGs of ``emoji-datasource-google`` / ``emoji-datasource-twitter`` (package MIT);
 * ``openmoji-color`` and ``openmoji-black`` (CC-BY-SA-4.0): the SVGs of ``openmoji``;
-* ``fluent-color`` (Microsoft Fluent Emoji, MIT): the colour SVGs of ``fluentui-emoji``
-  (``icons/modern``), named by the CLDR short name and matched to code points through
+* ``fluent-color`` (Microsoft's Fluent Emoji, MIT): the colour SVGs of ``fluentui-emoji``
+  (``icons/modern``), a third party's npm repackaging (MIT, its own copyright line, no
+  Microsoft notice in the tarball), named by the CLDR short name and matched to code points through
   OpenMoji's annotations. Its ``flat`` set is left out: a mechanical simplification of the
   colour set, it is the raw-pixel nearest neighbour of its ``fluent-color`` twin for 95% of
   its images (a near-copy, not a design). The monochrome outline ``openmoji-black`` stays: a
@@ -32,6 +33,21 @@ Classes
   the colour designs, which draw flags as near-copies of each other), and the skin-tone
   swatches are colour patches with no concept. The keycaps stay: their designs differ about
   as much as other symbols'.
+
+Copies
+  Some designs draw two emoji alike (OpenMoji's outline of every coloured circle, heart or
+  square is one drawing; its "man X" and "person X" often too; after recentring, Twemoji's
+  white squares of four sizes are one square). Drawings at RMS pixel distance at most
+  :data:`DUPLICATE_RMS` (0-255) are one picture (:mod:`jdml.data.duplicates`): a picture drawn
+  for several classes is dropped from all of them, a design copying another design's drawing of
+  the same class (OpenMoji's outline of a black-and-white emoji) keeps only the first, and a
+  class left with fewer than :data:`MIN_DESIGNS` designs is dropped. The manifest's
+  ``duplicates`` lists every dropped drawing and class, and counts how many drawings have
+  another class's drawing within 0-15 of them, the measurement the threshold was read from.
+
+Credits
+  The manifest's ``attribution`` (from :mod:`jdml.data.notices`) names every design's creator,
+  copyright, licence and source and what the build changes; the repository's ``NOTICE`` too.
 
 Classes are ordered by the sha256 of their code point sequence: a stable order that mixes the
 Unicode categories, so the first half (training) and the second half (test) of
@@ -56,7 +72,6 @@ Cache
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import io
@@ -65,7 +80,6 @@ import os
 import shutil
 import subprocess
 import tarfile
-import time
 import unicodedata
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -76,15 +90,19 @@ import numpy as np
 from PIL import Image
 
 from jdml.data.arrays import ImageArrays
+from jdml.data.duplicates import cross_class_counts, drop_duplicates, find_groups, neighbours
+from jdml.data.notices import manifest_block
 from jdml.data.sources import DATASETS, _check_channels, _check_image_size, resize_images
 from jdml.errors import DataError, EmojiFetchError
 from jdml.fileio import atomic_write, cache_root, sha256_file
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: duplicate drawings removed (DUPLICATE_RMS)
 IMAGE_SIZE = 64
 CONTENT_SIZE = 56  # the longer side of every drawing's visible box
 ALPHA_MIN = 16  # pixels at least this opaque bound the drawing
 MIN_DESIGNS = 4
+#: Drawings at most this RMS pixel distance (0-255) apart are one picture (see the docstring).
+DUPLICATE_RMS = 6.0
 FETCH_COMMAND = "python -m jdml data fetch emoji"
 INSTALL_HINT = "pip install 'jdml[emoji]'"
 
@@ -153,7 +171,8 @@ SOURCES: tuple[Source, ...] = (
         "1.3.0",
         "ec892e607e854859b812c7d827801756adc19955b0ef56d4ae8afcddd19492c5",
         "sha512-JTXXwqIie2rWTgOkIJDJxr0WtwTz2WU4kdOq8buLVThYwQ264aFR2jdTyuon2oEbLqqGMT64zI4btyn1saB2xw==",
-        "MIT (Microsoft Fluent Emoji)",
+        "MIT (the npm repackaging, Copyright (c) 2022 Mohammad Abu Mattar); the SVGs are "
+        "Microsoft's Fluent Emoji, MIT",
     ),
 )
 
@@ -426,6 +445,40 @@ def _distance_stats(images: np.ndarray, labels: np.ndarray, groups: Sequence[str
     return out
 
 
+def find_duplicates(
+    images: np.ndarray,
+    labels: np.ndarray,
+    designs: np.ndarray,
+    keys: Sequence[str],
+    concepts: Mapping[str, Concept],
+) -> tuple[np.ndarray, dict]:
+    """The drawings a clean set keeps (:func:`jdml.data.duplicates.drop_duplicates` at
+    :data:`DUPLICATE_RMS`) and the manifest's record of what is dropped and why."""
+    near = neighbours(images, 16)
+    groups = find_groups(images, DUPLICATE_RMS, near=near)
+    keep, cross, within = drop_duplicates(labels, groups)
+
+    def drawing(i: int) -> dict[str, str]:
+        key = keys[int(labels[i])]
+        return {"class": key, "name": concepts[key].name, "design": DESIGNS[designs[i]].name}
+
+    return keep, {
+        "rms_threshold": DUPLICATE_RMS,
+        "nearest_other_class": cross_class_counts(images, labels, near=near),
+        "cross_class": [
+            {"max_rms": g.max_rms, "drawings": [drawing(i) for i in g.members]} for g in cross
+        ],
+        "within_class": [
+            {
+                "max_rms": g.max_rms,
+                "kept": drawing(g.members[0]),
+                "dropped": [drawing(i)["design"] for i in g.members[1:]],
+            }
+            for g in within
+        ],
+    }
+
+
 def build_emoji(tarballs: Mapping[str, Path], sources: Sequence[Source] = SOURCES) -> tuple:
     """Builds the dataset from the (checked) tarballs.
 
@@ -460,10 +513,24 @@ def build_emoji(tarballs: Mapping[str, Path], sources: Sequence[Source] = SOURCE
     if not keys:
         raise DataError("no emoji is drawn by enough designs; are the tarballs complete?")
     images = np.stack([im for k in keys for _, im in rendered[k]])
-    labels = np.concatenate(
-        [np.full(len(rendered[k]), i, np.int32) for i, k in enumerate(keys)]
-    ).astype(np.int32)
+    labels = np.concatenate([np.full(len(rendered[k]), i) for i, k in enumerate(keys)])
     designs = np.asarray([d for k in keys for d, _ in rendered[k]], np.int8)
+    keep, duplicates = find_duplicates(images, labels, designs, keys, concepts)
+    left = np.bincount(labels[keep], minlength=len(keys))
+    kept = [k for i, k in enumerate(keys) if left[i] >= MIN_DESIGNS]
+    keep &= left[labels] >= MIN_DESIGNS
+    duplicates["classes_dropped"] = [
+        {"class": k, "name": concepts[k].name, "designs_left": int(left[i])}
+        for i, k in enumerate(keys)
+        if left[i] < MIN_DESIGNS
+    ]
+    duplicates["images_dropped"] = int((~keep).sum())
+    rendered = {k: [r for r, ok in zip(rendered[k], keep[labels == i], strict=True) if ok]
+                for i, k in enumerate(keys) if k in kept}  # fmt: skip
+    keys = kept
+    images, designs = images[keep], designs[keep]
+    labels = np.concatenate([np.full(len(rendered[k]), i) for i, k in enumerate(keys)])
+    labels = labels.astype(np.int32)
     names = [f"{concepts[k].name} ({k})" for k in keys]
     counts = np.bincount(labels)
     manifest: dict[str, Any] = {
@@ -486,7 +553,9 @@ def build_emoji(tarballs: Mapping[str, Path], sources: Sequence[Source] = SOURCE
             {"name": d.name, "package": d.package, "folder": d.folder, "license": d.license}
             for d in DESIGNS
         ],
+        "attribution": manifest_block(),
         "dropped_subcategories": sorted(dropped),
+        "duplicates": duplicates,
         "subcategory_stats": stats,
         "classes": [
             {
@@ -502,6 +571,7 @@ def build_emoji(tarballs: Mapping[str, Path], sources: Sequence[Source] = SOURCE
             "num_classes": len(keys),
             "num_images": len(labels),
             "blank_drawings": blank,
+            "duplicates_dropped": duplicates["images_dropped"],
             "per_class": {str(n): int((counts == n).sum()) for n in sorted(set(counts))},
             "per_design": {d.name: int((designs == i).sum()) for i, d in enumerate(DESIGNS)},
             "images_sha256": hashlib.sha256(images.tobytes()).hexdigest(),
@@ -613,27 +683,3 @@ def contact_sheet(
             y, x = gap + int(designs[i]) * (size + gap), gap + col * (size + gap)
             sheet[y : y + size, x : x + size] = images[i]
     return Image.fromarray(sheet)
-
-
-def run(args: argparse.Namespace) -> int:
-    """``jdml data fetch emoji``: fetch, check and build; prints the statistics."""
-    from jdml.fileio import check_output_path
-    from jdml.workdir import check_writable
-
-    check_writable(str(_root(args.cache_dir)), "cache folder (--cache-dir)")
-    if args.sheet:
-        check_output_path(args.sheet, "sheet.png")
-    start = time.perf_counter()
-    manifest = fetch_and_build(args.cache_dir, SOURCES)
-    stats = manifest["stats"]
-    npz_path = cache_paths(args.cache_dir)[0]
-    print(
-        f"emoji: {stats['num_classes']} classes, {stats['num_images']} images, designs "
-        f"{stats['per_design']}, per class {stats['per_class']}; {npz_path} "
-        f"({npz_path.stat().st_size / 1e6:.1f} MB), {time.perf_counter() - start:.1f} s"
-    )
-    if args.sheet:
-        arrays, _ = read_cache(args.cache_dir)
-        contact_sheet(arrays).save(args.sheet)
-        print(f"contact sheet written to {args.sheet}")
-    return 0

@@ -11,7 +11,8 @@ Park, Kim, You, Cho, "Diversified Mutual Learning for Deep Metric Learning" (DM2
   to member ``l``'s params is exactly the gradient of its own objective (Algorithm 1);
 * model diversity: each member's embedding layers get their own random initialisation (the
   backbone starts from the same weights, as a pretrained one would);
-* temporal diversity: member ``l`` (1-based) applies its update with probability ``2^-(l-1)``; a
+* temporal diversity: member ``l`` (1-based) applies its update with probability ``2^-(l-1)``
+  (``cohort.temporal_rate^(l-1)``, 0.5 by default); a
   skipped member keeps params, optimiser state, batch statistics and method state unchanged;
 * view diversity: each member sees its own augmentation of the same images.
 
@@ -96,11 +97,12 @@ def member_configs(config: ml_collections.ConfigDict) -> tuple[ml_collections.Co
     return tuple(out)
 
 
-def update_probabilities(size: int, temporal: bool) -> np.ndarray:
-    """Per-member update probability: ``2^-(l-1)`` for l = 1..L with temporal diversity, else 1."""
+def update_probabilities(size: int, temporal: bool, rate: float = 0.5) -> np.ndarray:
+    """Per-member update probability: ``rate^(l-1)`` for l = 1..L with temporal diversity (the
+    paper's ``2^-(l-1)`` at the default rate 0.5), else 1."""
     if not temporal:
         return np.ones(size, np.float32)
-    return np.power(2.0, -np.arange(size)).astype(np.float32)
+    return np.power(float(rate), np.arange(size)).astype(np.float32)
 
 
 def mesh_shape(size: int, devices: int, data_devices: int = 1) -> tuple[int, int]:

@@ -20,13 +20,17 @@ from jdml.data.sources import load_dataset
 from jdml.errors import DataError
 
 # (key, name, category, subcategory, fill colour); the fourth is a flag (a dropped
-# subcategory), the fifth lacks two designs.
+# subcategory), the fifth lacks two designs; OpenMoji's outline of the tangerine is its colour
+# drawing (a copy within the class), the lemon's is the black circle every other outline is (a
+# copy across classes), and the lemon has no Fluent drawing (3 designs left without the copy).
 FAKE = [
     ("1F600", "grinning face", "Smileys & Emotion", "face-smiling", (250, 200, 0)),
     ("1F436", "dog face", "Animals & Nature", "animal-mammal", (160, 100, 40)),
     ("2764-FE0F", "red heart", "Smileys & Emotion", "heart", (220, 20, 40)),
     ("1F1FA-1F1E6", "flag: Ukraine", "Flags", "country-flag", (90, 90, 200)),
     ("1F34E", "red apple", "Food & Drink", "food-fruit", (200, 0, 0)),
+    ("1F34A", "tangerine", "Food & Drink", "food-fruit", (255, 140, 0)),
+    ("1F34B", "lemon", "Food & Drink", "food-fruit", (250, 240, 60)),
 ]
 
 
@@ -77,9 +81,14 @@ def _fake_tarballs(folder) -> list[emoji.Source]:
         om[f"package/color/svg/{k}.svg"] = _svg(colour, "circle")
         om[f"package/black/svg/{k}.svg"] = _svg((0, 0, 0), "circle")
     om["package/color/svg/1F34E.svg"] = _svg(FAKE[4][4], "circle")  # no black apple
+    om["package/color/svg/1F34A.svg"] = om["package/black/svg/1F34A.svg"] = _svg(
+        FAKE[5][4], "circle"
+    )
+    om["package/color/svg/1F34B.svg"] = _svg(FAKE[6][4], "circle")
+    om["package/black/svg/1F34B.svg"] = _svg((0, 0, 0), "circle")
     packages["openmoji"] = om
     fl = {}
-    for _, n, _, _, colour in FAKE:
+    for _, n, _, _, colour in FAKE[:6]:
         slug = emoji.fluent_slug(n)
         fl[f"package/icons/modern/{slug}.svg"] = _svg(colour, "rect")
         fl[f"package/icons/flat/{slug}.svg"] = _svg(colour, "circle")  # not read
@@ -125,18 +134,52 @@ def test_classes_designs_and_skin_tones(built):
     _, cache, _, _, manifest = built
     arrays, _ = emoji.read_cache(cache)
     keys = [c["key"] for c in manifest["classes"]]
-    # the flag is dropped, the apple has 3 visible designs (blank fluent-color, no black)
-    assert sorted(keys) == ["1F436", "1F600", "2764"]
+    # the flag is dropped, the apple has 3 visible designs (blank fluent-color, no black), the
+    # lemon 3 once its outline (a copy of the others') is dropped
+    assert sorted(keys) == ["1F34A", "1F436", "1F600", "2764"]
     assert keys == sorted(keys, key=emoji.class_order_key)
     assert manifest["stats"]["blank_drawings"] == 1
     counts = np.bincount(arrays["labels"])
-    assert counts.tolist() == [5, 5, 5]
-    assert arrays["images"].shape == (15, 64, 64, 3) and arrays["images"].dtype == np.uint8
+    assert counts.tolist() == [4, 4, 4, 4]
+    assert arrays["images"].shape == (16, 64, 64, 3) and arrays["images"].dtype == np.uint8
     assert list(arrays["design_names"]) == [d.name for d in emoji.DESIGNS]
-    assert sorted(arrays["designs"][arrays["labels"] == 0].tolist()) == list(range(5))
+    black = emoji.DESIGNS.index(next(d for d in emoji.DESIGNS if d.name == "openmoji-black"))
+    assert black not in arrays["designs"]  # every outline was a copy
+    assert sorted(arrays["designs"][arrays["labels"] == 0].tolist()) == [0, 1, 2, 4]
     assert "Flags/country-flag" in manifest["subcategory_stats"]  # measured before dropping
     assert all("toned" not in str(n) for n in arrays["class_names"])  # no skin-tone classes
     assert [s["license"] for s in manifest["designs"]][:2] == ["Apache-2.0", "CC-BY-4.0"]
+
+
+def test_copies_are_dropped_and_recorded(built):
+    _, cache, _, _, manifest = built
+    dup = manifest["duplicates"]
+    assert dup["rms_threshold"] == emoji.DUPLICATE_RMS
+    (cross,) = dup["cross_class"]  # the outlines' black circle, drawn for four classes
+    assert cross["max_rms"] == 0.0
+    assert sorted(d["class"] for d in cross["drawings"]) == ["1F34B", "1F436", "1F600", "2764"]
+    assert {d["design"] for d in cross["drawings"]} == {"openmoji-black"}
+    (within,) = dup["within_class"]
+    assert within["kept"] == {"class": "1F34A", "name": "tangerine", "design": "openmoji-color"}
+    assert within["dropped"] == ["openmoji-black"]
+    assert dup["classes_dropped"] == [{"class": "1F34B", "name": "lemon", "designs_left": 3}]
+    assert dup["images_dropped"] == 5 + 3  # 4 circles + 1 copy, then the lemon's other 3
+    assert manifest["stats"]["duplicates_dropped"] == dup["images_dropped"]
+    assert dup["nearest_other_class"]["<= 0"] == 4
+    images = emoji.read_cache(cache)[0]["images"].reshape(16, -1).astype(float)
+    gaps = np.sqrt(((images[:, None] - images[None]) ** 2).mean(-1))
+    assert gaps[~np.eye(16, dtype=bool)].min() > emoji.DUPLICATE_RMS  # nothing alike is left
+
+
+def test_manifest_attributes_every_design(built):
+    _, _, _, _, manifest = built
+    block = manifest["attribution"]
+    covered = [d for a in block["designs"] for d in a["designs"]]
+    assert sorted(covered) == sorted(d.name for d in emoji.DESIGNS)
+    assert all(a["creator"] and a["copyright"] and a["license_url"] for a in block["designs"])
+    assert "recentred" in block["modification"]
+    fluent = next(a for a in block["designs"] if a["designs"] == ["fluent-color"])
+    assert "Mohammad Abu Mattar" in fluent["via"] and fluent["creator"] == "Microsoft"
 
 
 def test_same_background_and_framing_for_every_source(built):
@@ -187,7 +230,7 @@ def test_registry_loader_and_missing_cache(built, tmp_path, monkeypatch):
     data = load_dataset(
         "emoji", path="", image_size=32, cache_dir=str(cache), channels=1, skip_unreadable=False
     )
-    assert data.images.shape == (15, 32, 32, 1) and data.num_classes == 3
+    assert data.images.shape == (16, 32, 32, 1) and data.num_classes == 4
     monkeypatch.setenv("JDML_CACHE", str(tmp_path))
     with pytest.raises(DataError, match="python -m jdml data fetch emoji") as err:
         load_dataset("emoji", path="", image_size=64, cache_dir=None, channels=3)
@@ -208,8 +251,10 @@ def test_command_line(built, capsys, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp}{os.pathsep}{os.environ['PATH']}")
     sheet = tmp / "sheet.png"
     main(["data", "fetch", "emoji", "--cache-dir", str(cache), "--sheet", str(sheet)])
-    assert "emoji: 3 classes, 15 images" in capsys.readouterr().out
-    assert Image.open(sheet).size == (12 * 66 + 2, 5 * 66 + 2)
+    out = capsys.readouterr().out
+    assert "emoji: 4 classes, 16 images" in out and "dropped as copies (RMS <= 6): 8" in out
+    width, height = Image.open(sheet).size  # the sheet, with the artwork's notice under it
+    assert width == 12 * 66 + 2 and height > 5 * 66 + 2 + 20
 
 
 def test_fluent_slugs():
