@@ -16,8 +16,10 @@ import os
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from jdml.data.loading import load_splits
+from jdml.data.notices import stamp
 from jdml.errors import ConfigError
 from jdml.inference import Model, load
 from jdml.visualize import embedding_map, embedding_maps, html_report, split_retrieval_grid
@@ -55,7 +57,7 @@ def draw_retrieval_grid(
     """The retrieval grid of ``options.queries`` random items of ``data`` (a split) among the
     other items; for a query/gallery split, random queries among the gallery."""
     title = f"{os.path.basename(model.workdir)}: {options.split} queries, {model.embedding}"
-    return split_retrieval_grid(
+    path = split_retrieval_grid(
         data,
         embeddings,
         path,
@@ -65,6 +67,11 @@ def draw_retrieval_grid(
         seed=options.seed,
         title=title,
     )
+    if model.config.data.name == "emoji":  # third-party artwork: its credits under it
+        with Image.open(path) as image:
+            stamped = stamp(image)
+        stamped.save(path)
+    return path
 
 
 def _class_sample(labels: np.ndarray, options: LookOptions) -> np.ndarray:

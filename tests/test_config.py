@@ -257,6 +257,8 @@ def test_declared_ranges_name_real_hyperparameters_and_accept_the_defaults():
         ({"train.batch_size": 1}, r"train\.batch_size=1 must be at least 2"),
         ({"model.stage_features": (8, 0)}, r"each entry must be at least 1"),
         ({"data.std": 0.0}, r"data\.std=0\.0 must be above 0"),
+        ({"cohort.temporal_rate": 0.0}, r"cohort\.temporal_rate=0\.0 must be above 0"),
+        ({"cohort.temporal_rate": 1.5}, r"cohort\.temporal_rate=1\.5 must be at most 1"),
     ],
 )
 def test_component_and_base_ranges_are_checked(overrides, message):
@@ -391,3 +393,11 @@ def test_method_mistakes_fail_before_the_data_is_read(tmp_path, overrides, patte
 
     with pytest.raises(DataError, match=r"missing\.npz does not exist"):
         train_and_evaluate(_diva_on_missing_data(tmp_path), str(tmp_path / "fixed"))
+
+
+def test_temporal_rate_sets_each_members_update_probability():
+    from jdml.methods.cohort import update_probabilities
+
+    assert update_probabilities(4, True).tolist() == [1.0, 0.5, 0.25, 0.125]  # the paper's
+    assert update_probabilities(3, True, 0.8).tolist() == pytest.approx([1.0, 0.8, 0.64])
+    assert update_probabilities(3, False, 0.8).tolist() == [1.0, 1.0, 1.0]

@@ -124,3 +124,20 @@ def test_the_site_navigation_lists_every_page():
         if name.endswith(".md")
     )
     assert sorted(listed) == pages
+
+
+def test_notice_and_readme_credit_every_design():
+    """NOTICE is the text ``jdml.data.notices`` generates, and the README's credits name every
+    design's work, creator and licence."""
+    from jdml.data.notices import ATTRIBUTIONS, FIGURES, notice_text
+
+    assert _read("NOTICE") == notice_text()
+    readme = _read("README.md")
+    credits = readme[readme.index("## Credits and licences") :]
+    for a in ATTRIBUTIONS:
+        assert a.work.split(",")[0].split(" (")[0] in credits, a.work
+        assert a.creator.split(" (")[0] in credits and a.license in credits, a.creator
+    for figure in FIGURES:
+        assert os.path.exists(os.path.join(REPO, figure)), figure
+    for name in ("Apache-2.0.txt", "CC-BY-SA-4.0.txt"):
+        assert os.path.getsize(os.path.join(REPO, "LICENSES", name)) > 10_000

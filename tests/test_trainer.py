@@ -237,6 +237,38 @@ def test_validation_split_selects_the_best_checkpoint(npz, tmp_path):
         assert "selected on the TEST split" not in f.read()
 
 
+def test_results_json_holds_the_selected_checkpoints_test_evaluation(npz, tmp_path):
+    """The papers' protocol: validation during training, the test split only on the selected
+    checkpoint at the end; results.json's ``selected`` holds that evaluation, and evaluating
+    the best checkpoint again later (``jdml eval``) lands there too."""
+    overrides = {
+        "data.val_fraction": 0.34,
+        "train.epochs": 3,
+        "eval.every_epochs": 1,
+        "eval.splits": (),
+        "eval.selected_splits": ("test",),
+    }
+    summary = train_and_evaluate(tiny_config(npz, **overrides), str(tmp_path))
+    with open(tmp_path / "results.json") as f:
+        saved = json.load(f)
+    selected = saved["selected"]
+    assert selected == summary["selected"]
+    assert selected["step"] == summary["best"]["step"] and "test" not in summary["best"]
+    assert selected["epoch"] == summary["best"]["epoch"]
+    with open(tmp_path / f"eval_best_step{selected['step']}.json") as f:
+        assert json.load(f)["results"]["test"] == selected["results"]["test"]
+    records = read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))
+    assert "test" not in {r["split"] for r in records if r["kind"] == "eval"}  # no peeking
+    out = evaluate_checkpoint(str(tmp_path), "best", ["val"])
+    with open(tmp_path / "results.json") as f:
+        merged = json.load(f)["selected"]
+    assert merged["results"]["test"] == selected["results"]["test"]
+    assert merged["results"]["val"] == out["results"]["val"]
+    assert merged["results"]["val"]["recall@1"] == pytest.approx(
+        summary["best"]["val"]["recall@1"], abs=1e-6
+    )
+
+
 @pytest.mark.parametrize("sampler", ["greedy_coreset", "fid_batchmatch"])
 def test_memory_sampler_trains_and_resumes_identically(npz, tmp_path, sampler):
     """The embedding memory and the epoch table survive a restart mid-epoch."""

@@ -126,3 +126,51 @@ def stamp(image: Image.Image, text: str | None = None) -> Image.Image:
     for n, line in enumerate(lines):
         draw.text((4, image.height + 3 + n * height), line, fill=(40, 40, 40), font=font)
     return out
+
+
+#: The repository's files that show emoji artwork (each carries :func:`figure_notice`).
+FIGURES: tuple[str, ...] = (
+    "docs/figures/emoji_contact_sheet.png",
+    "docs/figures/emoji_retrieval_grid.png",
+)
+
+
+def _fill(text: str, indent: str = "") -> str:
+    return textwrap.fill(
+        text,
+        94,
+        initial_indent=indent,
+        subsequent_indent=" " * len(indent),
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+
+
+def notice_text() -> str:
+    """The repository's ``NOTICE`` file."""
+    credits = "\n".join(_fill(a.line(), "  * ") for a in ATTRIBUTIONS)
+    figures = "\n".join(f"  * {f}" for f in FIGURES)
+    paragraphs = [
+        "jdml: third-party material\n==========================",
+        _fill(
+            "The emoji dataset is built on the user's machine from pinned npm packages "
+            "(`python -m jdml data fetch emoji`); no drawing of it is shipped here except in "
+            "the figures listed below."
+        ),
+        "Emoji artwork, by design:",
+        credits,
+        _fill(f"Changes made to every drawing: {MODIFICATION}."),
+        _fill(
+            "Figures in this repository that show the artwork (each carries a notice in the "
+            "image; as adaptations of OpenMoji's drawings they are licensed CC BY-SA 4.0, "
+            "https://creativecommons.org/licenses/by-sa/4.0/):"
+        ),
+        figures,
+        _fill(
+            "Licence texts: LICENSES/Apache-2.0.txt (Noto Emoji images); "
+            "LICENSES/CC-BY-SA-4.0.txt (OpenMoji, and the figures above); CC BY 4.0 "
+            "(Twemoji): https://creativecommons.org/licenses/by/4.0/legalcode; MIT (Fluent "
+            "Emoji): https://github.com/microsoft/fluentui-emoji."
+        ),
+    ]
+    return "\n\n".join(paragraphs) + "\n"
