@@ -4,7 +4,8 @@ Every trained row fine-tunes the ImageNet-pretrained EfficientNet-Lite0 of the `
 preset (frozen BatchNorm, batch 112 with SPC-2, Adam, 64 px) for ``--epochs`` epochs on the
 first half of the classes minus the 15 % held out for validation, evaluates on the validation
 classes after every epoch, keeps the checkpoint with the best validation Recall@1 and evaluates
-only that one on the test classes (the second half, unseen). Runs go to
+only that one on the test classes (the second half, unseen; ``eval.selected_splits``, so the
+run's ``results.json`` holds it). Runs go to
 ``<out>/<row>/seed<seed>`` and resume. A finished run leaves a small record (its test
 evaluation, the validation curve and the commit it was trained at) in
 ``<results>/<row>/seed<seed>.json``, which is kept in the repository: a run with a record is
@@ -18,15 +19,25 @@ directories. Tables (mean ± std over seeds) are printed and written to ``<out>/
 * ``diva``: DiVA's Tab. 2 rows at one total dimension (512), with the concatenation;
 * ``dm2``: DM2's Table 1 (cohorts of ``--cohort`` members; member 1 and the ensemble);
 * ``sharing``: Sharing Matters' class / class + shared / decorrelated;
-* ``losses`` and ``samplers``: the wider Revisiting comparison.
+* ``losses`` and ``samplers``: the wider Revisiting comparison;
+* ``tune``: every method's own hyperparameters on validation only (``TUNING``: the same number
+  of candidates per method, seed 0); ``--tuned`` trains the other tables with the values it
+  selects (from ``--tune-results``).
+
+Every table compares its rows with its first (or ``BASELINE_ROW``) by the paired per-seed
+difference and its 95 % interval; ``experiments/emoji_claims.py`` reads the claims off them.
+A record names the data it was trained on (the emoji npz's checksum) and its settings; a run
+whose record was trained on other data or with other settings is trained again.
 
 ``--frozen-stages k`` trains only the last stages (``model.frozen_stages``): those runs go to
 ``<row>-frozen<k>`` directories and their tables say so. ``--rows`` keeps only the named rows
 of the tables (their keys, e.g. ``dm2-3-independent``), for a check that cannot afford them all.
 
 Usage: python experiments/emoji_protocol.py [--tables protocol,rho] [--epochs 45] [--seeds 0 1 2]
-           [--out runs/emoji-<epochs>] [--results experiments/results/emoji-<epochs>]
-           [--frozen-stages -1] [--rows KEY,...] [--report-only]
+           [--out runs/emoji-v2-<epochs>] [--results experiments/results/emoji-v2-<epochs>]
+           [--frozen-stages -1] [--rows KEY,...] [--tuned] [--tune-epochs 20]
+           [--tune-results DIR] [--report-only]
+(The format-1 records: --results experiments/results/emoji-45, -20, -60.)
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 
 import pytest
 
@@ -25,7 +26,9 @@ import pytest
 def _checked_table(title: str) -> bool:
     """Whether a table's rows have their records in the repository: an emoji table, unless its
     title says that the records of its runs were not kept."""
-    return "emoji test" in title and "records not kept" not in title
+    return (
+        "emoji test" in title and "records not kept" not in title and not title.startswith("claim")
+    )
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -165,3 +168,28 @@ def test_rows_selects_a_subset_in_table_order_and_rejects_unknown_keys(protocol)
         protocol.select_rows(tables, "margin,md")
     with pytest.raises(SystemExit, match=r"^error: unknown row"):
         protocol.select_rows(tables, " , ")
+
+
+def test_the_claim_table_is_computed_from_the_records():
+    """The claim table at the top of the results is what ``experiments/emoji_claims.py`` prints
+    for the records it names, verdicts included."""
+    spec = importlib.util.spec_from_file_location(
+        "emoji_claims", os.path.join(ROOT, "experiments", "emoji_claims.py")
+    )
+    claims = importlib.util.module_from_spec(spec)
+    sys.modules["emoji_claims"] = claims  # its dataclasses look their module up
+    spec.loader.exec_module(claims)
+    args = argparse.Namespace(
+        results=os.path.join(ROOT, "experiments", "results", "emoji-45"), epochs=45, seeds=[0, 1, 2]
+    )
+    expected = claims.claims_table(args).splitlines()
+    with open(os.path.join(ROOT, "docs", "results.md")) as f:
+        text = f.read().splitlines()
+    start = text.index(expected[0])
+    assert text[start : start + len(expected)] == expected
+    verdicts = [line.rsplit("|", 2)[1].strip(" *") for line in expected[2:]]
+    assert len(verdicts) >= 12 and set(verdicts) <= {
+        "reproduces",
+        "does not reproduce",
+        "not resolved",
+    }

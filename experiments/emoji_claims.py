@@ -1,0 +1,120 @@
+"""Every paper claim the emoji tables test, with its verdict from the paired interval.
+
+Each claim says that one row beats another in test Recall@1 (of the embedding the paper
+reports: one head, or the heads or members concatenated). Over the seeds both rows have, the
+per-seed differences give a mean and a 95 % Student-t interval (``jdml.statistics.paired``);
+the claim **reproduces** when the interval lies above 0, **does not reproduce** when it lies
+below, and is **not resolved** when it holds 0 or rests on one seed. The records are those of
+``experiments/emoji_protocol.py`` (``--results``); rows without records are left out.
+
+Usage: python experiments/emoji_claims.py [--results experiments/results/emoji-v2-45]
+           [--epochs 45] [--seeds 0 1 2 3 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import emoji_protocol as protocol
+
+from jdml.statistics import paired
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    paper: str
+    text: str
+    row: str
+    base: str
+    concat: bool  # the concatenated heads / members, as the paper reports them
+    frozen: int = -1  # DM2's rows train the stages after 3
+    fixed: str | None = None  # a baseline without training (baselines.json), not a row
+
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("Revisiting, Tab. 1", "fine-tuning beats the ImageNet features", "margin", "",
+          False, fixed="ImageNet features (pooled 1280-d, L2-normalised)"),
+    Claim("Revisiting, Tab. 1", "fine-tuning beats raw pixels (the stronger baseline here)",
+          "margin", "", False, fixed="raw pixels (64 x 64 x 3, L2-normalised)"),
+    Claim("Revisiting, Sec. 5", "rho-regularisation improves margin", "R-margin", "margin", False),
+    Claim("DiVA, Tab. 2", "DiVA's four heads beat one head of the same dimension", "diva",
+          "diva-D", True),
+    Claim("DiVA, Tab. 2", "the shared head adds to the discriminative one", "diva-DS", "diva-D",
+          True),
+    Claim("DiVA, Tab. 2", "the intra-class head adds to the discriminative one", "diva-DI",
+          "diva-D", True),
+    Claim("DiVA, Tab. 2", "DaNCE's head adds to the discriminative one", "diva-DDa", "diva-D",
+          True),
+    Claim("DiVA, Tab. 2", "decorrelating the heads helps", "diva", "diva-nodecor", True),
+    Claim("DiVA (control)", "DiVA's heads beat four margin heads of the same dimension", "diva",
+          "diva-4D", True),
+    Claim("Sharing Matters", "the shared head adds to the class head (concatenation)", "sharing",
+          "sharing-class", True),
+    Claim("Sharing Matters (control)", "... and beats a second class head of the same dimension",
+          "sharing", "sharing-2class", True),
+    Claim("Sharing Matters (control)", "... and beats one class head of twice the dimension",
+          "sharing", "sharing-class256", True),
+    Claim("Sharing Matters", "decorrelating the shared head from the class head helps",
+          "sharing-decor", "sharing", True),
+    Claim("DM2, Table 1", "the mutual term (MD) lifts a member", "dm2-3-md", "dm2-3-independent",
+          False, frozen=3),
+    Claim("DM2, Table 1", "MD+VD lifts a member", "dm2-3-md+vd", "dm2-3-independent", False,
+          frozen=3),
+    Claim("DM2, Table 1", "DM2 (MD+TD+VD) lifts a member", "dm2-3-md+td+vd",
+          "dm2-3-independent", False, frozen=3),
+    Claim("DM2, Table 1", "DM2's cohort beats independent members (ensemble)", "dm2-3-md+td+vd",
+          "dm2-3-independent", True, frozen=3),
+)  # fmt: skip
+
+
+def claim_row(claim: Claim, args: argparse.Namespace) -> list[str] | None:
+    """The claim's table row, or None when a row it compares has no record."""
+    a = argparse.Namespace(**{**vars(args), "frozen_stages": claim.frozen})
+    if claim.fixed:
+        base = protocol.baselines(args.results, [], compute=False).get(claim.fixed)
+        values = protocol._by_seed(claim.row, a, None)
+        if not base or not values:
+            return None
+        seeds = sorted(values)
+        d = paired([values[k] for k in seeds], [base["recall@1"][0]] * len(seeds))
+        compared = f"{protocol.ROWS[claim.row][0]} - {claim.fixed.split(' (')[0]}"
+    else:
+        d = protocol.difference(claim.row, claim.base, a, claim.concat)
+        if d is None:
+            return None
+        seeds = d.n
+        what = "concatenation" if claim.concat else "one head" if claim.frozen < 0 else "member 1"
+        compared = f"{protocol.ROWS[claim.row][0]} - {protocol.ROWS[claim.base][0]} ({what})"
+    n = d.n if claim.fixed is None else len(seeds)
+    return [claim.paper, claim.text, compared, str(n), d.cell(), f"**{d.verdict()}**"]
+
+
+def claims_table(args: argparse.Namespace) -> str:
+    lines = [
+        f"| claim, emoji test, {args.epochs} epochs | says | rows compared | seeds "
+        "| Δ recall@1 [95 % CI] | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for claim in CLAIMS:
+        row = claim_row(claim, args)
+        if row is not None:
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--results", default="experiments/results/emoji-v2-45")
+    parser.add_argument("--epochs", type=int, default=45)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    args = parser.parse_args()
+    print(claims_table(args), end="")
+
+
+if __name__ == "__main__":
+    main()
