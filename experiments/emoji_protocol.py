@@ -510,6 +510,7 @@ def write_record(args: argparse.Namespace, row: str, seed: int, workdir: str) ->
         "frozen_stages": args.frozen_stages,
         "commit": commit(),
         "data_sha256": data_sha256(),
+        "device": jax.devices()[0].device_kind,
         "settings": _jsonable(row_settings(row)),
         "meta": evaluation["meta"],
         "results": evaluation["results"],
