@@ -43,7 +43,7 @@ def _row(name: str, values: list[dict[str, float]]) -> str:
     cells = []
     for m in METRICS:
         xs = 100 * np.array([v[m] for v in values])
-        cells.append(f"{xs.mean():.2f} ± {xs.std():.2f}" if len(xs) > 1 else f"{xs[0]:.2f}")
+        cells.append(f"{xs.mean():.2f} ± {xs.std(ddof=1):.2f}" if len(xs) > 1 else f"{xs[0]:.2f}")
     return f"| {name} | " + " | ".join(cells) + " |"
 
 

@@ -101,7 +101,7 @@ def _table(
         cells = []
         for m in METRICS:
             xs = 100 * np.array([v[m] for v in values])
-            cells.append(f"{xs.mean():.2f} ± {xs.std():.2f}")
+            cells.append(f"{xs.mean():.2f} ± {xs.std(ddof=1):.2f}")
         name = _row_name(row)
         if c.loss.name == "margin":
             name += DIVISOR_LABELS[divisor]
