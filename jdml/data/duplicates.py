@@ -21,8 +21,6 @@ from collections import defaultdict
 
 import numpy as np
 
-from jdml.evaluation.knn import knn
-
 #: RMS pixel distances (0-255) at which :func:`cross_class_counts` counts images.
 COUNT_THRESHOLDS: tuple[float, ...] = (0.0, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 15.0)
 
@@ -57,6 +55,8 @@ def rms(a: np.ndarray, b: np.ndarray) -> float:
 def neighbours(images: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Every image's ``k`` nearest other images: (RMS distances (N, k) float64, recomputed
     exactly; indices (N, k))."""
+    from jdml.evaluation.knn import knn  # here: the data modules load without jax
+
     flat = _flat(images)
     k = min(k, len(flat) - 1)
     if k < 1:
