@@ -8,7 +8,7 @@ below, and is **not resolved** when it holds 0 or rests on one seed. The records
 ``experiments/emoji_protocol.py`` (``--results``); rows without records are left out.
 
 Usage: python experiments/emoji_claims.py [--results experiments/results/emoji-v2-45]
-           [--epochs 45] [--seeds 0 1 2 3 4]
+           [--epochs 45] [--seeds 0 1 2 3 4] [--plot claims.png]
 """
 
 from __future__ import annotations
@@ -107,13 +107,53 @@ def claims_table(args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot_claims(args: argparse.Namespace, path: str) -> None:
+    """The claims' paired differences and 95 % intervals, one line each, coloured by verdict
+    (the fixed-baseline claims, tens of points away, are left out of the plot)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"reproduces": "#1a9641", "does not reproduce": "#d7191c", "not resolved": "#888888"}
+    shown = []
+    for claim in CLAIMS:
+        if claim.fixed:
+            continue
+        a = argparse.Namespace(**{**vars(args), "frozen_stages": claim.frozen})
+        d = protocol.difference(claim.row, claim.base, a, claim.concat)
+        if d is not None:
+            shown.append((f"{claim.paper}: {claim.text}", d))
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(shown) + 1.2))
+    for y, (_, d) in enumerate(reversed(shown)):
+        colour = colours[d.verdict()]
+        if d.n > 1:
+            ax.plot([100 * d.low, 100 * d.high], [y, y], color=colour, lw=2)
+        ax.plot(100 * d.mean, y, "o", color=colour)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(range(len(shown)), [label for label, _ in reversed(shown)], fontsize=8)
+    ax.set_xlabel("Δ test Recall@1, points (paired over seeds, 95 % interval)")
+    handles = [plt.Line2D([], [], color=c, marker="o", lw=2, label=v) for v, c in colours.items()]
+    ax.legend(handles=handles, fontsize=8, loc="upper right")
+    ax.set_title(
+        f"emoji, {args.epochs} epochs, seeds {', '.join(map(str, args.seeds))}", fontsize=9
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--results", default="experiments/results/emoji-v2-45")
     parser.add_argument("--epochs", type=int, default=45)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--plot", help="also draw the intervals into this PNG")
     args = parser.parse_args()
     print(claims_table(args), end="")
+    if args.plot:
+        plot_claims(args, args.plot)
+        print(f"wrote {args.plot}")
 
 
 if __name__ == "__main__":
