@@ -145,9 +145,11 @@ def check(
     source = "" if path == dataset else path
     if dataset in BENCHMARKS.names():
         parts = _benchmark_parts(dataset, source, image_size)
-    else:
-        DATASETS.get(dataset)  # an unknown name: one error listing the known ones
+    elif dataset in DATASETS.names():
         parts = _loaded_parts(dataset, source, image_size)
+    else:
+        known = ", ".join([*DATASETS.names(), *BENCHMARKS.names()])
+        raise DataError(f"unknown dataset {dataset!r} for --dataset; choose one of: {known}")
     return [report_part(p, threshold) for p in parts]
 
 

@@ -73,3 +73,11 @@ def test_a_missing_path_is_one_error_line(tmp_path, capsys):
     assert exit_.value.code != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "--dataset" in err[0]
+
+
+def test_an_unknown_loader_lists_the_known_ones(dirty, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["data", "check", str(dirty), "--dataset", "nope"])
+    assert exit_.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown dataset 'nope'") and "cub200" in err and "npz" in err
