@@ -193,3 +193,19 @@ def test_the_claim_table_is_computed_from_the_records():
         "does not reproduce",
         "not resolved",
     }
+
+
+def test_the_tuning_table_is_computed_from_the_records(protocol):
+    """The tuning table of the results is what the tune report prints for the committed tuning
+    records (a record committed without regenerating the table fails here)."""
+    args = argparse.Namespace(
+        results=os.path.join(ROOT, "experiments", "results", "emoji-v2-tune-20"),
+        epochs=20,
+        seeds=[0],
+        frozen_stages=-1,
+    )
+    expected = [x for x in protocol.tune_table(args).splitlines() if x.startswith("|")]
+    with open(os.path.join(ROOT, "docs", "results.md")) as f:
+        text = f.read().splitlines()
+    start = text.index(expected[0])
+    assert text[start : start + len(expected)] == expected
