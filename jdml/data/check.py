@@ -103,7 +103,8 @@ def _benchmark_parts(dataset: str, path: str, image_size: int, workers: int = 8)
         with ThreadPoolExecutor(max_workers=workers) as pool:
             out = list(pool.map(view, range(len(photos))))
         ok = np.asarray([not isinstance(o, str) for o in out], bool)
-        images = np.stack([o for o in out if not isinstance(o, str)])
+        kept = [o for o in out if not isinstance(o, str)]
+        images = np.stack(kept) if kept else np.zeros((0, image_size, image_size, 3), np.uint8)
         parts.append(
             Part(
                 f"{dataset} {split}",
@@ -162,8 +163,11 @@ def _describe(group: Group, part: Part) -> dict:
 
 
 def report_part(part: Part, threshold: float) -> PartReport:
-    near = neighbours(part.images, 16)
-    cross, within = split_groups(find_groups(part.images, threshold, near=near), part.labels)
+    cross, within, nearest = [], [], {}
+    if len(part.images) > 1:  # nothing to compare in an empty (all unreadable) part
+        near = neighbours(part.images, 16)
+        cross, within = split_groups(find_groups(part.images, threshold, near=near), part.labels)
+        nearest = cross_class_counts(part.images, part.labels, near=near)
     counts = np.bincount(part.labels, minlength=len(part.class_names))
     return PartReport(
         name=part.name,
@@ -173,7 +177,7 @@ def report_part(part: Part, threshold: float) -> PartReport:
         single_image_classes=[part.class_names[c] for c in np.flatnonzero(counts == 1)],
         cross_class=[_describe(g, part) for g in cross],
         within_class=[_describe(g, part) for g in within],
-        nearest_other_class=cross_class_counts(part.images, part.labels, near=near),
+        nearest_other_class=nearest,
     )
 
 
@@ -205,8 +209,9 @@ def format_report(reports: Sequence[PartReport], threshold: float) -> str:
             f"  copies within a class (RMS <= {threshold:g}): {len(r.within_class)} groups, "
             f"{n_within} extra images"
         )
-        near = ", ".join(f"{k}: {v}" for k, v in r.nearest_other_class.items())
-        lines.append(f"  images with another class's image within RMS {near}")
+        if r.nearest_other_class:
+            near = ", ".join(f"{k}: {v}" for k, v in r.nearest_other_class.items())
+            lines.append(f"  images with another class's image within RMS {near}")
     verdict = "clean" if all(r.clean for r in reports) else "NOT clean"
     lines.append(f"verdict: {verdict} (unreadable files, single-image classes, cross-class copies)")
     return "\n".join(lines)

@@ -81,3 +81,24 @@ def test_an_unknown_loader_lists_the_known_ones(dirty, capsys):
     assert exit_.value.code != 0
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: unknown dataset 'nope'") and "cub200" in err and "npz" in err
+
+
+def test_a_benchmark_is_checked_split_by_split(tmp_path):
+    """CUB's layout (classes 1-100 train, 101-200 test): a corrupt photo is unreadable, a photo
+    copied into another class of its split is a copy across classes."""
+    from tests.benchmark_trees import CUB_FOLDER, cub_class_name, write_cub
+
+    folder = write_cub(tmp_path, class_ids=(99, 100, 101, 102))
+    images = folder / "images"
+    (images / cub_class_name(99) / "Bird_99_0001.jpg").write_bytes(b"truncated")
+    first = images / cub_class_name(101) / "Bird_101_0000.jpg"
+    (images / cub_class_name(102) / "Bird_102_0002.jpg").write_bytes(first.read_bytes())
+    reports = {r.name: r for r in check(str(tmp_path / CUB_FOLDER), "cub200", image_size=16)}
+    assert set(reports) == {"cub200 train", "cub200 test"}
+    train, test = reports["cub200 train"], reports["cub200 test"]
+    assert len(train.unreadable) == 1 and "Bird_99_0001.jpg" in train.unreadable[0]
+    assert train.images == 5 and train.cross_class == []
+    assert [sorted(set(g["classes"])) for g in test.cross_class] == [
+        [cub_class_name(101), cub_class_name(102)]
+    ]
+    assert not train.clean and not test.clean
