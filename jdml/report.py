@@ -12,7 +12,9 @@ deviation over seeds:
 * **max**: the maximum over all evaluated epochs (step > 0), the reference's reported number,
   which selects on the test data itself.
 * **rho**: the spectral decay of the training-set embeddings at the best epoch (the paper's
-  rho, ``rho_spectrum@1``, measured at every evaluation when ``eval.train_metrics`` has it).
+  rho, ``rho_spectrum@1``, measured at every evaluation when ``eval.train_metrics`` has it);
+* **Δ**: every experiment against the first, paired by seed at the selected checkpoints, with
+  the 95 % interval of the mean difference (:mod:`jdml.statistics`).
 
 Outputs: ``report.md`` (tables), ``report.csv`` (one row per experiment, protocol and metric,
 with the per-seed values), ``recall_at_1_over_epochs.png`` (a metric over epochs, mean and std band)
@@ -38,6 +40,7 @@ from jdml.config import RESUMABLE_CHANGES, flatten_config, selected_only
 from jdml.errors import ReportError
 from jdml.evaluation.embeddings import is_percent
 from jdml.fileio import read_jsonl
+from jdml.statistics import mean_std, paired
 from jdml.visualize.curves import curves_with_bands, spectra_comparison
 
 log = logging.getLogger("jdml")
@@ -220,8 +223,40 @@ def summarize_group(name: str, runs: Sequence[RunResult], split: str) -> Summary
 
 def _stats(xs: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single seed); NaN values propagate."""
-    arr = np.asarray(xs, np.float64)
-    return float(np.mean(arr)), float(np.std(arr, ddof=1)) if len(arr) > 1 else 0.0
+    return mean_std(xs)
+
+
+def _best_by_seed(s: Summary, split: str, metric: str) -> dict[Any, float]:
+    """An experiment's value of ``metric`` at each run's selected checkpoint, by seed."""
+    out = {}
+    for run in s.runs:
+        best = run.best_step()
+        record = run.at_step(split, best) if best is not None else None
+        if record and _finite(record.get(metric)):
+            out[run.config.get("seed")] = float(record[metric])
+    return out
+
+
+def paired_markdown(summaries: Sequence[Summary], split: str, metrics: Sequence[str]) -> str:
+    """Every experiment against the first, seed by seed at the selected checkpoints: the mean
+    difference and its 95 % Student-t interval over the seeds both have (jdml.statistics)."""
+    if len(summaries) < 2:
+        return ""
+    base = summaries[0]
+    header = ["experiment", "common seeds", *(f"Δ {m} [95 % CI]" for m in metrics)]
+    lines = [f"### Paired differences against {base.name} (selected checkpoints, {split} split)"]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for s in summaries[1:]:
+        cells, common = [s.name], set()
+        for metric in metrics:
+            a, b = _best_by_seed(s, split, metric), _best_by_seed(base, split, metric)
+            seeds = sorted(set(a) & set(b), key=str)
+            common |= set(seeds)
+            scale = 100.0 if is_percent(metric) else 1.0
+            d = paired([a[k] for k in seeds], [b[k] for k in seeds]) if seeds else None
+            cells.append(d.cell(scale) if d else "-")
+        lines.append("| " + " | ".join([cells[0], str(len(common)), *cells[1:]]) + " |")
+    return "\n".join(lines)
 
 
 def format_cell(xs: Sequence[float], metric: str) -> str:
@@ -254,9 +289,14 @@ def markdown(summaries: Sequence[Summary], split: str, metrics: Sequence[str]) -
             cells += [format_cell(s.values["rho"].get(m, []), m) for m in extra]
             lines.append("| " + " | ".join(cells) + " |")
         parts.append("\n".join(lines))
+    paired_part = paired_markdown(summaries, split, metrics)
+    if paired_part:
+        parts.append(paired_part)
     note = (
         "Mean ± sample standard deviation over seeds; retrieval and clustering metrics in "
-        "percent. 'selected on' is the split whose "
+        "percent; Δ: the per-seed difference to the first experiment over the seeds both have, "
+        "mean and 95 % Student-t interval (an interval holding 0 does not resolve the "
+        "difference). 'selected on' is the split whose "
         f"{summaries[0].runs[0].selection_metric if summaries else 'selection metric'} picked "
         "the checkpoint: 'test' means no validation split was held out, so 'best' is not an "
         "honest estimate there."

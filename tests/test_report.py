@@ -210,3 +210,16 @@ def test_command_writes_the_report(runs_root, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "class_random: 3 run(s)" in printed and "spectrum.png" in printed
     assert os.path.exists(tmp_path / "report.csv")
+
+
+def test_paired_differences_against_the_first_experiment(runs_root, tmp_path):
+    """greedy_coreset - class_random, seed by seed at the selected checkpoints, with the 95 %
+    Student-t interval computed here by hand."""
+    text = report([runs_root], str(tmp_path), group_by="dir", metrics=["recall@1"])["markdown"]
+    assert "### Paired differences against class_random" in text
+    d = 100 * (_expected("greedy_coreset", 0, "best") - _expected("class_random", 0, "best"))
+    half = 4.302652729911275 * d.std(ddof=1) / np.sqrt(3)  # t(0.975, 2 degrees of freedom)
+    row = (
+        f"| greedy_coreset | 3 | {d.mean():+.2f} [{d.mean() - half:+.2f}, {d.mean() + half:+.2f}] |"
+    )
+    assert row in text
