@@ -221,11 +221,6 @@ def summarize_group(name: str, runs: Sequence[RunResult], split: str) -> Summary
     return Summary(name=name, runs=list(runs), values=values)
 
 
-def _stats(xs: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single seed); NaN values propagate."""
-    return mean_std(xs)
-
-
 def _best_by_seed(s: Summary, split: str, metric: str) -> dict[Any, float]:
     """An experiment's value of ``metric`` at each run's selected checkpoint, by seed."""
     out = {}
@@ -263,7 +258,7 @@ def format_cell(xs: Sequence[float], metric: str) -> str:
     """Per-seed values as "mean ± std" (percent for fractions; the mean alone for one seed)."""
     if not xs:
         return "-"
-    mean, std = _stats(xs)
+    mean, std = mean_std(xs)
     scale, digits = (100.0, 2) if is_percent(metric) else (1.0, 4)
     if len(xs) == 1:
         return f"{scale * mean:.{digits}f}"
@@ -312,7 +307,7 @@ def csv_text(summaries: Sequence[Summary], split: str) -> str:
     for s in summaries:
         for protocol, by_metric in s.values.items():
             for metric, xs in by_metric.items():
-                mean, std = _stats(xs)
+                mean, std = mean_std(xs)
                 where = "train" if protocol == "rho" else split
                 seeds = ";".join(f"{x:.6g}" for x in xs)
                 row = [s.name, protocol, where, metric, f"{mean:.6g}", f"{std:.6g}", len(xs), seeds]
@@ -364,9 +359,9 @@ def plot_spectra(summaries: Sequence[Summary], split: str, path: str) -> bool:
         recall = s.values["best"].get("recall@1")
         rho = s.values["rho"].get(RHO)
         if recall:
-            label += f": R@1 {100 * _stats(recall)[0]:.2f}"
+            label += f": R@1 {100 * mean_std(recall)[0]:.2f}"
         if rho:
-            label += f", rho {_stats(rho)[0]:.3f}"
+            label += f", rho {mean_std(rho)[0]:.3f}"
         series.append((label, np.mean(spectra, axis=0)))
     title = f"Spectrum at the best epoch (R@1 on {split})"
     return spectra_comparison(series, path, title=title)

@@ -46,12 +46,6 @@ def _flat(images: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(images.reshape(len(images), -1))
 
 
-def rms(a: np.ndarray, b: np.ndarray) -> float:
-    """Root-mean-square distance of two images' pixel values (float64)."""
-    d = a.astype(np.float64).ravel() - b.astype(np.float64).ravel()
-    return float(np.sqrt(np.mean(d * d)))
-
-
 def neighbours(images: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Every image's ``k`` nearest other images: (RMS distances (N, k) float64, recomputed
     exactly; indices (N, k))."""

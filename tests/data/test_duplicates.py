@@ -23,11 +23,13 @@ def _images() -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def test_rms_is_the_root_mean_square_over_every_value():
-    a = np.zeros((2, 2, 3), np.uint8)
-    b = a.copy()
-    b[0, 0, 0] = 12  # one of 12 values: sqrt(144 / 12)
-    assert dup.rms(a, b) == pytest.approx(np.sqrt(12.0))
+def test_distances_are_the_root_mean_square_over_every_value():
+    a = np.zeros((3, 2, 2, 3), np.uint8)
+    a[1, 0, 0, 0] = 12  # one of 12 values: sqrt(144 / 12) from image 0
+    a[2] = 30  # every value: 30 from image 0
+    dist, idx = dup.neighbours(a, 2)
+    assert idx[0].tolist() == [1, 2]
+    assert dist[0] == pytest.approx([np.sqrt(12.0), 30.0])
 
 
 def test_groups_chain_near_copies_and_split_by_class():
