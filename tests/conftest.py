@@ -11,6 +11,19 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     ).strip()
 
+# One persistent compilation cache for the whole session: the test processes (pytest-xdist's
+# workers, which inherit this environment from the controller that set it first) and every
+# command a test starts (train.py, eval.py, python -m jdml) compile a tiny configuration once and
+# read it back afterwards, seconds instead of ~20 s each. Set JAX_COMPILATION_CACHE_DIR yourself
+# to keep one across sessions, or to "" to compile everything afresh.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jdml-tests-jax-cache-")
+    os.environ["JDML_TESTS_OWN_CACHE"] = os.environ["JAX_COMPILATION_CACHE_DIR"]
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 # On a GPU several test processes share the card: each takes memory as it needs it instead of
 # JAX's default of 75% of the card at start.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -20,6 +33,16 @@ from pathlib import Path
 import pytest
 
 from jdml.data.arrays import ImageArrays
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Removes the session's compilation cache, in the process that made it (the controller)."""
+    import shutil
+
+    own = os.environ.get("JDML_TESTS_OWN_CACHE")
+    ours = own and own == os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if ours and not hasattr(config, "workerinput"):
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -209,12 +209,13 @@ def test_a_two_process_run_killed_on_one_host_stops_the_other_in_one_line(npz, t
 
     from tests.helpers import start_training_processes, train_in_processes, write_tiny_config_file
 
-    # A long run, so that the kill lands while process 0 trains or saves (both end the same).
+    # 60 steps, the first checkpoint at 15: the kill lands while process 0 trains or saves (both
+    # end the same), with 45 steps of two-process collectives still ahead.
     overrides = {
         "parallel.data_devices": 0,
-        "train.epochs": 60,
-        "eval.every_epochs": 60,
-        "train.checkpoint_every_steps": 60,
+        "train.epochs": 20,
+        "eval.every_epochs": 20,
+        "train.checkpoint_every_steps": 15,
     }
     config = write_tiny_config_file(str(tmp_path), npz, **overrides)
     workdir = tmp_path / "run"

@@ -29,23 +29,9 @@ from tests.helpers import REPO, TINY_FLAGS, make_npz, tree_digest
 TIMEOUT = 300
 
 
-# The commands share JAX's persistent compilation cache: each then takes seconds, not ~25 s.
-CACHE_ENV: dict[str, str] = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _compilation_cache(tmp_path_factory: pytest.TempPathFactory):
-    CACHE_ENV.update(
-        JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax-cache")),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
-    yield
-    CACHE_ENV.clear()
-
-
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    return {**os.environ, **CACHE_ENV, **(env or {})}
+    """This environment (with the session's compilation cache, tests/conftest.py) and ``env``."""
+    return {**os.environ, **(env or {})}
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -48,6 +48,23 @@ def input_normalization(
     return constants
 
 
+def run_once(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``jax.jit`` for a program that runs once per process (initialisation). On the CPU
+    backend it compiles at LLVM's level 1, not 2: threefry's unrolled rounds behind every random
+    initialiser took 8 s at level 2 against 2 s, for bitwise the same params (tests/methods/
+    test_init.py); accelerators, and a caller's own jit around it, compile as they always do."""
+    plain = jax.jit(fn)
+    if jax.default_backend() != "cpu":
+        return plain
+    cheap = jax.jit(fn, compiler_options={"xla_backend_optimization_level": 1})
+
+    def call(*args: Any) -> Any:
+        traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
+        return (plain if traced else cheap)(*args)
+
+    return call
+
+
 class Method:
     """Wires model, terms and decorrelation for the train step and the evaluator.
 
@@ -142,12 +159,25 @@ class Method:
         return (images.astype(jnp.float32) - self.mean) / self.std
 
     def init(self, key: jax.Array, images: jax.Array) -> tuple[Any, Any]:
-        """Returns ``(params, batch_stats)`` for a sample batch of images."""
-        k_model, k_loss = jax.random.split(key)  # as the single-head method always drew them
-        k_aux, k_dec = jax.random.fold_in(key, 2), jax.random.fold_in(key, 3)
-        variables = self.train_model.init(k_model, self.preprocess(images))
+        """Returns ``(params, batch_stats)`` for a sample batch of images.
+
+        Two compiled programs (the network's initialisers, then the heads' outputs and the
+        terms' params), not one dispatch per initialiser: on any backend an eager init compiles
+        every op of it on its own (~20 s for a tiny network on a CPU core). A pretrained
+        backbone is put in between, on the host.
+        """
+        k_model = jax.random.split(key)[0]  # as the single-head method always drew it
+        variables = run_once(self.train_model.init)(k_model, self.preprocess(images))
         if self.pretrained is not None:  # the backbone from the weight file, the heads random
             variables = self.pretrained(variables)
+        params = run_once(self._init_terms)(key, variables, images)
+        return params, variables.get("batch_stats", {})
+
+    def _init_terms(self, key: jax.Array, variables: Any, images: jax.Array) -> dict[str, Any]:
+        """The params tree around the network's ``variables``: the main loss's, each term's and
+        the decorrelation MLPs' own params, initialised on the heads' outputs."""
+        k_loss = jax.random.split(key)[1]
+        k_aux, k_dec = jax.random.fold_in(key, 2), jax.random.fold_in(key, 3)
         out = self.eval_model.apply(variables, self.preprocess(images))
         labels = jnp.zeros((images.shape[0],), jnp.int32)
         params = {
@@ -160,7 +190,7 @@ class Method:
                 params[f"aux_{name}"] = term_params
         if self.decorrelation is not None:
             params["decorrelation"] = self.decorrelation.init(k_dec, out)["params"]
-        return params, variables.get("batch_stats", {})
+        return params
 
     def init_loss(self, key: jax.Array, embeddings: jax.Array, labels: jax.Array) -> Any:
         """The main loss's own learnable parameters (``{}`` for a loss without any)."""

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from jdml.data.arrays import QueryGallery
-from jdml.visualize.figure import DPI, class_name, figure, save_png, shorten
+from jdml.visualize.figure import class_name, figure, save_png, shorten
 
 # Retrieval grid layout, in pixels.
 GRID_CELL_PX = (110, 130)  # one image cell: width, height (image box + label line)
@@ -117,8 +117,29 @@ def _check_grid_inputs(
         )
 
 
+GRID_FRAME_PX = 4  # the frame line's width, centred on the image box's edge
+
+
+def _rgb(colour: str) -> np.ndarray:
+    """A ``#rrggbb`` colour as three floats in [0, 1]."""
+    return np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)], np.float32) / 255.0
+
+
+def _fitted(image: np.ndarray, box_w: int, box_h: int) -> np.ndarray:
+    """(box_h, box_w, 3) float pixels of a [0, 1] image: grey repeated over RGB, enlarged by
+    repeating pixels (at 3x or more, as matplotlib shows small images) or resampled."""
+    from PIL import Image
+
+    pixels = np.repeat(image, 3, axis=-1) if image.shape[-1] == 1 else image
+    scale = box_w / image.shape[1]
+    resample = Image.Resampling.NEAREST if scale >= 3 else Image.Resampling.BILINEAR
+    picture = Image.fromarray(np.round(pixels * 255).astype(np.uint8))
+    return np.asarray(picture.resize((box_w, box_h), resample), np.float32) / 255.0
+
+
 def _draw_cell(
     fig: Any,
+    canvas: np.ndarray,
     image: np.ndarray,
     left_px: float,
     top_px: float,
@@ -126,10 +147,13 @@ def _draw_cell(
     label: str,
     label_colour: str,
 ) -> None:
-    """Draws one framed image, fitted into the image box, with a label line below it.
+    """Paints one framed image, fitted into the image box, into ``canvas`` (the figure's pixels,
+    shown once for the whole grid: one Axes per cell made a grid take seconds), and writes its
+    label line below it.
 
     Args:
       fig: the figure.
+      canvas: (height, width, 3) float pixels of the figure, top row first.
       image: (H, W, C) float image in [0, 1].
       left_px: the cell's left edge, in pixels from the figure's left.
       top_px: the cell's top edge, in pixels from the figure's top.
@@ -137,22 +161,19 @@ def _draw_cell(
       label: the text under the image ("" for none).
       label_colour: the text colour.
     """
-    fig_w, fig_h = fig.get_size_inches() * DPI
+    fig_w, fig_h = canvas.shape[1], canvas.shape[0]
     h, w = image.shape[:2]
     scale = GRID_IMAGE_PX / max(h, w)
-    box_w, box_h = w * scale, h * scale
-    x0 = left_px + (GRID_CELL_PX[0] - box_w) / 2
-    y0 = top_px + 4 + (GRID_IMAGE_PX - box_h) / 2
-    ax = fig.add_axes((x0 / fig_w, 1 - (y0 + box_h) / fig_h, box_w / fig_w, box_h / fig_h))
-    if image.shape[-1] == 1:
-        ax.imshow(image[..., 0], cmap="gray", vmin=0.0, vmax=1.0, aspect="auto")
-    else:
-        ax.imshow(image, aspect="auto")
-    ax.set_xticks([])
-    ax.set_yticks([])
-    for spine in ax.spines.values():
-        spine.set_edgecolor(frame)
-        spine.set_linewidth(3)
+    box_w, box_h = max(1, round(w * scale)), max(1, round(h * scale))
+    x0 = round(left_px + (GRID_CELL_PX[0] - box_w) / 2)
+    y0 = round(top_px + 4 + (GRID_IMAGE_PX - box_h) / 2)
+    canvas[y0 : y0 + box_h, x0 : x0 + box_w] = _fitted(image, box_w, box_h)
+    half, colour = GRID_FRAME_PX // 2, _rgb(frame)
+    x1, y1 = x0 + box_w, y0 + box_h
+    canvas[y0 - half : y0 + half, x0 - half : x1 + half] = colour
+    canvas[y1 - half : y1 + half, x0 - half : x1 + half] = colour
+    canvas[y0 - half : y1 + half, x0 - half : x0 + half] = colour
+    canvas[y0 - half : y1 + half, x1 - half : x1 + half] = colour
     if label:
         fig.text(
             (left_px + GRID_CELL_PX[0] / 2) / fig_w,
@@ -212,6 +233,7 @@ def retrieval_grid(
     flags = flags.astype(bool)
     q, k = flags.shape
     width, height = retrieval_grid_size(q, k, title=bool(title))
+    canvas = np.ones((height, width, 3), np.float32)
     with figure(width, height) as fig:
         top0 = GRID_TITLE_PX if title else 0
         if title:
@@ -230,7 +252,7 @@ def retrieval_grid(
         for row in range(q):
             top = top0 + GRID_HEADER_PX + row * GRID_CELL_PX[1]
             label = "" if q_labels is None else shorten(class_name(q_labels[row], class_names), 16)
-            _draw_cell(fig, queries[row], 0, top, _QUERY_COLOUR, label, "#222222")
+            _draw_cell(fig, canvas, queries[row], 0, top, _QUERY_COLOUR, label, "#222222")
             for j in range(k):
                 ok = bool(flags[row, j])
                 text = "✓" if ok else "✗"
@@ -241,7 +263,8 @@ def retrieval_grid(
                 frame, colour = (
                     (_CORRECT_COLOUR, _CORRECT_TEXT) if ok else (_WRONG_COLOUR, _WRONG_TEXT)
                 )
-                _draw_cell(fig, neighbours[row, j], left, top, frame, text, colour)
+                _draw_cell(fig, canvas, neighbours[row, j], left, top, frame, text, colour)
+        fig.figimage(canvas, 0, 0, origin="upper", zorder=0)
         return save_png(fig, path)
 
 
