@@ -33,7 +33,7 @@ def _cfg(**kw):
 def test_heads_are_unit_norm():
     model = build_model(_cfg(), train=False)
     x = jax.random.normal(jax.random.key(0), (3, 8, 8, 1))
-    variables = model.init(jax.random.key(1), x)
+    variables = jax.jit(model.init)(jax.random.key(1), x)
     out = model.apply(variables, x)
     assert out["discriminative"].shape == (3, 6)
     np.testing.assert_allclose(np.linalg.norm(out["discriminative"], axis=1), 1.0, rtol=1e-5)
@@ -43,7 +43,7 @@ def test_frozen_bn_keeps_running_stats():
     x = jax.random.normal(jax.random.key(0), (4, 8, 8, 1))
     for frozen, changes in ((False, True), (True, False)):
         model = build_model(_cfg(frozen_bn=frozen), train=True)
-        variables = model.init(jax.random.key(1), x)
+        variables = jax.jit(model.init)(jax.random.key(1), x)
         _, upd = model.apply(variables, x, mutable=["batch_stats"])
         same = jax.tree.map(
             lambda a, b: bool(jnp.all(a == b)), variables["batch_stats"], upd["batch_stats"]
@@ -66,7 +66,7 @@ def test_unknown_backbone():
 def test_unnormalised_heads():
     model = build_model(_cfg(normalize=False), train=False)
     x = jax.random.normal(jax.random.key(0), (3, 8, 8, 1))
-    out = model.apply(model.init(jax.random.key(1), x), x)["discriminative"]
+    out = model.apply(jax.jit(model.init)(jax.random.key(1), x), x)["discriminative"]
     assert not np.allclose(np.linalg.norm(out, axis=1), 1.0)
 
 
