@@ -17,6 +17,7 @@ GRID_IMAGE_PX = 96  # the square box an image is fitted into
 GRID_GAP_PX = 16  # extra space between the query column and the neighbour columns
 GRID_HEADER_PX = 22  # column headings ("query", "1", "2", ...)
 GRID_TITLE_PX = 30  # the title band, only when a title is given
+GRID_FRAME_PX = 4  # the frame line's width, centred on the image box's edge
 
 _QUERY_COLOUR = "#1f77b4"
 _CORRECT_COLOUR = "#2ca02c"
@@ -115,9 +116,6 @@ def _check_grid_inputs(
         raise ValueError(
             f"neighbour_labels must have shape (Q, K) = {(q, k)}, got {neighbour_labels.shape}"
         )
-
-
-GRID_FRAME_PX = 4  # the frame line's width, centred on the image box's edge
 
 
 def _rgb(colour: str) -> np.ndarray:
