@@ -74,16 +74,21 @@ def keep_where(mask: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(pick, new, old)
 
 
-def all_finite(tree: Any) -> jax.Array:
-    """Whether every value of every leaf of ``tree`` is finite (True for no leaves)."""
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)] or [True]))
-
-
 def finite_per_member(tree: Any) -> jax.Array:
-    """(L,): whether every value of member l in a tree with a leading member axis is finite."""
-    if not jax.tree.leaves(tree):
+    """(L,): whether every value of member l in a tree with a leading member axis is finite.
+
+    One flag per leaf, counted by one integer sum. Joined by ``jnp.all`` instead, the flags are
+    split by XLA's simplifier into a chain of scalar ands, which fusion copies into every
+    consumer of the mask (each leaf's :func:`keep_where`): a program quadratic in the number of
+    leaves. The tiny test network's step compiled in 9.8 s that way, 7.3 s counted, 4.7 s
+    without the check; ``tests/test_step.py`` holds the program's growth to linear.
+    """
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    if not leaves:
         return jnp.array(True)
-    return jax.vmap(all_finite)(tree)
+    members = leaves[0].shape[0]
+    flags = jnp.stack([jnp.all(jnp.isfinite(x.reshape(members, -1)), axis=1) for x in leaves], 1)
+    return jnp.sum(flags, axis=1, dtype=jnp.int32) == len(leaves)
 
 
 def only_groups(
@@ -272,8 +277,7 @@ def train_step(
         ok = (
             ok
             & jnp.isfinite(total)
-            & concat([finite_per_member(g) for g in grads])
-            & concat([finite_per_member(p) for p in params])
+            & concat([finite_per_member((g, p)) for g, p in zip(grads, params, strict=True)])
         )
         prefix = "" if len(phases) == 1 else f"phase{i}/"
         metrics.update({prefix + k: concat([a[1][k] for a in auxes]) for k in auxes[0][1]})
