@@ -15,6 +15,10 @@ from jdml.visualize.figure import figure, finite_number, is_fraction_metric, sav
 
 TRAINING_CURVES_PX = (1200, 450)
 SPECTRUM_PX = (700, 450)
+#: The spectrum plot's axes inside its figure, as fractions (left, bottom, width, height): fixed
+#: margins for the tick labels, axis labels and title instead of a layout engine, which took two
+#: thirds of the plot's time (it is drawn at every evaluation when TensorBoard is on).
+SPECTRUM_AXES = (80 / 700, 55 / 450, 605 / 700, 355 / 450)
 
 
 def _read_jsonl(path: str) -> list[dict[str, Any]]:
@@ -340,8 +344,8 @@ def spectrum_plot(
     first = min(spectra, key=lambda s: s[0])
     latest = max(reversed(spectra), key=lambda s: s[0])  # the last record of the latest step
     shown = [(latest, "-", None)] + ([(first, "--", "#888888")] if first[0] < latest[0] else [])
-    with figure(*SPECTRUM_PX, layout="constrained") as fig:
-        ax = fig.add_subplot()
+    with figure(*SPECTRUM_PX) as fig:
+        ax = fig.add_axes(SPECTRUM_AXES)
         for (step, record, values), style, colour in shown:
             label = f"step {step:g}"
             epoch = finite_number(record.get("epoch"))
