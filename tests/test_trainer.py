@@ -125,6 +125,9 @@ def test_rerun_of_finished_run_changes_nothing(full_run, npz):
     assert again["best"] == summary["best"]
 
 
+# Long: a kill from outside at a moment chosen by the clock. test_user_errors kills at five
+# chosen points (before and after saves, mid-commit, mid-line) and compares every record.
+@pytest.mark.slow
 def test_killed_run_resumes_to_identical_params(full_run, npz, tmp_path):
     workdir = str(tmp_path / "killed")
     cfg_file = write_tiny_config_file(str(tmp_path), npz, **{"train.epochs": EPOCHS})
@@ -269,7 +272,11 @@ def test_results_json_holds_the_selected_checkpoints_test_evaluation(npz, tmp_pa
     )
 
 
-@pytest.mark.parametrize("sampler", ["greedy_coreset", "fid_batchmatch"])
+# Both samplers' tables are checked in tests/samplers; the restart mid-epoch is the same code,
+# so the second sampler's end-to-end run is marked long.
+@pytest.mark.parametrize(
+    "sampler", [pytest.param("greedy_coreset", marks=pytest.mark.slow), "fid_batchmatch"]
+)
 def test_memory_sampler_trains_and_resumes_identically(npz, tmp_path, sampler):
     """The embedding memory and the epoch table survive a restart mid-epoch."""
     overrides = {"sampler.name": sampler, "train.epochs": 2, "eval.at_start": False}

@@ -233,6 +233,10 @@ def test_diva_cohort_carries_each_members_ema_and_queue(npz):
     assert int(new.method_state["selfsimilarity"]["queue"].filled[0]) == 32
 
 
+# Long (two processes, each compiling the sharded cohort): the multi-process path is kept in the
+# default run by test_parallel's two-process margin run, the sharded cohort by
+# test_sharded_cohort_equals_unsharded.
+@pytest.mark.slow
 def test_two_processes_train_the_same_cohort_as_one(npz, tmp_path):
     """``train.py`` in two processes (two CPU devices each, gloo collectives) trains the cohort
     of four exactly as one process with four devices does; process 0 alone writes the files."""
