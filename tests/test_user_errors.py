@@ -423,7 +423,9 @@ def test_method_configs_with_bad_keys(
         ("sampler.samples_per_class=0", "sampler.samples_per_class=0 must be at least 1"),
         ("model.embed_dim=0", "model.embed_dim=0 must be at least 1"),
         ("data.image_size=7", "data.image_size=7 must be at least 8"),
-        ("data.image_size=8", "--config.data.image_size=12 or more"),
+        # (model.stem_strides, not a tuple key of the tiny flags: a tuple flag given twice
+        # accumulates its values)
+        ("model.stem_strides=4", "--config.data.image_size=24 or more"),
         ("optim.lr=nan", "optim.lr=nan must be finite"),
         ("optim.lr=-0.1", "optim.lr=-0.1 must be above 0"),
         ("loss.margin.beta=inf", "loss.margin.beta=inf must be finite"),

@@ -89,8 +89,8 @@ def check_map_sizes(image_size: int, stem_strides: int, stage_strides: Sequence[
             f"with data.image_size={image_size}, model.stem_strides={stem_strides} and "
             f"model.stage_strides={tuple(stage_strides)} the last stage would run 3x3 "
             f"convolutions on a {side}x{side} map (very slow on XLA CPU and wasteful elsewhere): "
-            f"set --config.data.image_size={least} or more, or fewer/smaller "
-            "--config.model.stage_strides"
+            f"set --config.data.image_size={least} or more, a smaller --config.model.stem_strides "
+            "or fewer/smaller --config.model.stage_strides"
         )
 
 
