@@ -331,14 +331,12 @@ def test_device_counts_and_profile_ranges_fail_first_and_their_fix_works(
 
     # The device counts on one device; the profile range on the session's devices, whose
     # programs the compilation cache already holds.
-    one_device = (
-        {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"} if "devices" in flag else {}
-    )
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"} if "devices" in flag else {}
     workdir = tmp_path / "w"
-    line = assert_refused(run(*train_args(npz, workdir, flag), env=one_device), fragment)
+    line = assert_refused(run(*train_args(npz, workdir, flag), env=env), fragment)
     assert not workdir.exists()
     fix = re.search(r"--config\.[a-z_.]+=[0-9:]+", line).group(0)
-    proc = run(*train_args(npz, workdir, fix), env=one_device)
+    proc = run(*train_args(npz, workdir, fix), env=env)
     assert proc.returncode == 0, proc.stderr + line
     if "profile_steps" in fix:
         assert [p for p in (workdir / "profile").rglob("*") if p.is_file()], line
