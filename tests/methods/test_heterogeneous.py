@@ -88,8 +88,8 @@ def test_identical_members_train_as_the_stacked_cohort(npz):
     Trained with SGD: the two layouts compute member 2's own view in different programs, whose
     gradients differ by rounding, and Adam divides every gradient element by its own magnitude,
     which turns rounding in an element near zero into a step of up to the learning rate (with
-    Adam the params differ by up to 1.5e-4 after three steps; with SGD by 3e-8, and so do the
-    updates, compared below)."""
+    Adam the params differed by up to 1.5e-4 after three steps on one CPU kind; with SGD by 3e-8,
+    and so do the updates, compared below)."""
     overrides = {
         "cohort.model_diversity": False,
         "cohort.warmup_epochs": 0.0,
