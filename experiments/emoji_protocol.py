@@ -176,7 +176,10 @@ def class_heads(copies: int = 0, dim: int = 128) -> Build:
     ``copies`` more class heads of the same dimension (the equal-dimension control)."""
 
     def build() -> ml_collections.ConfigDict:
-        c = revisiting("loss=margin", "sharing", **{"sampler.samples_per_class": 4})()
+        # No shared head: of Sharing's settings only those every method shares (the lr) apply.
+        c = revisiting("loss=margin", None, **{"sampler.samples_per_class": 4})()
+        s = settings_of("sharing")
+        _apply(c, {k: v for k, v in s.items() if k in SHARED_KEYS})
         with c.unlocked():
             c.model.embed_dim = dim
         if copies:

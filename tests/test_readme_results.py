@@ -209,3 +209,20 @@ def test_the_tuning_table_is_computed_from_the_records(protocol):
         text = f.read().splitlines()
     start = text.index(expected[0])
     assert text[start : start + len(expected)] == expected
+
+
+def test_every_row_builds_its_config_with_the_selected_settings(protocol):
+    """Every row of every table gets a config from the committed tuning records' selections
+    (a selected key the row's config lacks, as Sharing's shared weight on the class-only
+    control once was, is a ConfigError here rather than hours into the queue)."""
+    tune = os.path.join(ROOT, "experiments", "results", "emoji-v2-tune-20")
+    protocol.use_selected(tune, 20)
+    try:
+        for row, (_, build) in protocol.ROWS.items():
+            c = build()
+            if not row.startswith("tune-margin-"):  # the baseline's lr, shared by every row
+                assert c.optim.lr == 2e-4, row
+        assert protocol.ROWS["sharing-class"][1]().get("aux", {}).get("shared") is None
+        assert protocol.ROWS["sharing"][1]().aux.shared.weight == 1.0
+    finally:
+        protocol.SETTINGS.clear()
