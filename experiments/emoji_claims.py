@@ -134,12 +134,15 @@ def plot_claims(args: argparse.Namespace, path: str) -> None:
     ax.set_yticks(range(len(shown)), [label for label, _ in reversed(shown)], fontsize=8)
     ax.set_xlabel("Δ test Recall@1, points (paired over seeds, 95 % interval)")
     handles = [plt.Line2D([], [], color=c, marker="o", lw=2, label=v) for v, c in colours.items()]
-    ax.legend(handles=handles, fontsize=8, loc="upper right")
+    # Outside the axes, right of them, so that it never covers an interval or the zero line.
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(
-        f"emoji, {args.epochs} epochs, seeds {', '.join(map(str, args.seeds))}", fontsize=9
+        f"{os.path.basename(os.path.normpath(args.results))}: {args.epochs} epochs, "
+        f"seeds {', '.join(map(str, args.seeds))}",
+        fontsize=9,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
