@@ -10,7 +10,9 @@
 #
 # The records of the runs finished there land in $OUT/results (a copy of
 # experiments/results/emoji-v2-*, with the new ones); copy them back into experiments/results.
-# TIME_LIMIT (seconds, default 480) bounds the queue; the run it interrupts is lost.
+# TIME_LIMIT (seconds, default 480) bounds the queue; the runs it interrupts are lost. JOBS
+# (default 8) runs train at once, each on its share of the host's cores and 1/JOBS of the GPU's
+# memory: one 64-px Lite0 run leaves most of a GPU idle and compiles and evaluates on the host.
 set -uo pipefail
 OUT=${OUT:-/tmp/jdml-emoji}
 mkdir -p "$OUT/results"
@@ -27,9 +29,9 @@ python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
 cp -r experiments/results/emoji-v2-* "$OUT/results/" 2>/dev/null
 epochs=${EPOCHS:-45}
 tune=${TUNE_EPOCHS:-20}
-RESULTS="$OUT/results/emoji-v2-$epochs" TUNE_RESULTS="$OUT/results/emoji-v2-tune-$tune" \
+JOBS="${JOBS:-8}" RESULTS="$OUT/results/emoji-v2-$epochs" TUNE_RESULTS="$OUT/results/emoji-v2-tune-$tune" \
   OUT="$OUT/runs" PYTHON=python3 timeout "${TIME_LIMIT:-480}" bash experiments/emoji_queue.sh \
   > "$OUT/queue.log" 2>&1
 echo "queue exit $? after the time limit or the end; last lines:"
-grep -E "^== |best validation|test R@1|^error|Error" "$OUT/queue.log" | tail -40
+grep -E "^== |best validation|test R@1|^error|Error" "$OUT/queue.log" | tail -60
 rm -rf "$OUT/runs"  # the run directories stay on the host (too large to bring back)

@@ -33,10 +33,17 @@ whose record was trained on other data or with other settings is trained again.
 ``<row>-frozen<k>`` directories and their tables say so. ``--rows`` keeps only the named rows
 of the tables (their keys, e.g. ``dm2-3-independent``), for a check that cannot afford them all.
 
+``--jobs N`` trains N runs at once, each a process of its own on 1/N of the cores and of the
+accelerator's memory (``experiments/parallel.py``), its output in ``<out>/<row>/seed<k>.log``;
+the tables follow when every run has ended. On a lent GPU one run leaves most of the device
+idle. On 2 CPU cores, two one-core runs of the Sharing class-only row (3 epochs) took 21.5 s
+per epoch each against 12.5 s for one two-core run: 1.16x the throughput in the steady state,
+1.29x with start-up (116 s for the two against 75 s for one).
+
 Usage: python experiments/emoji_protocol.py [--tables protocol,rho] [--epochs 45] [--seeds 0 1 2]
            [--out runs/emoji-v2-<epochs>] [--results experiments/results/emoji-v2-<epochs>]
            [--frozen-stages -1] [--rows KEY,...] [--tuned] [--tune-epochs 20]
-           [--tune-results DIR] [--report-only]
+           [--tune-results DIR] [--jobs 1] [--report-only]
 (The format-1 records: --results experiments/results/emoji-45, -20, -60.)
 """
 
@@ -72,6 +79,8 @@ from jdml.run import Run
 from jdml.samplers import SAMPLERS as SAMPLER_REGISTRY
 from jdml.statistics import Paired, mean_std, paired
 from jdml.trainer import atomic_write, train_and_evaluate
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # experiments/parallel.py
 
 METRICS = ("recall@1", "map@r", "nmi")
 DATA = "data=emoji"
@@ -837,8 +846,20 @@ def main() -> None:
     parser.add_argument(
         "--tune-results", help="default experiments/results/emoji-v2-tune-<tune-epochs>"
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs trained at once, each a process on its share of the cores and of the "
+        "accelerator's memory (default 1: one after another, in this process)",
+    )
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument(
+        "--no-report", action="store_true", help="train only, print no table (a --jobs run)"
+    )
     args = parser.parse_args()
+    if args.jobs < 1:
+        raise SystemExit(f"error: --jobs must be at least 1, got {args.jobs}")
     args.out = args.out or f"runs/emoji-v2-{args.epochs}"
     args.results = args.results or f"experiments/results/emoji-v2-{args.epochs}"
     args.tune_results = args.tune_results or f"experiments/results/emoji-v2-tune-{args.tune_epochs}"
@@ -863,18 +884,72 @@ def main() -> None:
     if args.rows:
         tables = select_rows(tables, args.rows)
     os.makedirs(args.out, exist_ok=True)
+    failed = []
+    if args.jobs > 1 and not args.report_only:
+        failed = train_in_parallel(names, tables, args)
     for name in names:
         rows = tables[name]
         if not args.report_only:
             for row in rows:
                 for seed in args.seeds:
-                    train_row(row, seed, args)
+                    if (row, seed) not in failed:
+                        train_row(row, seed, args)
+        if args.no_report:
+            continue
         text = tune_table(args) if name == "tune" else table(name, rows, args)
         print(text, flush=True)
         suffix = row_name("", args.frozen_stages)
         atomic_write(os.path.join(args.out, f"{name}{suffix}.md"), text)
         if name == "rho":
             plot_rho(rows, args, os.path.join(args.out, f"rho_spectrum{suffix}.png"))
+    if failed:
+        raise SystemExit(f"error: {len(failed)} run(s) failed: see the error lines above")
+
+
+def train_in_parallel(
+    names: list[str], tables: dict[str, tuple[str, ...]], args: argparse.Namespace
+) -> list[tuple[str, int]]:
+    """Trains the tables' runs that have no record, ``args.jobs`` at a time, each in a process
+    of its own (this script, for one row and seed); returns the (row, seed) pairs that failed,
+    which are then left out of the tables."""
+    from parallel import Job, run_jobs  # experiments/parallel.py
+
+    common = [
+        f"--epochs={args.epochs}",
+        f"--out={args.out}",
+        f"--results={args.results}",
+        f"--frozen-stages={args.frozen_stages}",
+        f"--cohort={args.cohort}",
+        f"--tune-epochs={args.tune_epochs}",
+        f"--tune-results={args.tune_results}",
+        *(["--tuned"] if args.tuned else []),
+        "--no-report",
+    ]
+    jobs, pairs = [], {}
+    for name in names:
+        for row in tables[name]:
+            for seed in args.seeds:
+                if (row, seed) in pairs.values() or load_record(args, row, seed):
+                    continue
+                job = Job(
+                    name=f"{row} seed {seed}",
+                    argv=(
+                        sys.executable,
+                        os.path.abspath(__file__),
+                        f"--tables={name}",
+                        f"--rows={row}",
+                        "--seeds",
+                        str(seed),
+                        *common,
+                    ),
+                    log=run_dir(args.out, row, seed, args.frozen_stages) + ".log",
+                )
+                jobs.append(job)
+                pairs[job.name] = (row, seed)
+    if jobs:
+        print(f"{len(jobs)} run(s) to train, {args.jobs} at a time", flush=True)
+    failed = run_jobs(jobs, args.jobs, echo=lambda line: print(line, flush=True))
+    return [pairs[name] for name in failed]
 
 
 def plot_rho(rows: tuple[str, ...], args: argparse.Namespace, path: str) -> None:
