@@ -238,3 +238,45 @@ def test_every_row_builds_its_config_with_the_selected_settings(protocol):
         assert protocol.ROWS["sharing"][1]().aux.shared.weight == 1.0
     finally:
         protocol.SETTINGS.clear()
+
+
+def test_parallel_jobs_train_each_missing_run_once(protocol, monkeypatch, tmp_path):
+    """``--jobs``: one process per (row, seed) without a record, a row shared by two tables
+    (the margin baseline of protocol and rho) once, each with the arguments of the call."""
+    import types
+
+    started = []
+
+    def run_jobs(jobs, slots, echo):
+        started.extend(jobs)
+        return ["R-margin seed 3"]  # one failed: left out of the tables
+
+    fake = types.SimpleNamespace(Job=lambda **kw: types.SimpleNamespace(**kw), run_jobs=run_jobs)
+    monkeypatch.setitem(sys.modules, "parallel", fake)
+    tune = os.path.join(ROOT, "experiments", "results", "emoji-v2-tune-20")
+    protocol.use_selected(tune, 20)
+    try:
+        args = argparse.Namespace(
+            results=os.path.join(ROOT, "experiments", "results", "emoji-v2-45"),
+            out=str(tmp_path),
+            epochs=45,
+            seeds=[0, 1, 2, 3],
+            frozen_stages=-1,
+            cohort=3,
+            tune_epochs=20,
+            tune_results=tune,
+            tuned=True,
+            check_settings=True,
+            jobs=2,
+        )
+        names = ["protocol", "rho"]
+        tables = {n: protocol.TABLES[n][1] for n in names}
+        failed = protocol.train_in_parallel(names, tables, args)
+    finally:
+        protocol.SETTINGS.clear()
+    assert [j.name for j in started] == ["margin seed 3", "R-margin seed 3"]
+    assert failed == [("R-margin", 3)]
+    argv = started[1].argv
+    assert argv[2:6] == ("--tables=rho", "--rows=R-margin", "--seeds", "3")
+    assert {"--tuned", "--no-report", f"--out={tmp_path}", "--epochs=45"} <= set(argv)
+    assert started[0].log == os.path.join(str(tmp_path), "margin", "seed3.log")
