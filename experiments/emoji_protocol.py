@@ -523,6 +523,9 @@ def write_record(args: argparse.Namespace, row: str, seed: int, workdir: str) ->
         "commit": commit(),
         "data_sha256": data_sha256(),
         "device": jax.devices()[0].device_kind,
+        # The method's settings the row was built from, which name the selection it was trained
+        # under; the row's builder applies those that fit it (the class-only controls only the
+        # lr, Sharing without decorrelation no decorrelation weight): config.json has the rest.
         "settings": _jsonable(row_settings(row)),
         "meta": evaluation["meta"],
         "results": evaluation["results"],
