@@ -5,7 +5,8 @@ reports: one head, or the heads or members concatenated). Over the seeds both ro
 per-seed differences give a mean and a 95 % Student-t interval (``jdml.statistics.paired``);
 the claim **reproduces** when the interval lies above 0, **does not reproduce** when it lies
 below, and is **not resolved** when it holds 0 or rests on one seed. The records are those of
-``experiments/emoji_protocol.py`` (``--results``); rows without records are left out.
+``experiments/emoji_protocol.py`` (``--results``); a claim whose rows lack a record for any of
+``--seeds`` is left out (so a table filling in lists only the claims it can state in full).
 
 Usage: python experiments/emoji_claims.py [--results experiments/results/emoji-v2-45]
            [--epochs 45] [--seeds 0 1 2 3 4] [--plot claims.png]
@@ -91,6 +92,8 @@ def claim_row(claim: Claim, args: argparse.Namespace) -> list[str] | None:
         what = "concatenation" if claim.concat else "one head" if claim.frozen < 0 else "member 1"
         compared = f"{protocol.ROWS[claim.row][0]} - {protocol.ROWS[claim.base][0]} ({what})"
     n = d.n if claim.fixed is None else len(seeds)
+    if n < len(args.seeds):  # a claim is listed once its rows have every requested seed
+        return None
     return [claim.paper, claim.text, compared, str(n), d.cell(), f"**{d.verdict()}**"]
 
 
@@ -122,7 +125,7 @@ def plot_claims(args: argparse.Namespace, path: str) -> None:
             continue
         a = argparse.Namespace(**{**vars(args), "frozen_stages": claim.frozen})
         d = protocol.difference(claim.row, claim.base, a, claim.concat)
-        if d is not None:
+        if d is not None and d.n >= len(args.seeds):
             shown.append((f"{claim.paper}: {claim.text}", d))
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(shown) + 1.2))
     for y, (_, d) in enumerate(reversed(shown)):
