@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import textwrap
+from types import ModuleType
 
 import jax
 import numpy as np
@@ -230,3 +233,15 @@ def tree_digest(root: str) -> dict[str, str]:
         for name in folders:
             out.setdefault(os.path.relpath(os.path.join(folder, name), root) + "/", "folder")
     return out
+
+
+def load_experiment(name: str) -> ModuleType:
+    """``experiments/<name>.py`` as a module, registered under ``name`` (its dataclasses and its
+    own imports of sibling scripts look their module up there)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "experiments", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

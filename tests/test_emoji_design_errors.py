@@ -3,24 +3,20 @@ points."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import numpy as np
 import pytest
 
 from jdml.errors import DataError
+from tests.helpers import load_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def script():
-    path = os.path.join(ROOT, "experiments", "emoji_design_errors.py")
-    spec = importlib.util.spec_from_file_location("emoji_design_errors", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("emoji_design_errors")
 
 
 def test_design_errors_on_explicit_points(script):

@@ -6,7 +6,6 @@ which memory fraction, so that the scheduling is checked without training anythi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -17,18 +16,14 @@ import time
 
 import pytest
 
+from tests.helpers import load_experiment
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def parallel():
-    spec = importlib.util.spec_from_file_location(
-        "parallel", os.path.join(ROOT, "experiments", "parallel.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["parallel"] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("parallel")
 
 
 @pytest.mark.parametrize(

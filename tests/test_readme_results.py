@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib.util
 import json
 import os
 import re
 import sys
 
 import pytest
+
+from tests.helpers import load_experiment
 
 
 def _checked_table(title: str) -> bool:
@@ -36,12 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def protocol():
-    spec = importlib.util.spec_from_file_location(
-        "emoji_protocol", os.path.join(ROOT, "experiments", "emoji_protocol.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("emoji_protocol")
 
 
 def _cells(line: str) -> list[str]:
@@ -186,12 +182,7 @@ def _block_at(text: list[str], block: list[str]) -> int:
 def test_the_claim_tables_are_computed_from_the_records(results, seeds, least):
     """Each claim table at the top of the results (format 1, and format 2 as its rows fill) is
     what ``experiments/emoji_claims.py`` prints for the records it names, verdicts included."""
-    spec = importlib.util.spec_from_file_location(
-        "emoji_claims", os.path.join(ROOT, "experiments", "emoji_claims.py")
-    )
-    claims = importlib.util.module_from_spec(spec)
-    sys.modules["emoji_claims"] = claims  # its dataclasses look their module up
-    spec.loader.exec_module(claims)
+    claims = load_experiment("emoji_claims")
     args = argparse.Namespace(
         results=os.path.join(ROOT, "experiments", "results", results), epochs=45, seeds=seeds
     )
