@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emoji_protocol as protocol
 
-from jdml.statistics import paired
+from jdml.statistics import Paired, paired
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +77,9 @@ CLAIMS: tuple[Claim, ...] = (
 )  # fmt: skip
 
 
-def claim_row(claim: Claim, args: argparse.Namespace) -> list[str] | None:
-    """The claim's table row, or None when a row it compares has no record."""
+def claim_difference(claim: Claim, args: argparse.Namespace) -> Paired | None:
+    """The claim's paired difference in test Recall@1, or None unless both its rows have a
+    record for every one of ``args.seeds`` (a claim is stated in full or not at all)."""
     a = argparse.Namespace(**{**vars(args), "frozen_stages": claim.frozen})
     if claim.fixed:
         base = protocol.baselines(args.results, [], compute=False).get(claim.fixed)
@@ -87,18 +88,22 @@ def claim_row(claim: Claim, args: argparse.Namespace) -> list[str] | None:
             return None
         seeds = sorted(values)
         d = paired([values[k] for k in seeds], [base["recall@1"][0]] * len(seeds))
-        compared = f"{protocol.ROWS[claim.row][0]} - {claim.fixed.split(' (')[0]}"
     else:
         d = protocol.difference(claim.row, claim.base, a, claim.concat)
-        if d is None:
-            return None
-        seeds = d.n
+    return d if d is not None and d.n >= len(args.seeds) else None
+
+
+def claim_row(claim: Claim, args: argparse.Namespace) -> list[str] | None:
+    """The claim's table row, or None when :func:`claim_difference` has no difference."""
+    d = claim_difference(claim, args)
+    if d is None:
+        return None
+    if claim.fixed:
+        compared = f"{protocol.ROWS[claim.row][0]} - {claim.fixed.split(' (')[0]}"
+    else:
         what = "concatenation" if claim.concat else "one head" if claim.frozen < 0 else "member 1"
         compared = f"{protocol.ROWS[claim.row][0]} - {protocol.ROWS[claim.base][0]} ({what})"
-    n = d.n if claim.fixed is None else len(seeds)
-    if n < len(args.seeds):  # a claim is listed once its rows have every requested seed
-        return None
-    return [claim.paper, claim.text, compared, str(n), d.cell(), f"**{d.verdict()}**"]
+    return [claim.paper, claim.text, compared, str(d.n), d.cell(), f"**{d.verdict()}**"]
 
 
 def claims_table(args: argparse.Namespace) -> str:
@@ -125,11 +130,8 @@ def plot_claims(args: argparse.Namespace, path: str) -> None:
     colours = {"reproduces": "#1a9641", "does not reproduce": "#d7191c", "not resolved": "#888888"}
     shown = []
     for claim in CLAIMS:
-        if claim.fixed:
-            continue
-        a = argparse.Namespace(**{**vars(args), "frozen_stages": claim.frozen})
-        d = protocol.difference(claim.row, claim.base, a, claim.concat)
-        if d is not None and d.n >= len(args.seeds):
+        d = None if claim.fixed else claim_difference(claim, args)
+        if d is not None:
             shown.append((f"{claim.paper}: {claim.text}", d))
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(shown) + 1.2))
     for y, (_, d) in enumerate(reversed(shown)):
