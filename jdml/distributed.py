@@ -13,6 +13,7 @@ results); checkpoints are written cooperatively by orbax (each process its own s
 
 from __future__ import annotations
 
+import logging
 import os
 
 import jax
@@ -37,6 +38,17 @@ def initialize(coordinator_address: str = "", num_processes: int = 0, process_id
         )
     else:
         jax.distributed.initialize()
+    logging.getLogger("absl").addFilter(_one_line_peer_failures)
+
+
+def _one_line_peer_failures(record: logging.LogRecord) -> bool:
+    """A logging filter: a peer failure that a checkpoint library's background thread logs keeps
+    its one-line message but loses its stack dump (the main thread reports the failure with its
+    own ``error:`` line, see :func:`peer_failure`)."""
+    error = record.exc_info[1] if record.exc_info else None
+    if error is not None and is_peer_failure(error):
+        record.exc_info, record.exc_text = None, None
+    return True
 
 
 def is_main_process() -> bool:

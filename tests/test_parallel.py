@@ -245,3 +245,36 @@ def test_a_two_process_run_killed_on_one_host_stops_the_other_in_one_line(npz, t
             p.wait()
     outputs = train_in_processes(config, str(workdir))
     assert "Resuming from the checkpoint" in outputs[0] and "results:" in outputs[0]
+
+
+def test_a_peer_failure_logged_by_a_checkpoint_thread_keeps_one_line(monkeypatch, capsys):
+    """Where the peer dies while orbax saves, orbax's thread logs the failed collective; the
+    filter :func:`jdml.distributed.initialize` installs keeps that log's line and drops its stack
+    dump (the trainer prints the ``error:`` line); other logged exceptions keep theirs."""
+    import logging
+
+    from absl import logging as absl_logging
+
+    from jdml import distributed
+
+    monkeypatch.setattr(distributed.jax, "process_count", lambda: 2)
+    logger = logging.getLogger("absl")
+    handler = logging.StreamHandler()
+    logger.addHandler(handler)
+    logger.addFilter(distributed._one_line_peer_failures)
+    try:
+        for error in (
+            jax.errors.JaxRuntimeError("UNKNOWN: Gloo AllGather failed: Connection reset by peer"),
+            ValueError("a bug"),
+        ):
+            try:
+                raise error
+            except Exception:
+                absl_logging.exception("the save raised: %s", error)
+    finally:
+        logger.removeFilter(distributed._one_line_peer_failures)
+        logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    peer, bug = err.split("the save raised: a bug")
+    assert "the save raised: UNKNOWN: Gloo AllGather failed" in peer and "Traceback" not in peer
+    assert "Traceback" in bug and "ValueError: a bug" in bug
