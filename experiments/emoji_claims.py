@@ -2,14 +2,26 @@
 
 Each claim says that one row beats another in test Recall@1 (of the embedding the paper
 reports: one head, or the heads or members concatenated). Over the seeds both rows have, the
-per-seed differences give a mean and a 95 % Student-t interval (``jdml.statistics.paired``);
-the claim **reproduces** when the interval lies above 0, **does not reproduce** when it lies
-below, and is **not resolved** when it holds 0 or rests on one seed. The records are those of
-``experiments/emoji_protocol.py`` (``--results``); a claim whose rows lack a record for any of
-``--seeds`` is left out (so a table filling in lists only the claims it can state in full).
+per-seed differences give a mean and a Student-t interval (``jdml.statistics.paired``); the
+claim **reproduces** when the interval lies above 0, **does not reproduce** when it lies below,
+and is **not resolved** when it holds 0 or rests on one seed.
+
+The design, declared before any row had its seeds 3 and 4 (:data:`LOOKS`): every row is
+trained with seeds 0-4 (look 1); a claim still unresolved there gets seeds 5-9 for both its
+rows (look 2). Both looks read the interval at Pocock's level for two looks (97.06 %), so that
+a claim without a true difference gets a verdict at either look with a 5 % chance; reading
+both at 95 % would give one with about 8.7 % (``tests/test_statistics.py``). A table of fewer
+seeds than look 1 is interim, read at 95 %, and decides nothing: seeds 3 and 4 follow for
+every row whatever it says.
+
+The records are those of ``experiments/emoji_protocol.py`` (``--results``); a claim whose rows
+lack a record for any seed of its look is left out (a table filling in lists only the claims
+it can state in full).
 
 Usage: python experiments/emoji_claims.py [--results experiments/results/emoji-v2-45]
-           [--epochs 45] [--seeds 0 1 2 3 4] [--plot claims.png]
+           [--epochs 45] [--seeds 0 1 2 3 4 [5 6 7 8 9]] [--plot claims.png]
+       python experiments/emoji_claims.py --seeds 0 1 2 3 4 --look2-rows -1   # or 3 (DM2's)
+           (the rows look 2 trains: those of the claims unresolved at look 1, comma-separated)
 """
 
 from __future__ import annotations
@@ -23,7 +35,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emoji_protocol as protocol
 
-from jdml.statistics import Paired, paired
+from jdml.statistics import Paired, paired, pocock_level
+
+# The looks of the design: the number of seeds (0, 1, ...) each look reads.
+LOOKS = (5, 10)
+LOOK_LEVEL = pocock_level(len(LOOKS))
+INTERIM_LEVEL = 0.95
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,40 +94,78 @@ CLAIMS: tuple[Claim, ...] = (
 )  # fmt: skip
 
 
-def claim_difference(claim: Claim, args: argparse.Namespace) -> Paired | None:
-    """The claim's paired difference in test Recall@1, or None unless both its rows have a
-    record for every one of ``args.seeds`` (a claim is stated in full or not at all)."""
-    a = argparse.Namespace(**{**vars(args), "frozen_stages": claim.frozen})
+def _difference(claim: Claim, args: argparse.Namespace, seeds: list[int], level: float):
+    """The claim's paired difference over ``seeds`` at ``level``, or None unless both its rows
+    have a record for every one of them (a claim is stated in full or not at all)."""
+    a = argparse.Namespace(**{**vars(args), "seeds": seeds, "frozen_stages": claim.frozen})
     if claim.fixed:
         base = protocol.baselines(args.results, [], compute=False).get(claim.fixed)
         values = protocol._by_seed(claim.row, a, None)
         if not base or not values:
             return None
-        seeds = sorted(values)
-        d = paired([values[k] for k in seeds], [base["recall@1"][0]] * len(seeds))
+        found = sorted(values)
+        d = paired([values[k] for k in found], [base["recall@1"][0]] * len(found), level)
     else:
-        d = protocol.difference(claim.row, claim.base, a, claim.concat)
-    return d if d is not None and d.n >= len(args.seeds) else None
+        d = protocol.difference(claim.row, claim.base, a, claim.concat, level)
+    return d if d is not None and d.n >= len(seeds) else None
+
+
+def claim_difference(claim: Claim, args: argparse.Namespace) -> tuple[Paired, str] | None:
+    """The claim's paired difference in test Recall@1 and the look it is read at, or None.
+
+    With fewer of ``args.seeds`` than the first look, the difference over all of them at 95 %
+    ("before look 1"). Otherwise the first look's (its number of seeds, lowest first) at the
+    design's level, and the next look's where that one is unresolved and the seeds reach it.
+    """
+    seeds = sorted(args.seeds)
+    if len(seeds) < LOOKS[0]:
+        d = _difference(claim, args, seeds, INTERIM_LEVEL)
+        return None if d is None else (d, f"{100 * INTERIM_LEVEL:.0f} %, before look 1")
+    found = None
+    for k, look in enumerate(LOOKS, 1):
+        d = _difference(claim, args, seeds[:look], LOOK_LEVEL) if look <= len(seeds) else None
+        if d is None:
+            break
+        found = (d, f"{100 * LOOK_LEVEL:.2f} %, look {k} of {len(LOOKS)}")
+        if d.verdict() != "not resolved":
+            break
+    return found
 
 
 def claim_row(claim: Claim, args: argparse.Namespace) -> list[str] | None:
     """The claim's table row, or None when :func:`claim_difference` has no difference."""
-    d = claim_difference(claim, args)
-    if d is None:
+    found = claim_difference(claim, args)
+    if found is None:
         return None
+    d, look = found
     if claim.fixed:
         compared = f"{protocol.ROWS[claim.row][0]} - {claim.fixed.split(' (')[0]}"
     else:
         what = "concatenation" if claim.concat else "one head" if claim.frozen < 0 else "member 1"
         compared = f"{protocol.ROWS[claim.row][0]} - {protocol.ROWS[claim.base][0]} ({what})"
-    return [claim.paper, claim.text, compared, str(d.n), d.cell(), f"**{d.verdict()}**"]
+    return [claim.paper, claim.text, compared, str(d.n), d.cell(), look, f"**{d.verdict()}**"]
+
+
+def look2_rows(args: argparse.Namespace, frozen: int) -> list[str]:
+    """The rows whose seeds 5-9 look 2 needs: both rows of every claim (with ``frozen`` stages
+    frozen) that look 1 leaves unresolved, in the claims' order, each once; empty before every
+    such claim has its look-1 seeds (a claim without them is not yet read)."""
+    look1 = argparse.Namespace(**{**vars(args), "seeds": list(range(LOOKS[0]))})
+    rows: list[str] = []
+    for claim in CLAIMS:
+        if claim.frozen != frozen:
+            continue
+        found = claim_difference(claim, look1)
+        if found is not None and found[0].verdict() == "not resolved":
+            rows += [r for r in (claim.row, claim.base) if r and r not in rows]
+    return rows
 
 
 def claims_table(args: argparse.Namespace) -> str:
     lines = [
         f"| claim, emoji test, {args.epochs} epochs | says | rows compared | seeds "
-        "| Δ recall@1 [95 % CI] | verdict |",
-        "|---|---|---|---|---|---|",
+        "| Δ recall@1 [CI] | CI level, look | verdict |",
+        "|---|---|---|---|---|---|---|",
     ]
     for claim in CLAIMS:
         row = claim_row(claim, args)
@@ -120,8 +175,8 @@ def claims_table(args: argparse.Namespace) -> str:
 
 
 def plot_claims(args: argparse.Namespace, path: str) -> None:
-    """The claims' paired differences and 95 % intervals, one line each, coloured by verdict
-    (the fixed-baseline claims, tens of points away, are left out of the plot)."""
+    """The claims' paired differences and intervals (at their look's level), one line each,
+    coloured by verdict (the fixed-baseline claims, tens of points away, are left out)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,9 +185,9 @@ def plot_claims(args: argparse.Namespace, path: str) -> None:
     colours = {"reproduces": "#1a9641", "does not reproduce": "#d7191c", "not resolved": "#888888"}
     shown = []
     for claim in CLAIMS:
-        d = None if claim.fixed else claim_difference(claim, args)
-        if d is not None:
-            shown.append((f"{claim.paper}: {claim.text}", d))
+        found = None if claim.fixed else claim_difference(claim, args)
+        if found is not None:
+            shown.append((f"{claim.paper}: {claim.text}", found[0]))
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(shown) + 1.2))
     for y, (_, d) in enumerate(reversed(shown)):
         colour = colours[d.verdict()]
@@ -141,7 +196,8 @@ def plot_claims(args: argparse.Namespace, path: str) -> None:
         ax.plot(100 * d.mean, y, "o", color=colour)
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(shown)), [label for label, _ in reversed(shown)], fontsize=8)
-    ax.set_xlabel("Δ test Recall@1, points (paired over seeds, 95 % interval)")
+    levels = sorted({f"{100 * d.level:g} %" for _, d in shown})
+    ax.set_xlabel(f"Δ test Recall@1, points (paired over seeds, {' / '.join(levels)} interval)")
     handles = [plt.Line2D([], [], color=c, marker="o", lw=2, label=v) for v, c in colours.items()]
     # Outside the axes, right of them, so that it never covers an interval or the zero line.
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -161,7 +217,17 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=45)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--plot", help="also draw the intervals into this PNG")
+    parser.add_argument(
+        "--look2-rows",
+        type=int,
+        metavar="FROZEN",
+        help="print only the rows look 2 trains, of the claims with FROZEN stages frozen (-1, or "
+        "3 for DM2's), comma-separated",
+    )
     args = parser.parse_args()
+    if args.look2_rows is not None:
+        print(",".join(look2_rows(args, args.look2_rows)))
+        return
     print(claims_table(args), end="")
     if args.plot:
         plot_claims(args, args.plot)

@@ -707,10 +707,11 @@ def _by_seed(row: str, args: argparse.Namespace, concat: str | None) -> dict[int
 
 
 def difference(
-    row: str, base: str, args: argparse.Namespace, concat: bool = False
+    row: str, base: str, args: argparse.Namespace, concat: bool = False, level: float = 0.95
 ) -> Paired | None:
-    """``row`` - ``base`` in test Recall@1 over their common seeds (``concat``: the row's
-    concatenation against the base's, or the base's main head if it has one head)."""
+    """``row`` - ``base`` in test Recall@1 over their common seeds, with its ``level`` interval
+    (``concat``: the row's concatenation against the base's, or the base's main head if it has
+    one head)."""
     row_concat = _concat_name(ROWS[row][1]()) if concat else None
     if concat and row_concat is None:
         return None
@@ -719,7 +720,7 @@ def difference(
     seeds = sorted(set(a) & set(b))
     if not seeds or row == base:
         return None
-    return paired([a[k] for k in seeds], [b[k] for k in seeds])
+    return paired([a[k] for k in seeds], [b[k] for k in seeds], level)
 
 
 def table(name: str, rows: tuple[str, ...], args: argparse.Namespace) -> str:

@@ -6,8 +6,9 @@
 #    TUNE_EPOCHS epochs, selected on the validation classes only (the baseline's learning rate
 #    first: the other methods train at the rate it selects);
 # 2. every headline table with the selected values (--tuned), seeds 0-2 row by row, then seeds
-#    3-4 (the rows whose claims rest on differences under 2 points need them), then the wider
-#    Revisiting comparison at seed 0.
+#    3-4 (look 1 of the claims' design, experiments/emoji_claims.py), then the wider Revisiting
+#    comparison at seed 0;
+# 3. look 2: seeds 5-9 for both rows of every claim that look 1 leaves unresolved.
 #
 # Every call resumes: finished runs are skipped (a record of other data or other settings is
 # not reused), interrupted ones continue from their last checkpoint. EPOCHS sets the headline
@@ -48,3 +49,11 @@ for seeds in "0 1 2" "0 1 2 3 4"; do
 done
 run --tables losses --seeds 0
 run --tables samplers --seeds 0
+look2_rows() {  # the rows of the claims with $1 stages frozen that look 1 leaves unresolved
+  "${PYTHON:-python}" experiments/emoji_claims.py --epochs "$epochs" --seeds 0 1 2 3 4 \
+    --results "${RESULTS:-experiments/results/emoji-v2-$epochs}" --look2-rows "$1"
+}
+rows="$(look2_rows -1)"
+if [ -n "$rows" ]; then run --tables protocol,rho,sharing,diva --rows "$rows" --seeds 0 1 2 3 4 5 6 7 8 9; fi
+rows="$(look2_rows 3)"
+if [ -n "$rows" ]; then run "${DM2[@]}" --rows "$rows" --seeds 0 1 2 3 4 5 6 7 8 9; fi

@@ -8,6 +8,10 @@ then reads, from the interval of A - B:
 * **reproduces**: the whole interval lies on the claimed side of 0;
 * **does not reproduce**: the whole interval lies on the other side;
 * **not resolved**: the interval holds 0 (more seeds, or a larger effect, would decide).
+
+A design that adds seeds to the claims still unresolved and reads the interval again looks at
+the data more than once; :func:`pocock_level` gives the level each look's interval must use so
+that the chance of a false verdict over all looks stays at ``alpha`` (Pocock, 1977).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 VERDICTS = ("reproduces", "does not reproduce", "not resolved")
 
@@ -72,3 +76,31 @@ def paired(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> Paire
         return Paired(mean, -math.inf, math.inf, 1, level)
     half = float(stats.t.ppf(0.5 + level / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
     return Paired(mean, mean - half, mean + half, int(d.size), level)
+
+
+def pocock_level(looks: int, alpha: float = 0.05) -> float:
+    """The two-sided confidence level of each of ``looks`` equally spaced looks at accumulating
+    data (the same number of new seeds before each), such that a claim whose true difference is
+    0 gets a verdict at some look with probability ``alpha`` (Pocock, "Group sequential methods
+    in the design and analysis of clinical trials", Biometrika 1977).
+
+    The boundary is Pocock's: under the normal approximation the look-``k`` statistics are
+    ``Z_k = S_k / sqrt(k)`` of a random walk (correlation ``sqrt(j / k)`` between looks ``j <
+    k``), and ``c`` solves ``P(max_k |Z_k| > c) = alpha`` (c = 2.178 for two looks, 2.413 for
+    five). Each look then reads its Student-t interval at the level ``1 - 2 * (1 - Phi(c))``
+    (0.9706 for two looks), the usual small-sample use of the nominal level.
+    """
+    if looks < 1 or not 0.0 < alpha < 1.0:
+        raise ValueError(f"need looks >= 1 and 0 < alpha < 1, got looks={looks}, alpha={alpha}")
+    if looks == 1:
+        return 1.0 - alpha
+    k = np.arange(1, looks + 1)
+    corr = np.sqrt(np.minimum.outer(k, k) / np.maximum.outer(k, k))
+    walk = stats.multivariate_normal(np.zeros(looks), corr, seed=0)
+
+    def excess(c: float) -> float:
+        inside = walk.cdf(np.full(looks, c), lower_limit=np.full(looks, -c))
+        return 1.0 - inside - alpha
+
+    c = optimize.brentq(excess, stats.norm.isf(alpha / 2), 6.0, xtol=1e-7)
+    return float(1.0 - 2.0 * stats.norm.sf(c))

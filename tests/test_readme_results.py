@@ -271,3 +271,55 @@ def test_parallel_jobs_train_each_missing_run_once(protocol, monkeypatch, tmp_pa
     assert argv[2:6] == ("--tables=rho", "--rows=R-margin", "--seeds", "3")
     assert {"--tuned", "--no-report", f"--out={tmp_path}", "--epochs=45"} <= set(argv)
     assert started[0].log == os.path.join(str(tmp_path), "margin", "seed3.log")
+
+
+def test_a_claim_is_read_at_the_first_look_that_resolves_it(monkeypatch):
+    """The design of ``experiments/emoji_claims.py``: under 5 seeds the 95 % interval; from 5,
+    look 1 at the two-look level, and look 2 (10 seeds) only where look 1 is unresolved and
+    both rows reach 10 seeds."""
+    from jdml.statistics import paired
+
+    claims = load_experiment("emoji_claims")
+    # Per seed differences: "up" clears 0 at 5 seeds; "late" only at 10; "never" holds 0 at both.
+    data = {
+        "up": [1.0, 1.2, 0.9, 1.1, 1.0, 1.3, 0.8, 1.0, 1.1, 0.9],
+        "late": [1.0, -0.5, 1.2, 0.1, 0.9, 1.0, 0.8, 1.1, 0.7, 0.9],
+        "never": [1.0, -1.0, 0.5, -0.5, 0.2, -0.2, 0.1, -0.1, 0.3, -0.3],
+        "short": [1.0, -0.5, 1.2, 0.1, 0.9, 1.0, 0.8],  # "late" whose rows have seeds 0-6 only
+    }
+
+    def fake(claim, args, seeds, level):
+        values = data[claim.row][: len(seeds)]
+        return paired(values, [0.0] * len(values), level) if len(values) == len(seeds) else None
+
+    monkeypatch.setattr(claims, "_difference", fake)
+    claim = lambda row: claims.Claim("paper", "text", row, "base", False)  # noqa: E731
+    args = lambda n: argparse.Namespace(seeds=list(range(n)))  # noqa: E731
+    level = f"{100 * claims.LOOK_LEVEL:.2f} %"
+    for row, n, seeds, look, verdict in (
+        ("up", 3, 3, "95 %, before look 1", "reproduces"),
+        ("up", 10, 5, f"{level}, look 1 of 2", "reproduces"),
+        ("late", 5, 5, f"{level}, look 1 of 2", "not resolved"),
+        ("late", 10, 10, f"{level}, look 2 of 2", "reproduces"),
+        ("never", 10, 10, f"{level}, look 2 of 2", "not resolved"),
+        ("short", 10, 5, f"{level}, look 1 of 2", "not resolved"),
+    ):
+        d, said = claims.claim_difference(claim(row), args(n))
+        assert (d.n, said, d.verdict()) == (seeds, look, verdict), row
+    assert claims.claim_difference(claim("short"), args(3))[0].n == 3
+    data["short"] = data["short"][:4]
+    assert claims.claim_difference(claim("short"), args(5)) is None
+    # Look 2 trains both rows of the claims look 1 leaves unresolved, for DM2's claims apart.
+    data["base"] = data["up"]
+    monkeypatch.setattr(
+        claims,
+        "CLAIMS",
+        (
+            claims.Claim("p", "t", "up", "base", False),
+            claims.Claim("p", "t", "late", "base", False),
+            claims.Claim("p", "t", "never", "base", False, frozen=3),
+            claims.Claim("p", "t", "late", "", False, fixed="raw pixels"),
+        ),
+    )
+    assert claims.look2_rows(args(5), -1) == ["late", "base"]
+    assert claims.look2_rows(args(10), 3) == ["never", "base"]

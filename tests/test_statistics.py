@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from jdml.statistics import mean_std, paired
+from jdml.statistics import mean_std, paired, pocock_level
 
 
 def test_mean_and_sample_std():
@@ -39,3 +39,40 @@ def test_verdicts_follow_the_interval_and_the_claimed_sign():
     assert one.verdict() == "not resolved" and one.cell() == "+100.00 (1 seed)"
     with pytest.raises(ValueError):
         paired([1.0, 2.0], [1.0])
+
+
+def test_pocock_levels_match_the_tabulated_boundaries():
+    """Pocock's (1977) constants for 2-5 looks at a 5 % two-sided error: 2.178, 2.289, 2.361,
+    2.413 (the nominal level is 1 - 2 * (1 - Phi(c))); one look is the plain 95 %."""
+    from scipy import stats
+
+    assert pocock_level(1) == pytest.approx(0.95)
+    for looks, c in ((2, 2.178), (3, 2.289), (4, 2.361), (5, 2.413)):
+        assert stats.norm.isf((1 - pocock_level(looks)) / 2) == pytest.approx(c, abs=2e-3)
+    assert pocock_level(2) == pytest.approx(0.9706, abs=2e-4)
+    with pytest.raises(ValueError):
+        pocock_level(0)
+
+
+def test_a_two_look_design_at_the_pocock_level_keeps_its_error_rate():
+    """Simulated claims with no true difference, 5 seeds then 5 more where the first look is
+    unresolved: reading both looks at 95 % gives a false verdict far more often than 5 %, at
+    the Pocock level about 5 % (Student-t intervals as :func:`paired` draws them)."""
+    import numpy as np
+    from scipy import stats
+
+    d = np.random.default_rng(0).standard_normal((200_000, 10))
+
+    def resolved(x: np.ndarray, level: float) -> np.ndarray:
+        n = x.shape[1]
+        half = stats.t.ppf(0.5 + level / 2, n - 1) * x.std(1, ddof=1) / np.sqrt(n)
+        return np.abs(x.mean(1)) > half
+
+    x = d[0, :5]  # the vectorised reading is paired's
+    for level in (0.95, pocock_level(2)):
+        assert resolved(x[None], level)[0] == (
+            paired(x, np.zeros(5), level).verdict() != "not resolved"
+        )
+    for level, low, high in ((0.95, 0.080, 0.090), (pocock_level(2), 0.047, 0.056)):
+        false = (resolved(d[:, :5], level) | resolved(d, level)).mean()
+        assert low < false < high, (level, false)
