@@ -148,8 +148,8 @@ def claim_row(claim: Claim, args: argparse.Namespace) -> list[str] | None:
 
 def look2_rows(args: argparse.Namespace, frozen: int) -> list[str]:
     """The rows whose seeds 5-9 look 2 needs: both rows of every claim (with ``frozen`` stages
-    frozen) that look 1 leaves unresolved, in the claims' order, each once; empty before every
-    such claim has its look-1 seeds (a claim without them is not yet read)."""
+    frozen) that look 1 leaves unresolved, in the claims' order, each once (a claim whose rows
+    lack a look-1 seed is not read yet, and adds none)."""
     look1 = argparse.Namespace(**{**vars(args), "seeds": list(range(LOOKS[0]))})
     rows: list[str] = []
     for claim in CLAIMS:
