@@ -94,7 +94,9 @@ CLAIMS: tuple[Claim, ...] = (
 )  # fmt: skip
 
 
-def _difference(claim: Claim, args: argparse.Namespace, seeds: list[int], level: float):
+def _difference(
+    claim: Claim, args: argparse.Namespace, seeds: list[int], level: float
+) -> Paired | None:
     """The claim's paired difference over ``seeds`` at ``level``, or None unless both its rows
     have a record for every one of them (a claim is stated in full or not at all)."""
     a = argparse.Namespace(**{**vars(args), "seeds": seeds, "frozen_stages": claim.frozen})
