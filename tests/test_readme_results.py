@@ -240,7 +240,7 @@ def test_parallel_jobs_train_each_missing_run_once(protocol, monkeypatch, tmp_pa
 
     def run_jobs(jobs, slots, echo):
         started.extend(jobs)
-        return ["R-margin seed 3"]  # one failed: left out of the tables
+        return ["R-margin seed 99"]  # one failed: left out of the tables
 
     fake = types.SimpleNamespace(Job=lambda **kw: types.SimpleNamespace(**kw), run_jobs=run_jobs)
     monkeypatch.setitem(sys.modules, "parallel", fake)
@@ -251,7 +251,7 @@ def test_parallel_jobs_train_each_missing_run_once(protocol, monkeypatch, tmp_pa
             results=os.path.join(ROOT, "experiments", "results", "emoji-v2-45"),
             out=str(tmp_path),
             epochs=45,
-            seeds=[0, 1, 2, 3],
+            seeds=[0, 1, 2, 99],  # 99: a seed no record will ever have
             frozen_stages=-1,
             cohort=3,
             tune_epochs=20,
@@ -265,12 +265,12 @@ def test_parallel_jobs_train_each_missing_run_once(protocol, monkeypatch, tmp_pa
         failed = protocol.train_in_parallel(names, tables, args)
     finally:
         protocol.SETTINGS.clear()
-    assert [j.name for j in started] == ["margin seed 3", "R-margin seed 3"]
-    assert failed == [("R-margin", 3)]
+    assert [j.name for j in started] == ["margin seed 99", "R-margin seed 99"]
+    assert failed == [("R-margin", 99)]
     argv = started[1].argv
-    assert argv[2:6] == ("--tables=rho", "--rows=R-margin", "--seeds", "3")
+    assert argv[2:6] == ("--tables=rho", "--rows=R-margin", "--seeds", "99")
     assert {"--tuned", "--no-report", f"--out={tmp_path}", "--epochs=45"} <= set(argv)
-    assert started[0].log == os.path.join(str(tmp_path), "margin", "seed3.log")
+    assert started[0].log == os.path.join(str(tmp_path), "margin", "seed99.log")
 
 
 def test_a_claim_is_read_at_the_first_look_that_resolves_it(monkeypatch):
