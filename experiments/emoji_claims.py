@@ -14,12 +14,14 @@ a claim without a true difference gets a verdict at either look with a chance of
 (``tests/test_statistics.py``). A table of fewer seeds than look 1 is interim, read at 95 %,
 and decides nothing: seeds 3 and 4 follow for every row whatever it says.
 
-The records are those of ``experiments/emoji_protocol.py`` (``--results``); a claim whose rows
-lack a record for any seed of its look is left out (a table filling in lists only the claims
-it can state in full).
+The records are those of ``experiments/emoji_protocol.py`` (``--results``). With ``--seeds``
+reaching look 1, each claim is read at the furthest look both its rows have every seed of; a
+claim short of look 1 is read over the first :data:`INTERIM_SEEDS` seeds instead, at 95 % and
+labelled "before look 1", so that a table filling in shows every claim at the reading its
+records allow. A claim whose rows lack even those seeds is left out.
 
 Usage: python experiments/emoji_claims.py [--results experiments/results/emoji-v2-45]
-           [--epochs 45] [--seeds 0 1 2 3 4 [5 6 7 8 9]] [--plot claims.png]
+           [--epochs 45] [--seeds 0 1 2 3 4 5 6 7 8 9] [--plot claims.png]
        python experiments/emoji_claims.py --seeds 0 1 2 3 4 --look2-rows -1   # or 3 (DM2's)
            (the rows look 2 trains: those of the claims unresolved at look 1, comma-separated)
 """
@@ -41,6 +43,7 @@ from jdml.statistics import Paired, paired, pocock_level
 LOOKS = (5, 10)
 LOOK_LEVEL = pocock_level(len(LOOKS))
 INTERIM_LEVEL = 0.95
+INTERIM_SEEDS = 3  # the seeds of an interim reading, when a claim's rows are short of look 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,12 +120,12 @@ def claim_difference(claim: Claim, args: argparse.Namespace) -> tuple[Paired, st
 
     With fewer of ``args.seeds`` than the first look, the difference over all of them at 95 %
     ("before look 1"). Otherwise the first look's (its number of seeds, lowest first) at the
-    design's level, and the next look's where that one is unresolved and the seeds reach it.
+    design's level, and the next look's where that one is unresolved and the records reach it;
+    where the records do not reach look 1, the interim reading over the first
+    :data:`INTERIM_SEEDS` seeds.
     """
     seeds = sorted(args.seeds)
-    if len(seeds) < LOOKS[0]:
-        d = _difference(claim, args, seeds, INTERIM_LEVEL)
-        return None if d is None else (d, f"{100 * INTERIM_LEVEL:.0f} %, before look 1")
+    interim = seeds if len(seeds) < LOOKS[0] else seeds[:INTERIM_SEEDS]
     found = None
     for k, look in enumerate(LOOKS, 1):
         d = _difference(claim, args, seeds[:look], LOOK_LEVEL) if look <= len(seeds) else None
@@ -131,6 +134,9 @@ def claim_difference(claim: Claim, args: argparse.Namespace) -> tuple[Paired, st
         found = (d, f"{100 * LOOK_LEVEL:.2f} %, look {k} of {len(LOOKS)}")
         if d.verdict() != "not resolved":
             break
+    if found is None:
+        d = _difference(claim, args, interim, INTERIM_LEVEL)
+        found = None if d is None else (d, f"{100 * INTERIM_LEVEL:.0f} %, before look 1")
     return found
 
 
@@ -151,14 +157,14 @@ def claim_row(claim: Claim, args: argparse.Namespace) -> list[str] | None:
 def look2_rows(args: argparse.Namespace, frozen: int) -> list[str]:
     """The rows whose seeds 5-9 look 2 needs: both rows of every claim (with ``frozen`` stages
     frozen) that look 1 leaves unresolved, in the claims' order, each once (a claim whose rows
-    lack a look-1 seed is not read yet, and adds none)."""
+    lack a look-1 seed has only an interim reading, and adds none)."""
     look1 = argparse.Namespace(**{**vars(args), "seeds": list(range(LOOKS[0]))})
     rows: list[str] = []
     for claim in CLAIMS:
         if claim.frozen != frozen:
             continue
         found = claim_difference(claim, look1)
-        if found is not None and found[0].verdict() == "not resolved":
+        if found is not None and found[0].n >= LOOKS[0] and found[0].verdict() == "not resolved":
             rows += [r for r in (claim.row, claim.base) if r and r not in rows]
     return rows
 
@@ -203,11 +209,13 @@ def plot_claims(args: argparse.Namespace, path: str) -> None:
     handles = [plt.Line2D([], [], color=c, marker="o", lw=2, label=v) for v, c in colours.items()]
     # Outside the axes, right of them, so that it never covers an interval or the zero line.
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title(
-        f"{os.path.basename(os.path.normpath(args.results))}: {args.epochs} epochs, "
-        f"seeds {', '.join(map(str, args.seeds))}",
-        fontsize=9,
+    seeds = (
+        "each claim at the furthest look its records reach"
+        if len(args.seeds) >= LOOKS[0]
+        else f"seeds {', '.join(map(str, args.seeds))}"
     )
+    name = os.path.basename(os.path.normpath(args.results))
+    ax.set_title(f"{name}: {args.epochs} epochs, {seeds}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -217,7 +225,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--results", default="experiments/results/emoji-v2-45")
     parser.add_argument("--epochs", type=int, default=45)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(LOOKS[-1])))
     parser.add_argument("--plot", help="also draw the intervals into this PNG")
     parser.add_argument(
         "--look2-rows",

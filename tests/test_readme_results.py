@@ -176,7 +176,7 @@ def _block_at(text: list[str], block: list[str]) -> int:
 
 @pytest.mark.parametrize(
     "results, seeds, least",
-    [("emoji-45", [0, 1, 2], 12), ("emoji-v2-45", [0, 1, 2], 3)],
+    [("emoji-45", [0, 1, 2], 12), ("emoji-v2-45", list(range(10)), 14)],
     ids=["format1", "format2"],
 )
 def test_the_claim_tables_are_computed_from_the_records(results, seeds, least):
@@ -276,7 +276,7 @@ def test_parallel_jobs_train_each_missing_run_once(protocol, monkeypatch, tmp_pa
 def test_a_claim_is_read_at_the_first_look_that_resolves_it(monkeypatch):
     """The design of ``experiments/emoji_claims.py``: under 5 seeds the 95 % interval; from 5,
     look 1 at the two-look level, and look 2 (10 seeds) only where look 1 is unresolved and
-    both rows reach 10 seeds."""
+    both rows reach 10 seeds; rows short of look 1 get the interim reading of seeds 0-2."""
     from jdml.statistics import paired
 
     claims = load_experiment("emoji_claims")
@@ -307,8 +307,13 @@ def test_a_claim_is_read_at_the_first_look_that_resolves_it(monkeypatch):
         d, said = claims.claim_difference(claim(row), args(n))
         assert (d.n, said, d.verdict()) == (seeds, look, verdict), row
     assert claims.claim_difference(claim("short"), args(3))[0].n == 3
+    # Rows short of look 1: the interim reading over the first three seeds, however many asked.
     data["short"] = data["short"][:4]
-    assert claims.claim_difference(claim("short"), args(5)) is None
+    for n in (5, 10):
+        d, said = claims.claim_difference(claim("short"), args(n))
+        assert (d.n, said) == (3, "95 %, before look 1")
+    data["short"] = data["short"][:2]
+    assert claims.claim_difference(claim("short"), args(10)) is None
     # Look 2 trains both rows of the claims look 1 leaves unresolved, for DM2's claims apart.
     data["base"] = data["up"]
     monkeypatch.setattr(
@@ -319,7 +324,9 @@ def test_a_claim_is_read_at_the_first_look_that_resolves_it(monkeypatch):
             claims.Claim("p", "t", "late", "base", False),
             claims.Claim("p", "t", "never", "base", False, frozen=3),
             claims.Claim("p", "t", "late", "", False, fixed="raw pixels"),
+            claims.Claim("p", "t", "interim", "base", False),  # short of look 1: not yet
         ),
     )
+    data["interim"] = data["never"][:4]
     assert claims.look2_rows(args(5), -1) == ["late", "base"]
     assert claims.look2_rows(args(10), 3) == ["never", "base"]
