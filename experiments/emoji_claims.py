@@ -158,13 +158,12 @@ def look2_rows(args: argparse.Namespace, frozen: int) -> list[str]:
     """The rows whose seeds 5-9 look 2 needs: both rows of every claim (with ``frozen`` stages
     frozen) that look 1 leaves unresolved, in the claims' order, each once (a claim whose rows
     lack a look-1 seed has only an interim reading, and adds none)."""
-    look1 = argparse.Namespace(**{**vars(args), "seeds": list(range(LOOKS[0]))})
     rows: list[str] = []
     for claim in CLAIMS:
         if claim.frozen != frozen:
             continue
-        found = claim_difference(claim, look1)
-        if found is not None and found[0].n >= LOOKS[0] and found[0].verdict() == "not resolved":
+        d = _difference(claim, args, list(range(LOOKS[0])), LOOK_LEVEL)  # look 1's reading
+        if d is not None and d.verdict() == "not resolved":
             rows += [r for r in (claim.row, claim.base) if r and r not in rows]
     return rows
 
