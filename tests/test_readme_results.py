@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -330,3 +331,35 @@ def test_a_claim_is_read_at_the_first_look_that_resolves_it(monkeypatch):
     data["interim"] = data["never"][:4]
     assert claims.look2_rows(args(5), -1) == ["late", "base"]
     assert claims.look2_rows(args(10), 3) == ["never", "base"]
+
+
+def test_update_claim_tables_replaces_a_stale_table_with_the_commands_output(tmp_path):
+    """tools/update_claim_tables.py: the table after a claim command becomes the one the
+    command prints now; other fences and the text around stay as they were."""
+    spec = importlib.util.spec_from_file_location(
+        "update_claim_tables", os.path.join(ROOT, "tools", "update_claim_tables.py")
+    )
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    plot = tmp_path / "claims.png"
+    command = (
+        "python experiments/emoji_claims.py --results experiments/results/emoji-45 \\\n"
+        f"  --seeds 0 1 2 --plot {plot}\n"
+    )
+    stale = "| claim, emoji test | verdict |\n|---|---|\n| old | **reproduces** |\n"
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n\n```bash\necho untouched\n```\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+        f"```bash\n{command}```\n\n{stale}\nText after.\n"
+    )
+    assert tool.update(str(page)) == 1
+    text = page.read_text()
+    expected = tool.table_lines(tool.run_command(command))
+    assert expected and expected[0].startswith("| claim, emoji test")
+    assert "\n".join(expected) + "\n\nText after.\n" in text
+    assert "| old |" not in text and "| 1 | 2 |" in text and plot.exists()
+    assert tool.update(str(page)) == 0  # up to date now
+
+    page.write_text(f"```bash\n{command}```\n\nNo table.\n")
+    with pytest.raises(RuntimeError, match="no table after"):
+        tool.update(str(page))
