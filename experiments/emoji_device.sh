@@ -40,8 +40,10 @@ half=$((cores / 2 > 0 ? cores / 2 : 1))
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-$(python3 -c "print(f'{0.9 / $jobs:.3f}')")}"
 export RESULTS="$OUT/results/emoji-v2-$epochs" TUNE_RESULTS="$OUT/results/emoji-v2-tune-$tune" \
   OUT_RUNS="$OUT/runs" PYTHON=python3 JOBS=$((jobs / 2))
-lane() {  # lane name, its cores
-  LANE="$1" OUT="$OUT_RUNS" timeout "${TIME_LIMIT:-480}" taskset -c "$2" \
+lane() {  # lane name, its cores (without taskset the lanes share every core)
+  local pin=()
+  if command -v taskset > /dev/null; then pin=(taskset -c "$2"); fi
+  LANE="$1" OUT="$OUT_RUNS" timeout "${TIME_LIMIT:-480}" "${pin[@]}" \
     bash experiments/emoji_queue.sh > "$OUT/queue-$1.log" 2>&1
   echo "lane $1 exit $? (124: the time limit)"
 }
