@@ -65,16 +65,16 @@ def update(page: str) -> int:
         old = table_lines(text[match.end() :])
         if not new or not old:
             raise RuntimeError(f"no table after {command.strip()!r} (printed or on the page)")
-        head = text[: match.end()]
-        tail = text[match.end() :]
-        at = tail.index("\n".join(old))
-        if old != new:
-            changed += 1
-        text = head + tail[:at] + "\n".join(new) + tail[at + len("\n".join(old)) :]
-    tmp = f"{page}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, page)
+        if old == new:
+            continue
+        changed += 1
+        at = text.index("\n".join(old), match.end())
+        text = text[:at] + "\n".join(new) + text[at + len("\n".join(old)) :]
+    if changed:
+        tmp = f"{page}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, page)
     return changed
 
 
