@@ -70,6 +70,7 @@ from configs.sharing import get_config as sharing_config
 from jdml.allocator import reexec_with_tcmalloc
 from jdml.config import metric_term, set_keys
 from jdml.data.emoji import cache_paths as emoji_cache_paths
+from jdml.errors import WorkdirInUseError
 from jdml.evaluation.embeddings import evaluate_embeddings
 from jdml.fileio import read_jsonl
 from jdml.models.efficientnet import MEAN, STD, EfficientNetLite0
@@ -556,6 +557,9 @@ def configure(
 
 
 def train_row(row: str, seed: int, args: argparse.Namespace) -> None:
+    """Trains one run unless its record exists, and writes its record. A run another process
+    is training (its workdir's lock is held: a second queue lane on the same rows) is skipped
+    with one line, so two lanes can share one list of runs; that process writes its record."""
     if load_record(args, row, seed):
         return
     workdir = run_dir(args.out, row, seed, args.frozen_stages)
@@ -565,7 +569,11 @@ def train_row(row: str, seed: int, args: argparse.Namespace) -> None:
         start = time.perf_counter()
         frozen = ROW_FROZEN.get(row, args.frozen_stages)
         c = configure(ROWS[row][1](), seed, args.epochs, frozen, rho, test=not tuning)
-        train_and_evaluate(c, workdir)
+        try:
+            train_and_evaluate(c, workdir)
+        except WorkdirInUseError as err:
+            print(f"   skipped: {err}", flush=True)
+            return
         print(f"   {time.perf_counter() - start:.0f} s", flush=True)
     record = write_record(args, row, seed, workdir)
     if tuning:

@@ -8,7 +8,8 @@
 # 2. every headline table with the selected values (--tuned), seeds 0-2 row by row, then seeds
 #    3-4 (look 1 of the claims' design, experiments/emoji_claims.py), then the wider Revisiting
 #    comparison at seed 0;
-# 3. look 2: seeds 5-9 for both rows of every claim that look 1 leaves unresolved.
+# 3. look 2: seeds 5-9 for both rows of every claim that look 1 leaves unresolved; a lane
+#    that has finished its own look 2 then trains the free runs of the other lane's.
 #
 # Every call resumes: finished runs are skipped (a record of other data or other settings is
 # not reused), interrupted ones continue from their last checkpoint. EPOCHS sets the headline
@@ -56,6 +57,14 @@ look2_rows() {  # the rows of the claims with $1 stages frozen that look 1 leave
     --results "${RESULTS:-experiments/results/emoji-v2-$epochs}" --look2-rows "$1"
 }
 DM2=(--tables dm2 --frozen-stages 3 --cohort 3)
+look2_other() {  # look 2 of every claim outside DM2 that look 1 leaves unresolved
+  rows="$(look2_rows -1)"
+  if [ -n "$rows" ]; then run --tables protocol,rho,sharing,diva --rows "$rows" --seeds 0 1 2 3 4 5 6 7 8 9; fi
+}
+look2_dm2() {  # look 2 of DM2's unresolved claims
+  rows="$(look2_rows 3)"
+  if [ -n "$rows" ]; then run "${DM2[@]}" --rows "$rows" --seeds 0 1 2 3 4 5 6 7 8 9; fi
+}
 if [ "$lane" != dm2 ]; then
   "${PYTHON:-python}" experiments/emoji_protocol.py --tables tune --seeds 0 --epochs "$tune_epochs" \
     --jobs "${JOBS:-1}" --out "${OUT:-runs}/emoji-v2-tune-$tune_epochs" --results "$tune_results"
@@ -69,14 +78,19 @@ if [ "$lane" != dm2 ]; then
   done
   run --tables losses --seeds 0
   run --tables samplers --seeds 0
-  rows="$(look2_rows -1)"
-  if [ -n "$rows" ]; then run --tables protocol,rho,sharing,diva --rows "$rows" --seeds 0 1 2 3 4 5 6 7 8 9; fi
+  look2_other
 fi
 if [ "$lane" != other ]; then
   for seeds in "0 1 2" "0 1 2 3 4"; do
     # shellcheck disable=SC2086
     run "${DM2[@]}" --seeds $seeds
   done
-  rows="$(look2_rows 3)"
-  if [ -n "$rows" ]; then run "${DM2[@]}" --rows "$rows" --seeds 0 1 2 3 4 5 6 7 8 9; fi
+  look2_dm2
 fi
+# A lane whose own work is done helps with the other's look 2: the runs the other lane is
+# training are skipped (their workdirs' locks are held), and each lane trains the next free
+# one, so neither core idles while runs remain.
+case "$lane" in
+  other) look2_dm2 ;;
+  dm2) look2_other ;;
+esac

@@ -48,6 +48,10 @@ class WorkdirError(RuntimeError):
     """The run directory cannot be used (not writable, full, or in use); the message says how."""
 
 
+class WorkdirInUseError(WorkdirError):
+    """Another live training process holds the run directory's lock (its pid is named)."""
+
+
 class OutputPathError(ValueError):
     """An output path that is not a new path or a regular file (a folder, a device, a link)."""
 

@@ -26,7 +26,7 @@ import socket
 import time
 from collections.abc import Iterator
 
-from jdml.errors import WorkdirError
+from jdml.errors import WorkdirError, WorkdirInUseError
 
 log = logging.getLogger("jdml")
 
@@ -110,11 +110,11 @@ def _pid_alive(pid: object) -> bool:
     return True
 
 
-def _in_use(workdir: str, holder: dict[str, object]) -> WorkdirError:
+def _in_use(workdir: str, holder: dict[str, object]) -> WorkdirInUseError:
     pid = holder.get("pid")
     here = holder.get("host") == socket.gethostname()
     stop = f"stop it (kill {pid})" if here else f"stop it on {holder.get('host')}"
-    return WorkdirError(
+    return WorkdirInUseError(
         f"workdir {workdir} is in use by another training process ({_describe(holder)}); "
         f"wait for it to finish or {stop}, then run this command again, or use another --workdir"
     )
@@ -125,8 +125,9 @@ def run_lock(workdir: str) -> Iterator[None]:
     """Holds the workdir's lock for the duration of the ``with`` block.
 
     Raises:
-      WorkdirError: if another live process holds it (the message names its pid, host and start
-        time), or if the lock file cannot be created.
+      WorkdirInUseError: if another live process holds it (the message names its pid, host and
+        start time).
+      WorkdirError: if the lock file cannot be created.
     """
     path = os.path.join(workdir, LOCK_NAME)
     try:

@@ -3,6 +3,7 @@ records the calls instead of training)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 
@@ -72,19 +73,27 @@ DM2 = [
 
 
 @pytest.mark.parametrize(
-    "lane, expected", [(None, OTHER + DM2), ("all", OTHER + DM2), ("other", OTHER), ("dm2", DM2)]
+    "lane, expected",
+    [
+        (None, OTHER + DM2),
+        ("all", OTHER + DM2),
+        ("other", OTHER + DM2[-2:]),
+        ("dm2", DM2 + OTHER[-2:]),
+    ],
 )
-def test_each_lane_trains_its_tables_then_their_look_2(tmp_path, lane, expected):
+def test_each_lane_trains_its_tables_their_look_2_then_the_others_look_2(tmp_path, lane, expected):
     rc, calls, err = _calls(tmp_path, lane)
     assert rc == 0, err
     assert calls == expected
 
 
-def test_the_dm2_lane_keeps_its_cohort_settings(tmp_path):
-    _calls(tmp_path, "dm2")
-    for call in (tmp_path / "calls").read_text().splitlines():
-        if "emoji_protocol" in call:
-            assert "--frozen-stages 3 --cohort 3" in call
+@pytest.mark.parametrize("lane", ["dm2", "other"])
+def test_dm2s_calls_and_only_they_keep_the_cohort_settings(tmp_path, lane):
+    _calls(tmp_path, lane)
+    calls = [c for c in (tmp_path / "calls").read_text().splitlines() if "emoji_protocol" in c]
+    assert any("--tables dm2" in c for c in calls)
+    for call in calls:
+        assert ("--frozen-stages 3 --cohort 3" in call) == ("--tables dm2" in call)
 
 
 def test_an_unknown_lane_is_one_error_line(tmp_path):
@@ -160,3 +169,26 @@ def test_device_carry_names_the_missing_packages_in_one_line(tmp_path):
     assert 'pip install -e ".[glyphs]"' in lines[0]
     assert not any("pip download" in c for c in calls)
     assert not os.path.exists(os.path.join(checkout, ".whl-emoji"))
+
+
+def test_a_run_another_lane_is_training_is_skipped_in_one_line(tmp_path, capsys):
+    """Two lanes can share one list of runs: one whose workdir's lock is held (by the lane
+    training it) is passed over, with nothing written to its workdir and no record."""
+    from jdml.workdir import run_lock
+    from tests.helpers import load_experiment
+
+    protocol = load_experiment("emoji_protocol")
+    args = argparse.Namespace(
+        results=str(tmp_path / "records"), out=str(tmp_path / "runs"), epochs=45, frozen_stages=-1
+    )
+    workdir = protocol.run_dir(args.out, "margin", 5, -1)
+    os.makedirs(workdir)
+    with run_lock(workdir):
+        before = sorted(os.listdir(workdir))
+        protocol.train_row("margin", 5, args)
+        assert sorted(os.listdir(workdir)) == before
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "== margin seed 5"
+    assert len(out) == 2 and out[1].startswith("   skipped: workdir ")
+    assert "in use by another training process" in out[1]
+    assert not os.path.exists(protocol.record_path(args, "margin", 5))
