@@ -87,6 +87,8 @@ def computed_rows(protocol) -> list[tuple[list[str], list[str]]]:
             frozen.add(record["frozen_stages"])
         if any("seed4" in p for p in records):
             seed_sets.append([0, 1, 2, 3, 4])
+        if any("seed9" in p for p in records):
+            seed_sets.append(list(range(10)))  # look 2
         for budget in epochs:
             for stages in frozen:
                 for seeds in seed_sets:
