@@ -845,8 +845,8 @@ def main() -> None:
     parser.add_argument("--cohort", type=int, default=3, help="DM2 cohort size")
     parser.add_argument(
         "--rows",
-        help="train and report only these rows of the tables, by their keys (e.g. "
-        "dm2-3-independent,dm2-3-md+td+vd); default every row",
+        help="train (in the order named) and report only these rows of the tables, by their "
+        "keys (e.g. dm2-3-independent,dm2-3-md+td+vd); default every row, table by table",
     )
     parser.add_argument(
         "--tuned",
@@ -897,15 +897,16 @@ def main() -> None:
         tables = select_rows(tables, args.rows)
     os.makedirs(args.out, exist_ok=True)
     failed = []
-    if args.jobs > 1 and not args.report_only:
-        failed = train_in_parallel(names, tables, args)
+    if not args.report_only:
+        order = training_order(names, tables, args.rows)
+        if args.jobs > 1:
+            failed = train_in_parallel(order, args)
+        else:
+            for _, row in order:
+                for seed in args.seeds:
+                    train_row(row, seed, args)
     for name in names:
         rows = tables[name]
-        if not args.report_only:
-            for row in rows:
-                for seed in args.seeds:
-                    if (row, seed) not in failed:
-                        train_row(row, seed, args)
         if args.no_report:
             continue
         text = tune_table(args) if name == "tune" else table(name, rows, args)
@@ -918,12 +919,32 @@ def main() -> None:
         raise SystemExit(f"error: {len(failed)} run(s) failed: see the error lines above")
 
 
+def training_order(
+    names: list[str], tables: dict[str, tuple[str, ...]], spec: str | None = None
+) -> list[tuple[str, str]]:
+    """The (table, row) pairs to train, each row once (a row of two tables, as margin, with
+    the first): the tables' order, or with ``spec`` (``--rows``) the order it names the rows
+    in, so that rows named together finish together. Look 2 names them in the claims' order
+    (``emoji_claims.py --look2-rows``), so each claim is read as soon as its two rows have
+    their seeds, not once whole tables have."""
+    pairs, seen = [], set()
+    for name in names:
+        for row in tables[name]:
+            if row not in seen:
+                pairs.append((name, row))
+                seen.add(row)
+    if spec:
+        wanted = [r.strip() for r in spec.split(",") if r.strip()]
+        pairs.sort(key=lambda pair: wanted.index(pair[1]))  # stable: ties keep table order
+    return pairs
+
+
 def train_in_parallel(
-    names: list[str], tables: dict[str, tuple[str, ...]], args: argparse.Namespace
+    order: list[tuple[str, str]], args: argparse.Namespace
 ) -> list[tuple[str, int]]:
-    """Trains the tables' runs that have no record, ``args.jobs`` at a time, each in a process
-    of its own (this script, for one row and seed); returns the (row, seed) pairs that failed,
-    which are then left out of the tables."""
+    """Trains the runs of ``order`` (``training_order``) that have no record, ``args.jobs`` at
+    a time, each in a process of its own (this script, for one row and seed); returns the
+    (row, seed) pairs that failed, which are then left out of the tables."""
     from parallel import Job, run_jobs  # experiments/parallel.py
 
     common = [
@@ -938,26 +959,25 @@ def train_in_parallel(
         "--no-report",
     ]
     jobs, pairs = [], {}
-    for name in names:
-        for row in tables[name]:
-            for seed in args.seeds:
-                if (row, seed) in pairs.values() or load_record(args, row, seed):
-                    continue
-                job = Job(
-                    name=f"{row} seed {seed}",
-                    argv=(
-                        sys.executable,
-                        os.path.abspath(__file__),
-                        f"--tables={name}",
-                        f"--rows={row}",
-                        "--seeds",
-                        str(seed),
-                        *common,
-                    ),
-                    log=run_dir(args.out, row, seed, args.frozen_stages) + ".log",
-                )
-                jobs.append(job)
-                pairs[job.name] = (row, seed)
+    for name, row in order:
+        for seed in args.seeds:
+            if load_record(args, row, seed):
+                continue
+            job = Job(
+                name=f"{row} seed {seed}",
+                argv=(
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    f"--tables={name}",
+                    f"--rows={row}",
+                    "--seeds",
+                    str(seed),
+                    *common,
+                ),
+                log=run_dir(args.out, row, seed, args.frozen_stages) + ".log",
+            )
+            jobs.append(job)
+            pairs[job.name] = (row, seed)
     if jobs:
         print(f"{len(jobs)} run(s) to train, {args.jobs} at a time", flush=True)
     failed = run_jobs(jobs, args.jobs, echo=lambda line: print(line, flush=True))

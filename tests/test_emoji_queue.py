@@ -192,3 +192,32 @@ def test_a_run_another_lane_is_training_is_skipped_in_one_line(tmp_path, capsys)
     assert len(out) == 2 and out[1].startswith("   skipped: workdir ")
     assert "in use by another training process" in out[1]
     assert not os.path.exists(protocol.record_path(args, "margin", 5))
+
+
+def test_named_rows_train_in_the_order_named_each_once():
+    """Look 2 names its rows claim by claim: a claim's two rows train one after the other, not
+    whole tables in turn; a row of two tables (margin) trains once."""
+    from tests.helpers import load_experiment
+
+    protocol = load_experiment("emoji_protocol")
+    tables = {
+        "protocol": ("margin",),
+        "rho": ("margin", "R-margin"),
+        "sharing": ("sharing-class", "sharing", "sharing-decor"),
+    }
+    names = list(tables)
+    assert protocol.training_order(names, tables) == [
+        ("protocol", "margin"),
+        ("rho", "R-margin"),
+        ("sharing", "sharing-class"),
+        ("sharing", "sharing"),
+        ("sharing", "sharing-decor"),
+    ]
+    spec = "sharing-decor,sharing-class,R-margin,margin"
+    chosen = protocol.select_rows(tables, spec)
+    assert protocol.training_order(names, chosen, spec) == [
+        ("sharing", "sharing-decor"),
+        ("sharing", "sharing-class"),
+        ("rho", "R-margin"),
+        ("protocol", "margin"),
+    ]

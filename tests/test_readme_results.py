@@ -265,7 +265,7 @@ def test_parallel_jobs_train_each_missing_run_once(protocol, monkeypatch, tmp_pa
         )
         names = ["protocol", "rho"]
         tables = {n: protocol.TABLES[n][1] for n in names}
-        failed = protocol.train_in_parallel(names, tables, args)
+        failed = protocol.train_in_parallel(protocol.training_order(names, tables), args)
     finally:
         protocol.SETTINGS.clear()
     assert [j.name for j in started] == ["margin seed 99", "R-margin seed 99"]
