@@ -71,7 +71,7 @@ CLAIMS: tuple[Claim, ...] = (
           "diva-D", True),
     Claim("DiVA, Tab. 2", "DaNCE's head adds to the discriminative one", "diva-DDa", "diva-D",
           True),
-    Claim("DiVA, Tab. 2", "decorrelating the heads helps", "diva", "diva-nodecor", True),
+    Claim("DiVA, Tab. 4", "decorrelating the heads helps", "diva", "diva-nodecor", True),
     Claim("DiVA (control)", "DiVA's heads beat four margin heads of the same dimension", "diva",
           "diva-4D", True),
     # Sharing Matters' method is the class head with a shared head of its own, decorrelated
