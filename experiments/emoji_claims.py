@@ -24,6 +24,9 @@ Usage: python experiments/emoji_claims.py [--results experiments/results/emoji-v
            [--epochs 45] [--seeds 0 1 2 3 4 5 6 7 8 9] [--plot claims.png]
        python experiments/emoji_claims.py --seeds 0 1 2 3 4 --look2-rows -1   # or 3 (DM2's)
            (the rows look 2 trains: those of the claims unresolved at look 1, comma-separated)
+       python experiments/emoji_claims.py --budget 5
+           (whether the budget reaches each claim row's plateau: how many seeds select the last
+           epoch, and how much validation Recall@1 the last 5 epochs add)
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emoji_protocol as protocol
+import numpy as np
 
 from jdml.statistics import Paired, paired, pocock_level
 
@@ -181,6 +185,55 @@ def claims_table(args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def late_gain(curve: list[dict], cut: int) -> float:
+    """How many points of validation Recall@1 the epochs after ``cut`` add to the best of the
+    epochs up to it (negative: the curve peaked before ``cut``)."""
+    early = [e["recall@1"] for e in curve if e["epoch"] <= cut]
+    late = [e["recall@1"] for e in curve if e["epoch"] > cut]
+    if not early or not late:
+        raise ValueError(f"the validation curve has no epoch on both sides of epoch {cut}")
+    return 100 * (max(late) - max(early))
+
+
+def _points(x: float) -> str:
+    """``x`` signed, to two decimals, with no "-0.00" for a value that rounds to zero."""
+    return f"{round(float(x), 2) + 0.0:+.2f}"
+
+
+def budget_table(args: argparse.Namespace, window: int) -> str:
+    """Whether the budget reaches the plateau of every row a claim compares, in the claims'
+    order: of the seeds with a record, how many select their last epoch on validation, and the
+    validation Recall@1 the last ``window`` epochs add to the best epoch before them (mean ±
+    sample std over the seeds, and the largest)."""
+    if not 0 < window < args.epochs:
+        raise ValueError(f"--budget {window}: give a window of 1 to {args.epochs - 1} epochs")
+    lines = [
+        f"| row of a claim, emoji validation, {args.epochs} epochs | seeds "
+        f"| seeds selecting epoch {args.epochs} | val recall@1 added by epochs "
+        f"{args.epochs - window + 1}-{args.epochs}, mean ± std | largest |",
+        "|---|---|---|---|---|",
+    ]
+    done = set()
+    for claim in CLAIMS:
+        for row in (claim.row, claim.base):
+            if not row or (row, claim.frozen) in done:
+                continue
+            done.add((row, claim.frozen))
+            a = argparse.Namespace(**{**vars(args), "frozen_stages": claim.frozen})
+            records = [r for s in sorted(args.seeds) if (r := protocol.load_record(a, row, s))]
+            if not records:
+                continue
+            last = sum(r["meta"]["epoch"] == args.epochs for r in records)
+            gains = np.array([late_gain(r["val_curve"], args.epochs - window) for r in records])
+            std = f" ± {gains.std(ddof=1):.2f}" if len(gains) > 1 else ""
+            label = protocol.ROWS[row][0]
+            lines.append(
+                f"| {label} | {len(records)} | {last} | {_points(gains.mean())}{std} "
+                f"| {_points(gains.max())} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def plot_claims(args: argparse.Namespace, path: str) -> None:
     """The claims' paired differences and intervals (at their look's level), one line each,
     coloured by verdict (the fixed-baseline claims, tens of points away, are left out)."""
@@ -233,7 +286,20 @@ def main() -> None:
         help="print only the rows look 2 trains, of the claims with FROZEN stages frozen (-1, or "
         "3 for DM2's), comma-separated",
     )
+    parser.add_argument(
+        "--budget",
+        type=int,
+        metavar="EPOCHS",
+        help="print only whether the budget reaches each claim row's plateau: the seeds that "
+        "select the last epoch, and the validation Recall@1 the last EPOCHS epochs add",
+    )
     args = parser.parse_args()
+    if args.budget is not None:
+        try:
+            print(budget_table(args, args.budget), end="")
+        except ValueError as e:
+            parser.exit(2, f"error: {e}\n")
+        return
     if args.look2_rows is not None:
         print(",".join(look2_rows(args, args.look2_rows)))
         return

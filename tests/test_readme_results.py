@@ -201,6 +201,67 @@ def test_the_claim_tables_are_computed_from_the_records(results, seeds, least):
     }
 
 
+def test_late_gain_is_what_the_last_epochs_add_to_the_best_before_them():
+    """``emoji_claims.late_gain`` over explicit curves: a rise after the cut, a peak before it
+    (negative), a tie (0), and a cut with no epoch on one side (an error, not a number)."""
+    claims = load_experiment("emoji_claims")
+    curve = lambda *r: [{"epoch": k, "recall@1": v} for k, v in enumerate(r)]  # noqa: E731
+    assert claims.late_gain(curve(0.1, 0.5, 0.4, 0.7), 2) == pytest.approx(20.0)
+    assert claims.late_gain(curve(0.1, 0.8, 0.4, 0.7), 2) == pytest.approx(-10.0)
+    assert claims.late_gain(curve(0.1, 0.6, 0.6, 0.6), 1) == 0.0
+    with pytest.raises(ValueError, match="both sides of epoch 3"):
+        claims.late_gain(curve(0.1, 0.5, 0.4, 0.7), 3)
+
+
+def test_the_budget_table_counts_last_epochs_and_late_gains(tmp_path, monkeypatch):
+    """``emoji_claims.py --budget``: each row a claim compares, once, over the seeds it has a
+    record of this budget for; the seeds whose selected epoch is the last, and the mean ± sample
+    std and largest of what the last epochs add on validation, checked by hand."""
+    claims = load_experiment("emoji_claims")
+
+    def write(row: str, seed: int, selected: int, recalls: list[float], epochs: int = 4) -> None:
+        os.makedirs(tmp_path / row, exist_ok=True)
+        record = {
+            "epochs": epochs,
+            "meta": {"epoch": selected, "split": "val"},
+            "val_curve": [{"epoch": k, "recall@1": v} for k, v in enumerate(recalls)],
+        }
+        (tmp_path / row / f"seed{seed}.json").write_text(json.dumps(record))
+
+    write("diva", 0, 4, [0.1, 0.5, 0.6, 0.6, 0.7])  # +10 over epochs 0-2
+    write("diva", 1, 2, [0.1, 0.5, 0.8, 0.7, 0.7])  # -10
+    write("diva", 2, 4, [0.1, 0.5, 0.6, 0.6, 0.9], epochs=5)  # another budget: not read
+    write("diva-D", 0, 1, [0.1, 0.5, 0.4, 0.4, 0.5])  # +0, one seed: no std
+    claim = claims.Claim("p", "t", "diva", "diva-D", True)
+    monkeypatch.setattr(claims, "CLAIMS", (claim, claims.Claim("p", "u", "diva", "diva-D", False)))
+    args = argparse.Namespace(results=str(tmp_path), epochs=4, seeds=[0, 1, 2])
+    rows = claims.budget_table(args, 2).splitlines()
+    assert rows[0].startswith("| row of a claim, emoji validation, 4 epochs |")
+    assert "epochs 3-4" in rows[0]
+    assert rows[2:] == [
+        "| DiVA (D+Da+S+I) | 2 | 1 | +0.00 ± 14.14 | +10.00 |",
+        "| margin, one 512-d head | 1 | 0 | +0.00 | +0.00 |",
+    ]
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match=f"--budget {bad}: give a window of 1 to 3 epochs"):
+            claims.budget_table(args, bad)
+
+
+def test_the_budget_table_is_computed_from_the_records():
+    """The budget table of the format-2 results is what ``emoji_claims.py --budget 5`` prints
+    for the committed records."""
+    claims = load_experiment("emoji_claims")
+    args = argparse.Namespace(
+        results=os.path.join(ROOT, "experiments", "results", "emoji-v2-45"),
+        epochs=45,
+        seeds=list(range(10)),
+    )
+    expected = claims.budget_table(args, 5).splitlines()
+    with open(os.path.join(ROOT, "docs", "results.md")) as f:
+        text = f.read().splitlines()
+    assert len(expected) >= 2 + 18 and _block_at(text, expected) >= 0, "\n".join(expected)
+
+
 def test_the_tuning_table_is_computed_from_the_records(protocol):
     """The tuning table of the results is what the tune report prints for the committed tuning
     records (a record committed without regenerating the table fails here)."""
