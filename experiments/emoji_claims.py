@@ -220,11 +220,17 @@ def budget_table(args: argparse.Namespace, window: int) -> str:
                 continue
             done.add((row, claim.frozen))
             a = argparse.Namespace(**{**vars(args), "frozen_stages": claim.frozen})
-            records = [r for s in sorted(args.seeds) if (r := protocol.load_record(a, row, s))]
+            records = {s: r for s in sorted(args.seeds) if (r := protocol.load_record(a, row, s))}
             if not records:
                 continue
-            last = sum(r["meta"]["epoch"] == args.epochs for r in records)
-            gains = np.array([late_gain(r["val_curve"], args.epochs - window) for r in records])
+            last = sum(r["meta"]["epoch"] == args.epochs for r in records.values())
+            gains = []
+            for seed, record in records.items():
+                try:
+                    gains.append(late_gain(record["val_curve"], args.epochs - window))
+                except ValueError as e:
+                    raise ValueError(f"{protocol.record_path(a, row, seed)}: {e}") from None
+            gains = np.array(gains)
             std = f" ± {gains.std(ddof=1):.2f}" if len(gains) > 1 else ""
             label = protocol.ROWS[row][0]
             lines.append(

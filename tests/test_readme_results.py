@@ -245,6 +245,9 @@ def test_the_budget_table_counts_last_epochs_and_late_gains(tmp_path, monkeypatc
     for bad in (0, 4):
         with pytest.raises(ValueError, match=f"--budget {bad}: give a window of 1 to 3 epochs"):
             claims.budget_table(args, bad)
+    write("diva", 1, 2, [0.1, 0.5])  # a curve cut short: the record is named
+    with pytest.raises(ValueError, match=r"diva/seed1\.json: .*both sides of epoch 2"):
+        claims.budget_table(args, 2)
 
 
 def test_the_budget_table_is_computed_from_the_records():
