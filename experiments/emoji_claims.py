@@ -39,9 +39,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emoji_protocol as protocol
-import numpy as np
 
-from jdml.statistics import Paired, paired, pocock_level
+from jdml.statistics import Paired, mean_std, paired, pocock_level
 
 # The looks of the design: the number of seeds (0, 1, ...) each look reads.
 LOOKS = (5, 10)
@@ -230,12 +229,11 @@ def budget_table(args: argparse.Namespace, window: int) -> str:
                     gains.append(late_gain(record["val_curve"], args.epochs - window))
                 except ValueError as e:
                     raise ValueError(f"{protocol.record_path(a, row, seed)}: {e}") from None
-            gains = np.array(gains)
-            std = f" ± {gains.std(ddof=1):.2f}" if len(gains) > 1 else ""
-            label = protocol.ROWS[row][0]
+            mean, std = mean_std(gains)
+            spread = f" ± {std:.2f}" if len(gains) > 1 else ""
             lines.append(
-                f"| {label} | {len(records)} | {last} | {_points(gains.mean())}{std} "
-                f"| {_points(gains.max())} |"
+                f"| {protocol.ROWS[row][0]} | {len(records)} | {last} | {_points(mean)}{spread} "
+                f"| {_points(max(gains))} |"
             )
     return "\n".join(lines) + "\n"
 
