@@ -18,6 +18,7 @@ Given the same random draws, the pixels equal torchvision's (tests replay record
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
@@ -27,6 +28,7 @@ from PIL import Image
 from jdml.data.augment import AUGMENTATIONS
 from jdml.data.transforms import (
     Box,
+    center_crop_params,
     crop_box,
     eval_view,
     resize_hw,
@@ -185,20 +187,76 @@ def adjust_hue(image: np.ndarray, factor: float) -> np.ndarray:
     return np.asarray(Image.frombytes("HSV", size, hsv.tobytes()).convert("RGB"))
 
 
-def color_jitter(
-    image: np.ndarray,
+@dataclasses.dataclass(frozen=True)
+class ViewParams:
+    """Everything random about one view of one photo, drawn on the host in torchvision's order.
+
+    The view is: crop ``box`` out of the photo, resize the crop to ``resized`` (Pillow bilinear;
+    nothing when the sizes are equal), take the ``size`` square at ``window`` of the result, then
+    (``gray``) Pillow's grayscale, the ``jitter`` operations in their drawn order, and (``flip``)
+    a left-right mirror. The Pillow path (:func:`pillow_view`) and the device path
+    (:mod:`jdml.data.device_views`) apply the same parameters, so one seed gives one view on both.
+
+    Attributes:
+      box: (top, left, height, width) of the crop, inside the photo.
+      resized: (height, width) the crop is resized to.
+      window: (top, left) of the output square in the resized crop.
+      size: the output side.
+      flip: whether the view is mirrored left-right.
+      gray: whether RandomGrayscale fired (before the jitter).
+      jitter: ``(operation, factor)`` pairs in the order ColorJitter applies them; operations
+        0 brightness, 1 contrast, 2 saturation, 3 hue (the factor in turns); disabled ones are
+        absent.
+    """
+
+    box: Box
+    resized: tuple[int, int]
+    window: tuple[int, int]
+    size: int
+    flip: bool = False
+    gray: bool = False
+    jitter: tuple[tuple[int, float], ...] = ()
+
+
+#: ColorJitter's operations in the order of their indices (``ViewParams.jitter``).
+JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
+
+
+def pillow_view(image: np.ndarray, params: ViewParams) -> np.ndarray:
+    """The view ``params`` of a uint8 (H, W, 3) photo with Pillow: torchvision's PIL path.
+
+    Returns:
+      uint8 (size, size, 3).
+    """
+    out = resize_hw(crop_box(image, params.box), params.resized)
+    top, left = params.window
+    out = crop_box(out, (top, left, params.size, params.size))
+    if params.gray:
+        out = to_grayscale(out)
+    for op, factor in params.jitter:
+        out = JITTER_OPS[op](out, factor)
+    return hflip(out) if params.flip else np.ascontiguousarray(out)
+
+
+def _flip_draw(rng: np.random.Generator) -> bool:
+    # RandomHorizontalFlip(0.5): flips when a uniform draw falls below 0.5.
+    return bool(rng.random() < 0.5)
+
+
+def jitter_params(
     rng: np.random.Generator,
     brightness: float,
     contrast: float,
     saturation: float,
     hue: float,
-) -> np.ndarray:
-    """torchvision's ColorJitter on a uint8 RGB photo.
+) -> tuple[tuple[int, float], ...]:
+    """torchvision's ColorJitter draws: a random order of the four operations
+    (``rng.permutation(4)``), then each enabled factor uniformly, in the order brightness,
+    contrast, saturation ([max(0, 1 - s), 1 + s]) and hue ([-h, h]). A zero strength disables
+    its operation and its draw, as in torchvision.
 
-    Draws a random order of the four operations (``rng.permutation(4)``: 0 brightness,
-    1 contrast, 2 saturation, 3 hue), then each enabled factor uniformly in order: brightness,
-    contrast and saturation in [max(0, 1 - s), 1 + s], hue in [-h, h]. A zero strength disables
-    its operation and its draw, as in torchvision. Returns uint8 (H, W, 3).
+    Returns:
+      The enabled ``(operation, factor)`` pairs in the drawn order (see ``ViewParams.jitter``).
 
     Raises:
       ValueError: for a negative strength or a hue strength above 0.5.
@@ -211,11 +269,55 @@ def color_jitter(
     ]
     spans.append((-hue, hue) if hue else None)
     factors = [None if r is None else float(rng.uniform(r[0], r[1])) for r in spans]
-    ops = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
-    for index in order:
-        if factors[index] is not None:
-            image = ops[index](image, factors[index])
+    return tuple((int(i), factors[i]) for i in order if factors[i] is not None)
+
+
+def color_jitter(
+    image: np.ndarray,
+    rng: np.random.Generator,
+    brightness: float,
+    contrast: float,
+    saturation: float,
+    hue: float,
+) -> np.ndarray:
+    """torchvision's ColorJitter on a uint8 RGB photo (draws: :func:`jitter_params`).
+
+    Returns:
+      uint8 (H, W, 3).
+    """
+    for op, factor in jitter_params(rng, brightness, contrast, saturation, hue):
+        image = JITTER_OPS[op](image, factor)
     return image
+
+
+def rrc_view_params(
+    height: int, width: int, rng: np.random.Generator, size: int, jitter: float = 0.0
+) -> ViewParams:
+    """RandomResizedCrop(size), then (if ``jitter``) RandomGrayscale(0.2) and ColorJitter
+    (``jitter`` for all four), then the flip: the draws of the reference's ``base``/``big``/
+    ``adv`` modes and DiVA's key view, in their transform order."""
+    box = rrc_params(height, width, rng)
+    gray, jitters = False, ()
+    if jitter:
+        gray = bool(rng.random() < 0.2)
+        jitters = jitter_params(rng, jitter, jitter, jitter, jitter)
+    return ViewParams(box, (size, size), (0, 0), size, _flip_draw(rng), gray, jitters)
+
+
+def red_view_params(
+    height: int, width: int, rng: np.random.Generator, size: int, resize: int
+) -> ViewParams:
+    """Resize(resize) of the short side, RandomCrop(size), flip: the ``red`` mode's draws."""
+    resized = short_side_shape(height, width, resize)
+    top, left, _, _ = random_crop_params(*resized, size, rng)
+    return ViewParams((0, 0, height, width), resized, (top, left), size, _flip_draw(rng))
+
+
+def eval_view_params(height: int, width: int, resize: int = 256, crop: int = 224) -> ViewParams:
+    """The evaluation view (Resize(resize) of the short side, CenterCrop(crop)): no draws."""
+    resized = short_side_shape(height, width, resize)
+    top, left, _, _ = center_crop_params(*resized, crop)
+    return ViewParams((0, 0, height, width), resized, (top, left), crop)
 
 
 def _batch(images: Photos, view: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
@@ -235,23 +337,30 @@ def _batch(images: Photos, view: Callable[[np.ndarray], np.ndarray]) -> np.ndarr
     return np.divide(out, 255.0, out=out)
 
 
-def _flip(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    # RandomHorizontalFlip(0.5): flips when a uniform draw falls below 0.5.
-    return hflip(image) if rng.random() < 0.5 else image
+def _drawn(draw: ViewDraw) -> Callable[[np.ndarray], np.ndarray]:
+    """The Pillow view of a photo whose parameters ``draw(height, width)`` draws."""
+    return lambda image: pillow_view(image, draw(image.shape[0], image.shape[1]))
 
 
-def _rrc_view(image: np.ndarray, rng: np.random.Generator, size: int, jitter: float) -> np.ndarray:
-    """RandomResizedCrop, then (if ``jitter``) RandomGrayscale(0.2) and ColorJitter(jitter x 4),
-    then the flip: the transform order of the reference's ``adv`` and DiVA's key view."""
-    out = resized_crop(image, rrc_params(image.shape[0], image.shape[1], rng), size)
-    if jitter:
-        if rng.random() < 0.2:
-            out = to_grayscale(out)
-        out = color_jitter(out, rng, jitter, jitter, jitter, jitter)
-    return _flip(out, rng)
+#: Draws one view's parameters from the photo's (height, width), the generator and the
+#: augmentation's keywords: what an augmentation registers as ``views=`` for the device path.
+ViewDraw = Callable[..., ViewParams]
 
 
-@AUGMENTATIONS.register("base", photo=True, config=_CROP)
+def _rrc_draw(jitter: float) -> ViewDraw:
+    def draw(height: int, width: int, rng: np.random.Generator, *, size: int) -> ViewParams:
+        return rrc_view_params(height, width, rng, size, jitter)
+
+    return draw
+
+
+def _red_draw(
+    height: int, width: int, rng: np.random.Generator, *, size: int, resize: int
+) -> ViewParams:
+    return red_view_params(height, width, rng, size, resize)
+
+
+@AUGMENTATIONS.register("base", photo=True, config=_CROP, views=_rrc_draw(0.0))
 def base_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
     """RandomResizedCrop(size) + RandomHorizontalFlip(0.5), the protocol's training view.
 
@@ -263,16 +372,16 @@ def base_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -
     Returns:
       float32 (B, size, size, 3) in [0, 1].
     """
-    return _batch(images, lambda im: _rrc_view(im, rng, size, 0.0))
+    return _batch(images, _drawn(lambda h, w: rrc_view_params(h, w, rng, size)))
 
 
-@AUGMENTATIONS.register("big", photo=True, config=_CROP)
+@AUGMENTATIONS.register("big", photo=True, config=_CROP, views=_rrc_draw(0.0))
 def big_augment(images: Photos, rng: np.random.Generator, *, size: int = 256) -> np.ndarray:
     """The reference's ``big`` mode: RandomResizedCrop(256) + flip (see :func:`base_augment`)."""
     return base_augment(images, rng, size=size)
 
 
-@AUGMENTATIONS.register("red", photo=True, config={**_CROP, "resize": "resize"})
+@AUGMENTATIONS.register("red", photo=True, config={**_CROP, "resize": "resize"}, views=_red_draw)
 def red_augment(
     images: Photos, rng: np.random.Generator, *, size: int = 224, resize: int = 256
 ) -> np.ndarray:
@@ -281,27 +390,21 @@ def red_augment(
     Returns:
       float32 (B, size, size, 3) in [0, 1].
     """
-
-    def view(image: np.ndarray) -> np.ndarray:
-        image = resize_hw(image, short_side_shape(image.shape[0], image.shape[1], resize))
-        box = random_crop_params(image.shape[0], image.shape[1], size, rng)
-        return _flip(crop_box(image, box), rng)
-
-    return _batch(images, view)
+    return _batch(images, _drawn(lambda h, w: red_view_params(h, w, rng, size, resize)))
 
 
-@AUGMENTATIONS.register("adv", photo=True, config=_CROP)
+@AUGMENTATIONS.register("adv", photo=True, config=_CROP, views=_rrc_draw(0.2))
 def adv_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
     """The reference's ``adv`` mode: RandomResizedCrop + RandomGrayscale(0.2) +
     ColorJitter(0.2, 0.2, 0.2, 0.2) + flip. Returns float32 (B, size, size, 3) in [0, 1]."""
-    return _batch(images, lambda im: _rrc_view(im, rng, size, 0.2))
+    return _batch(images, _drawn(lambda h, w: rrc_view_params(h, w, rng, size, 0.2)))
 
 
-@AUGMENTATIONS.register("realistic", photo=True, config=_CROP)
+@AUGMENTATIONS.register("realistic", photo=True, config=_CROP, views=_rrc_draw(0.4))
 def realistic_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
     """DiVA's ``--realistic_augmentation`` key view: RandomResizedCrop + RandomGrayscale(0.2) +
     ColorJitter(0.4, 0.4, 0.4, 0.4) + flip. Returns float32 (B, size, size, 3) in [0, 1]."""
-    return _batch(images, lambda im: _rrc_view(im, rng, size, 0.4))
+    return _batch(images, _drawn(lambda h, w: rrc_view_params(h, w, rng, size, 0.4)))
 
 
 def eval_photos(images: Photos, resize: int = 256, crop: int = 224) -> np.ndarray:
