@@ -214,7 +214,7 @@ class Layout:
         out = {}
         for key, value in batch.items():
             value = np.asarray(value)
-            if key in VIEWS and self.view_diversity:
+            if key.split(":")[0] in VIEWS and self.view_diversity:  # a view or its parameters
                 member_axis = None if self.kind == "listed" else AXIS
                 spec, shape = P(member_axis, DATA), (self.size, self.batch_size, *value.shape[2:])
             else:

@@ -235,10 +235,12 @@ class Program:
         """The state at step 0 (``jdml.step.init_state``)."""
         return init_state(self.members_config, tx, seed, sample, sampler_state)
 
-    def make_train_step(self, tx: optax.GradientTransformation, state: TrainState) -> StepFn:
+    def make_train_step(
+        self, tx: optax.GradientTransformation, state: TrainState, views: Any = None
+    ) -> StepFn:
         """The jitted, state-donating step ``(state, batch) -> (state, metrics)``
-        (``jdml.step.make_train_step``)."""
-        return build_train_step(self.members_config, tx, state)
+        (``jdml.step.make_train_step``); ``views``: the run's device views, made first."""
+        return build_train_step(self.members_config, tx, state, views)
 
     def key_functions(self, head: str) -> tuple[Callable, Callable]:
         """For filling the DaNCE queues: ``keys(ema, batch_stats, images)`` of every member's

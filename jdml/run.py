@@ -9,12 +9,14 @@ from typing import Any
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax import default_backend
 
 from jdml.config import validate
 from jdml.data.arrays import ImageSet
 from jdml.data.augment import make_augmentation
+from jdml.data.device_pixels import DeviceViews, views_place
 from jdml.data.loading import load_splits
-from jdml.data.pipeline import TrainBatch
+from jdml.data.pipeline import TrainBatch, training_photos
 from jdml.errors import ConfigError
 from jdml.evaluation.splits import embed_split, evaluate_splits, split_metrics
 from jdml.program import StepFn, build_program
@@ -55,6 +57,11 @@ class Run:
         self.steps_per_epoch = config.train.steps_per_epoch or self.sampler.steps_per_epoch
         self.total_steps = config.train.epochs * self.steps_per_epoch
         self.augment = make_augmentation(config.data)
+        self.device_views: DeviceViews | None = None
+        if views_place(config.data, training_photos(train, config.data), default_backend()) == (
+            "device"
+        ):
+            self.device_views = DeviceViews(config.data, training_photos(train, config.data))
         # One member of the method, or a DM2 cohort (cohort.size > 1) of several.
         self.program = build_program(config, train.num_classes, self.steps_per_epoch)
         self.method = self.program.method
@@ -88,11 +95,12 @@ class Run:
             streams=self.method.streams,
             members=self.members,
             rows=self.program.rows,
+            views_on_device=self.device_views.host if self.device_views else None,
         )
 
     def make_train_step(self) -> StepFn:
         """The jitted, state-donating train step of the program."""
-        return self.program.make_train_step(self.tx, self.initial_state)
+        return self.program.make_train_step(self.tx, self.initial_state, self.device_views)
 
     def prepare(self, state: TrainState) -> TrainState:
         """Before the first step: fills the sampler's embedding memory, then each term prefills

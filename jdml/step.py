@@ -318,8 +318,15 @@ def train_step(
     return new_state, out
 
 
+#: The batch entry of the device views' resident photos and tables (added by the step itself).
+PHOTO_SET = "photo_set"
+
+
 def make_train_step(
-    members: Members, tx: optax.GradientTransformation, state: TrainState | None
+    members: Members,
+    tx: optax.GradientTransformation,
+    state: TrainState | None,
+    views: Any = None,
 ) -> StepFn:
     """The jitted, state-donating step ``(state, batch) -> (state, metrics)``.
 
@@ -328,6 +335,10 @@ def make_train_step(
     members are listed, each device steps its members (``shard_map`` over the member axis; the
     data axis is left to the compiler, which splits the batch and gathers what the losses need).
     ``state`` (an example of the stored state) is needed on a mesh only.
+
+    With ``views`` (``jdml.data.device_pixels.DeviceViews``) the batches hold view parameters,
+    and the step makes the views first, inside the same jitted program; the resident photos
+    are passed to every call as an argument (on the device already: nothing is copied).
     """
     layout = members.layout
     body: Callable = functools.partial(train_step, members, tx)
@@ -349,35 +360,50 @@ def make_train_step(
             return sharded(state, batch)
 
     def step(state: TrainState, batch: dict[str, jax.Array]):
+        if views is not None:
+            batch = views.realize({k: v for k, v in batch.items() if k != PHOTO_SET},
+                                  batch[PHOTO_SET])  # fmt: skip
         grouped = state.replace(**{f: layout.split(getattr(state, f)) for f in MEMBER_FIELDS})
         new, metrics = body(grouped, batch)
         return new.replace(**{f: layout.join(getattr(new, f)) for f in MEMBER_FIELDS}), metrics
 
+    extra = {} if views is None else {PHOTO_SET: views.resident}
     if not layout.on_mesh:
-        return jax.jit(step, donate_argnums=0)
+        jitted = jax.jit(step, donate_argnums=0)
+        return PlacedStep(jitted, None, None, extra) if extra else jitted
     shardings = layout.state_shardings(state)
     # Fixed output shardings: the returned state is placed exactly as the state it replaces
     # (on a one-device member axis the compiler would otherwise pick an equivalent spec and
     # the second call would compile again).
     jitted = jax.jit(step, donate_argnums=0, out_shardings=(shardings, layout.replicated))
-    return PlacedStep(jitted, layout.place_batch, shardings)
+    extra = jax.device_put(extra, layout.replicated)
+    return PlacedStep(jitted, layout.place_batch, shardings, extra)
 
 
 class PlacedStep:
-    """A jitted step taking host batches: places them on the mesh, then calls the step.
+    """A jitted step taking host batches: places them on the mesh (``place``; None: as they
+    are), adds the ``extra`` entries already on the devices, then calls the step.
 
     The first call also places the state as the step returns it (``Run.prepare`` may have
     replaced parts of it), so that the step compiles once.
     """
 
-    def __init__(self, jitted: Any, place: Callable[[dict], dict], shardings: Any) -> None:
+    def __init__(
+        self,
+        jitted: Any,
+        place: Callable[[dict], dict] | None,
+        shardings: Any,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         self.jitted, self.place, self.shardings = jitted, place, shardings
-        self.placed = False
+        self.extra = extra or {}
+        self.placed = shardings is None
 
     def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict[str, jax.Array]]:
         if not self.placed:
             state, self.placed = jax.device_put(state, self.shardings), True
-        return self.jitted(state, self.place(batch))
+        placed = batch if self.place is None else self.place(batch)
+        return self.jitted(state, {**placed, **self.extra})
 
     def _cache_size(self) -> int:
         return self.jitted._cache_size()

@@ -105,6 +105,14 @@ def base_config() -> ml_collections.ConfigDict:
     # RandomResizedCrop augmentations read their crops from the smaller photo (see
     # jdml.data.benchmarks.decode_cache).
     c.data.decode_cache = False
+    # Where the training views of photo augmentations are made: "device" in the jitted step
+    # from uint8 pixels (equal to the Pillow views; jdml.data.device_views), "host" with Pillow
+    # in the input pipeline, "auto" the device on accelerators and the host on the CPU backend.
+    c.data.views = "auto"
+    # Device views: the most device memory (GiB) the training photos may hold for the whole
+    # run; a larger set streams each batch's photos from the host. -1: a quarter of the
+    # device's memory (jdml.data.device_pixels).
+    c.data.device_photos_gib = -1.0
 
     c.model = ml_collections.ConfigDict()
     c.model.backbone = "small_resnet"

@@ -15,6 +15,7 @@ import ml_collections
 from jdml.config.saved import flatten_config
 from jdml.data.augment import AUGMENTATIONS
 from jdml.data.benchmarks import BENCHMARKS, SOURCES
+from jdml.data.device_pixels import VIEW_PLACES
 from jdml.data.sources import DATASETS
 from jdml.data.splits import SPLITS
 from jdml.errors import ConfigError
@@ -54,6 +55,7 @@ NUMERIC_KEYS: dict[str, Range] = {
     "data.mean": Range(),
     "data.std": _POSITIVE,
     "data.num_threads": AUTO_SIZE,
+    "data.device_photos_gib": Range(-1),
     "data.prefetch": _COUNT,
     "data.num_workers": AUTO_SIZE,
     "model.embed_dim": _COUNT,
@@ -253,12 +255,20 @@ def _validate_source(data: ml_collections.ConfigDict) -> None:
 
 
 def _validate_pipeline(data: ml_collections.ConfigDict) -> None:
-    """The input pipeline's keys: a thread count of 0 (the range allows -1 for "auto"), and the
-    decode cache, which caches photos read from files."""
+    """The input pipeline's keys: a thread count of 0 (the range allows -1 for "auto"), where
+    views are made, and the decode cache, which caches photos read from files."""
     if data.num_threads == 0:
         raise ConfigError(
             "data.num_threads=0: set at least 1 reader thread, or -1 to size the pipeline from "
             "the host's cores (--config.data.num_threads=-1)"
+        )
+    if data.views not in VIEW_PLACES:
+        raise ConfigError(f"data.views={data.views!r}; choose one of: {', '.join(VIEW_PLACES)}")
+    if data.views == "device" and "views" not in AUGMENTATIONS.meta(data.augment):
+        raise ConfigError(
+            f"data.views=device makes the views of photo augmentations, not of "
+            f"data.augment={data.augment!r}; use data.views=host or auto, or one of "
+            + ", ".join(n for n in AUGMENTATIONS.names() if "views" in AUGMENTATIONS.meta(n))
         )
     if data.decode_cache and data.source != "files":
         raise ConfigError(

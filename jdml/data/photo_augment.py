@@ -19,6 +19,7 @@ Given the same random draws, the pixels equal torchvision's (tests replay record
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -337,30 +338,18 @@ def _batch(images: Photos, view: Callable[[np.ndarray], np.ndarray]) -> np.ndarr
     return np.divide(out, 255.0, out=out)
 
 
-def _drawn(draw: ViewDraw) -> Callable[[np.ndarray], np.ndarray]:
+def _drawn(draw: Callable[[int, int], ViewParams]) -> Callable[[np.ndarray], np.ndarray]:
     """The Pillow view of a photo whose parameters ``draw(height, width)`` draws."""
     return lambda image: pillow_view(image, draw(image.shape[0], image.shape[1]))
 
 
-#: Draws one view's parameters from the photo's (height, width), the generator and the
-#: augmentation's keywords: what an augmentation registers as ``views=`` for the device path.
-ViewDraw = Callable[..., ViewParams]
+#: What an augmentation registers as ``views=`` for the device path: draws one view's
+#: parameters from the photo's height and width, the generator and the augmentation's keywords
+#: (picklable: grain's worker processes draw them).
+_BASE_VIEWS = functools.partial(rrc_view_params, jitter=0.0)
 
 
-def _rrc_draw(jitter: float) -> ViewDraw:
-    def draw(height: int, width: int, rng: np.random.Generator, *, size: int) -> ViewParams:
-        return rrc_view_params(height, width, rng, size, jitter)
-
-    return draw
-
-
-def _red_draw(
-    height: int, width: int, rng: np.random.Generator, *, size: int, resize: int
-) -> ViewParams:
-    return red_view_params(height, width, rng, size, resize)
-
-
-@AUGMENTATIONS.register("base", photo=True, config=_CROP, views=_rrc_draw(0.0))
+@AUGMENTATIONS.register("base", photo=True, config=_CROP, views=_BASE_VIEWS)
 def base_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
     """RandomResizedCrop(size) + RandomHorizontalFlip(0.5), the protocol's training view.
 
@@ -375,13 +364,15 @@ def base_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -
     return _batch(images, _drawn(lambda h, w: rrc_view_params(h, w, rng, size)))
 
 
-@AUGMENTATIONS.register("big", photo=True, config=_CROP, views=_rrc_draw(0.0))
+@AUGMENTATIONS.register("big", photo=True, config=_CROP, views=_BASE_VIEWS)
 def big_augment(images: Photos, rng: np.random.Generator, *, size: int = 256) -> np.ndarray:
     """The reference's ``big`` mode: RandomResizedCrop(256) + flip (see :func:`base_augment`)."""
     return base_augment(images, rng, size=size)
 
 
-@AUGMENTATIONS.register("red", photo=True, config={**_CROP, "resize": "resize"}, views=_red_draw)
+@AUGMENTATIONS.register(
+    "red", photo=True, config={**_CROP, "resize": "resize"}, views=red_view_params
+)
 def red_augment(
     images: Photos, rng: np.random.Generator, *, size: int = 224, resize: int = 256
 ) -> np.ndarray:
@@ -393,14 +384,26 @@ def red_augment(
     return _batch(images, _drawn(lambda h, w: red_view_params(h, w, rng, size, resize)))
 
 
-@AUGMENTATIONS.register("adv", photo=True, config=_CROP, views=_rrc_draw(0.2))
+@AUGMENTATIONS.register(
+    "adv",
+    photo=True,
+    config=_CROP,
+    colour=True,
+    views=functools.partial(rrc_view_params, jitter=0.2),
+)
 def adv_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
     """The reference's ``adv`` mode: RandomResizedCrop + RandomGrayscale(0.2) +
     ColorJitter(0.2, 0.2, 0.2, 0.2) + flip. Returns float32 (B, size, size, 3) in [0, 1]."""
     return _batch(images, _drawn(lambda h, w: rrc_view_params(h, w, rng, size, 0.2)))
 
 
-@AUGMENTATIONS.register("realistic", photo=True, config=_CROP, views=_rrc_draw(0.4))
+@AUGMENTATIONS.register(
+    "realistic",
+    photo=True,
+    config=_CROP,
+    colour=True,
+    views=functools.partial(rrc_view_params, jitter=0.4),
+)
 def realistic_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
     """DiVA's ``--realistic_augmentation`` key view: RandomResizedCrop + RandomGrayscale(0.2) +
     ColorJitter(0.4, 0.4, 0.4, 0.4) + flip. Returns float32 (B, size, size, 3) in [0, 1]."""

@@ -25,6 +25,7 @@ from jdml.data.arrays import ImageSet
 from jdml.data.augment import PER_ROW_DRAWS, Augmentation
 from jdml.data.benchmarks import FileList
 from jdml.data.benchmarks.decode_cache import open_cache
+from jdml.data.device_pixels import HostViews
 
 
 def row_rng(seed: int, step: int, view: int, member: int, row: int) -> np.random.Generator:
@@ -197,6 +198,13 @@ class TrainBatch:
     member ``m`` sees its own augmentation of the same images; member 0's is the plain run's.
     Every image has its own generator (``row_rng``).
 
+    With ``views_on_device`` (``data.views=device``) no pixels are made here: each view is its
+    parameters (``<view>:<field>`` entries, drawn with the same generators, so they are the
+    parameters of the host path's views) and the photos are their indices (``photos``, a
+    stream's ``photos_<s>``) into the device-resident set, or their canvases (``canvas``,
+    ``transposed``) when the set is streamed; the step makes the views
+    (``jdml.data.device_pixels.DeviceViews.realize``).
+
     With ``rows=(start, stop)`` (multi-host input: the rows of the global batch on this
     process's devices) only those rows are loaded and augmented; they equal the same rows of
     the whole batch.
@@ -210,6 +218,7 @@ class TrainBatch:
     streams: int = 1
     members: tuple[int, ...] = ()
     rows: tuple[int, int] | None = None
+    views_on_device: HostViews | None = None
 
     def _augment(self, images: np.ndarray, step: int, view: int, member: int) -> np.ndarray:
         """Augments each image with its own generator (``row_rng``); an augmentation of
@@ -228,6 +237,44 @@ class TrainBatch:
             ]
         )
 
+    def _device_view(self, idx: np.ndarray, step: int, view: int, key: str) -> dict:
+        """The parameters of view ``view`` of the photos ``idx`` as ``<key>:<field>`` arrays
+        (with a leading member axis for the members' own views)."""
+        start = self.rows[0] if self.rows else 0
+
+        def arrays(member: int) -> dict[str, np.ndarray]:
+            rngs = [row_rng(self.seed, step, view, member, start + i) for i in range(len(idx))]
+            return self.views_on_device.arrays(idx, rngs)
+
+        if not self.members:
+            out = arrays(0)
+        else:
+            each = [arrays(m) for m in self.members]
+            out = {f: np.stack([a[f] for a in each]) for f in each[0]}
+        return {f"{key}:{f}": v for f, v in out.items()}
+
+    def _device_batch(self, step: int, batch: np.ndarray) -> dict[str, np.ndarray]:
+        """The batch of ``step`` with its views as parameters (``views_on_device``)."""
+        host = self.views_on_device
+        idx = self._rows(batch)
+        out = {
+            "labels": self.data.labels[idx].astype(np.int32),
+            "indices": idx.astype(np.int32),
+            **host.photos(self.data, idx),
+            **self._device_view(idx, step, 1, "images"),
+        }
+        if self.views == 2:
+            out.update(self._device_view(idx, step, 2, "images_b"))
+        for stream in range(1, self.streams):
+            rng = np.random.default_rng((self.seed, step, 2 + stream))
+            idx = self._rows(rng.choice(len(self.data), len(batch), replace=False))
+            photos = host.photos(self.data, idx)
+            out.update({f"{k}_{stream}": v for k, v in photos.items()})
+            members = dataclasses.replace(self, members=())
+            out.update(members._device_view(idx, step, 2 + stream, f"images_{stream}"))
+            out[f"labels_{stream}"] = self.data.labels[idx].astype(np.int32)
+        return out
+
     def _view(self, images: np.ndarray, step: int, view: int) -> np.ndarray:
         if not self.members:
             return self._augment(images, step, view, 0)
@@ -239,6 +286,8 @@ class TrainBatch:
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         step = int(step)
         batch = self.sampler.batch(step)  # the global batch's indices
+        if self.views_on_device is not None:
+            return self._device_batch(step, batch)
         idx = self._rows(batch)
         images = self.data.load(idx)
         out = {
@@ -360,9 +409,8 @@ def input_pipeline(
     the sizes are :func:`resolve_pipeline_sizes` of ``data.num_threads`` and
     ``data.num_workers`` for this host and ``backend`` (default: JAX's).
     """
-    data = make_batch.data
-    if data_cfg.decode_cache and isinstance(data, FileList):
-        data = _decode_cached(data, data_cfg.resize, data_cfg.cache_dir)
+    data = training_photos(make_batch.data, data_cfg)
+    if data is not make_batch.data:
         make_batch = dataclasses.replace(make_batch, data=data)
     sizes = resolve_pipeline_sizes(
         data_cfg.num_threads,
@@ -372,6 +420,14 @@ def input_pipeline(
         decodes=getattr(data, "decodes", False),
     )
     return make_batch, sizes
+
+
+def training_photos(data: Any, data_cfg: Any) -> Any:
+    """The training split as the pipeline reads it: from its decode cache with
+    ``data.decode_cache`` (photo files only), else ``data`` itself."""
+    if data_cfg.decode_cache and isinstance(data, FileList):
+        return _decode_cached(data, data_cfg.resize, data_cfg.cache_dir)
+    return data
 
 
 #: The decode caches opened in this process, by the file list they cache (one run reads its

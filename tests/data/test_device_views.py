@@ -1,0 +1,274 @@
+"""Device views against the Pillow views: every photo augmentation's pixels on real photos and on
+fixed edge-case boxes, Pillow's resample taps, the same parameters from the same seed in the
+pipeline, resident and streamed photos, and DiVA, Sharing Matters and a DM2 cohort trained with
+device views (resumed bit for bit)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import skimage.data
+from PIL import Image
+
+from jdml.config import set_keys, validate
+from jdml.data import photo_augment as pa
+from jdml.data.device_pixels import Frames, host_canvases
+from jdml.data.device_views import hsv_tables, render, view_arrays, view_shape
+from jdml.data.pipeline import input_pipeline
+from jdml.data.resample import pillow_taps, resample_reference
+from jdml.errors import ConfigError
+from jdml.run import Run
+from jdml.trainer import train_and_evaluate
+from tests import benchmark_trees as trees
+from tests.helpers import TINY_OVERRIDES, restore_latest, tiny_config
+
+CLASS_IDS = (97, 98, 99, 100, 101, 102, 103, 104)
+
+
+@functools.cache
+def photos() -> list[np.ndarray]:
+    """Real photos of several sizes and both orientations (scikit-image's samples)."""
+    return [
+        skimage.data.astronaut(),  # 512 x 512
+        skimage.data.coffee(),  # 400 x 600, landscape
+        skimage.data.chelsea()[:, :290],  # 300 x 290, portrait
+        skimage.data.rocket()[:, 100:300],  # 427 x 200, tall
+        skimage.data.coffee()[150:170, 200:223],  # 20 x 23, smaller than the views
+    ]
+
+
+def device_pixels(images, params, size, *, resize=0, colour=False) -> np.ndarray:
+    """The device views of ``images`` with ``params``, as uint8 levels."""
+    frames = Frames.of(np.array([im.shape[:2] for im in images]))
+    shape = view_shape(size, frames.rows, frames.cols, resize=resize, colour=colour)
+    canvases = host_canvases(images, frames.rows, frames.cols)
+    tables = tuple(jnp.asarray(t) for t in hsv_tables()) if colour else None
+    fn = jax.jit(lambda c, t, a, tb: render(c, t, a, shape, tb))
+    out = np.asarray(fn(canvases, frames.transposed, view_arrays(params, shape), tables))
+    levels = np.rint(out * 255.0)
+    np.testing.assert_array_equal(out, levels / np.float32(255))  # ToTensor's x / 255 exactly
+    return levels.astype(np.uint8)
+
+
+def pillow_pixels(images, params) -> np.ndarray:
+    return np.stack([pa.pillow_view(im, p) for im, p in zip(images, params, strict=True)])
+
+
+def draws(name: str, count: int, size: int, seed: int = 0):
+    """``count`` views of the photos drawn as augmentation ``name`` draws them."""
+    rng = np.random.default_rng(seed)
+    images = [photos()[i % len(photos())] for i in range(count)]
+    draw = {
+        "base": lambda h, w: pa.rrc_view_params(h, w, rng, size),
+        "big": lambda h, w: pa.rrc_view_params(h, w, rng, size),
+        "adv": lambda h, w: pa.rrc_view_params(h, w, rng, size, 0.2),
+        "realistic": lambda h, w: pa.rrc_view_params(h, w, rng, size, 0.4),
+        "red": lambda h, w: pa.red_view_params(h, w, rng, size, 32 + size),
+        "eval": lambda h, w: pa.eval_view_params(h, w, 32 + size, size),
+    }[name]
+    return images, [draw(*im.shape[:2]) for im in images]
+
+
+@pytest.mark.parametrize("name", ["base", "big", "red", "eval", "adv", "realistic"])
+def test_device_views_equal_the_pillow_views_on_real_photos(name):
+    size = 64 if name != "big" else 72
+    images, params = draws(name, 15, size)
+    colour = name in ("adv", "realistic")
+    got = device_pixels(images, params, size, resize=32 + size, colour=colour)
+    np.testing.assert_array_equal(got, pillow_pixels(images, params))
+    if colour:  # the draws did exercise grayscale and every jitter operation
+        assert any(p.gray for p in params)
+        assert {op for p in params for op, _ in p.jitter} == {0, 1, 2, 3}
+
+
+def test_fixed_boxes_with_their_edge_cases_equal_pillow():
+    astronaut, tall = photos()[0], photos()[3]
+    view = pa.ViewParams
+    cases = [
+        (astronaut, view((0, 0, 512, 512), (48, 48), (0, 0), 48)),  # the whole photo, shrunk 10x
+        (astronaut, view((100, 200, 1, 1), (48, 48), (0, 0), 48, flip=True)),  # one pixel
+        (astronaut, view((10, 20, 7, 300), (48, 48), (0, 0), 48)),  # a thin strip
+        (astronaut, view((511, 0, 1, 512), (48, 48), (0, 0), 48)),  # the last row
+        (astronaut, view((5, 3, 48, 48), (48, 48), (0, 0), 48, flip=True)),  # no resample
+        (tall, view((0, 0, 427, 200), (200, 94), (76, 23), 48)),  # resize, then a window
+        (tall, view((0, 0, 427, 60), (48, 48), (0, 0), 48, gray=True)),  # the vertical pass first
+        (tall, view((3, 4, 30, 20), (48, 48), (0, 0), 48, jitter=((3, -0.5), (1, 1.4)))),
+        (tall, view((3, 4, 30, 20), (48, 48), (0, 0), 48, jitter=((2, 0.0), (0, 1.9), (3, 0.5)))),
+    ]
+    images, params = zip(*cases, strict=True)
+    got = device_pixels(list(images), list(params), 48, resize=200, colour=True)
+    np.testing.assert_array_equal(got, pillow_pixels(images, params))
+
+
+@pytest.mark.parametrize(("in_len", "out_len"), [(1, 5), (7, 7), (300, 224), (512, 48), (5, 640)])
+def test_pillow_taps_reproduce_pillow_resize(in_len, out_len):
+    image = photos()[0][:in_len, : max(in_len // 2, 1)]
+    ref = Image.fromarray(np.ascontiguousarray(image)).resize(
+        (image.shape[1], out_len), Image.Resampling.BILINEAR
+    )
+    np.testing.assert_array_equal(resample_reference(image, out_len, image.shape[1]), ref)
+    first, coef = pillow_taps(in_len, out_len)
+    assert first.min() >= 0 and (first + (coef > 0).sum(1)).max() <= in_len
+    # Pillow's fixed-point weights sum to one (2^22) up to their rounding.
+    assert np.abs(coef.sum(1).astype(np.int64) - (1 << 22)).max() <= coef.shape[1]
+
+
+@pytest.fixture(scope="module")
+def cub(tmp_path_factory):
+    root = trees.write_cub(tmp_path_factory.mktemp("cub"), class_ids=CLASS_IDS, per_class=4)
+    return root, tmp_path_factory.mktemp("decoded")
+
+
+def photo_overrides(cub, **overrides):
+    root, cache = cub
+    return {
+        "data.name": "cub200",
+        "data.path": str(root),
+        "data.verify_counts": False,
+        "data.channels": 3,
+        "data.image_size": 16,
+        "data.resize": 20,
+        "data.augment": "base",
+        "data.decode_cache": True,
+        "data.cache_dir": str(cache),
+        "train.batch_size": 8,
+        "train.epochs": 1,
+        **overrides,
+    }
+
+
+def cub_config(cub, **overrides):
+    return tiny_config("unused.npz", **photo_overrides(cub, **overrides))
+
+
+def realized(run: Run, step: int) -> dict[str, np.ndarray]:
+    """The batch of ``step`` as the step sees it (device views made, as in the jitted step)."""
+    batch, _ = input_pipeline(run.batch_maker(), run.config.data)
+    views = run.device_views
+    out = jax.jit(views.realize)(batch(step), views.resident)
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def host_batch(run: Run, step: int) -> dict[str, np.ndarray]:
+    batch, _ = input_pipeline(run.batch_maker(), run.config.data)
+    return batch(step)
+
+
+@pytest.mark.parametrize("augment", ["base", "red", "adv", "realistic"])
+def test_the_pipeline_draws_the_same_views_on_both_paths(cub, augment):
+    device = Run(cub_config(cub, **{"data.augment": augment, "data.views": "device"}))
+    host = Run(cub_config(cub, **{"data.augment": augment, "data.views": "host"}))
+    assert device.device_views is not None and host.device_views is None
+    for step in (0, 1):
+        got, want = realized(device, step), host_batch(host, step)
+        assert got.keys() == want.keys()
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_a_set_over_the_memory_budget_streams_with_the_same_views(cub, caplog):
+    resident = Run(cub_config(cub, **{"data.views": "device"}))
+    with caplog.at_level(logging.INFO, logger="jdml"):
+        streamed = Run(cub_config(cub, **{"data.views": "device", "data.device_photos_gib": 1e-6}))
+    assert "are streamed" in caplog.text
+    assert "pixels" not in streamed.device_views.resident
+    batch, _ = input_pipeline(streamed.batch_maker(), streamed.config.data)
+    assert batch(0)["canvas"].dtype == np.uint8 and "photos" not in batch(0)
+    np.testing.assert_array_equal(realized(streamed, 0)["images"], realized(resident, 0)["images"])
+
+
+def diva_config(cub, **overrides):
+    from configs.diva import get_config
+
+    c = get_config("data=npz")
+    set_keys(c, {**TINY_OVERRIDES, **photo_overrides(cub)})
+    set_keys(c, {"aux.selfsimilarity.queue_batches": 2, "decorrelation.hidden": 8})
+    set_keys(c, {"eval.combinations": ((0.5, 1.0, 1.0, 1.0),), **overrides})
+    validate(c)
+    return c
+
+
+def sharing_config(cub, **overrides):
+    """Sharing Matters' alternating variant: its shared head trains on a second stream."""
+    from configs.sharing import get_config
+
+    c = get_config("data=npz,alternating=1")
+    set_keys(c, {**TINY_OVERRIDES, **photo_overrides(cub), **overrides})
+    validate(c)
+    return c
+
+
+METHODS = {
+    "diva": diva_config,
+    "sharing": sharing_config,
+    "dm2": lambda cub, **o: cub_config(cub, **{"cohort.size": 2, **o}),
+}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_methods_train_with_device_views_as_with_host_views(cub, method, tmp_path):
+    """DiVA (two views), Sharing Matters (a second stream) and a DM2 cohort with view diversity
+    (a view per member): the device batch equals the host batch, and two steps give the same
+    losses."""
+    make = METHODS[method]
+    runs = {where: Run(make(cub, **{"data.views": where})) for where in ("device", "host")}
+    batch = host_batch(runs["host"], 0)
+    assert realized(runs["device"], 0).keys() == batch.keys()
+    if method == "diva":
+        assert "images_b" in batch
+    if method == "sharing":
+        assert "images_1" in batch
+    if method == "dm2":
+        assert batch["images"].shape[0] == 2  # one view per member
+    losses = {}
+    for where, run in runs.items():
+        step, state = run.make_train_step(), run.prepare(run.initial_state)
+        make_batch, _ = input_pipeline(run.batch_maker(), run.config.data)
+        for s in range(2):
+            state, metrics = step(state, make_batch(s))
+        losses[where] = float(metrics["loss"])
+        assert step._cache_size() == 1
+    assert np.isfinite(losses["device"])
+    np.testing.assert_allclose(losses["device"], losses["host"], rtol=1e-5)
+
+
+def test_a_resumed_run_with_device_views_equals_an_uninterrupted_one(cub, tmp_path):
+    config = diva_config(cub, **{"data.views": "device", "train.epochs": 2})
+    whole = tmp_path / "whole"
+    train_and_evaluate(config, str(whole))
+    parts = tmp_path / "parts"
+    first = diva_config(cub, **{"data.views": "device", "train.epochs": 1})
+    train_and_evaluate(first, str(parts))  # stops after epoch 1, as a killed run would
+    config_json = (parts / "config.json").read_text()
+    (parts / "config.json").write_text(config_json.replace('"epochs": 1', '"epochs": 2'))
+    train_and_evaluate(config, str(parts))
+    run = Run(config)
+    for a, b in zip(
+        jax.tree.leaves(restore_latest(str(whole), run)),
+        jax.tree.leaves(restore_latest(str(parts), run)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"data.views": "gpu"}, "data.views='gpu'; choose one of: auto, host, device"),
+        ({"data.views": "device", "data.augment": "affine"}, "not of data.augment='affine'"),
+        ({"data.device_photos_gib": -2.0}, "data.device_photos_gib"),
+    ],
+)
+def test_view_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(tiny_config("unused.npz", **overrides))
+
+
+def test_device_views_of_photos_decoded_per_draw_ask_for_the_cache(cub):
+    with pytest.raises(ConfigError, match="data.decode_cache=True"):
+        Run(cub_config(cub, **{"data.views": "device", "data.decode_cache": False}))
