@@ -270,5 +270,5 @@ def test_view_config_errors(overrides, message):
 
 
 def test_device_views_of_photos_decoded_per_draw_ask_for_the_cache(cub):
-    with pytest.raises(ConfigError, match="data.decode_cache=True"):
+    with pytest.raises(ConfigError, match=r"data\.decode_cache=True"):
         Run(cub_config(cub, **{"data.views": "device", "data.decode_cache": False}))
