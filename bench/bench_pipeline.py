@@ -13,6 +13,15 @@ Two workloads, each timed per core and as the pipeline the trainer runs:
   scikit-image's sample photos, built under ``--root`` when absent), once decoding every JPEG at
   every draw and once from the decode cache (``data.decode_cache``, short side 256).
 
+* **views** (``--sections views``): every photo augmentation on both paths from the decode
+  cache (short side 256): ``data.views=host`` (Pillow in the pipeline) and ``data.views=device``
+  (the host draws each view's parameters and sends photo indices; the jitted step makes the
+  pixels from the device-resident set), plus DiVA's two views and a DM2 cohort of two members'
+  views. The device path's pipeline rate includes copying every batch to the device, as the
+  trainer does; the last columns time the device's work of making a batch's views (the jitted
+  ``DeviceViews.realize`` alone) on this backend. Target: the host side of device views at
+  least 10,000 img/s on every row.
+
 "Per core" is images per CPU-second of one thread building batches (``TrainBatch`` called in
 this process; on a quiet machine, images/s of one core). "Pipeline" is ``train_batches`` with the
 sizes the trainer resolves for this host and backend (``jdml.data.pipeline.
@@ -35,6 +44,7 @@ device). Rounds alternate and the table shows the medians.
     python bench/bench_pipeline.py                 # a few minutes
     python bench/bench_pipeline.py --quick         # under a minute (e.g. on a 16-core GPU host)
     python bench/bench_pipeline.py --quick --threads 14 --processes 7
+    python bench/bench_pipeline.py --sections views  # both view paths, every augmentation
 """
 
 from __future__ import annotations
@@ -50,16 +60,19 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 import skimage
 from PIL import Image
 
 from jdml.data.arrays import ImageArrays
-from jdml.data.augment import affine_augment
+from jdml.data.augment import affine_augment, make_augmentation
 from jdml.data.benchmarks import FileList, read_benchmark
 from jdml.data.benchmarks.decode_cache import open_cache
+from jdml.data.device_pixels import DeviceViews
 from jdml.data.photo_augment import base_augment
 from jdml.data.pipeline import (
     AUTO,
@@ -394,6 +407,126 @@ def photo_rates(
             speed = H200_JPEG_IPS / (H200_JPEG_THREADS * cpu)
 
 
+#: The views section's rows: (label, augmentation, views per image, members).
+VIEW_ROWS = (
+    ("base", "base", 1, 1),
+    ("big", "big", 1, 1),
+    ("red", "red", 1, 1),
+    ("adv", "adv", 1, 1),
+    ("realistic", "realistic", 1, 1),
+    ("DiVA: base, 2 views", "base", 2, 1),
+    ("DM2: base, 2 members", "base", 1, 2),
+)
+#: The views section's target: the host side of device views, images/s on this host.
+DEVICE_VIEWS_TARGET = 10_000.0
+
+
+def view_batch(cache: Any, name: str, views: int, members: int, where: str) -> tuple:
+    """The training batches of augmentation ``name`` on the cached photos with views made on
+    the ``where`` side, and the device views (None on the host side)."""
+    cfg = ml_collections.ConfigDict(
+        {
+            "augment": name,
+            "image_size": 256 if name == "big" else 224,
+            "resize": 256,
+            "device_photos_gib": -1.0,
+        }
+    )
+    sampler = SAMPLERS.get("class_random")(
+        cache.labels, batch_size=BATCH, samples_per_class=2, seed=0
+    )
+    device = _device_views(cfg, cache) if where == "device" else None
+    batch = TrainBatch(
+        data=cache,
+        sampler=sampler,
+        augment=make_augmentation(cfg),
+        seed=0,
+        views=views,
+        members=tuple(range(members)) if members > 1 else (),
+        views_on_device=device.host if device else None,
+    )
+    return batch, device
+
+
+_DEVICE_VIEWS: dict[tuple, Any] = {}
+
+
+def _device_views(cfg: Any, cache: Any) -> Any:
+    """One resident set per augmentation shape (the rows share it)."""
+    key = (cfg.augment, cfg.image_size)
+    if key not in _DEVICE_VIEWS:
+        _DEVICE_VIEWS[key] = DeviceViews(cfg, cache)
+    return _DEVICE_VIEWS[key]
+
+
+def placed_rate(make_batch: TrainBatch, sizes: PipelineSizes, batches: int, prefetch: int):
+    """Images/s of ``train_batches`` with every batch copied to the device (and the copy
+    finished), as the trainer's step receives them."""
+    iterator = train_batches(
+        make_batch,
+        start_step=0,
+        total_steps=batches + 2,
+        num_threads=sizes.threads,
+        prefetch=prefetch,
+        num_workers=sizes.workers,
+    )
+    jax.block_until_ready(jax.device_put(next(iterator)))
+    jax.block_until_ready(jax.device_put(next(iterator)))
+    begin, images = time.perf_counter(), 0
+    for batch in iterator:
+        jax.block_until_ready(jax.device_put(batch))
+        images += len(batch["labels"])
+    return images / (time.perf_counter() - begin)
+
+
+def render_time(device: Any, make_batch: TrainBatch, rounds: int) -> float:
+    """Seconds the device takes to make one batch's views (the jitted ``realize`` alone), the
+    median of ``rounds`` rounds of 3 batches after compiling."""
+    realize = jax.jit(device.realize)
+    batches = [jax.device_put(make_batch(s)) for s in range(3)]
+    jax.block_until_ready(realize(batches[0], device.resident))
+    times = []
+    for _ in range(rounds):
+        begin = time.perf_counter()
+        for batch in batches:
+            out = realize(batch, device.resident)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - begin) / len(batches))
+    return statistics.median(times)
+
+
+def views_section(args: argparse.Namespace, files: FileList) -> None:
+    """Every photo augmentation with its views made on the host and on the device."""
+    with tempfile.TemporaryDirectory(prefix="jdml-decode-cache-") as folder:
+        cache = open_cache(files, 256, folder, threads=host_cores())
+        print(
+            f"\n== views: {len(files)} decode-cached photos (short side 256), batch {BATCH} "
+            f"SPC-2; pipeline: {sizes_here(args, False).describe()}; backend "
+            f"{jax.default_backend()} =="
+        )
+        print(
+            f"  {'augmentation':<22}{'host: img/CPU-s':>16}{'pipeline img/s':>15}"
+            f"{'device: img/CPU-s':>18}{'pipeline img/s':>15}{'x host':>8}"
+            f"{'device ms/batch':>16}{'views/s':>9}  target"
+        )
+        for label, name, views, members in VIEW_ROWS:
+            row = {}
+            for where in ("host", "device"):
+                make_batch, device = view_batch(cache, name, views, members, where)
+                cpu, _ = per_core_rate(make_batch, args.seconds, args.rounds)
+                rate = placed_rate(make_batch, sizes_here(args, False), args.batches, args.prefetch)
+                row[where] = (cpu, rate)
+            made = render_time(device, make_batch, args.rounds)
+            per_batch = views * members * BATCH
+            verdict = "meets" if row["device"][1] >= DEVICE_VIEWS_TARGET else "misses"
+            print(
+                f"  {label:<22}{row['host'][0]:>16,.0f}{row['host'][1]:>15,.0f}"
+                f"{row['device'][0]:>18,.0f}{row['device'][1]:>15,.0f}"
+                f"{row['device'][1] / row['host'][1]:>8.1f}{made * 1e3:>16.1f}"
+                f"{per_batch / made:>9,.0f}  {verdict} ({DEVICE_VIEWS_TARGET:,.0f} img/s)"
+            )
+
+
 def jdml_rate(
     files: FileList, args: argparse.Namespace, threads: int, seed: int, processes: int = 0
 ) -> float:
@@ -462,7 +595,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default_root = Path(tempfile.gettempdir()) / "jdml-bench-pipeline"
     parser.add_argument("--quick", action="store_true", help="small sizes: under a minute")
-    parser.add_argument("--sections", default="glyphs,imagenet", help="glyphs, imagenet")
+    parser.add_argument(
+        "--sections", default="glyphs,imagenet,views", help="glyphs, imagenet, views"
+    )
     parser.add_argument("--root", type=Path, help=f"photo tree (default {default_root}-N)")
     parser.add_argument("--photos", type=int, help="photos of a new tree (default 1200; 240)")
     parser.add_argument("--classes", type=int, default=40, help="classes of a new tree")
@@ -501,19 +636,28 @@ def main() -> None:
     print(f"step images/s {where}: " + ", ".join(f"{k} {v:,.0f}" for k, v in step.items()))
     if "glyphs" in sections:
         glyph_section(args, step)
+    if sections & {"imagenet", "views"}:
+        files = photo_files(args, default_root)
     if "imagenet" in sections:
-        root = args.root or Path(f"{default_root}-{args.photos}")
-        if not (root / "CUB_200_2011" / "images.txt").is_file():
-            print(f"writing {args.photos} photos to {root} ...", flush=True)
-            build_tree(root, args.photos, args.classes)
-        files = read_benchmark("cub200", str(root), verify_counts=False)["train"]
-        print(f"\n{describe(files)} under {root}")
         photo_section(args, step, files)
         if Path(args.torch_python).is_file() and not quick:
             torch_section(args, files)
         else:
             reason = "--quick" if quick else f"no interpreter at {args.torch_python}"
             print(f"\ntorchvision comparison skipped ({reason})")
+    if "views" in sections:
+        views_section(args, files)
+
+
+def photo_files(args: argparse.Namespace, default_root: Path) -> FileList:
+    """The CUB-like photo tree's training split (written under ``--root`` when absent)."""
+    root = args.root or Path(f"{default_root}-{args.photos}")
+    if not (root / "CUB_200_2011" / "images.txt").is_file():
+        print(f"writing {args.photos} photos to {root} ...", flush=True)
+        build_tree(root, args.photos, args.classes)
+    files = read_benchmark("cub200", str(root), verify_counts=False)["train"]
+    print(f"\n{describe(files)} under {root}")
+    return files
 
 
 if __name__ == "__main__":

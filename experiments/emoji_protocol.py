@@ -239,6 +239,16 @@ ROWS: dict[str, tuple[str, Build]] = {
     "multisimilarity": ("multisimilarity", revisiting("loss=multisimilarity")),
     "proxynca": ("proxynca", revisiting("loss=proxynca")),
     "R-triplet": ("R-triplet", revisiting("loss=triplet,miner=rho_distance")),
+    # RandomResizedCrop + flip on the artwork, its views made by Pillow on the host and on the
+    # device from the same draws (the views table: the training equivalence of the two paths).
+    "views-host": (
+        "base augmentation, Pillow views",
+        revisiting("loss=margin", **{"data.augment": "base", "data.views": "host"}),
+    ),
+    "views-device": (
+        "base augmentation, device views",
+        revisiting("loss=margin", **{"data.augment": "base", "data.views": "device"}),
+    ),
 }
 # Every registered batch sampler, the default (the margin row) first.
 SAMPLERS = ("class_random", *(n for n in SAMPLER_REGISTRY.names() if n != "class_random"))
@@ -290,6 +300,7 @@ TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
         "Revisiting: batch samplers with margin",
         ("margin", *(f"sampler-{s}" for s in SAMPLERS[1:])),
     ),
+    "views": ("Views made on the device against Pillow's", ("views-host", "views-device")),
 }
 # Rows whose train rho (spectral decay, eval.train_metrics) is measured after every epoch.
 RHO_ROWS = frozenset({"margin", "R-margin", "triplet", "R-triplet"})

@@ -73,15 +73,16 @@ def view_shape(size: int, rows: int, cols: int, *, resize: int = 0, colour: bool
     return ViewShape(size=size, taps=taps, rows=rows, cols=cols, colour=colour)
 
 
-def _axis_taps(box_start: int, box_len: int, resized: int, window: int, size: int, taps: int):
-    """One axis of a view: the first input index (in photo coordinates) and the weights of
-    each of its ``size`` outputs, padded to ``taps``."""
-    first, coef = pillow_taps(box_len, resized)
-    first = first[window : window + size] + box_start
-    coef = coef[window : window + size]
+@functools.lru_cache(maxsize=4096)
+def _padded_taps(in_len: int, out_len: int, taps: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`pillow_taps` with the weights padded to ``taps`` columns (cached, read-only)."""
+    first, coef = pillow_taps(in_len, out_len)
     if coef.shape[1] > taps:
-        raise ValueError(f"a resample of {box_len} to {resized} reads more than {taps} pixels")
-    return first, np.pad(coef, ((0, 0), (0, taps - coef.shape[1])))
+        raise ValueError(f"a resample of {in_len} to {out_len} reads more than {taps} pixels")
+    padded = np.zeros((out_len, taps), np.int32)
+    padded[:, : coef.shape[1]] = coef
+    padded.flags.writeable = False
+    return first, padded
 
 
 def view_arrays(params: Sequence[ViewParams], shape: ViewShape) -> dict[str, np.ndarray]:
@@ -114,13 +115,17 @@ def view_arrays(params: Sequence[ViewParams], shape: ViewShape) -> dict[str, np.
         if p.size != s:
             raise ValueError(f"a view of size {p.size} in a batch of size {s}")
         top, left, height, width = p.box
-        out["ystart"][i], out["ycoef"][i] = _axis_taps(top, height, p.resized[0], p.window[0], s, k)
-        xstart, xcoef = _axis_taps(left, width, p.resized[1], p.window[1], s, k)
-        out["xstart"][i], out["xcoef"][i] = (
-            (xstart[::-1], xcoef[::-1]) if p.flip else (xstart, xcoef)
-        )
-        out["vfirst"][i] = vertical_first(height, width, *p.resized)
-        out["gray"][i] = p.gray
+        (wy, wx), (ry, rx) = p.window, p.resized
+        first, coef = _padded_taps(height, ry, k)
+        np.add(first[wy : wy + s], top, out=out["ystart"][i])
+        out["ycoef"][i] = coef[wy : wy + s]
+        first, coef = _padded_taps(width, rx, k)
+        cols = slice(wx + s - 1, wx - 1 if wx else None, -1) if p.flip else slice(wx, wx + s)
+        np.add(first[cols], left, out=out["xstart"][i])
+        out["xcoef"][i] = coef[cols]
+        out["vfirst"][i] = vertical_first(height, width, ry, rx)
+        if p.gray:
+            out["gray"][i] = True
         for j, (op, factor) in enumerate(p.jitter):
             out["ops"][i, j] = op
             out["factors"][i, j] = int(factor * 255) % 256 if op == 3 else factor

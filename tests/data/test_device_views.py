@@ -74,6 +74,7 @@ def draws(name: str, count: int, size: int, seed: int = 0):
     return images, [draw(*im.shape[:2]) for im in images]
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("name", ["base", "big", "red", "eval", "adv", "realistic"])
 def test_device_views_equal_the_pillow_views_on_real_photos(name):
     size = 64 if name != "big" else 72
@@ -210,6 +211,7 @@ METHODS = {
 }
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_methods_train_with_device_views_as_with_host_views(cub, method, tmp_path):
     """DiVA (two views), Sharing Matters (a second stream) and a DM2 cohort with view diversity

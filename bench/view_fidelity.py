@@ -1,0 +1,166 @@
+"""Device views against the Pillow views (torchvision's PIL path) on real pictures, in uint8 levels.
+
+For every photo augmentation (and the evaluation view) the script draws views as the pipeline
+does (``ViewParams``, torchvision's order), makes each one with Pillow and on the device
+(``jdml.data.device_views.render``, jitted), and prints the largest and the mean absolute
+difference and the share of differing values. Two sets of pictures: scikit-image's sample photos
+(several sizes, both orientations) at 224 px, and the emoji set (64 px artwork; built by
+``python -m jdml data fetch emoji``, skipped when absent) at 64 px.
+
+It also measures the JAX libraries that could have done the pixel work, on the same views:
+
+* ``jax.image.scale_and_translate`` (linear, antialiased) on each crop's padded canvas, the form a
+  jitted step with static shapes needs: its filter reads the pixels next to the crop, where
+  torchvision crops first, and its rounding is not Pillow's fixed point;
+* dm-pix's ``adjust_contrast``/``adjust_saturation``/``adjust_hue`` (float HSV, per-channel
+  contrast means) against Pillow's with the same factor.
+
+    python bench/view_fidelity.py            # about a minute on 2 CPU cores
+    python bench/view_fidelity.py --views 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import skimage.data
+
+from jdml.data import photo_augment as pa
+from jdml.data.device_pixels import Frames, host_canvases
+from jdml.data.device_views import hsv_tables, render, view_arrays, view_shape
+from jdml.fileio import cache_root
+
+AUGMENTATIONS = ("base", "big", "red", "adv", "realistic", "eval")
+
+
+def sample_photos() -> list[np.ndarray]:
+    names = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "retina")
+    return [np.ascontiguousarray(getattr(skimage.data, n)()[..., :3]) for n in names]
+
+
+def emoji_images(count: int) -> list[np.ndarray]:
+    path = os.path.join(cache_root("emoji"), "emoji.npz")
+    if not os.path.exists(path):
+        return []
+    with np.load(path) as data:
+        images = data["images"]
+    rng = np.random.default_rng(0)
+    return [images[i] for i in rng.choice(len(images), count, replace=False)]
+
+
+def draw(name: str, images: list[np.ndarray], size: int, resize: int, seed: int):
+    rng = np.random.default_rng(seed)
+    jitter = {"adv": 0.2, "realistic": 0.4}.get(name, 0.0)
+    out = []
+    for image in images:
+        h, w = image.shape[:2]
+        if name == "red":
+            out.append(pa.red_view_params(h, w, rng, size, resize))
+        elif name == "eval":
+            out.append(pa.eval_view_params(h, w, resize, size))
+        else:
+            out.append(pa.rrc_view_params(h, w, rng, size, jitter))
+    return out
+
+
+def device_views(images, params, size, resize, colour) -> np.ndarray:
+    frames = Frames.of(np.array([im.shape[:2] for im in images]))
+    shape = view_shape(size, frames.rows, frames.cols, resize=resize, colour=colour)
+    tables = tuple(jnp.asarray(t) for t in hsv_tables()) if colour else None
+    fn = jax.jit(lambda c, t, a, tb: render(c, t, a, shape, tb))
+    canvases = host_canvases(images, frames.rows, frames.cols)
+    out = fn(canvases, frames.transposed, view_arrays(params, shape), tables)
+    return np.rint(np.asarray(out) * 255).astype(np.int32)
+
+
+def library_resize(images, params, size) -> np.ndarray:
+    """``jax.image.scale_and_translate`` of each crop box on the padded canvas (Pillow's crop
+    and resize is what it stands in for)."""
+    out = []
+    for image, p in zip(images, params, strict=True):
+        top, left, h, w = p.box
+        scale = jnp.array([size / h, size / w])
+        shift = -jnp.array([top, left]) * scale
+        view = jax.image.scale_and_translate(
+            jnp.asarray(image, jnp.float32),
+            (size, size, 3),
+            (0, 1),
+            scale,
+            shift,
+            method="linear",
+            antialias=True,
+        )
+        view = jnp.clip(jnp.round(view), 0, 255)
+        out.append(np.asarray(view[:, ::-1] if p.flip else view, np.int32))
+    return np.stack(out)
+
+
+def library_colour(images, params, size) -> dict[str, np.ndarray]:
+    """dm-pix's contrast, saturation and hue on each geometric view, against Pillow's."""
+    import dm_pix as pix
+
+    ops = {
+        "contrast": (1, pix.adjust_contrast, lambda f: f),
+        "saturation": (2, pix.adjust_saturation, lambda f: f),
+        "hue": (3, pix.adjust_hue, lambda f: f),
+    }
+    rng = np.random.default_rng(1)
+    out = {}
+    for name, (op, fn, arg) in ops.items():
+        diffs = []
+        for image, p in zip(images, params, strict=True):
+            geometric = pa.pillow_view(image, pa.ViewParams(p.box, p.resized, p.window, size))
+            factor = float(rng.uniform(-0.4, 0.4) if op == 3 else rng.uniform(0.6, 1.4))
+            want = pa.JITTER_OPS[op](geometric, factor).astype(np.int32)
+            got = fn(jnp.asarray(geometric, jnp.float32) / 255, arg(factor))
+            got = np.clip(np.rint(np.asarray(got) * 255), 0, 255).astype(np.int32)
+            diffs.append(np.abs(got - want))
+        out[name] = np.stack(diffs)
+    return out
+
+
+def row(label: str, diff: np.ndarray) -> str:
+    return f"| {label} | {int(diff.max())} | {diff.mean():.4f} | {100 * np.mean(diff > 0):.3f} % |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--views", type=int, default=48, help="views per augmentation and set")
+    args = parser.parse_args()
+    photos = sample_photos()
+    sets = [("scikit-image photos", photos, 224, 256)]
+    emoji = emoji_images(args.views)
+    if emoji:
+        sets.append(("emoji set", emoji, 64, 72))
+    else:
+        print("emoji set absent (python -m jdml data fetch emoji): photos only")
+    print(f"JAX {jax.__version__} on {jax.default_backend()}; {args.views} views per row")
+    print("\n| views | max abs diff (levels) | mean abs diff | values that differ |")
+    print("|---|---|---|---|")
+    for set_name, pictures, size, resize in sets:
+        images = [pictures[i % len(pictures)] for i in range(args.views)]
+        for name in AUGMENTATIONS:
+            side = size * 8 // 7 if name == "big" else size  # big: 256 for 224
+            params = draw(name, images, side, resize, seed=AUGMENTATIONS.index(name))
+            colour = name in ("adv", "realistic")
+            got = device_views(images, params, side, resize, colour)
+            want = np.stack([pa.pillow_view(im, p) for im, p in zip(images, params, strict=True)])
+            print(row(f"{set_name}, {name}: device views", np.abs(got - want)))
+    print("\nThe JAX libraries on the same views (scikit-image photos, base's boxes):\n")
+    print("| library operation | max abs diff (levels) | mean abs diff | values that differ |")
+    print("|---|---|---|---|")
+    images = [photos[i % len(photos)] for i in range(args.views)]
+    params = draw("base", images, 224, 256, seed=0)
+    want = np.stack([pa.pillow_view(im, p) for im, p in zip(images, params, strict=True)])
+    got = library_resize(images, params, 224)
+    print(row("jax.image.scale_and_translate, crop + resize", np.abs(got - want)))
+    for name, diff in library_colour(images, params, 224).items():
+        print(row(f"dm-pix adjust_{name}", diff))
+
+
+if __name__ == "__main__":
+    main()
