@@ -22,6 +22,11 @@ Two workloads, each timed per core and as the pipeline the trainer runs:
   ``DeviceViews.realize`` alone) on this backend. Target: the host side of device views at
   least 10,000 img/s on every row.
 
+* **end to end** (``--sections e2e``): ``train.py`` on a CUB_200_2011-layout tree of JPEGs
+  (train and test classes, the decode cache on) with each view path, a small ResNet at 224 px so
+  that a CPU finishes it; the images/s are the run's own train records (their median after the
+  first), and the wall time is the whole command's.
+
 "Per core" is images per CPU-second of one thread building batches (``TrainBatch`` called in
 this process; on a quiet machine, images/s of one core). "Pipeline" is ``train_batches`` with the
 sizes the trainer resolves for this host and backend (``jdml.data.pipeline.
@@ -45,6 +50,7 @@ device). Rounds alternate and the table shows the medians.
     python bench/bench_pipeline.py --quick         # under a minute (e.g. on a 16-core GPU host)
     python bench/bench_pipeline.py --quick --threads 14 --processes 7
     python bench/bench_pipeline.py --sections views  # both view paths, every augmentation
+    python bench/bench_pipeline.py --sections e2e    # train.py with each view path
 """
 
 from __future__ import annotations
@@ -527,6 +533,62 @@ def views_section(args: argparse.Namespace, files: FileList) -> None:
             )
 
 
+#: The end-to-end runs' config: a small ResNet at the preset's 224 px crops, so that a CPU
+#: finishes them (``--e2e-flags`` adds to it, e.g. the preset's ResNet-50 on a GPU).
+E2E_FLAGS = (
+    "--config.data.verify_counts=False",
+    "--config.data.decode_cache=True",
+    "--config.model.backbone=small_resnet",
+    "--config.model.pretrained=",
+    "--config.data.normalization=mean_std",
+    "--config.train.batch_size=56",
+    "--config.train.epochs=2",
+    "--config.train.log_every_steps=1",
+    "--config.train.progress_bar=False",
+    "--config.eval.at_start=False",
+    "--config.eval.metrics=('recall@1','map@r')",
+    "--config.eval.selection_metric=recall@1",
+)
+
+
+def e2e_section(args: argparse.Namespace, default_root: Path) -> None:
+    """``train.py`` end to end on a CUB-layout tree with the views made on each side."""
+    root = args.root or Path(f"{default_root}-e2e-{args.photos}")
+    if not (root / "CUB_200_2011" / "images.txt").is_file():
+        print(f"writing {args.photos} photos in 200 classes to {root} ...", flush=True)
+        build_tree(root, args.photos, 200)  # classes 1-100 train, 101-200 test
+    print(f"\n== end to end: train.py on {root} (data=cub200, {' '.join(E2E_FLAGS)}) ==")
+    repo = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="jdml-e2e-") as tmp:
+        for where in ("host", "device"):
+            workdir = Path(tmp) / where
+            command = [
+                sys.executable,
+                str(repo / "train.py"),
+                "--config",
+                f"{repo}/configs/revisiting.py:data=cub200",
+                "--workdir",
+                str(workdir),
+                f"--config.data.path={root}",
+                f"--config.data.cache_dir={tmp}/decoded",
+                f"--config.data.views={where}",
+                *E2E_FLAGS,
+                *args.e2e_flags,
+            ]
+            begin = time.perf_counter()
+            proc = subprocess.run(command, capture_output=True, text=True, check=False)
+            wall = time.perf_counter() - begin
+            if proc.returncode != 0:
+                sys.exit(f"train.py with data.views={where} failed:\n{proc.stderr[-3000:]}")
+            with open(workdir / "metrics.jsonl") as f:
+                records = [json.loads(line) for line in f]
+            rates = [r["img_s"] for r in records if r.get("kind") == "train"][1:]
+            print(
+                f"  data.views={where:<7} train img/s: median {statistics.median(rates):,.1f} "
+                f"(of {len(rates)} records after the first); whole command {wall:.0f} s"
+            )
+
+
 def jdml_rate(
     files: FileList, args: argparse.Namespace, threads: int, seed: int, processes: int = 0
 ) -> float:
@@ -596,7 +658,10 @@ def main() -> None:
     default_root = Path(tempfile.gettempdir()) / "jdml-bench-pipeline"
     parser.add_argument("--quick", action="store_true", help="small sizes: under a minute")
     parser.add_argument(
-        "--sections", default="glyphs,imagenet,views", help="glyphs, imagenet, views"
+        "--sections", default="glyphs,imagenet,views", help="glyphs, imagenet, views, e2e"
+    )
+    parser.add_argument(
+        "--e2e-flags", nargs="*", default=[], help="train.py flags added to the e2e runs"
     )
     parser.add_argument("--root", type=Path, help=f"photo tree (default {default_root}-N)")
     parser.add_argument("--photos", type=int, help="photos of a new tree (default 1200; 240)")
@@ -647,6 +712,8 @@ def main() -> None:
             print(f"\ntorchvision comparison skipped ({reason})")
     if "views" in sections:
         views_section(args, files)
+    if "e2e" in sections:
+        e2e_section(args, default_root)
 
 
 def photo_files(args: argparse.Namespace, default_root: Path) -> FileList:
