@@ -85,9 +85,12 @@ from jdml.data.pipeline import (
     PipelineSizes,
     TrainBatch,
     host_cores,
+    input_pipeline,
     resolve_pipeline_sizes,
     train_batches,
 )
+from jdml.evaluate_checkpoint import load_config
+from jdml.run import Run
 from jdml.samplers import SAMPLERS
 
 SOURCES = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png")
@@ -534,7 +537,7 @@ def views_section(args: argparse.Namespace, files: FileList) -> None:
 
 
 #: The end-to-end runs' config: a small ResNet at the preset's 224 px crops, so that a CPU
-#: finishes them (``--e2e-flags`` adds to it, e.g. the preset's ResNet-50 on a GPU).
+#: finishes them (``--e2e-flag`` adds to it, e.g. the preset's ResNet-50 on a GPU).
 E2E_FLAGS = (
     "--config.data.verify_counts=False",
     "--config.data.decode_cache=True",
@@ -551,41 +554,86 @@ E2E_FLAGS = (
 )
 
 
+#: The e2e section's methods: (label, config argument, extra flags).
+E2E_METHODS = {
+    "plain": ("margin", "configs/revisiting.py:data=cub200", ()),
+    "diva": ("DiVA", "configs/diva.py:data=cub200", ()),
+    "dm2": (
+        "DM2, cohort of 2",
+        "configs/dm2.py:data=cub200",
+        ("--config.cohort.size=2", "--config.sampler.samples_per_class=2"),  # preset: SPC-5
+    ),
+}
+
+
+def fixed_batch_rate(workdir: Path, steps: int) -> float:
+    """Images/s of the run's own jitted step on one fixed batch (views made on the host, so
+    the step alone), ``steps`` steps after compiling: what the pipeline must keep fed."""
+    config = load_config(str(workdir))
+    with config.unlocked():
+        config.data.views = "host"
+    run = Run(config)
+    make_batch, _ = input_pipeline(run.batch_maker(), config.data)
+    batch = jax.device_put(make_batch(0))
+    step, state = run.make_train_step(), run.prepare(run.initial_state)
+    state, metrics = step(state, batch)
+    jax.block_until_ready(metrics)
+    begin = time.perf_counter()
+    for _ in range(steps):
+        state, metrics = step(state, batch)
+    jax.block_until_ready((state, metrics))
+    return steps * config.train.batch_size / (time.perf_counter() - begin)
+
+
 def e2e_section(args: argparse.Namespace, default_root: Path) -> None:
-    """``train.py`` end to end on a CUB-layout tree with the views made on each side."""
+    """``train.py`` end to end on a CUB-layout tree with the views made on each side, against
+    the same step on a fixed batch."""
     root = args.root or Path(f"{default_root}-e2e-{args.photos}")
     if not (root / "CUB_200_2011" / "images.txt").is_file():
         print(f"writing {args.photos} photos in 200 classes to {root} ...", flush=True)
         build_tree(root, args.photos, 200)  # classes 1-100 train, 101-200 test
-    print(f"\n== end to end: train.py on {root} (data=cub200, {' '.join(E2E_FLAGS)}) ==")
+    flags = [*E2E_FLAGS, *args.e2e_flags]
+    print(f"\n== end to end: train.py on {root} ({' '.join(flags)}) ==")
     repo = Path(__file__).resolve().parent.parent
-    with tempfile.TemporaryDirectory(prefix="jdml-e2e-") as tmp:
-        for where in ("host", "device"):
-            workdir = Path(tmp) / where
-            command = [
-                sys.executable,
-                str(repo / "train.py"),
-                "--config",
-                f"{repo}/configs/revisiting.py:data=cub200",
-                "--workdir",
-                str(workdir),
-                f"--config.data.path={root}",
-                f"--config.data.cache_dir={tmp}/decoded",
-                f"--config.data.views={where}",
-                *E2E_FLAGS,
-                *args.e2e_flags,
-            ]
-            begin = time.perf_counter()
-            proc = subprocess.run(command, capture_output=True, text=True, check=False)
-            wall = time.perf_counter() - begin
-            if proc.returncode != 0:
-                sys.exit(f"train.py with data.views={where} failed:\n{proc.stderr[-3000:]}")
-            with open(workdir / "metrics.jsonl") as f:
-                records = [json.loads(line) for line in f]
-            rates = [r["img_s"] for r in records if r.get("kind") == "train"][1:]
+    for name in args.e2e_methods.split(","):
+        label, config, extra = E2E_METHODS[name]
+        with tempfile.TemporaryDirectory(prefix="jdml-e2e-") as tmp:
+            rates = {}
+            for where in ("host", "device"):
+                workdir = Path(tmp) / where
+                command = [
+                    sys.executable,
+                    str(repo / "train.py"),
+                    "--config",
+                    f"{repo}/{config}",
+                    "--workdir",
+                    str(workdir),
+                    f"--config.data.path={root}",
+                    f"--config.data.cache_dir={tmp}/decoded",
+                    f"--config.data.views={where}",
+                    *flags,
+                    *extra,
+                ]
+                begin = time.perf_counter()
+                proc = subprocess.run(command, capture_output=True, text=True, check=False)
+                wall = time.perf_counter() - begin
+                if proc.returncode != 0:
+                    sys.exit(
+                        f"train.py ({name}, data.views={where}) failed:\n{proc.stderr[-3000:]}"
+                    )
+                with open(workdir / "metrics.jsonl") as f:
+                    records = [json.loads(line) for line in f]
+                train = [r["img_s"] for r in records if r.get("kind") == "train"][1:]
+                rates[where] = statistics.median(train)
+                print(
+                    f"  {label}, data.views={where:<7} train img/s: median {rates[where]:,.1f} "
+                    f"(of {len(train)} records after the first); whole command {wall:.0f} s"
+                )
+            fixed = fixed_batch_rate(Path(tmp) / "host", args.batches)
             print(
-                f"  data.views={where:<7} train img/s: median {statistics.median(rates):,.1f} "
-                f"(of {len(rates)} records after the first); whole command {wall:.0f} s"
+                f"  {label}: the step on a fixed batch {fixed:,.1f} img/s; end to end "
+                + ", ".join(f"{w} {r / fixed:.0%}" for w, r in rates.items())
+                + " of it (target on an accelerator: device views at 90 % or more)"
             )
 
 
@@ -661,7 +709,15 @@ def main() -> None:
         "--sections", default="glyphs,imagenet,views", help="glyphs, imagenet, views, e2e"
     )
     parser.add_argument(
-        "--e2e-flags", nargs="*", default=[], help="train.py flags added to the e2e runs"
+        "--e2e-flag",
+        dest="e2e_flags",
+        action="append",
+        default=[],
+        help="a train.py flag added to the e2e runs (repeat it), e.g. "
+        "--e2e-flag=--config.model.backbone=resnet50",
+    )
+    parser.add_argument(
+        "--e2e-methods", default="plain", help=f"e2e methods: {', '.join(E2E_METHODS)}"
     )
     parser.add_argument("--root", type=Path, help=f"photo tree (default {default_root}-N)")
     parser.add_argument("--photos", type=int, help="photos of a new tree (default 1200; 240)")

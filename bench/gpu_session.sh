@@ -14,6 +14,10 @@
 #   pipeline bench/bench_pipeline.py --quick with the automatic sizes (and torchvision's loader)
 #   bench    bench/bench_gpu.py (step, eval, train), its JSON in $OUT
 #   sweep    bench/bench_gpu.py --sections sweep (the evaluator's block sizes)
+#   views    device views: their pixels against Pillow's (bench/view_fidelity.py), both view
+#            paths with every augmentation and the device's work per batch, and train.py end to
+#            end with ResNet-50 in bf16 for the plain method, DiVA and a DM2 cohort of 2
+#            (bench/bench_pipeline.py --sections views,e2e)
 #
 # A host without network access takes the missing packages from wheels in .whl/ (docs/devices.md).
 set -uo pipefail
@@ -75,6 +79,13 @@ EOF
     pipeline)
       timeout 300 python3 bench/bench_pipeline.py ${PIPELINE_ARGS:---quick} --torch-python python3 2>&1 |
         tee "$OUT/pipeline.log"
+      ;;
+    views)
+      timeout 180 python3 bench/view_fidelity.py --views 32 2>&1 | tee "$OUT/view-fidelity.log"
+      timeout 600 python3 bench/bench_pipeline.py --sections views,e2e --quick --photos 2000 \
+        --e2e-methods plain,diva,dm2 --e2e-flag=--config.model.backbone=resnet50 \
+        --e2e-flag=--config.model.dtype=bfloat16 --e2e-flag=--config.train.batch_size=112 \
+        --e2e-flag=--config.train.epochs=4 ${VIEWS_ARGS:-} 2>&1 | tee "$OUT/views.log"
       ;;
     bench)
       timeout 600 python3 bench/bench_gpu.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"

@@ -15,8 +15,16 @@ It also measures the JAX libraries that could have done the pixel work, on the s
 * dm-pix's ``adjust_contrast``/``adjust_saturation``/``adjust_hue`` (float HSV, per-channel
   contrast means) against Pillow's with the same factor.
 
-    python bench/view_fidelity.py            # about a minute on 2 CPU cores
+``--cache`` measures what the decode cache's resolution costs instead: RandomResizedCrop views
+(224 px) cropped from each photo as the cache stores it (short side 256, the default, or 512),
+the box drawn on the original photo and mapped to the cached one, against the same view of the
+original photo (what the reference crops), by the crop's share of the photo; and the views'
+high-frequency energy (mean absolute Laplacian) as a share of the original's: below 100 %, the
+views are softer.
+
+    python bench/view_fidelity.py            # about two minutes on 2 CPU cores
     python bench/view_fidelity.py --views 64
+    python bench/view_fidelity.py --cache
 """
 
 from __future__ import annotations
@@ -123,6 +131,65 @@ def library_colour(images, params, size) -> dict[str, np.ndarray]:
     return out
 
 
+#: The crop's share of the photo, binned for ``--cache``.
+AREA_BINS = ((0.08, 0.25), (0.25, 0.5), (0.5, 1.01))
+
+
+def laplacian_energy(view: np.ndarray) -> float:
+    """Mean absolute 4-neighbour Laplacian of a uint8 view: its fine detail."""
+    v = view.astype(np.float64)
+    lap = 4 * v[1:-1, 1:-1] - v[:-2, 1:-1] - v[2:, 1:-1] - v[1:-1, :-2] - v[1:-1, 2:]
+    return float(np.abs(lap).mean())
+
+
+def cache_section(views: int) -> None:
+    """RandomResizedCrop views from the decode cache's photo against the original's."""
+    from jdml.data.benchmarks.decode_cache import shrink
+
+    photos = sample_photos()
+    print("\nRandomResizedCrop(224) from the cached photo against the original photo's view")
+    print(
+        f"({views} boxes per photo on {len(photos)} scikit-image photos, short sides "
+        f"{min(min(p.shape[:2]) for p in photos)}-{max(min(p.shape[:2]) for p in photos)} px)\n"
+    )
+    print(
+        "| cache short side | crop share of the photo | views | mean abs diff | "
+        "largest diff | detail kept |"
+    )
+    print("|---|---|---|---|---|---|")
+    for side in (256, 512):
+        rows: dict[tuple, list] = {b: [] for b in AREA_BINS}
+        rng = np.random.default_rng(side)
+        for photo in photos:
+            cached = shrink(photo, side)
+            sy, sx = cached.shape[0] / photo.shape[0], cached.shape[1] / photo.shape[1]
+            for _ in range(views):
+                top, left, h, w = pa.rrc_params(photo.shape[0], photo.shape[1], rng)
+                box = (top, left, h, w)
+                ch = min(max(1, round(h * sy)), cached.shape[0])
+                cw = min(max(1, round(w * sx)), cached.shape[1])
+                ct = min(round(top * sy), cached.shape[0] - ch)
+                cl = min(round(left * sx), cached.shape[1] - cw)
+                want = pa.pillow_view(photo, pa.ViewParams(box, (224, 224), (0, 0), 224))
+                got = pa.pillow_view(
+                    cached, pa.ViewParams((ct, cl, ch, cw), (224, 224), (0, 0), 224)
+                )
+                share = h * w / (photo.shape[0] * photo.shape[1])
+                diff = np.abs(got.astype(np.int32) - want)
+                kept = laplacian_energy(got) / max(laplacian_energy(want), 1e-9)
+                for low, high in AREA_BINS:
+                    if low <= share < high:
+                        rows[(low, high)].append((diff.mean(), diff.max(), kept))
+        for (low, high), values in rows.items():
+            if not values:
+                continue
+            mean, top, kept = (np.array(v) for v in zip(*values, strict=True))
+            print(
+                f"| {side} | {low:.2f}-{min(high, 1.0):.2f} | {len(values)} | {mean.mean():.2f} | "
+                f"{int(top.max())} | {100 * kept.mean():.0f} % |"
+            )
+
+
 def row(label: str, diff: np.ndarray) -> str:
     return f"| {label} | {int(diff.max())} | {diff.mean():.4f} | {100 * np.mean(diff > 0):.3f} % |"
 
@@ -130,7 +197,11 @@ def row(label: str, diff: np.ndarray) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--views", type=int, default=48, help="views per augmentation and set")
+    parser.add_argument("--cache", action="store_true", help="the decode cache's resolution")
     args = parser.parse_args()
+    if args.cache:
+        cache_section(args.views)
+        return
     photos = sample_photos()
     sets = [("scikit-image photos", photos, 224, 256)]
     emoji = emoji_images(args.views)
@@ -158,7 +229,12 @@ def main() -> None:
     want = np.stack([pa.pillow_view(im, p) for im, p in zip(images, params, strict=True)])
     got = library_resize(images, params, 224)
     print(row("jax.image.scale_and_translate, crop + resize", np.abs(got - want)))
-    for name, diff in library_colour(images, params, 224).items():
+    try:
+        colours = library_colour(images, params, 224)
+    except ImportError:
+        print("| dm-pix | not installed (pip install dm-pix) | | |")
+        return
+    for name, diff in colours.items():
         print(row(f"dm-pix adjust_{name}", diff))
 
 

@@ -105,6 +105,11 @@ def base_config() -> ml_collections.ConfigDict:
     # RandomResizedCrop augmentations read their crops from the smaller photo (see
     # jdml.data.benchmarks.decode_cache).
     c.data.decode_cache = False
+    # The short side the decode cache keeps: 0 is data.resize (the evaluation's resize); a larger
+    # value keeps more of each photo for the RandomResizedCrop augmentations (a photo whose short
+    # side is at most this is kept at its original size, so with 512 CUB's photos, at most 500 px,
+    # are all cropped as the reference crops them), at (value / resize)^2 the memory.
+    c.data.cache_size = 0
     # Where the training views of photo augmentations are made: "device" in the jitted step
     # from uint8 pixels (equal to the Pillow views; jdml.data.device_views), "host" with Pillow
     # in the input pipeline, "auto" the device on accelerators and the host on the CPU backend.

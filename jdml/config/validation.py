@@ -56,6 +56,7 @@ NUMERIC_KEYS: dict[str, Range] = {
     "data.std": _POSITIVE,
     "data.num_threads": AUTO_SIZE,
     "data.device_photos_gib": Range(-1),
+    "data.cache_size": Range(0, integer=True),
     "data.prefetch": _COUNT,
     "data.num_workers": AUTO_SIZE,
     "model.embed_dim": _COUNT,
@@ -269,6 +270,12 @@ def _validate_pipeline(data: ml_collections.ConfigDict) -> None:
             f"data.views=device makes the views of photo augmentations, not of "
             f"data.augment={data.augment!r}; use data.views=host or auto, or one of "
             + ", ".join(n for n in AUGMENTATIONS.names() if "views" in AUGMENTATIONS.meta(n))
+        )
+    if data.cache_size and data.cache_size < data.resize:
+        raise ConfigError(
+            f"data.cache_size={data.cache_size} is below data.resize={data.resize}: the "
+            "evaluation view would upsample the cached photos; set it to 0 (data.resize) or "
+            f"at least {data.resize}"
         )
     if data.decode_cache and data.source != "files":
         raise ConfigError(

@@ -424,9 +424,10 @@ def input_pipeline(
 
 def training_photos(data: Any, data_cfg: Any) -> Any:
     """The training split as the pipeline reads it: from its decode cache with
-    ``data.decode_cache`` (photo files only), else ``data`` itself."""
+    ``data.decode_cache`` (photo files only; short side ``data.cache_size``, 0 for
+    ``data.resize``), else ``data`` itself."""
     if data_cfg.decode_cache and isinstance(data, FileList):
-        return _decode_cached(data, data_cfg.resize, data_cfg.cache_dir)
+        return _decode_cached(data, data_cfg.cache_size or data_cfg.resize, data_cfg.cache_dir)
     return data
 
 

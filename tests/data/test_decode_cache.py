@@ -196,6 +196,7 @@ def test_the_pipeline_reads_the_training_photos_from_the_cache(files, tmp_path, 
         {
             "decode_cache": False,
             "resize": RESIZE,
+            "cache_size": 0,
             "cache_dir": str(tmp_path / "cache"),
             "num_threads": -1,
             "num_workers": -1,
@@ -208,6 +209,31 @@ def test_the_pipeline_reads_the_training_photos_from_the_cache(files, tmp_path, 
     assert isinstance(cached.data, dc.CachedPhotos) and (sizes.threads, sizes.workers) == (14, 0)
     again, _ = input_pipeline(make_batch, cfg, backend="gpu")
     assert again.data is cached.data
+
+
+def test_a_larger_cache_size_keeps_more_of_each_photo(files, tmp_path):
+    """``data.cache_size`` above ``data.resize``: photos up to that short side are cached as they
+    are (their crops are the reference's), larger ones shrunk to it; the evaluation view still
+    resizes to ``data.resize``."""
+    make_batch = TrainBatch(data=files, sampler=None, augment=red_augment, seed=0)
+    cfg = ml_collections.ConfigDict(
+        {
+            "decode_cache": True,
+            "resize": RESIZE,
+            "cache_size": 16,
+            "cache_dir": str(tmp_path / "cache"),
+            "num_threads": 1,
+            "num_workers": 0,
+        }
+    )
+    cached = input_pipeline(make_batch, cfg, backend="cpu")[0].data
+    for i in range(len(files)):
+        photo = decode_image(files.paths[i])
+        np.testing.assert_array_equal(cached.decode(i), dc.shrink(photo, 16))
+    assert any(min(cached.decode(i).shape[:2]) > RESIZE for i in range(len(files)))
+    assert cached.eval_images(np.arange(3)).shape == (3, 8, 8, 3)
+    with pytest.raises(ConfigError, match=r"data\.cache_size=10 is below data\.resize=12"):
+        validate(tiny_config("unused.npz", **{"data.resize": 12, "data.cache_size": 10}))
 
 
 def test_the_decode_cache_is_for_photos_read_from_files():

@@ -274,3 +274,33 @@ def test_view_config_errors(overrides, message):
 def test_device_views_of_photos_decoded_per_draw_ask_for_the_cache(cub):
     with pytest.raises(ConfigError, match=r"data\.decode_cache=True"):
         Run(cub_config(cub, **{"data.views": "device", "data.decode_cache": False}))
+
+
+@pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 (fake) devices")
+@pytest.mark.parametrize(
+    "mesh",
+    [
+        {"cohort.size": 2, "cohort.devices": 2},  # each member's views on its own device
+        {"cohort.size": 2, "cohort.devices": 2, "parallel.data_devices": 2},
+        {"parallel.data_devices": 2},  # one member, its batch split over two devices
+    ],
+)
+def test_device_views_on_a_mesh_train_as_on_one_device(cub, mesh):
+    """On a mesh the resident photos are replicated and the view parameters placed as the
+    views they make: the losses are those of the one-device run."""
+    runs = [
+        Run(cub_config(cub, **{"data.views": "device", "cohort.warmup_epochs": 0.0, **o}))
+        for o in ({k: v for k, v in mesh.items() if k == "cohort.size"}, mesh)
+    ]
+    assert runs[1].program.on_mesh
+    losses = []
+    for run in runs:
+        step, state = run.make_train_step(), run.prepare(run.initial_state)
+        make_batch, _ = input_pipeline(run.batch_maker(), run.config.data)
+        history = []
+        for s in range(2):
+            state, metrics = step(state, make_batch(s))
+            history.append(float(metrics["loss"]))
+        assert step._cache_size() == 1
+        losses.append(history)
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)

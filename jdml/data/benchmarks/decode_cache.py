@@ -1,14 +1,15 @@
-"""A decode cache of benchmark photos: every photo decoded once, at the evaluation resolution.
+"""A decode cache of benchmark photos: every photo decoded once, at a chosen resolution.
 
 Decoding the JPEGs dominates the cost of a photo batch (``data.decode_cache=True`` turns the
 cache on). The cache holds each photo of a :class:`FileList` decoded (EXIF orientation applied,
-RGB) and, where its short side is longer than ``data.resize``, resized to it with the
-evaluation view's resize (torchvision's ``Resize(resize)``, Pillow bilinear); smaller photos are
-kept as they are. The pixels lie in one uint8 file, read through a memory map, so grain's worker
-processes share them through the page cache.
+RGB) and, where its short side is longer than the cache's size (``data.cache_size``; 0, the
+default, is the evaluation's ``data.resize``), resized to it with the evaluation view's resize
+(torchvision's ``Resize``, Pillow bilinear); smaller photos are kept as they are. The pixels lie
+in one uint8 file, read through a memory map, so grain's worker processes share them through the
+page cache (and device views copy them to the device once).
 
 What changes, compared with decoding the original photo at every draw (what the reference code
-does, and the default):
+does, and the default), with the cache at ``data.resize``:
 
 * the evaluation view (``Resize(256)`` + ``CenterCrop(224)``) and the ``red`` augmentation
   (``Resize(256)`` + ``RandomCrop(224)``) are the same, bit for bit: their resize of a cached
@@ -19,6 +20,12 @@ does, and the default):
   crops smaller than the output in the cached photo (areas below about 57 % of a 256 x 341
   photo) are upsampled from fewer pixels: slightly softer views, and other random boxes for the
   same seed (the box sizes are rounded in other pixel units).
+
+A cache at a larger size keeps more of each photo: every photo whose short side is at most the
+size is the original, so its crops and views are the reference's exactly (with 512, all of CUB's
+photos, at most 500 px); a photo shrunk to the size gives the evaluation view and ``red`` from a
+resize of the resized photo (within a level or two of the original's). ``bench/view_fidelity.py
+--cache`` measures both against the original photos.
 
 The file is ``<folder>/photos-<count>-<resize>px-<key>.jdml-decoded`` in ``data.cache_dir``
 (default: ``$JDML_CACHE/decoded`` or ``~/.cache/jdml/decoded``). The key hashes the resize, the
