@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +27,17 @@ from jdml.data.device_views import hsv_tables, render, view_arrays, view_shape
 from jdml.data.pipeline import input_pipeline
 from jdml.data.resample import pillow_taps, resample_reference
 from jdml.errors import ConfigError
+from jdml.fileio import read_jsonl
 from jdml.run import Run
 from jdml.trainer import train_and_evaluate
 from tests import benchmark_trees as trees
-from tests.helpers import TINY_OVERRIDES, restore_latest, tiny_config
+from tests.helpers import (
+    REPO,
+    TINY_OVERRIDES,
+    restore_latest,
+    tiny_config,
+    write_tiny_config_file,
+)
 
 CLASS_IDS = (97, 98, 99, 100, 101, 102, 103, 104)
 
@@ -256,6 +268,50 @@ def test_a_resumed_run_with_device_views_equals_an_uninterrupted_one(cub, tmp_pa
         strict=True,
     ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_run_with_device_views_killed_mid_run_resumes_to_identical_params(cub, tmp_path):
+    """``train.py`` with device views, SIGKILLed once its second checkpoint is written, then run
+    again: it ends with the params and evaluations of an uninterrupted run."""
+    overrides = photo_overrides(
+        cub, **{"data.views": "device", "train.epochs": 3, "train.checkpoint_every_steps": 1}
+    )
+    cfg_file = write_tiny_config_file(str(tmp_path), "unused.npz", **overrides)
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+
+    def command(workdir):
+        return [sys.executable, os.path.join(REPO, "train.py"), f"--config={cfg_file}",
+                f"--workdir={workdir}"]  # fmt: skip
+
+    done = subprocess.run(command(whole), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    proc = subprocess.Popen(command(killed), cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    ckpts, deadline, killed_at = killed / "checkpoints", time.time() + 300, None
+    while time.time() < deadline and proc.poll() is None:
+        steps = [int(d) for d in os.listdir(ckpts) if d.isdigit()] if ckpts.is_dir() else []
+        if steps and max(steps) >= 2:
+            proc.send_signal(signal.SIGKILL)
+            killed_at = max(steps)
+            break
+        time.sleep(0.02)
+    proc.wait()
+    assert killed_at is not None and killed_at < 6, "the run ended before it could be killed"
+    done = subprocess.run(command(killed), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Resuming from the checkpoint" in done.stderr + done.stdout
+    run = Run(tiny_config("unused.npz", **overrides))
+    for a, b in zip(
+        jax.tree.leaves(restore_latest(str(whole), run)),
+        jax.tree.leaves(restore_latest(str(killed), run)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    def evals(workdir):
+        return [r for r in read_jsonl(str(workdir / "metrics.jsonl")) if r["kind"] == "eval"]
+
+    assert evals(killed) == evals(whole)
 
 
 @pytest.mark.parametrize(
