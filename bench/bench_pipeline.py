@@ -22,6 +22,12 @@ Two workloads, each timed per core and as the pipeline the trainer runs:
   ``DeviceViews.realize`` alone) on this backend. Target: the host side of device views at
   least 10,000 img/s on every row.
 
+* **the views' share of the step** (``--sections fraction``): the device's work of making a
+  batch's views against the train step on the same backend, for ResNet-50 at 224 px (random
+  weights; bfloat16 on accelerators) on the CUB-like tree, and EfficientNet-Lite0 on the emoji
+  set at 64 px (``base`` views; skipped without ``python -m jdml data fetch emoji``): the step
+  with device views on a fixed batch of parameters, the same step on the same views made on the
+  host, and the jitted ``realize`` alone.
 * **end to end** (``--sections e2e``): ``train.py`` on a CUB_200_2011-layout tree of JPEGs
   (train and test classes, the decode cache on) with each view path, a small ResNet at 224 px so
   that a CPU finishes it; the images/s are the run's own train records (their median after the
@@ -51,6 +57,7 @@ device). Rounds alternate and the table shows the medians.
     python bench/bench_pipeline.py --quick --threads 14 --processes 7
     python bench/bench_pipeline.py --sections views  # both view paths, every augmentation
     python bench/bench_pipeline.py --sections e2e    # train.py with each view path
+    python bench/bench_pipeline.py --sections fraction  # the views' share of the step
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import skimage
@@ -90,6 +98,7 @@ from jdml.data.pipeline import (
     train_batches,
 )
 from jdml.evaluate_checkpoint import load_config
+from jdml.fileio import cache_root
 from jdml.run import Run
 from jdml.samplers import SAMPLERS
 
@@ -637,6 +646,83 @@ def e2e_section(args: argparse.Namespace, default_root: Path) -> None:
             )
 
 
+def timed(fn: Any, repeats: int) -> float:
+    """Median seconds of ``fn()`` (its outputs waited for) over ``repeats`` calls after one."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - begin)
+    return statistics.median(times)
+
+
+def fraction_configs(args: argparse.Namespace, default_root: Path) -> list[tuple[str, Any]]:
+    """The fraction section's runs: (label, config) with device views."""
+    from configs.revisiting import get_config
+    from jdml.config import set_keys
+
+    accelerator = jax.default_backend() != "cpu"
+    out = []
+    root = args.root or Path(f"{default_root}-e2e-{args.photos}")
+    if not (root / "CUB_200_2011" / "images.txt").is_file():
+        build_tree(root, args.photos, 200)
+    c = get_config("data=cub200")
+    set_keys(
+        c,
+        {
+            "data.path": str(root),
+            "data.verify_counts": False,
+            "data.decode_cache": True,
+            "data.views": "device",
+            "model.pretrained": "",
+            "model.dtype": "bfloat16" if accelerator else "float32",
+            "eval.at_start": False,
+        },
+    )
+    out.append((f"ResNet-50, 224 px, {c.model.dtype}, batch 112", c))
+    if os.path.exists(Path(cache_root("emoji")) / "emoji.npz"):
+        c = get_config("data=emoji")
+        set_keys(c, {"data.augment": "base", "data.views": "device"})
+        out.append(("EfficientNet-Lite0, emoji 64 px, batch 112", c))
+    return out
+
+
+def fraction_section(args: argparse.Namespace, default_root: Path) -> None:
+    """The device's work of making a batch's views against the train step."""
+    print(f"\n== the views' share of the step ({jax.default_backend()}) ==")
+    for label, config in fraction_configs(args, default_root):
+        print(f"  {label}: {step_fraction(config, max(2, args.rounds))}")
+
+
+def step_fraction(config: Any, repeats: int) -> str:
+    """One line: the step on host-made views, with device views, and ``realize`` alone."""
+    run = Run(config)
+    views = run.device_views
+    placed = jax.device_put(input_pipeline(run.batch_maker(), config.data)[0](0))
+    realize = jax.jit(views.realize)
+    host_batch = jax.device_put(realize(placed, views.resident))
+    made = timed(lambda: realize(placed, views.resident), repeats)
+    plain = run.program.make_train_step(run.tx, run.initial_state)
+    step = run.make_train_step()
+    states = {"views": run.initial_state, "plain": jax.tree.map(jnp.copy, run.initial_state)}
+
+    def with_views() -> Any:
+        states["views"], metrics = step(states["views"], placed)
+        return metrics
+
+    def without() -> Any:
+        states["plain"], metrics = plain(states["plain"], host_batch)
+        return metrics
+
+    t_views, t_plain = timed(with_views, repeats), timed(without, repeats)
+    return (
+        f"the step {t_plain * 1e3:,.1f} ms on views made on the host; {t_views * 1e3:,.1f} ms "
+        f"with device views ({t_views / t_plain - 1:+.1%}); realize alone {made * 1e3:,.1f} ms "
+        f"({made / t_plain:.1%} of the step; target on an accelerator: at most 10 %)"
+    )
+
+
 def jdml_rate(
     files: FileList, args: argparse.Namespace, threads: int, seed: int, processes: int = 0
 ) -> float:
@@ -706,7 +792,7 @@ def main() -> None:
     default_root = Path(tempfile.gettempdir()) / "jdml-bench-pipeline"
     parser.add_argument("--quick", action="store_true", help="small sizes: under a minute")
     parser.add_argument(
-        "--sections", default="glyphs,imagenet,views", help="glyphs, imagenet, views, e2e"
+        "--sections", default="glyphs,imagenet,views", help="glyphs, imagenet, views, e2e, fraction"
     )
     parser.add_argument(
         "--e2e-flag",
@@ -770,6 +856,8 @@ def main() -> None:
         views_section(args, files)
     if "e2e" in sections:
         e2e_section(args, default_root)
+    if "fraction" in sections:
+        fraction_section(args, default_root)
 
 
 def photo_files(args: argparse.Namespace, default_root: Path) -> FileList:

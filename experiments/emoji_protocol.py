@@ -710,6 +710,7 @@ BASELINE_ROW = {
     "sharing": "sharing-class",
     "losses": "margin",
     "samplers": "margin",
+    "views": "views-host",
 }
 
 

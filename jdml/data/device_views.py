@@ -166,21 +166,34 @@ def _matmul_dtype() -> tuple[jnp.dtype, jax.lax.Precision]:
     return jnp.bfloat16, jax.lax.Precision.DEFAULT
 
 
+def _cols_then_rows(pixels: jax.Array, row_w: jax.Array, col_w: jax.Array) -> jax.Array:
+    """Pillow's two passes, the canvas columns contracted first: (size, size, 3) int32."""
+    dtype, precision = _matmul_dtype()
+    einsum = functools.partial(jnp.einsum, precision=precision, preferred_element_type=jnp.float32)
+    by_cols = _round8(einsum("ksc,rcz->krsz", _parts(col_w, dtype), pixels)).astype(dtype)
+    return _round8(einsum("ksr,rtz->kstz", _parts(row_w, dtype), by_cols))
+
+
 def _resample(canvas: jax.Array, row_w: jax.Array, col_w: jax.Array, cols_first: jax.Array):
     """Both of Pillow's passes over one (rows, cols, 3) canvas: (size, size, 3) int32.
 
     ``row_w`` (size, rows) contracts the canvas rows, ``col_w`` (size, cols) its columns; each
-    pass is rounded to 8 bits. Both pass orders are computed and ``cols_first`` picks one.
+    pass is rounded to 8 bits, the columns first where ``cols_first``. A square canvas is
+    transposed where the rows come first (the same products, with the weights swapped), so one
+    order is computed; otherwise both are, and ``cols_first`` picks one.
     """
+    pixels = canvas.astype(_matmul_dtype()[0])
+    if canvas.shape[0] == canvas.shape[1]:
+        swap = ~cols_first
+        pixels = jnp.where(swap, jnp.swapaxes(pixels, 0, 1), pixels)
+        row_w, col_w = _pick(swap, (col_w, row_w), (row_w, col_w))
+        out = _cols_then_rows(pixels, row_w, col_w)
+        return jnp.where(swap, jnp.swapaxes(out, 0, 1), out)
     dtype, precision = _matmul_dtype()
     einsum = functools.partial(jnp.einsum, precision=precision, preferred_element_type=jnp.float32)
-    pixels = canvas.astype(dtype)
-    rw, cw = _parts(row_w, dtype), _parts(col_w, dtype)
-    by_cols = _round8(einsum("ksc,rcz->krsz", cw, pixels)).astype(dtype)  # (rows, size, 3)
-    cols_then_rows = _round8(einsum("ksr,rtz->kstz", rw, by_cols))
-    by_rows = _round8(einsum("ksr,rcz->kscz", rw, pixels)).astype(dtype)  # (size, cols, 3)
-    rows_then_cols = _round8(einsum("ktc,scz->kstz", cw, by_rows))
-    return jnp.where(cols_first, cols_then_rows, rows_then_cols)
+    by_rows = _round8(einsum("ksr,rcz->kscz", _parts(row_w, dtype), pixels)).astype(dtype)
+    rows_then_cols = _round8(einsum("ktc,scz->kstz", _parts(col_w, dtype), by_rows))
+    return jnp.where(cols_first, _cols_then_rows(pixels, row_w, col_w), rows_then_cols)
 
 
 def luma(pixels: jax.Array) -> jax.Array:

@@ -100,9 +100,14 @@ def test_device_views_equal_the_pillow_views_on_real_photos(name):
 
 
 def test_fixed_boxes_with_their_edge_cases_equal_pillow():
+    """On one square canvas (one pass order computed, the canvas transposed where the other
+    comes first): photos stored as they are and transposed, both of Pillow's pass orders."""
     astronaut, tall = photos()[0], photos()[3]
+    wide = skimage.data.coffee()[:300, :500]  # stored transposed; the canvas is 512 x 512
     view = pa.ViewParams
     cases = [
+        (wide, view((0, 0, 300, 500), (48, 48), (0, 0), 48, flip=True)),
+        (wide, view((10, 30, 290, 40), (48, 48), (0, 0), 48)),  # the vertical pass first
         (astronaut, view((0, 0, 512, 512), (48, 48), (0, 0), 48)),  # the whole photo, shrunk 10x
         (astronaut, view((100, 200, 1, 1), (48, 48), (0, 0), 48, flip=True)),  # one pixel
         (astronaut, view((10, 20, 7, 300), (48, 48), (0, 0), 48)),  # a thin strip
