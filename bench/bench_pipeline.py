@@ -82,6 +82,7 @@ import numpy as np
 import skimage
 from PIL import Image
 
+from jdml.allocator import reexec_with_tcmalloc
 from jdml.data.arrays import ImageArrays
 from jdml.data.augment import affine_augment, make_augmentation
 from jdml.data.benchmarks import FileList, read_benchmark
@@ -833,6 +834,9 @@ def main() -> None:
     args.seconds = args.seconds or (1.0 if quick else 3.0)
     args.rounds = args.rounds or (1 if quick else 3)
     sections = set(args.sections.split(","))
+    if sections & {"e2e", "fraction"}:
+        # The steps timed here run as train.py runs them: under tcmalloc (jdml.allocator).
+        reexec_with_tcmalloc()
 
     step, where = step_rates(args.step_ips)
     affinity = "os.sched_getaffinity" if hasattr(os, "sched_getaffinity") else "os.cpu_count"
