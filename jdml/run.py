@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,11 +58,7 @@ class Run:
         self.steps_per_epoch = config.train.steps_per_epoch or self.sampler.steps_per_epoch
         self.total_steps = config.train.epochs * self.steps_per_epoch
         self.augment = make_augmentation(config.data)
-        self.device_views: DeviceViews | None = None
-        if views_place(config.data, training_photos(train, config.data), default_backend()) == (
-            "device"
-        ):
-            self.device_views = DeviceViews(config.data, training_photos(train, config.data))
+        self.views_place = views_place(config.data, train, default_backend())
         # One member of the method, or a DM2 cohort (cohort.size > 1) of several.
         self.program = build_program(config, train.num_classes, self.steps_per_epoch)
         self.method = self.program.method
@@ -81,6 +78,16 @@ class Run:
         self.initial_state = self.program.init_state(self.tx, config.seed, sample, placeholders)
         self.embed_fn = self.program.make_embed_fn()
         self.eval_config = self.program.eval_config
+
+    @functools.cached_property
+    def device_views(self) -> DeviceViews | None:
+        """The run's device views (``data.views``), built when training first asks for them (an
+        evaluation never does: it holds no training photos on the device)."""
+        if self.views_place != "device":
+            return None
+        return DeviceViews(
+            self.config.data, training_photos(self.splits["train"], self.config.data)
+        )
 
     def batch_maker(self, sampler: Any = None) -> TrainBatch:
         """The run's training batches as a function of the step: its split, sampler (or

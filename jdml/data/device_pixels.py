@@ -27,6 +27,7 @@ import numpy as np
 
 from jdml.data.arrays import ImageArrays
 from jdml.data.augment import AUGMENTATIONS
+from jdml.data.benchmarks.common import FileList
 from jdml.data.benchmarks.decode_cache import CachedPhotos
 from jdml.data.device_views import FIELDS, ViewShape, hsv_tables, render, view_arrays, view_shape
 from jdml.errors import ConfigError
@@ -52,12 +53,21 @@ def photo_shapes(split: Any) -> np.ndarray | None:
 
 def views_place(data_cfg: Any, split: Any, backend: str) -> str:
     """Where a run's training views are made, ``"host"`` or ``"device"``: ``data.views``, with
-    ``auto`` the device on accelerators for a photo augmentation of photos of known sizes."""
+    ``auto`` the device on accelerators for a photo augmentation of photos whose sizes are
+    known (in memory, or photo files read from the decode cache)."""
+    known = photo_shapes(split) is not None or (
+        data_cfg.decode_cache and isinstance(split, FileList)
+    )
+    if data_cfg.views == "device" and not known:
+        raise ConfigError(
+            "data.views=device needs the photos' sizes before they are drawn: set "
+            "--config.data.decode_cache=True (or use data.views=host)"
+        )
     if data_cfg.views != "auto":
         return data_cfg.views
     if backend == "cpu" or "views" not in AUGMENTATIONS.meta(data_cfg.augment):
         return "host"
-    if photo_shapes(split) is None:
+    if not known:
         log.info(
             "Views are made on the host: the photos are decoded per draw, and device views "
             "need their sizes first (--config.data.decode_cache=True)"
@@ -193,11 +203,8 @@ class DeviceViews:
 
     def __init__(self, data_cfg: Any, split: Any) -> None:
         shapes = photo_shapes(split)
-        if shapes is None:
-            raise ConfigError(
-                "data.views=device needs the photos' sizes before they are drawn: set "
-                "--config.data.decode_cache=True (or use data.views=host)"
-            )
+        if shapes is None:  # views_place refuses such a run first
+            raise ValueError(f"device views need photos of known sizes, not {type(split)}")
         name = data_cfg.augment
         meta = AUGMENTATIONS.meta(name)
         keywords = {arg: data_cfg[key] for arg, key in meta.get("config", {}).items()}

@@ -193,6 +193,7 @@ def test_a_set_over_the_memory_budget_streams_with_the_same_views(cub, caplog):
     resident = Run(cub_config(cub, **{"data.views": "device"}))
     with caplog.at_level(logging.INFO, logger="jdml"):
         streamed = Run(cub_config(cub, **{"data.views": "device", "data.device_photos_gib": 1e-6}))
+        assert streamed.device_views is not None
     assert "are streamed" in caplog.text
     assert "pixels" not in streamed.device_views.resident
     batch, _ = input_pipeline(streamed.batch_maker(), streamed.config.data)
@@ -330,6 +331,15 @@ def test_a_run_with_device_views_killed_mid_run_resumes_to_identical_params(cub,
 def test_view_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(tiny_config("unused.npz", **overrides))
+
+
+def test_the_photos_go_to_the_device_only_when_training_asks(cub):
+    """A run built for evaluation (``eval.py`` builds one) holds no training photos on the
+    device; the first batch maker or train step builds them once."""
+    run = Run(cub_config(cub, **{"data.views": "device"}))
+    assert run.views_place == "device" and "device_views" not in run.__dict__
+    run.batch_maker()
+    assert run.device_views is run.device_views and "pixels" in run.device_views.resident
 
 
 def test_device_views_of_photos_decoded_per_draw_ask_for_the_cache(cub):
