@@ -85,6 +85,10 @@ RESUMABLE_CHANGES = (
     "data.prefetch",
     "data.num_workers",
     "data.cache_dir",
+    # Where views are made: both paths make the same pixels from the same draws, so a run
+    # trained with device views on a GPU resumes with Pillow's on a CPU, and back.
+    "data.views",
+    "data.device_photos_gib",
     "eval.",
     # Where the arrays live: a checkpoint restores onto another device layout (with
     # parallel.batch_norm="per_device" the statistics then come from the new device count), and

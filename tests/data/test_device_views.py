@@ -333,6 +333,23 @@ def test_view_config_errors(overrides, message):
         validate(tiny_config("unused.npz", **overrides))
 
 
+def test_a_run_resumes_with_its_views_made_elsewhere(cub, tmp_path):
+    """A run trained with host views continues with device views (the same pixels): the
+    workdir's config is not refused, and the run ends as an uninterrupted host-view run."""
+    host = cub_config(cub, **{"data.views": "host", "train.epochs": 2})
+    train_and_evaluate(host, str(tmp_path / "whole"))
+    train_and_evaluate(cub_config(cub, **{"data.views": "host"}), str(tmp_path / "mixed"))
+    device = cub_config(cub, **{"data.views": "device", "train.epochs": 2})
+    train_and_evaluate(device, str(tmp_path / "mixed"))
+    run = Run(host)
+    for a, b in zip(
+        jax.tree.leaves(restore_latest(str(tmp_path / "whole"), run)),
+        jax.tree.leaves(restore_latest(str(tmp_path / "mixed"), run)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
 def test_the_photos_go_to_the_device_only_when_training_asks(cub):
     """A run built for evaluation (``eval.py`` builds one) holds no training photos on the
     device; the first batch maker or train step builds them once."""
