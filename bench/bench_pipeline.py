@@ -304,10 +304,17 @@ def per_core_rate(make_batch: TrainBatch, seconds: float, rounds: int) -> tuple[
 
 
 def pipeline_rate(
-    make_batch: TrainBatch, sizes: PipelineSizes, batches: int, prefetch: int
+    make_batch: TrainBatch,
+    sizes: PipelineSizes,
+    batches: int,
+    prefetch: int,
+    *,
+    placed: bool = False,
 ) -> tuple[float, float]:
     """Images/s of ``train_batches`` with ``sizes`` over ``batches`` batches after 2 warm-up
-    batches, and the seconds to the first batch (the worker processes' start-up included)."""
+    batches, and the seconds to the first batch (the worker processes' start-up included);
+    ``placed``: every batch copied to the device (the copy finished), as the step receives it."""
+    take = (lambda b: jax.block_until_ready(jax.device_put(b))) if placed else (lambda b: b)
     start = time.perf_counter()
     iterator = train_batches(
         make_batch,
@@ -317,11 +324,12 @@ def pipeline_rate(
         prefetch=prefetch,
         num_workers=sizes.workers,
     )
-    next(iterator)
+    take(next(iterator))
     first = time.perf_counter() - start
-    next(iterator)
+    take(next(iterator))
     begin, images = time.perf_counter(), 0
     for batch in iterator:
+        take(batch)
         images += len(batch["labels"])
     return images / (time.perf_counter() - begin), first
 
@@ -478,26 +486,6 @@ def _device_views(cfg: Any, cache: Any) -> Any:
     return _DEVICE_VIEWS[key]
 
 
-def placed_rate(make_batch: TrainBatch, sizes: PipelineSizes, batches: int, prefetch: int):
-    """Images/s of ``train_batches`` with every batch copied to the device (and the copy
-    finished), as the trainer's step receives them."""
-    iterator = train_batches(
-        make_batch,
-        start_step=0,
-        total_steps=batches + 2,
-        num_threads=sizes.threads,
-        prefetch=prefetch,
-        num_workers=sizes.workers,
-    )
-    jax.block_until_ready(jax.device_put(next(iterator)))
-    jax.block_until_ready(jax.device_put(next(iterator)))
-    begin, images = time.perf_counter(), 0
-    for batch in iterator:
-        jax.block_until_ready(jax.device_put(batch))
-        images += len(batch["labels"])
-    return images / (time.perf_counter() - begin)
-
-
 def render_time(device: Any, make_batch: TrainBatch, rounds: int) -> float:
     """Seconds the device takes to make one batch's views (the jitted ``realize`` alone), the
     median of ``rounds`` rounds of 3 batches after compiling."""
@@ -533,7 +521,8 @@ def views_section(args: argparse.Namespace, files: FileList) -> None:
             for where in ("host", "device"):
                 make_batch, device = view_batch(cache, name, views, members, where)
                 cpu, _ = per_core_rate(make_batch, args.seconds, args.rounds)
-                rate = placed_rate(make_batch, sizes_here(args, False), args.batches, args.prefetch)
+                sizes = sizes_here(args, False)
+                rate, _ = pipeline_rate(make_batch, sizes, args.batches, args.prefetch, placed=True)
                 row[where] = (cpu, rate)
             made = render_time(device, make_batch, args.rounds)
             per_batch = views * members * BATCH

@@ -241,19 +241,26 @@ class DeviceViews:
             to_hsv, to_rgb = hsv_tables()
             self.resident.update(to_hsv=jnp.asarray(to_hsv), to_rgb=jnp.asarray(to_rgb))
 
+    def _canvases(self, batch: dict[str, Any], suffix: str, photo_set: dict[str, jax.Array]):
+        """The canvases and transposed flags of the photos ``photos<suffix>`` (from the
+        resident set) or ``canvas<suffix>`` (streamed)."""
+        if f"canvas{suffix}" in batch:
+            return batch[f"canvas{suffix}"], batch[f"transposed{suffix}"]
+        index = batch[f"photos{suffix}"]
+        starts = photo_set["starts"][index]
+        canvases = gather_canvases(photo_set["pixels"], starts, self.shape.rows)
+        return canvases, photo_set["transposed"][index]
+
     def realize(self, batch: dict[str, Any], photo_set: dict[str, jax.Array]) -> dict[str, Any]:
         """The batch with its views made (inside the jitted step): ``images`` and the other
         views as float32 in [0, 1], with a member axis where the parameters have one."""
         out = {k: v for k, v in batch.items() if ":" not in k}
         tables = (photo_set["to_hsv"], photo_set["to_rgb"]) if self.shape.colour else None
+        sources: dict[str, tuple[jax.Array, jax.Array]] = {}  # views of one photo set share it
         for view, suffix in view_sources(batch).items():
-            if f"canvas{suffix}" in batch:
-                canvases, transposed = batch[f"canvas{suffix}"], batch[f"transposed{suffix}"]
-            else:
-                index = batch[f"photos{suffix}"]
-                starts = photo_set["starts"][index]
-                canvases = gather_canvases(photo_set["pixels"], starts, self.shape.rows)
-                transposed = photo_set["transposed"][index]
+            if suffix not in sources:
+                sources[suffix] = self._canvases(batch, suffix, photo_set)
+            canvases, transposed = sources[suffix]
             arrays = {f: batch[f"{view}:{f}"] for f in FIELDS}
             make = functools.partial(render, canvases, transposed, shape=self.shape, tables=tables)
             if arrays["ystart"].ndim == 3:  # a member axis: every member's own view

@@ -343,6 +343,11 @@ def _drawn(draw: Callable[[int, int], ViewParams]) -> Callable[[np.ndarray], np.
     return lambda image: pillow_view(image, draw(image.shape[0], image.shape[1]))
 
 
+def _rrc_batch(images: Photos, rng: np.random.Generator, size: int, jitter: float) -> np.ndarray:
+    """The Pillow views of :func:`rrc_view_params` of each photo, in order."""
+    return _batch(images, _drawn(lambda h, w: rrc_view_params(h, w, rng, size, jitter)))
+
+
 #: What an augmentation registers as ``views=`` for the device path: draws one view's
 #: parameters from the photo's height and width, the generator and the augmentation's keywords
 #: (picklable: grain's worker processes draw them).
@@ -361,7 +366,7 @@ def base_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -
     Returns:
       float32 (B, size, size, 3) in [0, 1].
     """
-    return _batch(images, _drawn(lambda h, w: rrc_view_params(h, w, rng, size)))
+    return _rrc_batch(images, rng, size, 0.0)
 
 
 @AUGMENTATIONS.register("big", photo=True, config=_CROP, views=_BASE_VIEWS)
@@ -394,7 +399,7 @@ def red_augment(
 def adv_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
     """The reference's ``adv`` mode: RandomResizedCrop + RandomGrayscale(0.2) +
     ColorJitter(0.2, 0.2, 0.2, 0.2) + flip. Returns float32 (B, size, size, 3) in [0, 1]."""
-    return _batch(images, _drawn(lambda h, w: rrc_view_params(h, w, rng, size, 0.2)))
+    return _rrc_batch(images, rng, size, 0.2)
 
 
 @AUGMENTATIONS.register(
@@ -407,7 +412,7 @@ def adv_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) ->
 def realistic_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
     """DiVA's ``--realistic_augmentation`` key view: RandomResizedCrop + RandomGrayscale(0.2) +
     ColorJitter(0.4, 0.4, 0.4, 0.4) + flip. Returns float32 (B, size, size, 3) in [0, 1]."""
-    return _batch(images, _drawn(lambda h, w: rrc_view_params(h, w, rng, size, 0.4)))
+    return _rrc_batch(images, rng, size, 0.4)
 
 
 def eval_photos(images: Photos, resize: int = 256, crop: int = 224) -> np.ndarray:
