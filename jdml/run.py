@@ -86,7 +86,9 @@ class Run:
         if self.views_place != "device":
             return None
         return DeviceViews(
-            self.config.data, training_photos(self.splits["train"], self.config.data)
+            self.config.data,
+            training_photos(self.splits["train"], self.config.data),
+            self.program.mesh if self.program.on_mesh else None,
         )
 
     def batch_maker(self, sampler: Any = None) -> TrainBatch:

@@ -338,7 +338,8 @@ def make_train_step(
 
     With ``views`` (``jdml.data.device_pixels.DeviceViews``) the batches hold view parameters,
     and the step makes the views first, inside the same jitted program; the resident photos
-    are passed to every call as an argument (on the device already: nothing is copied).
+    are passed to every call as an argument (placed on the devices, or split over the mesh,
+    when the views were built: nothing is copied).
     """
     layout = members.layout
     body: Callable = functools.partial(train_step, members, tx)
@@ -376,7 +377,6 @@ def make_train_step(
     # (on a one-device member axis the compiler would otherwise pick an equivalent spec and
     # the second call would compile again).
     jitted = jax.jit(step, donate_argnums=0, out_shardings=(shardings, layout.replicated))
-    extra = jax.device_put(extra, layout.replicated)
     return PlacedStep(jitted, layout.place_batch, shardings, extra)
 
 

@@ -10,6 +10,14 @@ canvases of a set whose short sides are all ``data.resize`` (a decode cache) are
 and no memory is spent on orientation. The resident set is one (rows, cols, 3) array of every
 photo's rows one after the other, padded to the widest short side; a photo's canvas is the
 ``canvas_rows`` rows from its first (:func:`gather_canvases`).
+
+On a mesh of D devices each device holds one D-th of the set (a *shard*: a run of whole photos,
+the shards balanced by rows), and a process builds only its own devices' shards. The step
+gathers each photo's canvas on the device that holds it and sends it to the device whose rows
+of the batch it fills (:func:`gather_sharded`: a reduce-scatter of the batch's canvases over
+the data axis, summed over the member axis, every photo coming from exactly one device).
+Streamed canvases are placed with the batch, so each device (and process) receives only its
+own rows' photos.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jdml.data.arrays import ImageArrays
 from jdml.data.augment import AUGMENTATIONS
@@ -31,6 +41,7 @@ from jdml.data.benchmarks.common import FileList
 from jdml.data.benchmarks.decode_cache import CachedPhotos
 from jdml.data.device_views import FIELDS, ViewShape, hsv_tables, render, view_arrays, view_shape
 from jdml.errors import ConfigError
+from jdml.methods.cohort import AXIS, DATA
 
 log = logging.getLogger("jdml")
 
@@ -86,6 +97,9 @@ class Frames:
       starts: int64 (N,) its first row in the resident set.
       rows: canvas rows (the longest long side).
       cols: canvas columns (the longest short side).
+      shards: the devices the resident set is split over (1: one array).
+      shard_rows: rows of one shard (its photos' rows padded to the longest shard's, plus one
+        canvas of padding); the shard of the photo starting at row ``s`` is ``s // shard_rows``.
     """
 
     shapes: np.ndarray
@@ -93,20 +107,36 @@ class Frames:
     starts: np.ndarray
     rows: int
     cols: int
+    shards: int = 1
+    shard_rows: int = 0
 
     @classmethod
-    def of(cls, shapes: np.ndarray) -> Frames:
+    def of(cls, shapes: np.ndarray, shards: int = 1) -> Frames:
+        """The frames of photos of ``shapes``, their rows split into ``shards`` runs of whole
+        photos (a photo goes to the shard its middle row falls in, in the unsplit set)."""
         shapes = np.asarray(shapes, np.int64)
         transposed = shapes[:, 1] > shapes[:, 0]
         long, short = shapes.max(axis=1), shapes.min(axis=1)
-        starts = np.concatenate([[0], np.cumsum(long)[:-1]])
-        return cls(shapes, transposed, starts, int(long.max()), int(short.max()))
+        rows = int(long.max())
+        first_row = np.cumsum(long) - long  # in the unsplit set
+        middle = (2 * first_row + long) * shards // (2 * int(long.sum()))
+        shard = np.minimum(middle, shards - 1)  # non-decreasing
+        first_photo = np.searchsorted(shard, np.arange(shards))
+        offset = first_row - first_row[np.minimum(first_photo, len(long) - 1)][shard]
+        used = np.bincount(shard, long, minlength=shards).astype(np.int64)
+        shard_rows = int(used.max()) + rows
+        starts = shard * shard_rows + offset
+        return cls(shapes, transposed, starts, rows, int(short.max()), shards, shard_rows)
 
     @property
     def resident_bytes(self) -> int:
-        """Bytes of the resident set: every photo's rows at the widest short side, plus one
-        canvas of padding."""
-        return int(self.shapes.max(axis=1).sum() + self.rows) * self.cols * 3
+        """Bytes of one device's shard of the resident set (the whole set for one shard):
+        its photos' rows at the widest short side, plus one canvas of padding."""
+        return self.shard_rows * self.cols * 3
+
+    def shard_of(self, index: np.ndarray) -> np.ndarray:
+        """The shard holding each photo of ``index``."""
+        return self.starts[index] // self.shard_rows
 
 
 def stored(photo: np.ndarray) -> np.ndarray:
@@ -114,18 +144,38 @@ def stored(photo: np.ndarray) -> np.ndarray:
     return photo.transpose(1, 0, 2) if photo.shape[1] > photo.shape[0] else photo
 
 
-def resident_set(split: Any, frames: Frames, chunk: int = 256) -> np.ndarray:
-    """The resident set of ``split``: uint8 (total rows + canvas rows, cols, 3), every photo's
+def resident_shard(split: Any, frames: Frames, shard: int, chunk: int = 256) -> np.ndarray:
+    """One shard of the resident set of ``split``: uint8 (shard rows, cols, 3), its photos'
     stored rows in order (zeros right of a narrower photo and after the last)."""
-    total = int(frames.shapes.max(axis=1).sum())
-    out = np.zeros((total + frames.rows, frames.cols, 3), np.uint8)
-    for first in range(0, len(frames.shapes), chunk):
-        index = np.arange(first, min(first + chunk, len(frames.shapes)))
+    out = np.zeros((frames.shard_rows, frames.cols, 3), np.uint8)
+    mine = np.flatnonzero(frames.shard_of(np.arange(len(frames.shapes))) == shard)
+    first = shard * frames.shard_rows
+    for at in range(0, len(mine), chunk):
+        index = mine[at : at + chunk]
         for i, photo in zip(index, split.load(index), strict=True):
             pixels = stored(np.asarray(photo))
-            start = int(frames.starts[i])
+            start = int(frames.starts[i]) - first
             out[start : start + pixels.shape[0], : pixels.shape[1]] = pixels
     return out
+
+
+def resident_set(split: Any, frames: Frames) -> np.ndarray:
+    """The whole resident set of ``split``: its shards one after the other."""
+    return np.concatenate([resident_shard(split, frames, g) for g in range(frames.shards)])
+
+
+def place_resident(split: Any, frames: Frames, mesh: Mesh | None) -> jax.Array:
+    """The resident set on the devices: on the default device without a mesh, else split over
+    every device of the mesh (``P((member, data))``), each process building only the shards
+    of its own devices."""
+    if mesh is None:
+        return jnp.asarray(resident_set(split, frames))
+    shape = (frames.shards * frames.shard_rows, frames.cols, 3)
+    sharding = NamedSharding(mesh, P((AXIS, DATA)))
+    first = lambda index: (index[0].start or 0) // frames.shard_rows  # noqa: E731
+    return jax.make_array_from_callback(
+        shape, sharding, lambda index: resident_shard(split, frames, first(index))
+    )
 
 
 def host_canvases(photos: Sequence[np.ndarray], rows: int, cols: int) -> np.ndarray:
@@ -141,6 +191,38 @@ def gather_canvases(pixels: jax.Array, starts: jax.Array, rows: int) -> jax.Arra
     """The canvases (B, rows, cols, 3) of the resident set's photos starting at ``starts``."""
     take = lambda s: jax.lax.dynamic_slice_in_dim(pixels, s, rows, axis=0)  # noqa: E731
     return jax.vmap(take)(starts)
+
+
+def gather_sharded(
+    pixels: jax.Array, starts: jax.Array, index: jax.Array, rows: int, frames: Frames, mesh: Mesh
+) -> jax.Array:
+    """The canvases (B, rows, cols, 3) of photos ``index`` from a resident set split over
+    ``mesh`` (:func:`place_resident`), placed as a batch is (``P(data)``).
+
+    Each device cuts the canvases of the batch's photos it holds (zeros for the others), and
+    the canvases are summed over the mesh: a reduce-scatter over the data axis, so a device
+    receives only its rows, then a sum over the member axis. Each photo comes from exactly one
+    device, so the uint8 sums are exact.
+    """
+    data = mesh.shape[DATA]
+
+    def local(pixels: jax.Array, starts: jax.Array, index: jax.Array) -> jax.Array:
+        me = jax.lax.axis_index(AXIS) * data + jax.lax.axis_index(DATA)
+        start = starts[index]
+        mine = start // frames.shard_rows == me
+        cut = gather_canvases(pixels, jnp.where(mine, start % frames.shard_rows, 0), rows)
+        cut = jnp.where(mine[:, None, None, None], cut, jnp.zeros((), cut.dtype))
+        cut = jax.lax.psum_scatter(cut, DATA, scatter_dimension=0, tiled=True)
+        return jax.lax.psum(cut, AXIS)
+
+    gathered = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(P((AXIS, DATA)), P(), P()),
+        out_specs=P(DATA),
+        check_vma=False,
+    )
+    return gathered(pixels, starts, index)
 
 
 def memory_budget(gib: float) -> int:
@@ -199,16 +281,20 @@ class DeviceViews:
     Args:
       data_cfg: the ``data`` config section.
       split: the training split.
+      mesh: the run's device mesh (None: one device). The resident set is split over its
+        devices, and ``data.device_photos_gib`` bounds each device's shard.
     """
 
-    def __init__(self, data_cfg: Any, split: Any) -> None:
+    def __init__(self, data_cfg: Any, split: Any, mesh: Mesh | None = None) -> None:
         shapes = photo_shapes(split)
         if shapes is None:  # views_place refuses such a run first
             raise ValueError(f"device views need photos of known sizes, not {type(split)}")
         name = data_cfg.augment
         meta = AUGMENTATIONS.meta(name)
         keywords = {arg: data_cfg[key] for arg, key in meta.get("config", {}).items()}
-        frames = Frames.of(shapes)
+        self.mesh = mesh if mesh is not None and mesh.size > 1 else None
+        devices = 1 if self.mesh is None else self.mesh.size
+        frames = Frames.of(shapes, devices)
         colour = bool(meta.get("colour", False))
         shape = view_shape(
             keywords.get("size", data_cfg.image_size),
@@ -219,27 +305,29 @@ class DeviceViews:
         )
         budget = memory_budget(float(data_cfg.device_photos_gib))
         need = frames.resident_bytes
+        each = "" if devices == 1 else f" on each of {devices} devices"
         stream = need > budget
         if stream:
             log.info(
-                "Device views: the training photos take %.2f GiB, more than the %.2f GiB "
+                "Device views: the training photos take %.2f GiB%s, more than the %.2f GiB "
                 "allowed (data.device_photos_gib); each batch's photos are streamed",
                 need / 2**30,
+                each,
                 budget / 2**30,
             )
         self.host = HostViews(meta["views"], tuple(keywords.items()), shape, frames, stream)
-        self.shape = shape
+        self.shape, self.frames = shape, frames
+        small: dict[str, np.ndarray] = {}
         self.resident: dict[str, jax.Array] = {}
         if not stream:
-            log.info("Device views: %.2f GiB of training photos held on the device", need / 2**30)
-            self.resident = {
-                "pixels": jnp.asarray(resident_set(split, frames)),
-                "starts": jnp.asarray(frames.starts.astype(np.int32)),
-                "transposed": jnp.asarray(frames.transposed),
-            }
+            log.info("Device views: %.2f GiB of training photos held%s", need / 2**30, each)
+            self.resident["pixels"] = place_resident(split, frames, mesh)
+            small.update(starts=frames.starts.astype(np.int32), transposed=frames.transposed)
         if colour:
-            to_hsv, to_rgb = hsv_tables()
-            self.resident.update(to_hsv=jnp.asarray(to_hsv), to_rgb=jnp.asarray(to_rgb))
+            small.update(zip(("to_hsv", "to_rgb"), hsv_tables(), strict=True))
+        replicated = None if mesh is None else NamedSharding(mesh, P())
+        place = functools.partial(jax.device_put, device=replicated)
+        self.resident.update({k: place(v) for k, v in small.items()})
 
     def _canvases(self, batch: dict[str, Any], suffix: str, photo_set: dict[str, jax.Array]):
         """The canvases and transposed flags of the photos ``photos<suffix>`` (from the
@@ -247,8 +335,13 @@ class DeviceViews:
         if f"canvas{suffix}" in batch:
             return batch[f"canvas{suffix}"], batch[f"transposed{suffix}"]
         index = batch[f"photos{suffix}"]
-        starts = photo_set["starts"][index]
-        canvases = gather_canvases(photo_set["pixels"], starts, self.shape.rows)
+        pixels, starts = photo_set["pixels"], photo_set["starts"]
+        if self.mesh is None:
+            canvases = gather_canvases(pixels, starts[index], self.shape.rows)
+        else:
+            canvases = gather_sharded(
+                pixels, starts, index, self.shape.rows, self.frames, self.mesh
+            )
         return canvases, photo_set["transposed"][index]
 
     def realize(self, batch: dict[str, Any], photo_set: dict[str, jax.Array]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from PIL import Image
 
 from jdml.config import set_keys, validate
 from jdml.data import photo_augment as pa
-from jdml.data.device_pixels import Frames, host_canvases
+from jdml.data.device_pixels import Frames, host_canvases, stored
 from jdml.data.device_views import hsv_tables, render, view_arrays, view_shape
 from jdml.data.pipeline import input_pipeline
 from jdml.data.resample import pillow_taps, resample_reference
@@ -374,13 +374,17 @@ def test_device_views_of_photos_decoded_per_draw_ask_for_the_cache(cub):
     ],
 )
 def test_device_views_on_a_mesh_train_as_on_one_device(cub, mesh):
-    """On a mesh the resident photos are replicated and the view parameters placed as the
-    views they make: the losses are those of the one-device run."""
+    """On a mesh each device holds its shard of the resident photos and the view parameters
+    are placed as the views they make: the losses are those of the one-device run."""
     runs = [
         Run(cub_config(cub, **{"data.views": "device", "cohort.warmup_epochs": 0.0, **o}))
         for o in ({k: v for k, v in mesh.items() if k == "cohort.size"}, mesh)
     ]
     assert runs[1].program.on_mesh
+    pixels, frames = runs[1].device_views.resident["pixels"], runs[1].device_views.frames
+    devices = runs[1].program.mesh.size
+    assert frames.shards == devices and len(pixels.addressable_shards) == devices
+    assert {s.data.shape[0] for s in pixels.addressable_shards} == {frames.shard_rows}
     losses = []
     for run in runs:
         step, state = run.make_train_step(), run.prepare(run.initial_state)
@@ -392,3 +396,57 @@ def test_device_views_on_a_mesh_train_as_on_one_device(cub, mesh):
         assert step._cache_size() == 1
         losses.append(history)
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "shapes, shards",
+    [
+        ([(30, 20), (20, 30), (25, 25), (40, 10), (8, 9)], 4),  # both orientations
+        ([(30, 20), (20, 30)], 4),  # more devices than photos: empty shards
+        ([(12, 12)], 2),
+        ([(5, 7)] * 9, 3),
+    ],
+)
+def test_frames_split_whole_photos_over_the_devices(shapes, shards):
+    frames, whole = Frames.of(np.array(shapes), shards), Frames.of(np.array(shapes))
+    long = np.array(shapes).max(axis=1)
+    shard = frames.shard_of(np.arange(len(shapes)))
+    assert frames.shards == shards and np.all(np.diff(shard) >= 0)
+    for g in range(shards):
+        local = frames.starts[shard == g] - g * frames.shard_rows
+        rows = long[shard == g]
+        np.testing.assert_array_equal(local, np.cumsum(rows) - rows)  # packed from row 0
+        assert local.size == 0 or local[-1] + rows[-1] + frames.rows <= frames.shard_rows
+    assert frames.resident_bytes < whole.resident_bytes or shards > len(shapes)
+    np.testing.assert_array_equal(whole.starts, np.cumsum(long) - long)
+
+
+@pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 (fake) devices")
+@pytest.mark.parametrize("grid", [(1, 4), (2, 2), (4, 1)])
+def test_canvases_gathered_from_a_split_set_equal_the_whole_sets(grid):
+    """Each device cuts the canvases it holds and the mesh sums them: the batch's canvases,
+    placed on the data axis, equal those cut from the unsplit set (repeated photos too)."""
+    from jax.sharding import Mesh
+
+    from jdml.data.device_pixels import gather_canvases, gather_sharded, place_resident
+    from jdml.methods.cohort import AXIS, DATA
+
+    images = photos()
+    split = type("Split", (), {"load": lambda self, index: [images[i] for i in index]})()
+    shapes = np.array([im.shape[:2] for im in images])
+    mesh = Mesh(np.asarray(jax.devices()[:4]).reshape(grid), (AXIS, DATA))
+    frames, whole = Frames.of(shapes, 4), Frames.of(shapes)
+    pixels = place_resident(split, frames, mesh)
+    assert [s.data.shape[0] for s in pixels.addressable_shards] == [frames.shard_rows] * 4
+    index = np.array([4, 0, 0, 3, 1, 2, 4, 1], np.int32)
+    fn = jax.jit(lambda p, s, i: gather_sharded(p, s, i, frames.rows, frames, mesh))
+    got = fn(pixels, jnp.asarray(frames.starts, jnp.int32), index)
+    batch = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(DATA))
+    assert got.sharding.is_equivalent_to(batch, got.ndim)
+    want = gather_canvases(
+        place_resident(split, whole, None), jnp.asarray(whole.starts[index]), whole.rows
+    )
+    for b, i in enumerate(index):  # a canvas runs on into whatever follows the photo
+        rows, cols = sorted(shapes[i], reverse=True)
+        np.testing.assert_array_equal(got[b, :rows, :cols], want[b, :rows, :cols])
+        np.testing.assert_array_equal(got[b, :rows, :cols], stored(images[i]))
