@@ -5,7 +5,8 @@
 ``train.py`` maps a ``--config`` ending in ``.json`` onto this file; spelled out, the same is
 ``--config configs/saved.py:runs/glyphs/config.json``. The file is read as JSON: nothing in it is
 executed. Keys added to jdml after the run was written get their defaults, which keep the
-behaviour the run was trained with.
+behaviour the run was trained with; a key jdml does not read, or a value of the wrong type, is
+refused before anything runs, as on the command line.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def get_config(path: str = "") -> ml_collections.ConfigDict:
         path = os.path.join(path, "config.json")
     try:
         with open(path) as f:
-            return saved_config(f.read())
+            return saved_config(f.read(), keep_unknown=True)
     except FileNotFoundError:
         raise ConfigError(
             f"{path} does not exist; give the config.json of a run directory (written by train.py)"

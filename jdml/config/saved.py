@@ -11,7 +11,7 @@ from typing import Any
 
 import ml_collections
 
-from jdml.config.schema import base_config
+from jdml.config.schema import base_config, schema_leaves
 
 
 def to_json(c: ml_collections.ConfigDict) -> str:
@@ -65,12 +65,33 @@ def upgrade(saved: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def saved_config(text: str) -> ml_collections.ConfigDict:
-    """A run's ``config.json`` for evaluation and inference: keys added to jdml after the run was
-    trained get their defaults, which keep the behaviour the run was trained with, and renamed
-    keys their new names."""
+def saved_config(text: str, *, keep_unknown: bool = False) -> ml_collections.ConfigDict:
+    """A run's ``config.json``: keys added to jdml after the run was trained get their defaults,
+    which keep the behaviour the run was trained with, and renamed keys their new names.
+
+    Keys this version does not read (a run written by another version) are dropped for
+    evaluation and inference; ``keep_unknown`` keeps them, so that training from a JSON config
+    refuses them as a Python config's are (``jdml.config.validation.check_schema``).
+    """
     saved = upgrade(json.loads(text))
-    return ml_collections.ConfigDict(_tuples(_under(base_config().to_dict(), saved)))
+    if not isinstance(saved, dict):
+        raise ValueError(f"the file holds a JSON {type(saved).__name__}, not an object")
+    merged = _under(base_config().to_dict(), saved)
+    if not keep_unknown:
+        merged = _known_only(merged, schema_leaves(merged))
+    return ml_collections.ConfigDict(_tuples(merged))
+
+
+def _known_only(d: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``d`` without the keys that are not in ``schema`` (dotted keys) nor above one."""
+    out = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if name in schema:
+            out[key] = value
+        elif isinstance(value, dict) and any(k.startswith(f"{name}.") for k in schema):
+            out[key] = _known_only(value, schema, f"{name}.")
+    return out
 
 
 # Keys that may change between runs in the same workdir (they do not change the trained model).

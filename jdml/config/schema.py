@@ -14,7 +14,10 @@ component's defaults are declared in exactly one place and every one of them can
 
 from __future__ import annotations
 
+import inspect
+import math
 from collections.abc import Iterable
+from typing import Any
 
 import ml_collections
 
@@ -34,15 +37,20 @@ from jdml.models import backbone_keys
 from jdml.samplers import SAMPLERS
 
 __all__ = [
+    "SECTION",
     "apply_overrides",
     "base_config",
     "component_defaults",
     "component_section",
+    "config_leaves",
     "dance_term",
     "decorrelation_section",
     "metric_term",
     "parse_assignments",
+    "schema_leaves",
     "set_keys",
+    "term_schema",
+    "type_problem",
 ]
 
 
@@ -284,3 +292,84 @@ def apply_overrides(
     """Sets each ``section.key=value`` of ``items`` on ``c`` (:func:`parse_assignments`, then
     :func:`set_keys`), as ``--config.section.key=value`` does on ``train.py``."""
     return set_keys(c, parse_assignments(items))
+
+
+#: The leaf of an empty section in :func:`config_leaves`.
+SECTION = "<section>"
+#: Placeholders of a term section's arguments without default, by their annotation.
+_PLACEHOLDERS = {"str": "", "float": 0.0, "int": 0, "bool": False}
+
+
+def config_leaves(section: Any, prefix: str = "") -> dict[str, Any]:
+    """Every key of a config (nested ``ConfigDict``s or dicts) as ``dotted.key -> value``,
+    ``FieldReference``s kept (their declared type says what they hold) and an empty section
+    as :data:`SECTION`."""
+    items = (
+        section.items(preserve_field_references=True)
+        if isinstance(section, ml_collections.ConfigDict)
+        else section.items()
+    )
+    out: dict[str, Any] = {}
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, ml_collections.ConfigDict | dict):
+            out.update(config_leaves(value, f"{name}.") if len(value) else {name: SECTION})
+        else:
+            out[name] = value
+    return out
+
+
+def term_schema(kind: str) -> ml_collections.ConfigDict:
+    """The section of an auxiliary term of ``kind`` (its keys and their types), with
+    placeholders for the arguments its ``section`` has no default for."""
+    build = TERMS.get(kind).section
+    needed = {
+        p.name: _PLACEHOLDERS.get(str(p.annotation), "")
+        for p in inspect.signature(build).parameters.values()
+        if p.default is inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD
+    }
+    return build(**needed)
+
+
+def schema_leaves(c: ml_collections.ConfigDict | dict) -> dict[str, Any]:
+    """Every key config ``c`` may hold, with its default (:func:`config_leaves`): the base
+    schema's, and each auxiliary term's of the kind ``c`` gives it."""
+    out = config_leaves(base_config())
+    aux = c.get("aux") if hasattr(c, "get") else None
+    for name, term in (aux or {}).items() if hasattr(aux, "items") else ():
+        kind = term.get("kind") if hasattr(term, "get") else None
+        if isinstance(kind, str) and kind in TERMS:
+            out.update(config_leaves(term_schema(kind), f"aux.{name}."))
+    return out
+
+
+def type_problem(default: Any, value: Any) -> str | None:
+    """What is wrong with the type of ``value`` for a key whose schema default is ``default``
+    (None: nothing): a bool, an integer, a number, a string or a tuple, as the default is; a
+    ``FieldReference`` of type ``object`` and a default of None take anything."""
+    if isinstance(value, ml_collections.FieldReference):
+        value = value.get()
+    numbers = value if isinstance(value, tuple | list) else (value,)
+    if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+        return "must be finite"
+    if isinstance(default, ml_collections.FieldReference):
+        if default.get_type() is object:
+            return None
+        default = default.get()
+    if default is None:
+        return None
+    if default is SECTION:
+        return None if value is SECTION else "is a section, not a value"
+    if value is SECTION or isinstance(value, dict | ml_collections.ConfigDict):
+        return "must be a value, not a section"
+    checks: tuple[tuple[type, Any, str], ...] = (
+        (bool, lambda v: isinstance(v, bool), "True or False"),
+        (int, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+        (float, lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number"),
+        (str, lambda v: isinstance(v, str), "a string"),
+        (tuple, lambda v: isinstance(v, tuple | list), "a tuple (a list in JSON)"),
+    )
+    for kind, ok, wanted in checks:
+        if isinstance(default, kind):
+            return None if ok(value) else f"must be {wanted}"
+    return None

@@ -6,6 +6,7 @@ value that works.
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
@@ -13,6 +14,7 @@ import jax
 import ml_collections
 
 from jdml.config.saved import flatten_config
+from jdml.config.schema import SECTION, config_leaves, schema_leaves, type_problem
 from jdml.data.augment import AUGMENTATIONS
 from jdml.data.benchmarks import BENCHMARKS, SOURCES
 from jdml.data.device_pixels import VIEW_PLACES
@@ -21,6 +23,7 @@ from jdml.data.splits import SPLITS
 from jdml.errors import ConfigError
 from jdml.evaluation.embeddings import check_metric_names
 from jdml.evaluation.kmeans import KMEANS_MODES
+from jdml.evaluation.knn import DISTANCES
 from jdml.exchanges import EXCHANGES
 from jdml.losses import LOSSES
 from jdml.losses.mutual import RELATIONS
@@ -29,7 +32,7 @@ from jdml.methods.cohort import MEMBER_LOOPS, member_configs, mesh_shape
 from jdml.methods.terms import TERMS
 from jdml.methods.terms.metric import check_sections
 from jdml.miners import MINERS
-from jdml.models import BACKBONES, INPUT_NORMALIZATIONS, POOLINGS
+from jdml.models import BACKBONES, INPUT_NORMALIZATIONS, MODEL_DTYPES, POOLINGS
 from jdml.models.embedding import frozen_backbone_modules
 from jdml.models.pretrained.backbones import CONVERTERS, weight_path
 from jdml.nn.batch_norm import BATCH_NORM_MODES
@@ -120,12 +123,18 @@ def _check_number(key: str, value: Any, allowed: Range) -> None:
 
 
 def _component_sections(c: ml_collections.ConfigDict):
-    """(key prefix, section, registry) of every selected loss, miner and sampler, the auxiliary
-    terms' included."""
+    """(key prefix, section, registry, component) of every loss, miner and sampler section, the
+    auxiliary terms' included (the selected ones and the others, whose values are checked too:
+    selecting one later must not meet a value that was never checked)."""
     out = [("loss", c.loss, LOSSES), ("miner", c.miner, MINERS), ("sampler", c.sampler, SAMPLERS)]
     for name, term in c.aux.items():
         out += TERMS.get(term.kind).components(f"aux.{name}", term)
-    return [(p, section, r) for p, section, r in out if section.name and section.name in r]
+    return [
+        (p, section, r, name)
+        for p, section, r in out
+        for name in r.names()
+        if name in section and hasattr(section[name], "items")
+    ]
 
 
 def _validate_numbers(c: ml_collections.ConfigDict) -> None:
@@ -141,10 +150,10 @@ def _validate_numbers(c: ml_collections.ConfigDict) -> None:
         for key, allowed in TERMS.ranges(term.kind).items():
             if term.get(key) is not None:
                 _check_number(f"aux.{name}.{key}", term[key], allowed)
-    for prefix, section, registry in _component_sections(c):
-        ranges = registry.ranges(section.name)
-        for key, value in section[section.name].items():
-            where = f"{prefix}.{section.name}.{key}"
+    for prefix, section, registry, name in _component_sections(c):
+        ranges = registry.ranges(name)
+        for key, value in section[name].items():
+            where = f"{prefix}.{name}.{key}"
             if key in ranges and value is not None:
                 _check_number(where, value, ranges[key])
             elif isinstance(value, float) and not math.isfinite(value):
@@ -330,8 +339,43 @@ def check_profile_steps(profile_steps: str, total_steps: int) -> None:
     )
 
 
+def check_schema(c: ml_collections.ConfigDict) -> None:
+    """Every key of ``c`` is one jdml reads (:func:`jdml.config.schema.schema_leaves`), holding
+    a value of its default's type: the same check for the command line, a Python config file
+    and a JSON config. Raises ``ConfigError`` naming the key, and the nearest known key."""
+    schema = schema_leaves(c)
+    for key, value in config_leaves(c).items():
+        if key in schema:
+            problem = type_problem(schema[key], value)
+            if problem:
+                shown = "a section" if value is SECTION else repr(value)
+                raise ConfigError(
+                    f"{key} {problem} (it is {shown}, its default {schema[key]!r}); change "
+                    f"--config.{key} or its entry in the config file"
+                )
+            continue
+        if value is SECTION and any(k.startswith(f"{key}.") for k in schema):
+            continue  # an emptied section
+        below = [k for k in schema if k.startswith(f"{key}.")]
+        if below:
+            raise ConfigError(
+                f"{key} must be a section of keys (such as {below[0]}), not {value!r}; restore "
+                "it in the config file"
+            )
+        parts = key.split(".")
+        if parts[0] == "aux" and len(parts) > 2 and f"aux.{parts[1]}.kind" not in schema:
+            continue  # a term of no known kind: _validate_aux names its kind
+        close = difflib.get_close_matches(key, list(schema), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else "."
+        raise ConfigError(
+            f"{key} is not a jdml config key{hint} Remove or rename it in the config file "
+            "(--config.<key> on the command line refuses it the same way)"
+        )
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
     """Checks the combination of choices before anything runs; raises ``ConfigError``."""
+    check_schema(c)
     for registry, value, key in (
         (AUGMENTATIONS, c.data.augment, "data.augment"),
         (BACKBONES, c.model.backbone, "model.backbone"),
@@ -346,6 +390,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
                 + ", ".join(registry.names())
             )
     profile_range(c.profile_steps)
+    for name, term in c.aux.items():
+        if term.get("kind") not in TERMS:
+            raise ConfigError(
+                f"aux.{name}.kind={term.get('kind')!r}; choose one of: " + ", ".join(TERMS.names())
+            )
     if c.data.name not in DATASETS and c.data.name not in BENCHMARKS:
         raise ConfigError(
             f"data.name={c.data.name!r} is not a known dataset; choose one of: "
@@ -371,6 +420,15 @@ def validate(c: ml_collections.ConfigDict) -> None:
             check_metric_names(list(c.eval[key]))
         except ValueError as e:
             raise ConfigError(f"eval.{key}: {e}") from None
+    if c.eval.distance not in DISTANCES:
+        raise ConfigError(
+            f"eval.distance={c.eval.distance!r}; choose one of: {', '.join(DISTANCES)}"
+        )
+    if c.model.dtype not in MODEL_DTYPES:
+        raise ConfigError(
+            f"model.dtype={c.model.dtype!r}; choose one of: {', '.join(MODEL_DTYPES)} (the "
+            "network's activations and products; parameters stay float32)"
+        )
     if c.eval.kmeans not in KMEANS_MODES:
         raise ConfigError(
             f"eval.kmeans={c.eval.kmeans!r}; choose one of: {', '.join(KMEANS_MODES)}"
@@ -445,11 +503,7 @@ def _validate_cohort(c: ml_collections.ConfigDict) -> None:
 def _validate_aux(c: ml_collections.ConfigDict) -> None:
     heads = {c.model.head}
     for name, t in c.aux.items():
-        where = f"aux.{name}"
-        if t.get("kind") not in TERMS:
-            raise ConfigError(
-                f"{where}.kind={t.get('kind')!r}; choose one of: " + ", ".join(TERMS.names())
-            )
+        where = f"aux.{name}"  # its kind is known (checked first, in validate)
         TERMS.get(t.kind).validate(where, t)
         heads.add(t.head)
     check_head_dims(c)

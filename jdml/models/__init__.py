@@ -11,6 +11,7 @@ import pkgutil
 from jdml.models.registry import (
     BACKBONES,
     INPUT_NORMALIZATIONS,
+    MODEL_DTYPES,
     POOLINGS,
     backbone_keys,
     input_normalization,
@@ -25,6 +26,7 @@ from jdml.models.embedding import EmbeddingModel, build_model  # noqa: E402
 __all__ = [
     "BACKBONES",
     "INPUT_NORMALIZATIONS",
+    "MODEL_DTYPES",
     "POOLINGS",
     "EmbeddingModel",
     "backbone_keys",

@@ -32,6 +32,10 @@ from jdml.registry import Registry
 
 BACKBONES: Registry[Callable[..., nn.Module]] = Registry("backbone")
 
+#: ``model.dtype``: the dtype of every backbone's activations and products (its parameters stay
+#: float32; bfloat16 runs the matrix units of GPUs and TPUs at full rate).
+MODEL_DTYPES = ("float32", "bfloat16")
+
 #: Global poolings of a (B, H, W, C) float32 map to (B, C), by ``model.pooling`` name.
 POOLINGS: Registry[Callable[[jnp.ndarray], jnp.ndarray]] = Registry("pooling")
 
