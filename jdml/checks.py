@@ -4,10 +4,13 @@ docs/own_loop.md, "Losses and miners in your own loop").
 Shapes and dtypes are known when a function is traced, so they are checked then, under ``jit``
 as well as eagerly, at no cost to the compiled step: a wrong rank, dtype or batch size is one
 Python error naming the argument, the shape expected and the shape given, instead of an error
-from deep inside the loss. Label values are data: they are checked in Python where the labels
-are concrete (eager calls, such as ``loss.init``), and inside a jitted function through
-``checkify.debug_check``, which costs nothing unless the caller wraps the function in
-``jax.experimental.checkify.checkify`` (then an out-of-range label is a reported error).
+from deep inside the loss. Values are data: labels and mined
+tuples are checked in Python where they are concrete (eager calls, such as ``loss.init``). Inside
+a jitted function an out-of-range label of a loss with a parameter per class is never clamped
+silently: the loss's embeddings become NaN (:func:`poison_unless_classes`), so its value and
+every gradient are NaN, which the trainer's non-finite guard (or any ``isfinite`` check in the
+caller's loop) reports; under ``jax.experimental.checkify.checkify`` it is also a reported error
+(``checkify.debug_check``, which costs nothing otherwise).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ def check_batch(owner: str, embeddings: Any, labels: Any) -> None:
             "pass embeddings.astype(jnp.float32)"
         )
     batch = shape[0]
+    if batch == 0:
+        raise ValueError(f"{owner}: the batch is empty (embeddings {_describe(embeddings)})")
     if not hasattr(labels, "shape") or not hasattr(labels, "dtype"):
         raise TypeError(
             f"{owner}: labels must be a ({batch},) integer array, got {_describe(labels)}"
@@ -72,10 +77,12 @@ def check_batch(owner: str, embeddings: Any, labels: Any) -> None:
         )
 
 
-def check_tuples(owner: str, tuples: Any) -> None:
+def check_tuples(owner: str, tuples: Any, batch: int | None = None) -> None:
     """Refuses mined tuples whose fields are not 1-D arrays of one length (integer indices, a
-    boolean ``valid``). ``tuples`` is a ``jdml.miners.Tuples``, or None for a loss that mines
-    itself (that loss refuses None on its own where it needs tuples)."""
+    boolean ``valid``), and, where they are concrete, valid tuples indexing rows outside a
+    batch of ``batch`` rows (tuples mined on another batch). ``tuples`` is a
+    ``jdml.miners.Tuples``, or None for a loss that mines itself (that loss refuses None on its
+    own where it needs tuples)."""
     if tuples is None:
         return
     fields = getattr(tuples, "_fields", None)
@@ -91,6 +98,15 @@ def check_tuples(owner: str, tuples: Any) -> None:
     for field in fields[:3]:
         if not jnp.issubdtype(getattr(tuples, field).dtype, jnp.integer):
             raise TypeError(f"{owner}: tuples.{field} must hold integer batch indices")
+    if batch is None or any(isinstance(getattr(tuples, f), jax.core.Tracer) for f in fields):
+        return
+    valid = np.asarray(tuples.valid, bool)
+    index = np.stack([np.asarray(getattr(tuples, f)) for f in fields[:3]])[:, valid]
+    if index.size and (index.min() < 0 or index.max() >= batch):
+        raise ValueError(
+            f"{owner}: the tuples index rows {index.min()} to {index.max()}, but the batch has "
+            f"{batch} rows: mine the tuples on this batch (miner(key, embeddings, labels))"
+        )
 
 
 def check_class_labels(owner: str, labels: jax.Array, num_classes: int) -> None:
@@ -113,3 +129,13 @@ def check_class_labels(owner: str, labels: jax.Array, num_classes: int) -> None:
             f"{num_classes}), got labels from {values.min()} to {values.max()}; map the "
             f"classes to 0..{num_classes - 1}, or raise num_classes"
         )
+
+
+def poison_unless_classes(labels: jax.Array, embeddings: jax.Array, num_classes: int) -> jax.Array:
+    """``embeddings`` unchanged if every traced label lies in ``[0, num_classes)``, else NaN
+    (see the module docstring: a per-class parameter is never read at a clamped index)."""
+    if not isinstance(labels, jax.core.Tracer):
+        return embeddings  # concrete labels were checked already
+    inside = jnp.all((labels >= 0) & (labels < num_classes))
+    # Added, not selected: the NaN flows back into the gradients too (a select would zero them).
+    return embeddings + jnp.where(inside, 0.0, jnp.nan).astype(embeddings.dtype)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from collections.abc import Callable
 
@@ -59,6 +61,39 @@ def run_cli(fn: Callable[[], None], extra: tuple[type[BaseException], ...] = ())
             raise
         print(error_line(e), file=sys.stderr)
         sys.exit(EXIT_USAGE)
+    except Exception as e:
+        if not out_of_memory(e):
+            raise
+        logging.getLogger("jdml").debug("out of memory", exc_info=True)  # the log file has it
+        print(f"error: {OUT_OF_MEMORY} ({first_line(e)})", file=sys.stderr)
+        # JAX's exit hooks wait on the failed computation and print its error again: the
+        # workdir's lock and files are closed by now (the error unwound them), so leave at once.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_USAGE)
+
+
+#: The one line of a run that does not fit the memory of its device or host.
+OUT_OF_MEMORY = (
+    "out of memory: the sizes of this run do not fit the device; lower those that set them "
+    "(train.batch_size, model.embed_dim, data.image_size, eval.batch_size; cohort.size for "
+    "a cohort) or use --config.model.dtype=bfloat16"
+)
+
+
+def first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation that failed: the host's (``MemoryError``) or XLA's
+    (a runtime error naming RESOURCE_EXHAUSTED or an allocation out of memory)."""
+    if isinstance(error, MemoryError):
+        return True
+    text = str(error)
+    runtime = type(error).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
+    return runtime and ("RESOURCE_EXHAUSTED" in text or "Out of memory" in text)
 
 
 def _config_keys(config, prefix: str = "config") -> list[str]:

@@ -299,8 +299,21 @@ class Model:
                 f"expected images of shape (N, {', '.join(map(str, self.input_shape))}) for this "
                 f"model, got {images.shape}; pass file paths to have them resized"
             )
+        if len(images) == 0:
+            raise DataError("no images to embed (an empty array); pass at least one image")
         if images.dtype == np.uint8:
             return images.astype(np.float32) / 255.0
+        if not np.issubdtype(images.dtype, np.floating):
+            raise DataError(
+                f"images of dtype {images.dtype}: pass uint8 levels 0..255 (e.g. "
+                "images.astype(np.uint8)) or floats in [0, 1] (images / 255.0)"
+            )
+        low, high = float(np.min(images)), float(np.max(images))
+        if not (np.isfinite(low) and np.isfinite(high) and low >= 0.0 and high <= 1.0):
+            raise DataError(
+                f"float images must lie in [0, 1], these span [{low:g}, {high:g}]: divide "
+                "levels 0..255 by 255.0, or pass them as uint8"
+            )
         return images.astype(np.float32)
 
     # -- embedding -----------------------------------------------------------------------------
@@ -353,6 +366,8 @@ class Model:
         if isinstance(images, np.ndarray):
             return self.select(self.embed_all(images, batch_size))
         files = [str(p) for p in images]
+        if not files:
+            raise DataError("no images to embed (an empty list); pass at least one file")
         chunks = range(0, len(files), batch_size)
         parts = [
             self.select(

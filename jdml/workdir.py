@@ -167,8 +167,9 @@ def run_lock(workdir: str) -> Iterator[None]:
 class Claim:
     """A held workdir lock (``claim_workdir``): ``keep()`` once the run has written to it."""
 
-    def __init__(self, created: bool) -> None:
+    def __init__(self, created: bool, parents: tuple[str, ...] = ()) -> None:
         self.created = created  # this process made the directory
+        self.parents = parents  # and these missing parents, the deepest first
         self.kept = False
 
     def keep(self) -> None:
@@ -176,10 +177,22 @@ class Claim:
         self.kept = True
 
 
-def _make_directory(workdir: str) -> bool:
+def _missing_parents(workdir: str) -> tuple[str, ...]:
+    """The parents of ``workdir`` that do not exist yet, the deepest first."""
+    out = []
+    parent = os.path.dirname(os.path.abspath(workdir))
+    while parent and not os.path.exists(parent) and parent != os.path.dirname(parent):
+        out.append(parent)
+        parent = os.path.dirname(parent)
+    return tuple(out)
+
+
+def _make_directory(workdir: str) -> tuple[bool, tuple[str, ...]]:
     """Creates ``workdir`` (and its missing parents); whether this call created it (``mkdir`` of
-    the last component succeeds for exactly one of several processes racing to create it)."""
+    the last component succeeds for exactly one of several processes racing to create it), and
+    the parents it created, the deepest first."""
     parent = os.path.dirname(workdir)
+    missing = _missing_parents(workdir)
     try:
         if parent:
             os.makedirs(parent, exist_ok=True)
@@ -189,10 +202,20 @@ def _make_directory(workdir: str) -> bool:
             raise WorkdirError(
                 f"workdir {workdir} is a file, not a folder; choose another --workdir"
             ) from None
-        return False
+        return False, ()
     except OSError as err:
+        _remove_empty(missing)
         raise WorkdirError(describe_os_error(err, workdir)) from None
-    return True
+    return True, missing
+
+
+def _remove_empty(folders: tuple[str, ...]) -> None:
+    """Removes each of ``folders`` (the deepest first) while it is empty."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:  # not empty (another run uses it) or gone: the rest stay
+            return
 
 
 @contextlib.contextmanager
@@ -201,14 +224,14 @@ def claim_workdir(workdir: str) -> Iterator[Claim]:
     ``with`` block, before anything else is written there.
 
     If the block ends before ``Claim.keep()`` (a config or dataset check failed after the lock
-    was taken) and this process created the directory, the lock file and the then empty
-    directory are removed again, so a failed start leaves no trace. A directory that existed
-    before is never removed.
+    was taken) and this process created the directory, the lock file, the then empty directory
+    and the parents this call created (while empty) are removed again, so a failed start leaves
+    no trace. A directory that existed before is never removed.
 
     Raises:
       WorkdirError: as ``run_lock``, or if the directory cannot be created.
     """
-    claim = Claim(_make_directory(workdir))
+    claim = Claim(*_make_directory(workdir))
     try:
         with run_lock(workdir):
             try:
@@ -219,5 +242,4 @@ def claim_workdir(workdir: str) -> Iterator[Claim]:
                         os.remove(os.path.join(workdir, LOCK_NAME))
     finally:
         if claim.created and not claim.kept:
-            with contextlib.suppress(OSError):  # not empty: another run has taken it since
-                os.rmdir(workdir)
+            _remove_empty((workdir, *claim.parents))  # not empty: another run has taken it

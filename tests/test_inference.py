@@ -236,3 +236,28 @@ def test_export_refuses_an_unknown_platform(run_dir, tmp_path, capsys):
     assert e.value.code != 0
     assert "unknown platform(s) ['gpu']" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda x: x.astype(np.int64), r"dtype int64: pass uint8 levels 0\.\.255"),
+        (lambda x: x.astype(np.uint16), r"dtype uint16"),
+        (lambda x: x.astype(np.float32), r"must lie in \[0, 1\], these span \[0, 255\]"),
+        (lambda x: x.astype(np.float64) / 255 - 0.5, r"span \[-0\.5, 0\.5\]"),
+        (lambda x: np.full(x.shape, np.nan, np.float32), r"span \[nan, nan\]"),
+        (lambda x: x[:0], r"no images to embed"),
+    ],
+)  # fmt: skip
+def test_embed_refuses_images_it_would_misread(model, test_split, make, message):
+    """``Model.embed`` takes uint8 levels or floats in [0, 1], as the CLI does: anything else
+    (levels in another dtype, floats in 0..255, an empty batch) is one DataError."""
+    from jdml.errors import DataError
+
+    images = test_split.images[:4]
+    want = model.embed(images)
+    np.testing.assert_array_equal(model.embed(images.astype(np.float32) / 255.0), want)
+    with pytest.raises(DataError, match=message):
+        model.embed(make(images))
+    with pytest.raises(DataError, match="no images to embed"):
+        model.embed([])

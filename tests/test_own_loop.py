@@ -161,3 +161,48 @@ def test_a_script_with_float_labels_ends_in_the_error(tmp_path) -> None:
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("TypeError: miner 'distance': labels must be integer class ids"), last
+
+
+def test_tuples_mined_on_another_batch_are_refused(batch) -> None:
+    """Tuples index rows of the batch they were mined on: used with a smaller batch they are
+    refused where they are concrete, naming the rows and the batch."""
+    loss, miner, params, e, labels, tuples, key = batch
+    with pytest.raises(ValueError, match=r"index rows 0 to 31, but the batch has 16 rows"):
+        loss.apply(params, e[:16], labels[:16], tuples)
+    loss.apply(params, e[:16], labels[:16], miner(key, e[:16], labels[:16]))
+
+
+def test_an_empty_batch_is_refused(batch) -> None:
+    import jax
+
+    loss, miner, params, e, labels, tuples, key = batch
+    with pytest.raises(ValueError, match="loss 'margin': the batch is empty"):
+        jax.jit(lambda p, x, y, t: loss.apply(p, x, y, t))(params, e[:0], labels[:0], tuples)
+    with pytest.raises(ValueError, match="miner 'distance': the batch is empty"):
+        miner(key, e[:0], labels[:0])
+
+
+@pytest.mark.parametrize("transform", ["jit", "vmap"])
+def test_labels_outside_the_classes_make_a_traced_loss_nan(batch, transform: str) -> None:
+    """Under plain ``jit`` (and ``vmap``) an out-of-range label is never read at a clamped
+    parameter row: the loss and its gradients are NaN, which a non-finite guard reports."""
+    import jax
+    import jax.numpy as jnp
+
+    loss, _, params, e, labels, tuples, _ = batch
+
+    def value(p, x, y):
+        return loss.apply(p, x, y, tuples)[0]
+
+    grad = jax.value_and_grad(value, argnums=(0, 1))  # the loss's and the network's
+    if transform == "jit":
+        fn = jax.jit(grad)
+    else:
+        fn = jax.vmap(grad, in_axes=(None, 0, 0))
+        e, labels = e[None], labels[None]
+    good, grads = fn(params, e, labels)
+    assert bool(jnp.all(jnp.isfinite(good)))
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+    bad, grads = fn(params, e, labels.at[..., 0].set(8))
+    assert bool(jnp.all(jnp.isnan(bad)))
+    assert bool(jnp.all(jnp.isnan(grads[1])))  # every embedding's gradient

@@ -934,3 +934,17 @@ def test_killed_run_resumes_to_the_uninterrupted_metrics(
         # step, and no results.json of the killed process gives it a count to keep.
         summary.pop("train_step_compiles")
     assert results == expected
+
+
+# ------------------------------------------------------------------ sizes that do not fit memory
+
+
+def test_sizes_that_do_not_fit_the_memory_are_one_line(npz: str, finished: Path) -> None:
+    """An embedding of 10^10 dimensions (640 GB of weights) fails to allocate: one line naming
+    the keys that set the sizes, no traceback (JAX's exit hooks do not repeat it), no workdir,
+    and a finished run given the same size is left as it was."""
+    huge = "--config.model.embed_dim=10000000000"
+    new = finished.parent / "too-big" / "nested"
+    proc = run(*train_args(npz, new, huge))
+    assert_refused(proc, "out of memory", "model.embed_dim", "train.batch_size")
+    assert proc.returncode == 2 and not new.parent.exists()

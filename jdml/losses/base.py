@@ -31,7 +31,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jdml.checks import check_batch, check_class_labels, check_tuples
+from jdml.checks import check_batch, check_class_labels, check_tuples, poison_unless_classes
 from jdml.miners.base import MINERS, Tuples
 from jdml.registry import Range, Registry
 
@@ -80,6 +80,9 @@ class Loss(nn.Module):
                 **kw: Any,
             ) -> LossOutput:
                 check_loss_inputs(self, embeddings, labels, tuples)
+                num_classes = getattr(self, "num_classes", None)
+                if isinstance(num_classes, int) and num_classes > 0:
+                    embeddings = poison_unless_classes(labels, embeddings, num_classes)
                 return call(self, embeddings, labels, tuples, *args, **kw)
 
             cls.__call__ = checked  # type: ignore[method-assign]
@@ -94,7 +97,7 @@ def check_loss_inputs(
     parameter per class. Shapes and dtypes fail at trace time with one clear error."""
     owner = f"loss {getattr(type(loss), 'loss_name', type(loss).__name__)!r}"
     check_batch(owner, embeddings, labels)
-    check_tuples(owner, tuples)
+    check_tuples(owner, tuples, embeddings.shape[0])
     num_classes = getattr(loss, "num_classes", None)
     if isinstance(num_classes, int) and num_classes > 0:
         check_class_labels(owner, labels, num_classes)
