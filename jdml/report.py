@@ -413,9 +413,18 @@ def report(
     summaries = [summarize_group(name, members, split) for name, members in groups.items()]
     if metrics is None:
         metrics = list(dict.fromkeys(m for s in summaries for m in s.values["max"]))
-    missing = [m for m in metrics if not any(m in s.values["max"] for s in summaries)]
+    evaluated = list(dict.fromkeys(m for s in summaries for m in s.values["max"]))
+    missing = [m for m in metrics if m not in evaluated]
     if missing:
-        raise ReportError(f"metric(s) {missing} were not evaluated on {split!r} in these runs")
+        raise ReportError(
+            f"metric(s) {missing} were not evaluated on {split!r} in these runs; they "
+            f"evaluated {', '.join(evaluated)}"
+        )
+    if curve_metric not in evaluated:
+        raise ReportError(
+            f"--curve-metric {curve_metric!r} was not evaluated on {split!r} in these runs; "
+            f"choose one of: {', '.join(evaluated)}"
+        )
     out = out or os.path.join(os.path.commonpath([os.path.abspath(p) for p in paths]), "report")
     os.makedirs(out, exist_ok=True)
     text = markdown(summaries, split, metrics)

@@ -221,7 +221,9 @@ def train_and_evaluate(
         check_workdir_config(config, workdir, replace_unreadable=replace_unreadable_config)
         run = Run(config, validated=True)
         _check_not_past_the_end(run, workdir)
-        check_profile_steps(config.profile_steps, run.total_steps)
+        check_profile_steps(
+            config.profile_steps, run.total_steps, max(saved_steps(workdir), default=0)
+        )
         if claim is not None:
             claim.keep()
         prepare_workdir(config, workdir, replace_unreadable=replace_unreadable_config)
@@ -429,6 +431,8 @@ class _Loop:
 
     def __call__(self, state: TrainState, start: int) -> TrainState:
         spe, tc = self.run.steps_per_epoch, self.run.config.train
+        if self.profile is not None:  # a range begun before the resume step: from there
+            self.profile = (max(self.profile[0], start), self.profile[1])
         self.bar = tqdm(
             total=self.run.total_steps,
             initial=start,

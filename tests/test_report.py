@@ -199,6 +199,12 @@ def test_errors_name_the_problem(tmp_path, capsys):
     )
     with pytest.raises(ReportError, match=r"\['nmi'\] were not evaluated"):
         report([str(tmp_path)], metrics=["nmi"])
+    with pytest.raises(SystemExit) as e:  # refused before anything is written
+        jdml_main(["report", str(tmp_path), "--curve-metric", "nmii"])
+    assert e.value.code == 2 and not (tmp_path / "report").exists()
+    err = capsys.readouterr().err
+    assert "error: --curve-metric 'nmii' was not evaluated on 'test'" in err
+    assert "choose one of: recall@1" in err
     with pytest.raises(SystemExit) as e:
         jdml_main(["report", str(tmp_path / "missing")])
     assert e.value.code == 2

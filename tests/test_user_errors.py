@@ -342,6 +342,32 @@ def test_device_counts_and_profile_ranges_fail_first_and_their_fix_works(
         assert [p for p in (workdir / "profile").rglob("*") if p.is_file()], line
 
 
+def test_a_profile_range_before_the_resume_step_names_one_that_traces(
+    npz: str, finished: Path, tmp_path: Path
+) -> None:
+    """The finished tiny run has 6 steps; extended to 3 epochs it resumes at step 6. A range
+    that ends before step 6 (1:6, the range suggested for a new run) is refused with one that
+    starts there, and that one writes a trace; on the finished run no step is left to trace."""
+    import re
+
+    copy = Path(shutil.copytree(finished, tmp_path / "run"))
+    line = assert_refused(
+        unchanged_after(copy, *train_args(npz, copy, "--config.profile_steps=1:6")),
+        "this run has trained all its 6 steps",
+        "--config.train.epochs",
+    )
+    more = "--config.train.epochs=3"
+    line = assert_refused(
+        unchanged_after(copy, *train_args(npz, copy, more, "--config.profile_steps=1:6")),
+        "ends before step 6, where this run resumes",
+    )
+    fix = re.search(r"--config\.profile_steps=[0-9:]+", line).group(0)
+    assert fix == "--config.profile_steps=6:8", line
+    proc = run(*train_args(npz, copy, more, fix))
+    assert proc.returncode == 0, proc.stderr
+    assert [p for p in (copy / "profile").rglob("*") if p.is_file()], line
+
+
 def test_a_damaged_config_json_names_a_fix_that_works(
     npz: str, finished: Path, tmp_path: Path
 ) -> None:

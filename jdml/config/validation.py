@@ -324,18 +324,33 @@ def check_devices(c: ml_collections.ConfigDict) -> None:
         )
 
 
-def check_profile_steps(profile_steps: str, total_steps: int) -> None:
-    """Refuses a ``profile_steps`` range that starts at or after the run's last step (the trace
-    would never start); raises ``ConfigError`` naming a range that fits."""
+def check_profile_steps(profile_steps: str, total_steps: int, start_step: int = 0) -> None:
+    """Refuses a ``profile_steps`` range with no step to trace: one that starts at or after the
+    run's last step, or ends at or before the step a resumed run starts from (a range begun
+    before it is traced from there); raises ``ConfigError`` naming a range that fits.
+    """
     span = profile_range(profile_steps)
-    if span is None or span[0] < total_steps:
+    if span is None or (span[0] < total_steps and span[1] > start_step):
         return
-    length = min(span[1] - span[0], 5, max(1, total_steps - 1))
-    start = max(0, min(total_steps - length, 1))
+    if start_step >= total_steps:
+        raise ConfigError(
+            f"profile_steps={profile_steps!r}: this run has trained all its {total_steps} "
+            "steps, so no step is left to trace; raise --config.train.epochs and trace steps "
+            f"from {total_steps} on (e.g. --config.profile_steps={total_steps}:"
+            f"{total_steps + 5}), or use another --workdir"
+        )
+    left = total_steps - start_step
+    length = min(span[1] - span[0], 5, max(1, left - 1))
+    first = start_step + max(0, min(left - length, 0 if start_step else 1))
+    where = (
+        f"ends before step {start_step}, where this run resumes"
+        if span[1] <= start_step
+        else f"starts after the run's last step ({total_steps} steps: train.epochs x steps "
+        "per epoch)"
+    )
     raise ConfigError(
-        f"profile_steps={profile_steps!r} starts after the run's last step ({total_steps} "
-        f"steps: train.epochs x steps per epoch), so no trace would be written; use e.g. "
-        f"--config.profile_steps={start}:{start + length}"
+        f"profile_steps={profile_steps!r} {where}, so no trace would be written; use e.g. "
+        f"--config.profile_steps={first}:{first + length}"
     )
 
 
