@@ -18,12 +18,25 @@ import os
 import shutil
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 
 from jdml.errors import CheckpointError
 from jdml.state import TrainState
 
 log = logging.getLogger("jdml")
+
+
+def _array_specs(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``path -> (shape, dtype)`` of every array of ``tree`` (a state or a checkpoint's
+    metadata tree), the path's parts joined by ``/`` whatever container holds them."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not hasattr(leaf, "shape"):
+            continue
+        parts = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
+        out["/".join(parts)] = (tuple(leaf.shape), str(leaf.dtype))
+    return out
 
 
 def saved_steps(workdir: str, which: str = "latest") -> list[int]:
@@ -181,6 +194,31 @@ class Checkpoints:
                 f"`python train.py --config ... --workdir {self.workdir}`"
             )
         return manager, step
+
+    def mismatch(self, which: str | int, target: TrainState) -> str | None:
+        """What differs between the state stored in checkpoint ``which`` and the structure
+        (array paths, shapes, dtypes) of ``target``, from the checkpoint's metadata alone (no
+        array is read); None if it fits, or if the metadata cannot be read (``restore`` then
+        names the problem)."""
+        manager, step = self.resolve(which)
+        path = os.path.join(str(manager.directory), str(step), "state")
+        try:
+            absl_logging = logging.getLogger("absl")
+            level = absl_logging.level
+            absl_logging.setLevel(logging.ERROR)  # orbax warns of a metadata file it never wrote
+            try:
+                with ocp.StandardCheckpointer() as checkpointer:
+                    stored = checkpointer.metadata(path).item_metadata.tree
+            finally:
+                absl_logging.setLevel(level)
+        except Exception:  # unreadable metadata: restore names the problem
+            return None
+        have, want = _array_specs(stored), _array_specs(target)
+        for key in sorted(set(have) | set(want)):
+            if have.get(key) != want.get(key):
+                shown = lambda spec: "absent" if spec is None else f"{spec[1]}{list(spec[0])}"  # noqa: E731
+                return f"{key}: {shown(have.get(key))} in step {step}, {shown(want.get(key))} here"
+        return None
 
     def restore(self, which: str | int, target: TrainState) -> tuple[TrainState, dict[str, Any]]:
         """Restores a checkpoint into the structure (shapes, dtypes, shardings) of ``target``."""

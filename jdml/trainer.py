@@ -117,7 +117,10 @@ def prepare_workdir(
     os.makedirs(workdir, exist_ok=True)
     barrier("jdml:workdir-checked")  # every process has read the old config before it changes
     if is_main_process():
-        if replaced:
+        if replaced and has_checkpoints(workdir):
+            log.info("The unreadable config.json is replaced by this one, which fits the run's "
+                     "checkpoints")  # fmt: skip
+        elif replaced:
             log.info("The workdir holds no checkpoint: its config.json is replaced by this one")
         atomic_write(os.path.join(workdir, "config.json"), to_json(config))
     barrier("jdml:workdir-ready")
@@ -218,8 +221,12 @@ def train_and_evaluate(
         if is_main_process():
             check_writable(workdir)
             claim = stack.enter_context(claim_workdir(workdir))
-        check_workdir_config(config, workdir, replace_unreadable=replace_unreadable_config)
+        replaced = check_workdir_config(
+            config, workdir, replace_unreadable=replace_unreadable_config
+        )
         run = Run(config, validated=True)
+        if replaced and has_checkpoints(workdir):  # an unreadable config.json to be replaced
+            _check_checkpoints_fit(workdir, run)
         _check_not_past_the_end(run, workdir)
         check_profile_steps(
             config.profile_steps, run.total_steps, max(saved_steps(workdir), default=0)
@@ -229,6 +236,23 @@ def train_and_evaluate(
         prepare_workdir(config, workdir, replace_unreadable=replace_unreadable_config)
         setup_logging(workdir)
         return _train(config, workdir, run, stack)
+
+
+def _check_checkpoints_fit(workdir: str, run: Run) -> None:
+    """Before ``--replace_unreadable_config`` writes ``config.json``: the state stored in the
+    run's newest checkpoint has the structure of this config's model (read from the
+    checkpoint's metadata), else ``ConfigError`` (nothing written)."""
+    ckpts = Checkpoints(workdir, create=False)
+    try:
+        difference = ckpts.mismatch("latest", run.initial_state)
+    finally:
+        ckpts.close()
+    if difference:
+        raise ConfigError(
+            f"--replace_unreadable_config: this config does not fit the run's checkpoints "
+            f"({difference}); config.json is left as it was. Give the config the run was "
+            "trained with (the same method config and --config.* flags)"
+        )
 
 
 def _check_not_past_the_end(run: Run, workdir: str) -> None:

@@ -379,6 +379,9 @@ def test_a_damaged_config_json_names_a_fix_that_works(
     for args in (["eval.py", "--workdir", str(copy)], train_args(npz, copy)):
         proc = unchanged_after(copy, *args)
         assert_refused(proc, "config.json is unreadable", "--replace_unreadable_config")
+    # A config that does not fit the checkpoints is refused before config.json is written.
+    wrong = train_args(npz, copy, "--replace_unreadable_config", "--config.model.embed_dim=24")
+    assert_refused(unchanged_after(copy, *wrong), "this config does not fit the run's checkpoints")
     proc = run(*train_args(npz, copy, "--replace_unreadable_config"))
     assert proc.returncode == 0, proc.stderr
     assert json.loads((copy / "config.json").read_text()) == json.loads(text)
