@@ -122,26 +122,69 @@ def explain_override_error(argv: list[str], config_value, error: BaseException) 
     return f"invalid command-line flags: {error}"
 
 
-def _load_config_file(argv: list[str], flag: str):
-    """Loads the config named by ``--flag=path[:arg]`` (or ``--flag path``) or returns None."""
-    import importlib.util
-
+def _config_spec(argv: list[str], flag: str) -> str | None:
+    """The value of ``--flag=path[:arg]`` (or ``--flag path``), or None."""
     spec_arg = None
     for i, a in enumerate(argv):
         if a.startswith(f"--{flag}="):
             spec_arg = a.split("=", 1)[1]
         elif a == f"--{flag}" and i + 1 < len(argv):
             spec_arg = argv[i + 1]
+    return spec_arg
+
+
+def _read_config_file(argv: list[str], flag: str):
+    """``(config, None)`` from the config file of ``--flag``, or ``(None, the exception)`` it
+    raised (``(None, None)`` without the flag). The file is the user's Python config: running
+    it is what the flag asks for."""
+    import importlib.util
+
+    spec_arg = _config_spec(argv, flag)
     if spec_arg is None:
-        return None
+        return None, None
     path, _, arg = spec_arg.partition(":")
     try:
         spec = importlib.util.spec_from_file_location("_jdml_cli_config", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        return module.get_config(arg) if arg else module.get_config()
-    except Exception:
+        if not hasattr(module, "get_config"):
+            return None, AttributeError("get_config")
+        return (module.get_config(arg) if arg else module.get_config()), None
+    except Exception as e:  # the file's own failure, reported in one line
+        return None, e
+
+
+def _load_config_file(argv: list[str], flag: str):
+    """Loads the config named by ``--flag=path[:arg]`` (or ``--flag path``) or returns None."""
+    return _read_config_file(argv, flag)[0]
+
+
+def config_file_problem(argv: list[str], flag: str) -> str | None:
+    """One line for a config file that fails on its own (does not parse, lacks
+    ``get_config``, or raises in it), or None if it loads."""
+    _, error = _read_config_file(argv, flag)
+    if error is None:
         return None
+    path = (_config_spec(argv, flag) or "").partition(":")[0]
+    if isinstance(error, SyntaxError):
+        return (
+            f"config file {path} does not parse: line {error.lineno}: {error.msg}; fix the "
+            "file (python -m py_compile shows the place)"
+        )
+    if isinstance(error, AttributeError) and str(error) == "get_config":
+        return (
+            f"config file {path} defines no get_config(); a config file returns its "
+            "ml_collections.ConfigDict from get_config(arg='') (see configs/revisiting.py)"
+        )
+    if type(error).__name__ in ("ConfigError", "UnknownNameError"):
+        return str(error)
+    where = ""
+    tb = error.__traceback__
+    while tb is not None:  # the innermost line of the config file itself
+        if tb.tb_frame.f_code.co_filename == path:
+            where = f" (line {tb.tb_lineno})"
+        tb = tb.tb_next
+    return f"config file {path} failed in get_config(){where}: {type(error).__name__}: {error}"
 
 
 def _config_file_error(message: str) -> str:
@@ -227,9 +270,16 @@ def flags_parser(config_flag_name: str = "config") -> Callable[[list[str]], list
             return flags.FLAGS(argv)
         except flags.Error as e:
             print(f"error: {_config_file_error(str(e))}", file=sys.stderr)
-        except (AttributeError, KeyError, TypeError, ValueError) as e:
-            config_value = _load_config_file(argv, config_flag_name)
-            print(f"error: {explain_override_error(argv, config_value, e)}", file=sys.stderr)
+        except Exception as e:
+            problem = config_file_problem(argv, config_flag_name)
+            if problem is None and not isinstance(
+                e, AttributeError | KeyError | TypeError | ValueError
+            ):
+                raise
+            if problem is None:
+                config_value = _load_config_file(argv, config_flag_name)
+                problem = explain_override_error(argv, config_value, e)
+            print(f"error: {problem}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
 
     return parse

@@ -51,7 +51,7 @@ from jdml.run import Run
 from jdml.samplers.memory import epoch_sampler
 from jdml.state import TrainState
 from jdml.visualize import spectrum_plot, split_retrieval_grid
-from jdml.workdir import check_writable, claim_workdir
+from jdml.workdir import check_name, check_writable, claim_workdir
 
 log = logging.getLogger("jdml")
 
@@ -209,6 +209,7 @@ def train_and_evaluate(
       evaluations per split, the selection split and metric, and the number of times the train
       step was compiled.
     """
+    check_name(workdir)  # before anything is checked, read or written
     workdir = os.path.abspath(workdir)
     validate(config)
     check_devices(config)

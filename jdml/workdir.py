@@ -47,6 +47,18 @@ def describe_os_error(err: OSError, what: str) -> str:
     return f"cannot write {target}: {err.strerror or err}"
 
 
+def check_name(path: str, what: str = "workdir") -> None:
+    """Raises ``WorkdirError`` for a path that is not valid UTF-8 (bytes Python could only
+    carry as surrogate escapes): the records, the logs and the JSON files name their folder."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = repr(os.fsencode(path))[2:-1]  # the bytes as given, e.g. bad\xffname
+        raise WorkdirError(
+            f"{what} {shown} holds bytes that are not UTF-8; choose a name in UTF-8"
+        ) from None
+
+
 def check_writable(path: str, what: str = "workdir") -> None:
     """Raises ``WorkdirError`` unless files can be created in ``path`` (or, if it does not
     exist yet, in its nearest existing parent, where it would be created). Writes nothing
@@ -56,6 +68,7 @@ def check_writable(path: str, what: str = "workdir") -> None:
       path: a directory, existing or to be created.
       what: how to name it in the message (e.g. ``workdir``, ``output folder``).
     """
+    check_name(path, what)
     target = os.path.abspath(path)
     while not os.path.exists(target):
         parent = os.path.dirname(target)

@@ -977,3 +977,46 @@ def test_sizes_that_do_not_fit_the_memory_are_one_line(npz: str, finished: Path)
     proc = run(*train_args(npz, new, huge))
     assert_refused(proc, "out of memory", "model.embed_dim", "train.batch_size")
     assert proc.returncode == 2 and not new.parent.exists()
+
+
+# ------------------------------------------------------------- config files and names, up front
+
+
+@pytest.mark.parametrize(
+    ("body", "fragments"),
+    [
+        ("def get_config():\n    raise KeyError('boom')\n", ("(line 2): KeyError: 'boom'",)),
+        ("def get_config(:\n", ("does not parse: line 1",)),
+        ("X = 1\n", ("defines no get_config()", "configs/revisiting.py")),
+    ],
+)  # fmt: skip
+def test_a_config_file_that_fails_is_one_line(tmp_path: Path, body: str, fragments) -> None:
+    path = tmp_path / "my_config.py"
+    path.write_text(body)
+    workdir = tmp_path / "w"
+    proc = run("train.py", "--config", str(path), "--workdir", str(workdir))
+    line = assert_refused(proc, *fragments)
+    assert proc.returncode == 2 and str(path) in line and not workdir.exists()
+
+
+def test_a_workdir_name_that_is_not_utf8_is_refused_first(npz: str, tmp_path: Path) -> None:
+    workdir = os.fsdecode(os.fsencode(str(tmp_path)) + b"/bad\xffname")
+    proc = run(*train_args(npz, workdir))
+    assert_refused(proc, "bad\\xffname holds bytes that are not UTF-8")
+    assert os.listdir(tmp_path) == []
+
+
+def test_samples_per_class_beyond_the_batch_names_sizes_that_work(npz: str, tmp_path: Path) -> None:
+    """The message names values of samples_per_class that fit the batch, and one of them
+    trains (it used to suggest a batch of 1,000,000, refused next)."""
+    import re
+
+    workdir = tmp_path / "w"
+    line = assert_refused(
+        run(*train_args(npz, workdir, "--config.sampler.samples_per_class=1000000")),
+        "fewer than two classes in a batch of train.batch_size=16",
+    )
+    assert not workdir.exists()
+    value = re.search(r"choose one of ([0-9, ]+)", line).group(1).split(", ")[-1]
+    proc = run(*train_args(npz, workdir, f"--config.sampler.samples_per_class={value}"))
+    assert proc.returncode == 0, proc.stderr

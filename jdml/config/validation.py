@@ -420,6 +420,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _validate_numbers(c)
     _validate_pipeline(c.data)
     bs, spc = c.train.batch_size, c.sampler.samples_per_class
+    if spc > bs // 2:
+        fits = [d for d in range(1, bs // 2 + 1) if bs % d == 0]
+        raise ConfigError(
+            f"sampler.samples_per_class={spc} leaves room for fewer than two classes in a batch "
+            f"of train.batch_size={bs} (a metric loss needs negatives from another class); "
+            f"choose one of {', '.join(map(str, fits[-6:]))} (divisors of the batch size up "
+            "to half of it), or raise the batch size"
+        )
     if bs % spc:
         raise ConfigError(
             f"train.batch_size={bs} is not divisible by sampler.samples_per_class={spc}; "
