@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -516,7 +517,7 @@ class _Loop:
         pending = jax.device_get(self.pending)
         self.pending = []
         means = {k: float(np.mean([m[k] for m in pending])) for k in pending[0]}
-        _check_finite(state, step)
+        _check_finite(state, step, self.run.config, self.ckpts.workdir)
         now = time.perf_counter()
         ips = (
             (step - self.tick_step) * self.run.config.train.batch_size / max(now - self.tick, 1e-9)
@@ -529,12 +530,25 @@ class _Loop:
         self.bar.set_postfix(loss=f"{means['loss']:.4f}", img_s=f"{ips:.0f}")
 
 
-def _check_finite(state: TrainState, step: int) -> None:
+def _check_finite(
+    state: TrainState, step: int, config: ml_collections.ConfigDict, workdir: str
+) -> None:
+    """Stops a run whose steps were skipped as non-finite, naming a command that runs: the
+    same config in a new workdir with a tenth of the learning rate (the seed and the learning
+    rate change the experiment, so this workdir refuses them)."""
     bad = int(state.nonfinite)
-    if bad:
-        raise NonFiniteLossError(
-            f"the loss or its gradient was NaN/inf in {bad} step(s) up to step {step}; those "
-            "updates were skipped and no checkpoint was written after them. Lower optim.lr, check "
-            "the data for corrupt images, or resume from the last checkpoint (run the same "
-            "command again) with a changed seed"
-        )
+    if not bad:
+        return
+    lr = float(config.optim.lr) / 10
+    fresh = f"{workdir.rstrip(os.sep)}-lr{lr:g}"
+    count = 2
+    while os.path.exists(fresh):
+        fresh, count = f"{workdir.rstrip(os.sep)}-lr{lr:g}-{count}", count + 1
+    stored = os.path.join(workdir, "config.json")
+    raise NonFiniteLossError(
+        f"the loss or its gradient was NaN/inf in {bad} step(s) up to step {step}; those "
+        "updates were skipped and no checkpoint was written after them. Check the data for "
+        "corrupt images, or train again with a lower learning rate in a new workdir (this one "
+        f"keeps its config): python train.py --config {shlex.quote(stored)} --workdir "
+        f"{shlex.quote(fresh)} --config.optim.lr={lr:g}"
+    )

@@ -1020,3 +1020,22 @@ def test_samples_per_class_beyond_the_batch_names_sizes_that_work(npz: str, tmp_
     value = re.search(r"choose one of ([0-9, ]+)", line).group(1).split(", ")[-1]
     proc = run(*train_args(npz, workdir, f"--config.sampler.samples_per_class={value}"))
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_nan_stop_names_a_command_that_runs(npz: str, tmp_path: Path) -> None:
+    """A learning rate that overflows the weights stops the run with one line; the command it
+    names (the stored config, a tenth of the learning rate, a new workdir) is accepted and
+    trains with that rate (the old message's advice, another seed or rate in the same workdir,
+    was refused as a different config)."""
+    import shlex
+
+    workdir = tmp_path / "nan"
+    line = assert_refused(
+        run(*train_args(npz, workdir, "--config.optim.lr=1e+38")), "NaN/inf", "python train.py"
+    )
+    command = shlex.split(line.split("in a new workdir (this one keeps its config): ", 1)[1])
+    assert command[:2] == ["python", "train.py"] and "--config.optim.lr=1e+37" in command
+    proc = run(*command[1:])
+    assert "different config" not in proc.stderr and "unknown config key" not in proc.stderr
+    fresh = Path(command[command.index("--workdir") + 1])
+    assert json.loads((fresh / "config.json").read_text())["optim"]["lr"] == 1e37

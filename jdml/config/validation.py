@@ -354,6 +354,12 @@ def check_profile_steps(profile_steps: str, total_steps: int, start_step: int = 
     )
 
 
+def plain_value(value: Any) -> Any:
+    """A config value without its ``FieldReference`` (tuples as tuples)."""
+    value = value.get() if isinstance(value, ml_collections.FieldReference) else value
+    return tuple(value) if isinstance(value, list) else value
+
+
 def check_schema(c: ml_collections.ConfigDict) -> None:
     """Every key of ``c`` is one jdml reads (:func:`jdml.config.schema.schema_leaves`), holding
     a value of its default's type: the same check for the command line, a Python config file
@@ -362,6 +368,12 @@ def check_schema(c: ml_collections.ConfigDict) -> None:
     for key, value in config_leaves(c).items():
         if key in schema:
             problem = type_problem(schema[key], value)
+            if problem == "must be finite":
+                shown = plain_value(value)
+                raise ConfigError(
+                    f"{key}={shown!r} must be finite; change --config.{key} or its entry in "
+                    "the config file"
+                )
             if problem:
                 shown = "a section" if value is SECTION else repr(value)
                 raise ConfigError(
