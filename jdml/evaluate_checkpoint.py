@@ -10,9 +10,9 @@ from typing import Any
 from jdml.checkpoint import Checkpoints
 from jdml.config import saved_config
 from jdml.config.saved import unreadable_config
-from jdml.errors import CheckpointError, ConfigError
+from jdml.errors import CheckpointError, ConfigError, OutputPathError
 from jdml.evaluation.splits import SPECTRUM
-from jdml.fileio import atomic_write
+from jdml.fileio import atomic_write, check_output_path
 from jdml.run import Run
 from jdml.workdir import check_writable
 
@@ -132,11 +132,32 @@ def record_selected(workdir: str, out: dict[str, Any]) -> None:
     atomic_write(path, json.dumps(summary, indent=2))
 
 
+def result_path(workdir: str, checkpoint: str, step: int) -> str:
+    """Where :func:`save_evaluation` writes the result of ``checkpoint`` at ``step``."""
+    return os.path.join(os.path.abspath(workdir), f"eval_{checkpoint}_step{step}.json")
+
+
+def check_result_path(workdir: str, checkpoint: str) -> None:
+    """Before an evaluation: refuses a result path that is taken by something that is not a
+    regular file (a folder, a link), naming it and a fix that works."""
+    ckpts = Checkpoints(workdir, create=False)
+    try:
+        _, step = ckpts.resolve(checkpoint)
+    finally:
+        ckpts.close()
+    path = result_path(workdir, str(checkpoint), step)
+    try:
+        check_output_path(path)
+    except OutputPathError as e:
+        raise OutputPathError(
+            f"eval.py writes its result to {path}, which is taken ({str(e).split(':')[0]}); "
+            "move it out of the way, then run the same command again"
+        ) from None
+
+
 def save_evaluation(workdir: str, out: dict[str, Any]) -> str:
     """Writes an :func:`evaluate_checkpoint` result to ``workdir/eval_<checkpoint>_step<step>.json``
     and returns the file's path."""
-    path = os.path.join(
-        os.path.abspath(workdir), f"eval_{out['checkpoint']}_step{out['step']}.json"
-    )
+    path = result_path(workdir, out["checkpoint"], out["step"])
     atomic_write(path, json.dumps(out, indent=2))
     return path

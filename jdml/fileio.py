@@ -76,6 +76,22 @@ def check_output_path(path: str | os.PathLike[str], example: str = "out.json") -
     )
 
 
+def temporary_name(folder: str, name: str, suffix: str = "") -> str:
+    """The temporary file's name for writing ``name`` in ``folder``: one per process and
+    thread (no other writer can hold it), ``.<name>.<pid>.<thread>.tmp<suffix>``, or, where
+    that would pass the file system's limit on a name (255 bytes on most), the same with a
+    digest of ``name`` in its place."""
+    tail = f".{os.getpid()}.{threading.get_ident()}.tmp{suffix}"
+    try:
+        limit = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):  # a folder not made yet, or no such setting: the usual
+        limit = 255
+    full = f".{name}{tail}"
+    if len(os.fsencode(full)) <= limit:
+        return full
+    return f".jdml-{hashlib.sha256(os.fsencode(name)).hexdigest()[:16]}{tail}"
+
+
 @contextlib.contextmanager
 def atomic_path(
     path: str | os.PathLike[str], suffix: str = "", *, durable: bool = False
@@ -101,8 +117,7 @@ def atomic_path(
     check_output_path(path)
     folder, name = os.path.split(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    # One name per process and thread (no other writer can hold it), with the umask's permissions.
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp{suffix}")
+    tmp = os.path.join(folder, temporary_name(folder, name, suffix))
     try:
         with open(tmp, "wb"):
             pass

@@ -108,3 +108,16 @@ def test_a_special_file_appearing_before_the_rename_is_not_replaced(tmp_path) ->
             f.write("new")
         os.mkfifo(target)  # another program put it there meanwhile
     assert sorted(os.listdir(tmp_path)) == ["out.json"]  # the pipe, and no temporary file
+
+
+def test_a_name_near_the_limit_is_written_through_a_short_temporary(tmp_path):
+    """A legal 244-byte name: the temporary file beside it would pass 255 bytes, so it takes a
+    digest of the name instead, and the error-free write leaves only the target."""
+    from jdml.fileio import temporary_name
+
+    name = "r" * 244
+    atomic_write(tmp_path / name, "kept")
+    assert (tmp_path / name).read_text() == "kept" and os.listdir(tmp_path) == [name]
+    short = temporary_name(str(tmp_path), name)
+    assert short.startswith(".jdml-") and len(short) <= 255
+    assert temporary_name(str(tmp_path), "run.json").startswith(".run.json.")

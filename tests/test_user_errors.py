@@ -1039,3 +1039,20 @@ def test_a_nan_stop_names_a_command_that_runs(npz: str, tmp_path: Path) -> None:
     assert "different config" not in proc.stderr and "unknown config key" not in proc.stderr
     fresh = Path(command[command.index("--workdir") + 1])
     assert json.loads((fresh / "config.json").read_text())["optim"]["lr"] == 1e37
+
+
+def test_an_eval_result_path_taken_by_a_folder_is_named_before_evaluating(
+    finished: Path, tmp_path: Path
+) -> None:
+    """eval.py's result file name taken by a folder: refused before the evaluation, with a fix
+    that works (move it away), not a path eval.py has no flag to set."""
+    copy = Path(shutil.copytree(finished, tmp_path / "run"))
+    step = max(int(p.name) for p in (copy / "checkpoints").iterdir() if p.name.isdigit())
+    taken = copy / f"eval_latest_step{step}.json"
+    taken.mkdir()
+    proc = unchanged_after(copy, "eval.py", "--workdir", str(copy), "--checkpoint", "latest")
+    assert_refused(proc, f"eval.py writes its result to {taken}", "move it out of the way")
+    assert "recall@1" not in proc.stdout  # nothing was evaluated
+    taken.rmdir()
+    proc = run("eval.py", "--workdir", str(copy), "--checkpoint", "latest")
+    assert proc.returncode == 0 and taken.is_file(), proc.stderr

@@ -21,12 +21,18 @@ def main(argv: list[str]) -> None:
     del argv
 
     def run() -> None:
-        from jdml.evaluate_checkpoint import evaluate_checkpoint, load_config, save_evaluation
+        from jdml.evaluate_checkpoint import (
+            check_result_path,
+            evaluate_checkpoint,
+            load_config,
+            save_evaluation,
+        )
         from jdml.evaluation.embeddings import format_table
         from jdml.workdir import check_writable
 
         load_config(_WORKDIR.value)  # a workdir that is not a run is named first
         check_writable(_WORKDIR.value)
+        check_result_path(_WORKDIR.value, _CHECKPOINT.value)  # before the whole evaluation
         out = evaluate_checkpoint(_WORKDIR.value, _CHECKPOINT.value, _SPLIT.value, write=False)
         label = f"{out['checkpoint']} (step {out['step']})"
         rows = {f"{label} {s}": v for s, v in out["results"].items()}
