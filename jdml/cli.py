@@ -53,9 +53,14 @@ def run_cli(fn: Callable[[], None], extra: tuple[type[BaseException], ...] = ())
     """
     from absl import logging as absl_logging
 
+    from jdml.errors import RunInterruptedError
+
     absl_logging.set_verbosity(absl_logging.WARNING)  # checkpoint libraries log every file write
     try:
         fn()
+    except RunInterruptedError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(128 + e.signum)
     except (*known_errors(), *extra, OSError) as e:
         if type(e) is OSError and e.errno is None:  # not a file-system error: a real bug
             raise

@@ -90,3 +90,21 @@ class UnsafeWeightFileError(WeightFileError):
 
 class WeightMismatchError(ValueError):
     """A weight file does not fit the model; the message names the keys and shapes."""
+
+
+class RunInterruptedError(Exception):
+    """A run stopped by Ctrl-C (SIGINT) or SIGTERM; the message names the checkpoint kept and
+    the command that resumes. ``signum``: the signal (the exit status is 128 + it)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+class Stopped(BaseException):
+    """Raised in the main thread by the SIGTERM handler of a command (as ``KeyboardInterrupt``
+    is by SIGINT), so that the run unwinds and closes its files."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

@@ -1056,3 +1056,42 @@ def test_an_eval_result_path_taken_by_a_folder_is_named_before_evaluating(
     taken.rmdir()
     proc = run("eval.py", "--workdir", str(copy), "--checkpoint", "latest")
     assert proc.returncode == 0 and taken.is_file(), proc.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_end_in_one_line_that_resumes(
+    npz: str, tmp_path: Path, signum: int
+) -> None:
+    """Stopped after its first checkpoint, a run prints one line naming the newest checkpoint
+    and the command that resumes (no traceback; exit 128 + the signal), and that command,
+    run as printed, finishes the run."""
+    import shlex
+
+    workdir = tmp_path / "run"
+    args = train_args(npz, workdir, "--config.train.epochs=20")
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not any(p.name.isdigit() for p in (workdir / "checkpoints").glob("*")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum, stderr
+    stopped = subprocess.CompletedProcess(args, proc.returncode, "", stderr)
+    line = assert_refused(stopped, "stopped by", "its newest checkpoint is step", str(workdir))
+    assert ("Ctrl-C" if signum == signal.SIGINT else "SIGTERM") in line
+    command = shlex.split(line.split("Resume with the same command: ", 1)[1])
+    assert command[:2] == ["python", "train.py"] and command[2:] == args[1:]
+    done = run(*command[1:])
+    assert done.returncode == 0, done.stderr
+    assert "Resuming from the checkpoint at step" in (workdir / "train.log").read_text()

@@ -14,6 +14,15 @@ Several hosts (one process each, same command, a workdir on a shared filesystem)
   jdml train --config configs/dm2.py --workdir /shared/dm2 --distributed   # SLURM / TPU pod
 """
 
+import contextlib
+import os
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -49,9 +58,10 @@ def main(argv: list[str]) -> None:
         if _COORDINATOR.value or _DISTRIBUTED.value:
             initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
 
-        summary = train_and_evaluate(
-            _CONFIG.value, _WORKDIR.value, replace_unreadable_config=_REPLACE_UNREADABLE.value
-        )
+        with stopped_as_error(_WORKDIR.value):
+            summary = train_and_evaluate(
+                _CONFIG.value, _WORKDIR.value, replace_unreadable_config=_REPLACE_UNREADABLE.value
+            )
         if not is_main_process():
             return
         tables = {}
@@ -63,6 +73,40 @@ def main(argv: list[str]) -> None:
         print(f"results: {_WORKDIR.value}/results.json")
 
     run_cli(run)
+
+
+@contextlib.contextmanager
+def stopped_as_error(workdir: str) -> Iterator[None]:
+    """Ctrl-C (SIGINT) and SIGTERM end the run by unwinding it (its files closed, the
+    checkpoints kept) and become one :class:`jdml.errors.RunInterruptedError` naming the newest
+    checkpoint and the command that resumes (this one)."""
+    from jdml.checkpoint import saved_steps
+    from jdml.errors import RunInterruptedError, Stopped
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
+    try:
+        yield
+    except (KeyboardInterrupt, Stopped) as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        steps = saved_steps(workdir) if os.path.isdir(workdir) else []
+        kept = (
+            f"its newest checkpoint is step {steps[-1]} in {workdir}"
+            if steps
+            else "no checkpoint was saved yet, so it starts from the beginning"
+        )
+        argv = ["python", *sys.argv] if sys.argv[0].endswith(".py") else sys.argv
+        command = " ".join(shlex.quote(a) for a in argv)
+        raise RunInterruptedError(
+            f"stopped by {name}; {kept}. Resume with the same command: {command}", signum
+        ) from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def run(argv: list[str] | None = None) -> None:
