@@ -27,6 +27,16 @@ from jdml.state import TrainState
 log = logging.getLogger("jdml")
 
 
+def storage_cause(error: BaseException, what: str) -> str:
+    """The first line of a storage-layer error, for a one-line message: its whole text (a
+    TensorStore spec dump can run to dozens of lines) goes to the log file (``train.log``)
+    only, as ``<what> failed``."""
+    log.info("%s failed:\n%s", what, error, extra={"file_only": True})
+    cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    cause = cause if len(cause) <= 160 else cause[:157] + "..."
+    return f"{type(error).__name__}: {cause}"
+
+
 def _array_specs(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
     """``path -> (shape, dtype)`` of every array of ``tree`` (a state or a checkpoint's
     metadata tree), the path's parts joined by ``/`` whatever container holds them."""
@@ -231,17 +241,7 @@ class Checkpoints:
                 ),
             )
         except Exception as e:  # orbax raises many types for unreadable or mismatched files
-            # The storage layer's message can run to dozens of lines (a TensorStore spec dump):
-            # its whole text goes to the log file, its first line into the error.
-            log.info(
-                "Restoring checkpoint step %d from %s failed:\n%s",
-                step,
-                manager.directory,
-                e,
-                extra={"file_only": True},
-            )
-            cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            cause = cause if len(cause) <= 160 else cause[:157] + "..."
+            cause = storage_cause(e, f"Restoring checkpoint step {step} from {manager.directory}")
             others = [s for s in self.steps("latest") + self.steps("best") if s != step]
             earlier = (
                 f"move {manager.directory}/{step} out of the way to use the other checkpoints "
@@ -251,7 +251,7 @@ class Checkpoints:
             )
             raise CheckpointError(
                 f"cannot restore checkpoint step {step} from {manager.directory}: the files are "
-                f"damaged or were written by another model config ({type(e).__name__}: {cause}). "
+                f"damaged or were written by another model config ({cause}). "
                 f"Check that config.json is the run's own; otherwise {earlier}"
             ) from None
         return out["state"], dict(out["meta"])

@@ -36,6 +36,45 @@ def known_errors() -> tuple[type[BaseException], ...]:
     )
 
 
+def from_storage_layer(record: logging.LogRecord) -> bool:
+    """Whether a log record comes from the checkpoint storage layer (orbax, TensorStore)."""
+    return any(part in record.pathname for part in ("orbax", "tensorstore"))
+
+
+def quiet_storage_layer() -> None:
+    """Keeps the storage layer's messages (a failed save's tracebacks, run to hundreds of
+    lines by its background threads) off the terminal: a command says what failed in one
+    line, and a training run keeps their full text in ``train.log``
+    (``jdml.trainer.setup_logging``)."""
+    from absl import logging as absl_logging
+
+    handler = absl_logging.get_absl_handler()
+    if not any(f is _terminal_filter for f in handler.filters):
+        handler.addFilter(_terminal_filter)
+    if sys.unraisablehook is not _unraisable:
+        global _default_unraisable
+        _default_unraisable = sys.unraisablehook
+        sys.unraisablehook = _unraisable
+
+
+_default_unraisable = sys.unraisablehook
+
+
+def _unraisable(unraisable: object) -> None:
+    """After a failed checkpoint read the storage layer's reads still in flight complete into
+    its closed event loop, each an unraisable "Event loop is closed" error: to the log file;
+    any other goes to Python's own hook."""
+    error = getattr(unraisable, "exc_value", None)
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        logging.getLogger("jdml").info("storage layer: %s", error, extra={"file_only": True})
+        return
+    _default_unraisable(unraisable)
+
+
+def _terminal_filter(record: logging.LogRecord) -> bool:
+    return not from_storage_layer(record)
+
+
 def error_line(error: BaseException) -> str:
     """The one ``error:`` line for an expected failure (a write that failed names its file)."""
     from jdml.workdir import describe_os_error
@@ -56,6 +95,7 @@ def run_cli(fn: Callable[[], None], extra: tuple[type[BaseException], ...] = ())
     from jdml.errors import RunInterruptedError
 
     absl_logging.set_verbosity(absl_logging.WARNING)  # checkpoint libraries log every file write
+    quiet_storage_layer()
     try:
         fn()
     except RunInterruptedError as e:
@@ -65,18 +105,26 @@ def run_cli(fn: Callable[[], None], extra: tuple[type[BaseException], ...] = ())
         if type(e) is OSError and e.errno is None:  # not a file-system error: a real bug
             raise
         print(error_line(e), file=sys.stderr)
+        if isinstance(e, CheckpointError):
+            _leave_now()  # the storage layer's threads would print their failures at exit
         sys.exit(EXIT_USAGE)
     except Exception as e:
         if not out_of_memory(e):
             raise
         logging.getLogger("jdml").debug("out of memory", exc_info=True)  # the log file has it
         print(f"error: {OUT_OF_MEMORY} ({first_line(e)})", file=sys.stderr)
-        # JAX's exit hooks wait on the failed computation and print its error again: the
-        # workdir's lock and files are closed by now (the error unwound them), so leave at once.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(EXIT_USAGE)
+        _leave_now()  # JAX's exit hooks wait on the failed computation and print it again
+
+
+def _leave_now() -> None:
+    """Exits with :data:`EXIT_USAGE` at once, skipping the interpreter's exit hooks, after an
+    error whose library leaves background work that would print tracebacks at exit (a failed
+    allocation, a storage-layer read or write). The error has unwound the run by then: its
+    lock released, its files closed; the logs are flushed here."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_USAGE)
 
 
 #: The one line of a run that does not fit the memory of its device or host.

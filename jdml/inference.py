@@ -32,7 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm import tqdm
 
-from jdml.checkpoint import Checkpoints
+from jdml.checkpoint import Checkpoints, storage_cause
 from jdml.data.arrays import ImageSet
 from jdml.data.benchmarks import BENCHMARKS
 from jdml.data.benchmarks.images import decode_image
@@ -191,10 +191,11 @@ def _restore_raw(workdir: str, checkpoint: str | int) -> tuple[dict[str, Any], i
         try:
             out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
         except Exception as e:  # orbax raises many types for unreadable files
+            cause = storage_cause(e, f"Reading checkpoint step {step} from {manager.directory}")
             raise CheckpointError(
-                f"cannot read checkpoint step {step} in {manager.directory}: {e}. The files may "
-                "be damaged; pass another --checkpoint (latest, best or a step number)"
-            ) from e
+                f"cannot read checkpoint step {step} in {manager.directory} ({cause}). The "
+                "files may be damaged; pass another --checkpoint (latest, best or a step number)"
+            ) from None
     finally:
         ckpts.close()
     return dict(out["state"]), step

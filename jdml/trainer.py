@@ -27,7 +27,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from jdml.checkpoint import Checkpoints, has_checkpoints, saved_steps
-from jdml.cli import EXIT_USAGE
+from jdml.cli import EXIT_USAGE, from_storage_layer
 from jdml.config import (
     base_config,
     flatten_config,
@@ -153,6 +153,19 @@ def setup_logging(workdir: str | None) -> None:
     for handler in handlers:
         handler.setFormatter(fmt)
         log.addHandler(handler)
+    # The storage layer's own messages (orbax, TensorStore: a failed save's tracebacks) go to
+    # train.log only; the terminal gets jdml's one line (jdml.cli.quiet_storage_layer).
+    absl = logging.getLogger("absl")
+    for h in [h for h in absl.handlers if getattr(h, "jdml_storage", False)]:
+        absl.removeHandler(h)
+        h.close()
+    if is_main_process() and workdir is not None:
+        storage = logging.FileHandler(os.path.join(workdir, "train.log"))
+        storage.jdml_storage = True  # type: ignore[attr-defined]
+        storage.setLevel(logging.WARNING)
+        storage.addFilter(from_storage_layer)
+        storage.setFormatter(fmt)
+        absl.addHandler(storage)
 
 
 def _selection_split(splits: dict[str, ImageSet]) -> str:
