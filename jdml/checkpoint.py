@@ -16,6 +16,7 @@ import errno
 import logging
 import os
 import shutil
+import time
 from typing import Any
 
 import jax
@@ -230,31 +231,63 @@ class Checkpoints:
                 return f"{key}: {shown(have.get(key))} in step {step}, {shown(want.get(key))} here"
         return None
 
+    def reload(self) -> None:
+        """Reads the steps on disk again (a training process may have saved and removed some
+        since these managers were made)."""
+        for manager in (self.latest, self.best):
+            manager.reload()
+
     def restore(self, which: str | int, target: TrainState) -> tuple[TrainState, dict[str, Any]]:
-        """Restores a checkpoint into the structure (shapes, dtypes, shardings) of ``target``."""
-        manager, step = self.resolve(which)
-        try:
-            out = manager.restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
-                ),
-            )
-        except Exception as e:  # orbax raises many types for unreadable or mismatched files
-            cause = storage_cause(e, f"Restoring checkpoint step {step} from {manager.directory}")
-            others = [s for s in self.steps("latest") + self.steps("best") if s != step]
-            earlier = (
-                f"move {manager.directory}/{step} out of the way to use the other checkpoints "
-                f"(steps {sorted(set(others))})"
-                if others
-                else "train again in a new --workdir"
-            )
-            raise CheckpointError(
-                f"cannot restore checkpoint step {step} from {manager.directory}: the files are "
-                f"damaged or were written by another model config ({cause}). "
-                f"Check that config.json is the run's own; otherwise {earlier}"
-            ) from None
-        return out["state"], dict(out["meta"])
+        """Restores a checkpoint into the structure (shapes, dtypes, shardings) of ``target``.
+
+        ``best`` and ``latest`` are looked up on disk at the call, and looked up again if the
+        step found was removed before it could be read (a run training meanwhile keeps only
+        its newest steps): the newest complete step is read.
+        """
+        for attempt in range(3):
+            self.reload()
+            manager, step = self.resolve(which)
+            try:
+                out = manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+                    ),
+                )
+                return out["state"], dict(out["meta"])
+            except Exception as e:  # orbax raises many types for unreadable or mismatched files
+                if attempt < 2 and self._removed_since(which, manager, step):
+                    continue
+                error = e
+                break
+        raise self._restore_error(error, manager, step)
+
+    def _removed_since(self, which: str | int, manager: ocp.CheckpointManager, step: int) -> bool:
+        """Whether ``step`` of a ``best``/``latest`` lookup is gone (or going) from disk."""
+        if isinstance(which, int) or str(which).isdigit():
+            return False
+        folder = os.path.join(str(manager.directory), str(step))
+        if os.path.isdir(folder):
+            time.sleep(0.5)  # a removal in progress leaves the folder a moment longer
+        return not os.path.isdir(folder)
+
+    def _restore_error(
+        self, e: BaseException, manager: ocp.CheckpointManager, step: int
+    ) -> CheckpointError:
+        """The one-line error of a checkpoint that cannot be restored."""
+        cause = storage_cause(e, f"Restoring checkpoint step {step} from {manager.directory}")
+        others = [s for s in self.steps("latest") + self.steps("best") if s != step]
+        earlier = (
+            f"move {manager.directory}/{step} out of the way to use the other checkpoints "
+            f"(steps {sorted(set(others))})"
+            if others
+            else "train again in a new --workdir"
+        )
+        return CheckpointError(
+            f"cannot restore checkpoint step {step} from {manager.directory}: the files are "
+            f"damaged or were written by another model config ({cause}). "
+            f"Check that config.json is the run's own; otherwise {earlier}"
+        )
 
     def close(self) -> None:
         """Stops the managers' background work (once; a later call does nothing)."""

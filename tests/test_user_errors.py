@@ -1106,3 +1106,22 @@ def test_ctrl_c_and_sigterm_end_in_one_line_that_resumes(
     done = run(*command[1:])
     assert done.returncode == 0, done.stderr
     assert "Resuming from the checkpoint at step" in (workdir / "train.log").read_text()
+
+
+def test_latest_is_looked_up_when_read(finished: Path, tmp_path: Path) -> None:
+    """A checkpoint reader made before a training process removed its newest step (it keeps
+    only the newest two) reads the newest complete step, not the removed one."""
+    from jdml.checkpoint import Checkpoints
+    from jdml.evaluate_checkpoint import load_config
+    from jdml.run import Run
+
+    copy = Path(shutil.copytree(finished, tmp_path / "run"))
+    ckpts = Checkpoints(str(copy), create=False)
+    try:
+        steps = ckpts.steps("latest")
+        target = Run(load_config(str(copy))).initial_state
+        shutil.rmtree(copy / "checkpoints" / str(steps[-1]))  # removed after the lookup
+        state, _ = ckpts.restore("latest", target)
+        assert int(state.step) == steps[-2]
+    finally:
+        ckpts.close()
