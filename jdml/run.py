@@ -15,9 +15,11 @@ from jax import default_backend
 from jdml.config import validate
 from jdml.data.arrays import ImageSet
 from jdml.data.augment import make_augmentation
+from jdml.data.benchmarks.common import FileList
+from jdml.data.benchmarks.images import check_complete
 from jdml.data.device_pixels import DeviceViews, views_place
 from jdml.data.loading import load_splits
-from jdml.data.pipeline import TrainBatch, training_photos
+from jdml.data.pipeline import TrainBatch, host_cores, training_photos
 from jdml.errors import ConfigError
 from jdml.evaluation.splits import embed_split, evaluate_splits, split_metrics
 from jdml.program import StepFn, build_program
@@ -78,6 +80,17 @@ class Run:
         self.initial_state = self.program.init_state(self.tx, config.seed, sample, placeholders)
         self.embed_fn = self.program.make_embed_fn()
         self.eval_config = self.program.eval_config
+
+    def check_photos(self) -> None:
+        """Before a run writes anything: every photo file of every split ends as a complete
+        file (a truncated one is named, :func:`jdml.data.benchmarks.images.check_complete`),
+        and with ``data.decode_cache`` the training split's cache is opened, built if needed
+        (a photo that does not decode, or a cache folder that cannot be written, is named now
+        rather than at the first batch)."""
+        for split in self.splits.values():
+            if isinstance(split, FileList):
+                check_complete(split.paths, host_cores())
+        training_photos(self.splits["train"], self.config.data)
 
     @functools.cached_property
     def device_views(self) -> DeviceViews | None:

@@ -246,6 +246,7 @@ def train_and_evaluate(
         check_profile_steps(
             config.profile_steps, run.total_steps, max(saved_steps(workdir), default=0)
         )
+        run.check_photos()  # a truncated photo or an unwritable decode cache: named now
         if claim is not None:
             claim.keep()
         prepare_workdir(config, workdir, replace_unreadable=replace_unreadable_config)

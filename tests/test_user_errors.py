@@ -1125,3 +1125,62 @@ def test_latest_is_looked_up_when_read(finished: Path, tmp_path: Path) -> None:
         assert int(state.step) == steps[-2]
     finally:
         ckpts.close()
+
+
+# ------------------------------------------------------------------- photos, before the workdir
+
+
+def cub_args(root: Path, workdir: Path, *extra: str) -> list[str]:
+    """``train.py`` on a tiny CUB-layout folder of JPEGs (32 photos of 8 classes)."""
+    return train_args(
+        "unused.npz",
+        workdir,
+        "--config.data.name=cub200",
+        f"--config.data.path={root}",
+        "--config.data.verify_counts=False",
+        "--config.data.channels=3",
+        "--config.data.resize=20",
+        "--config.data.augment=base",
+        "--config.train.batch_size=8",
+        "--config.train.epochs=1",
+        *extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def cub_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests import benchmark_trees as trees
+
+    return trees.write_cub(tmp_path_factory.mktemp("cub"), class_ids=range(97, 105), per_class=4)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_truncated_photo_is_named_before_the_workdir_exists(
+    cub_tree: Path, tmp_path: Path, cache: bool
+) -> None:
+    """A JPEG cut short (a broken copy) is named before anything is written, whether photos
+    are decoded per draw or into the decode cache; restored, the run trains."""
+    root = Path(shutil.copytree(cub_tree, tmp_path / "cub"))
+    photo = sorted(root.rglob("*.jpg"))[5]
+    whole = photo.read_bytes()
+    photo.write_bytes(whole[: len(whole) // 2])
+    workdir = tmp_path / "runs" / "w"
+    extra = [f"--config.data.decode_cache={cache}", f"--config.data.cache_dir={tmp_path / 'c'}"]
+    proc = run(*cub_args(root, workdir, *extra))
+    assert_refused(proc, f"cannot decode image {photo}", "re-extract it")
+    assert not (tmp_path / "runs").exists()
+    photo.write_bytes(whole)
+    assert run(*cub_args(root, workdir, *extra)).returncode == 0
+
+
+def test_a_read_only_decode_cache_folder_is_named_before_the_workdir_exists(
+    cub_tree: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    workdir = tmp_path / "w"
+    with read_only(cache):
+        proc = run(*cub_args(cub_tree, workdir, "--config.data.decode_cache=True",
+                             f"--config.data.cache_dir={cache}"))  # fmt: skip
+    assert_refused(proc, str(cache))
+    assert not workdir.exists()
