@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Callable
 
@@ -37,8 +36,12 @@ def known_errors() -> tuple[type[BaseException], ...]:
 
 
 def from_storage_layer(record: logging.LogRecord) -> bool:
-    """Whether a log record comes from the checkpoint storage layer (orbax, TensorStore)."""
-    return any(part in record.pathname for part in ("orbax", "tensorstore"))
+    """Whether a log record comes from the checkpoint storage layer (orbax, TensorStore), or
+    reports an error raised there (asyncio's "exception was never retrieved")."""
+    if any(part in record.pathname for part in ("orbax", "tensorstore")):
+        return True
+    error = record.exc_info[1] if record.exc_info else None
+    return error is not None and _in_storage_layer(error)
 
 
 def quiet_storage_layer() -> None:
@@ -61,14 +64,27 @@ _default_unraisable = sys.unraisablehook
 
 
 def _unraisable(unraisable: object) -> None:
-    """After a failed checkpoint read the storage layer's reads still in flight complete into
-    its closed event loop, each an unraisable "Event loop is closed" error: to the log file;
-    any other goes to Python's own hook."""
+    """Errors no code can catch, already reported in one line, go to the log file: after a
+    failed checkpoint read, the storage layer's reads still in flight (completing into its
+    closed event loop, or collected unfinished); after a failed allocation, JAX's exit hooks
+    waiting on the failed computation. Any other goes to Python's own hook."""
     error = getattr(unraisable, "exc_value", None)
-    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-        logging.getLogger("jdml").info("storage layer: %s", error, extra={"file_only": True})
+    late_read = isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+    if late_read or (error is not None and (out_of_memory(error) or _in_storage_layer(error))):
+        logging.getLogger("jdml").info("after the error: %s", error, extra={"file_only": True})
         return
     _default_unraisable(unraisable)
+
+
+def _in_storage_layer(error: BaseException) -> bool:
+    """Whether ``error`` was raised inside the storage layer (a read of a damaged checkpoint
+    whose coroutine is collected after the error was reported)."""
+    tb = error.__traceback__
+    while tb is not None:
+        if any(part in tb.tb_frame.f_code.co_filename for part in ("orbax", "tensorstore")):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _terminal_filter(record: logging.LogRecord) -> bool:
@@ -105,26 +121,13 @@ def run_cli(fn: Callable[[], None], extra: tuple[type[BaseException], ...] = ())
         if type(e) is OSError and e.errno is None:  # not a file-system error: a real bug
             raise
         print(error_line(e), file=sys.stderr)
-        if isinstance(e, CheckpointError):
-            _leave_now()  # the storage layer's threads would print their failures at exit
         sys.exit(EXIT_USAGE)
     except Exception as e:
         if not out_of_memory(e):
             raise
         logging.getLogger("jdml").debug("out of memory", exc_info=True)  # the log file has it
         print(f"error: {OUT_OF_MEMORY} ({first_line(e)})", file=sys.stderr)
-        _leave_now()  # JAX's exit hooks wait on the failed computation and print it again
-
-
-def _leave_now() -> None:
-    """Exits with :data:`EXIT_USAGE` at once, skipping the interpreter's exit hooks, after an
-    error whose library leaves background work that would print tracebacks at exit (a failed
-    allocation, a storage-layer read or write). The error has unwound the run by then: its
-    lock released, its files closed; the logs are flushed here."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(EXIT_USAGE)
+        sys.exit(EXIT_USAGE)
 
 
 #: The one line of a run that does not fit the memory of its device or host.
