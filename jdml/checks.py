@@ -4,12 +4,12 @@ docs/own_loop.md, "Losses and miners in your own loop").
 Shapes and dtypes are known when a function is traced, so they are checked then, under ``jit``
 as well as eagerly, at no cost to the compiled step: a wrong rank, dtype or batch size is one
 Python error naming the argument, the shape expected and the shape given, instead of an error
-from deep inside the loss. Values are data: labels and mined
-tuples are checked in Python where they are concrete (eager calls, such as ``loss.init``). Inside
-a jitted function an out-of-range label of a loss with a parameter per class is never clamped
-silently: the loss's embeddings become NaN (:func:`poison_unless_classes`), so its value and
-every gradient are NaN, which the trainer's non-finite guard (or any ``isfinite`` check in the
-caller's loop) reports; under ``jax.experimental.checkify.checkify`` it is also a reported error
+from deep inside the loss. Values are data: labels and mined tuples are checked in Python where
+they are concrete (eager calls, such as ``loss.init``). Inside a jitted function an out-of-range
+label of a loss with a parameter per class is never clamped silently: the loss's embeddings
+become NaN (:func:`poison_unless_classes`), so its value and the gradients into the network are
+NaN, which the trainer's non-finite guard (or any ``isfinite`` check in the caller's loop)
+reports; under ``jax.experimental.checkify.checkify`` it is also a reported error
 (``checkify.debug_check``, which costs nothing otherwise).
 """
 
