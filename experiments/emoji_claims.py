@@ -14,6 +14,11 @@ a claim without a true difference gets a verdict at either look with a chance of
 (``tests/test_statistics.py``). A table of fewer seeds than look 1 is interim, read at 95 %,
 and decides nothing: seeds 3 and 4 follow for every row whatever it says.
 
+Beside each claim's own verdict the table gives its verdict under Holm's correction across the
+family of the table's claims (:func:`in_family`: every claim comparing two trained rows that is
+read at a look), so that the chance of any false verdict in the whole table, not only in each
+claim, stays at the design's level (:func:`holm_verdicts`).
+
 The records are those of ``experiments/emoji_protocol.py`` (``--results``). With ``--seeds``
 reaching look 1, each claim is read at the furthest look both its rows have every seed of; a
 claim short of look 1 is read over the first :data:`INTERIM_SEEDS` seeds instead, at 95 % and
@@ -40,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emoji_protocol as protocol
 
-from jdml.statistics import Paired, mean_std, paired, pocock_level
+from jdml.statistics import Paired, holm, mean_std, paired, pocock_level
 
 # The looks of the design: the number of seeds (0, 1, ...) each look reads.
 LOOKS = (5, 10)
@@ -143,8 +148,39 @@ def claim_difference(claim: Claim, args: argparse.Namespace) -> tuple[Paired, st
     return found
 
 
-def claim_row(claim: Claim, args: argparse.Namespace) -> list[str] | None:
-    """The claim's table row, or None when :func:`claim_difference` has no difference."""
+def in_family(claim: Claim, look: str) -> bool:
+    """Whether a claim read at ``look`` belongs to the family Holm's correction runs over: every
+    claim of the table that compares two trained rows and is read at a look of the design.
+    Left out are the two claims against a fixed baseline (fine-tuning against features or
+    pixels: 25-42 points, far beyond any correction, and counting them would only loosen the
+    correction of the others) and interim readings, which decide nothing."""
+    return not claim.fixed and "before look" not in look
+
+
+def holm_verdicts(args: argparse.Namespace) -> dict[int, str]:
+    """The verdict of each claim of the family (:func:`in_family`; by its index in
+    :data:`CLAIMS`) under Holm's correction across the family: its p-value at the look it is
+    read at, against that look's nominal error (1 - :data:`LOOK_LEVEL`), so that the chance of
+    any false verdict in the table stays at the design's per-claim level. A claim Holm rejects
+    keeps the sign of its mean; any other is not resolved."""
+    readings = {i: claim_difference(c, args) for i, c in enumerate(CLAIMS)}
+    family = [i for i, f in readings.items() if f is not None and in_family(CLAIMS[i], f[1])]
+    if not family:
+        return {}
+    flags = holm([readings[i][0].p_value() for i in family], 1 - LOOK_LEVEL)
+    out = {}
+    for i, flag in zip(family, flags, strict=True):
+        mean = readings[i][0].mean
+        out[i] = ("reproduces" if mean > 0 else "does not reproduce") if flag else "not resolved"
+    return out
+
+
+def claim_row(
+    claim: Claim, args: argparse.Namespace, holm_verdict: str | None = None, family: int = 0
+) -> list[str] | None:
+    """The claim's table row, or None when :func:`claim_difference` has no difference;
+    ``holm_verdict``: its verdict under Holm's correction across ``family`` claims (None: not
+    in the family)."""
     found = claim_difference(claim, args)
     if found is None:
         return None
@@ -154,7 +190,20 @@ def claim_row(claim: Claim, args: argparse.Namespace) -> list[str] | None:
     else:
         what = "concatenation" if claim.concat else "one head" if claim.frozen < 0 else "member 1"
         compared = f"{protocol.ROWS[claim.row][0]} - {protocol.ROWS[claim.base][0]} ({what})"
-    return [claim.paper, claim.text, compared, str(d.n), d.cell(), look, f"**{d.verdict()}**"]
+    if holm_verdict is not None:
+        corrected = f"**{holm_verdict}**"
+    else:
+        corrected = "- (interim)" if "before look" in look else "- (fixed baseline)"
+    return [
+        claim.paper,
+        claim.text,
+        compared,
+        str(d.n),
+        d.cell(),
+        look,
+        f"**{d.verdict()}**",
+        corrected,
+    ]
 
 
 def look2_rows(args: argparse.Namespace, frozen: int) -> list[str]:
@@ -172,16 +221,36 @@ def look2_rows(args: argparse.Namespace, frozen: int) -> list[str]:
 
 
 def claims_table(args: argparse.Namespace) -> str:
+    """The claim table: each claim's reading, its own verdict, and its verdict under Holm's
+    correction across the family (:func:`holm_verdicts`)."""
+    corrected = holm_verdicts(args)
     lines = [
         f"| claim, emoji test, {args.epochs} epochs | says | rows compared | seeds "
-        "| Δ recall@1 [CI] | CI level, look | verdict |",
-        "|---|---|---|---|---|---|---|",
+        f"| Δ recall@1 [CI] | CI level, look | verdict | Holm verdict ({len(corrected)} claims) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for claim in CLAIMS:
-        row = claim_row(claim, args)
+    for i, claim in enumerate(CLAIMS):
+        row = claim_row(claim, args, corrected.get(i), len(corrected))
         if row is not None:
             lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
+
+
+def holm_changes(args: argparse.Namespace) -> str:
+    """One sentence: which claims' verdicts Holm's correction changes (generated for the
+    results page, so that it never disagrees with the table)."""
+    corrected = holm_verdicts(args)
+    changed = []
+    for i, verdict in corrected.items():
+        d, _ = claim_difference(CLAIMS[i], args)
+        if d.verdict() != verdict:
+            changed.append(f"{CLAIMS[i].paper}: {CLAIMS[i].text} ({d.verdict()} -> {verdict})")
+    if not changed:
+        return f"Holm's correction across the {len(corrected)} claims changes no verdict."
+    return (
+        f"Holm's correction across the {len(corrected)} claims changes {len(changed)} "
+        f"verdict(s): {'; '.join(changed)}."
+    )
 
 
 def late_gain(curve: list[dict], cut: int) -> float:
@@ -308,6 +377,8 @@ def main() -> None:
         print(",".join(look2_rows(args, args.look2_rows)))
         return
     print(claims_table(args), end="")
+    if len(args.seeds) >= LOOKS[0]:
+        print(holm_changes(args))
     if args.plot:
         plot_claims(args, args.plot)
         print(f"wrote {args.plot}")

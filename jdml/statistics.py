@@ -11,7 +11,9 @@ then reads, from the interval of A - B:
 
 A design that adds seeds to the claims still unresolved and reads the interval again looks at
 the data more than once; :func:`pocock_level` gives the level each look's interval must use so
-that the chance of a false verdict over all looks stays at ``alpha`` (Pocock, 1977).
+that the chance of a false verdict over all looks stays at ``alpha`` (Pocock, 1977). Reading
+many claims at once, :func:`holm` keeps the chance of any false verdict among them at the
+same level (Holm, 1979), from each claim's :meth:`Paired.p_value`.
 """
 
 from __future__ import annotations
@@ -55,6 +57,16 @@ class Paired:
             return "does not reproduce"
         return "not resolved"
 
+    def p_value(self) -> float:
+        """The two-sided p-value of the paired t-test of a zero mean difference, recovered from
+        the interval (its half-width is ``t(level, n - 1)`` standard errors); 1 for one seed."""
+        if self.n < 2 or not (math.isfinite(self.low) and math.isfinite(self.high)):
+            return 1.0
+        se = (self.high - self.low) / 2 / float(stats.t.ppf(0.5 + self.level / 2, self.n - 1))
+        if se <= 0:
+            return 1.0 if self.mean == 0 else 0.0
+        return float(2 * stats.t.sf(abs(self.mean) / se, self.n - 1))
+
     def cell(self, scale: float = 100.0, digits: int = 2) -> str:
         """``+0.90 [-0.71, 2.51]`` (the mean and the interval, times ``scale``)."""
         if self.n < 2:
@@ -76,6 +88,27 @@ def paired(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> Paire
         return Paired(mean, -math.inf, math.inf, 1, level)
     half = float(stats.t.ppf(0.5 + level / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
     return Paired(mean, mean - half, mean + half, int(d.size), level)
+
+
+def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
+    """Which of a family of hypotheses Holm's step-down procedure rejects at family-wise error
+    ``alpha`` (Holm, "A simple sequentially rejective multiple test procedure", Scand. J.
+    Statist. 1979): the p-values in increasing order, the ``i``-th (from 0) rejected while it
+    is at most ``alpha / (m - i)``; the first that is not stops the procedure.
+
+    Returns:
+      One flag per p-value, in the order given.
+    """
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"need 0 < alpha < 1, got {alpha}")
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    rejected = [False] * m
+    for rank, i in enumerate(order):
+        if p_values[i] > alpha / (m - rank):
+            break
+        rejected[i] = True
+    return rejected
 
 
 def pocock_level(looks: int, alpha: float = 0.05) -> float:

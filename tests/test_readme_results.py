@@ -193,12 +193,14 @@ def test_the_claim_tables_are_computed_from_the_records(results, seeds, least):
     with open(os.path.join(ROOT, "docs", "results.md")) as f:
         text = f.read().splitlines()
     assert _block_at(text, expected) >= 0, "\n".join(expected)
-    verdicts = [line.rsplit("|", 2)[1].strip(" *") for line in expected[2:]]
+    verdicts = [line.split("|")[-3].strip(" *") for line in expected[2:]]
     assert len(verdicts) >= least and set(verdicts) <= {
         "reproduces",
         "does not reproduce",
         "not resolved",
     }
+    if len(seeds) >= claims.LOOKS[0]:  # the generated sentence on Holm's changes, under it
+        assert claims.holm_changes(args) in text[_block_at(text, expected) + len(expected) + 1]
 
 
 def test_late_gain_is_what_the_last_epochs_add_to_the_best_before_them():
@@ -429,3 +431,57 @@ def test_update_claim_tables_replaces_a_stale_table_with_the_commands_output(tmp
     page.write_text(f"```bash\n{command}```\n\nNo table.\n")
     with pytest.raises(RuntimeError, match="no table after"):
         tool.update(str(page))
+
+
+def test_holm_reads_the_family_of_trained_claims(monkeypatch):
+    """Holm's column over hand-made readings: the family is the claims comparing two trained
+    rows read at a look (not a fixed baseline, not an interim reading); a claim that clears its
+    own interval but not Holm's step-down bound is not resolved there, and the generated
+    sentence names exactly the verdicts that change."""
+    from jdml.statistics import paired
+
+    claims = load_experiment("emoji_claims")
+    data = {  # per-seed differences over 5 seeds, read at look 1
+        "strong": [1.0, 1.1, 0.9, 1.05, 0.95],  # p ~ 1e-6: survives any correction
+        "weak": [0.4, 0.9, 0.1, 0.7, 0.5],  # clears its own 97.06 % interval, p ~ 0.01
+        "null": [0.5, -0.4, 0.2, -0.3, 0.1],
+        "fixed": [30.0, 31.0, 29.0, 30.5, 29.5],
+    }
+
+    def fake(claim, args, seeds, level):
+        values = data[claim.row][: len(seeds)]
+        return paired(values, [0.0] * len(values), level) if len(values) == len(seeds) else None
+
+    monkeypatch.setattr(claims, "_difference", fake)
+    family = (
+        claims.Claim("p", "strong claim", "strong", "base", False),
+        claims.Claim("p", "weak claim", "weak", "base", False),
+        claims.Claim("p", "null claim", "null", "base", False),
+        claims.Claim("p", "fixed claim", "fixed", "", False, fixed="raw pixels (64 px)"),
+    )
+    monkeypatch.setattr(claims, "CLAIMS", family)
+    monkeypatch.setitem(claims.protocol.ROWS, "strong", ("strong", None))
+    monkeypatch.setitem(claims.protocol.ROWS, "weak", ("weak", None))
+    monkeypatch.setitem(claims.protocol.ROWS, "null", ("null", None))
+    monkeypatch.setitem(claims.protocol.ROWS, "fixed", ("fixed", None))
+    monkeypatch.setitem(claims.protocol.ROWS, "base", ("base", None))
+    args = argparse.Namespace(seeds=list(range(5)), epochs=45)
+    p_weak = fake(family[1], args, range(5), claims.LOOK_LEVEL).p_value()
+    assert fake(family[1], args, range(5), claims.LOOK_LEVEL).verdict() == "reproduces"
+    # Second smallest p-value: it clears its own level, not Holm's bound at rank 2 of 3.
+    assert (1 - claims.LOOK_LEVEL) / 2 < p_weak < 1 - claims.LOOK_LEVEL
+    assert claims.holm_verdicts(args) == {0: "reproduces", 1: "not resolved", 2: "not resolved"}
+    table = claims.claims_table(args).splitlines()
+    assert table[0].endswith("| Holm verdict (3 claims) |")
+    assert table[3].endswith("| **reproduces** | **not resolved** |")  # weak: changed
+    assert table[5].endswith("| **reproduces** | - (fixed baseline) |")
+    assert claims.holm_changes(args) == (
+        "Holm's correction across the 3 claims changes 1 verdict(s): p: weak claim "
+        "(reproduces -> not resolved)."
+    )
+    # Interim readings (fewer seeds than look 1) are outside the family.
+    args3 = argparse.Namespace(seeds=[0, 1, 2], epochs=45)
+    assert claims.holm_verdicts(args3) == {}
+    assert all(
+        line.endswith("- (interim) |") for line in claims.claims_table(args3).splitlines()[2:5]
+    )

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
+from scipy import stats
 
-from jdml.statistics import mean_std, paired, pocock_level
+from jdml.statistics import holm, mean_std, paired, pocock_level
 
 
 def test_mean_and_sample_std():
@@ -44,7 +46,6 @@ def test_verdicts_follow_the_interval_and_the_claimed_sign():
 def test_pocock_levels_match_the_tabulated_boundaries():
     """Pocock's (1977) constants for 2-5 looks at a 5 % two-sided error: 2.178, 2.289, 2.361,
     2.413 (the nominal level is 1 - 2 * (1 - Phi(c))); one look is the plain 95 %."""
-    from scipy import stats
 
     assert pocock_level(1) == pytest.approx(0.95)
     for looks, c in ((2, 2.178), (3, 2.289), (4, 2.361), (5, 2.413)):
@@ -58,8 +59,6 @@ def test_a_two_look_design_at_the_pocock_level_keeps_its_error_rate():
     """Simulated claims with no true difference, 5 seeds then 5 more where the first look is
     unresolved: reading both looks at 95 % gives a false verdict far more often than 5 %, at
     the Pocock level about 5 % (Student-t intervals as :func:`paired` draws them)."""
-    import numpy as np
-    from scipy import stats
 
     d = np.random.default_rng(0).standard_normal((200_000, 10))
 
@@ -76,3 +75,34 @@ def test_a_two_look_design_at_the_pocock_level_keeps_its_error_rate():
     for level, low, high in ((0.95, 0.080, 0.090), (pocock_level(2), 0.047, 0.056)):
         false = (resolved(d[:, :5], level) | resolved(d, level)).mean()
         assert low < false < high, (level, false)
+
+
+def test_the_p_value_is_the_paired_t_tests_at_any_level():
+    """``Paired.p_value`` recovers the t-test's p-value from the interval, whatever its level."""
+    rng = np.random.default_rng(3)
+    for n in (2, 5, 10):
+        a, b = rng.normal(0.4, 1.0, n), rng.normal(0.0, 1.0, n)
+        want = stats.ttest_rel(a, b).pvalue
+        for level in (0.95, pocock_level(2), 0.99):
+            assert paired(a, b, level).p_value() == pytest.approx(want, rel=1e-9)
+    assert paired([1.0], [0.0]).p_value() == 1.0
+    assert paired([1.0, 1.0], [0.0, 0.0]).p_value() == 0.0  # no spread, a difference
+
+
+@pytest.mark.parametrize(
+    "p_values, alpha, rejected",
+    [
+        # sorted 0.005 <= 0.05/4, 0.01 <= 0.05/3, 0.03 > 0.05/2: stops there
+        ([0.01, 0.04, 0.03, 0.005], 0.05, [True, False, False, True]),
+        ([0.01, 0.02, 0.03, 0.04], 0.05, [True, False, False, False]),  # 0.02 > 0.05/3
+        ([0.001, 0.001, 0.001], 0.05, [True, True, True]),
+        ([0.04], 0.05, [True]),  # one hypothesis: the level itself
+        ([0.02, 0.5, 0.011], 0.0294, [False, False, False]),  # 0.011 > 0.0294 / 3: none
+        ([0.02, 0.5, 0.009], 0.0294, [False, False, True]),  # 0.02 > 0.0294 / 2: one
+        ([], 0.05, []),
+    ],
+)
+def test_holm_rejects_step_down(p_values, alpha, rejected):
+    assert holm(p_values, alpha) == rejected
+    with pytest.raises(ValueError, match="0 < alpha < 1"):
+        holm([0.1], 1.5)
