@@ -13,9 +13,11 @@ files.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -193,14 +195,16 @@ def test_the_claim_tables_are_computed_from_the_records(results, seeds, least):
     with open(os.path.join(ROOT, "docs", "results.md")) as f:
         text = f.read().splitlines()
     assert _block_at(text, expected) >= 0, "\n".join(expected)
-    verdicts = [line.split("|")[-3].strip(" *") for line in expected[2:]]
+    verdicts = [line.split("|")[7].strip(" *") for line in expected[2:]]
     assert len(verdicts) >= least and set(verdicts) <= {
         "reproduces",
         "does not reproduce",
         "not resolved",
     }
-    if len(seeds) >= claims.LOOKS[0]:  # the generated sentence on Holm's changes, under it
-        assert claims.holm_changes(args) in text[_block_at(text, expected) + len(expected) + 1]
+    if len(seeds) >= claims.LOOKS[0]:  # the generated sentences under it: Holm, the papers
+        below = _block_at(text, expected) + len(expected)
+        assert text[below + 1] == claims.holm_changes(args)
+        assert text[below + 3] == claims.paper_summary(args)
 
 
 def test_late_gain_is_what_the_last_epochs_add_to_the_best_before_them():
@@ -471,17 +475,55 @@ def test_holm_reads_the_family_of_trained_claims(monkeypatch):
     # Second smallest p-value: it clears its own level, not Holm's bound at rank 2 of 3.
     assert (1 - claims.LOOK_LEVEL) / 2 < p_weak < 1 - claims.LOOK_LEVEL
     assert claims.holm_verdicts(args) == {0: "reproduces", 1: "not resolved", 2: "not resolved"}
-    table = claims.claims_table(args).splitlines()
-    assert table[0].endswith("| Holm verdict (3 claims) |")
-    assert table[3].endswith("| **reproduces** | **not resolved** |")  # weak: changed
-    assert table[5].endswith("| **reproduces** | - (fixed baseline) |")
+    table = [
+        [cell.strip() for cell in line.split("|")[7:9]]
+        for line in claims.claims_table(args).splitlines()
+    ]
+    assert table[0] == ["verdict", "Holm verdict (3 claims)"]
+    assert table[3] == ["**reproduces**", "**not resolved**"]  # weak: changed
+    assert table[5] == ["**reproduces**", "- (fixed baseline)"]
     assert claims.holm_changes(args) == (
         "Holm's correction across the 3 claims changes 1 verdict(s): p: weak claim "
         "(reproduces -> not resolved)."
     )
+    assert claims.paper_summary(args) == (
+        "No interval of the 0 claims with a paper effect lies below it."
+    )
+    # With paper effects (points): the null claim's interval (about -41 to +45) lies below 60.
+    family = (
+        dataclasses.replace(family[0], effect=60.0, effect_source="T1, X"),
+        family[1],
+        dataclasses.replace(family[2], effect=60.0, effect_source="T2, Y"),
+        family[3],
+    )
+    monkeypatch.setattr(claims, "CLAIMS", family)
+    assert claims.paper_summary(args) == (
+        "1 of the 2 claims with a paper effect are smaller than reported (their interval lies "
+        "wholly below the smallest effect the paper prints): p: null claim."
+    )
     # Interim readings (fewer seeds than look 1) are outside the family.
     args3 = argparse.Namespace(seeds=[0, 1, 2], epochs=45)
     assert claims.holm_verdicts(args3) == {}
-    assert all(
-        line.endswith("- (interim) |") for line in claims.claims_table(args3).splitlines()[2:5]
-    )
+    lines = claims.claims_table(args3).splitlines()[2:5]
+    assert all(line.split("|")[8].strip() == "- (interim)" for line in lines)
+
+
+def test_a_claim_is_read_against_the_paper_effect():
+    """The rule declared before it is applied: an interval wholly below the paper's effect is
+    "smaller than reported" (also when it holds 0: "not resolved" about zero), any other "not
+    below it"; no effect or one seed: "-"."""
+    from jdml.statistics import Paired
+
+    claims = load_experiment("emoji_claims")
+    around_zero = Paired(0.001, -0.004, 0.006, 10, 0.97)  # points: +0.10 [-0.40, +0.60]
+    assert around_zero.verdict() == "not resolved"
+    for effect, reading in ((0.61, "smaller than reported"), (0.60, "not below it"),
+                            (-0.40, "not below it"), (-3.0, "not below it"),
+                            (None, "-")):  # fmt: skip
+        assert claims.against_paper(around_zero, effect) == reading, effect
+    assert claims.against_paper(Paired(0.01, -math.inf, math.inf, 1), 5.0) == "-"
+    # Every claim with a paper effect says where it is printed; the controls have none.
+    for claim in claims.CLAIMS:
+        assert (claim.effect is None) == (not claim.effect_source), claim.text
+        if "(control)" in claim.paper or claim.fixed:
+            assert claim.effect is None, claim.text
