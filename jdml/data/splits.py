@@ -40,8 +40,21 @@ def _check_train_samples(data: ImageSet, classes: np.ndarray) -> None:
 
 
 def _held_out(train: np.ndarray, val_fraction: float, seed: int) -> np.ndarray:
-    """The training classes held out for validation: round(fraction * n), at least one."""
-    count = max(1, round(val_fraction * len(train)))
+    """The training classes held out for validation: ``round(fraction * n)``, but at least
+    :data:`MIN_CLASSES_PER_SPLIT` (retrieval needs them) and leaving at least as many to train,
+    so that any set of 4 or more training classes gets a validation split.
+
+    Raises:
+      DataError: fewer than 4 training classes, naming the fix.
+    """
+    n, least = len(train), MIN_CLASSES_PER_SPLIT
+    if n < 2 * least:
+        raise DataError(
+            f"only {n} training class(es): a validation split needs {least} of them and "
+            f"training keeps {least}; set --config.data.val_fraction=0 to select the checkpoint "
+            "on the test split (as the reference does), or use a dataset with more classes"
+        )
+    count = min(max(least, round(val_fraction * n)), n - least)
     rng = np.random.default_rng(seed)
     return np.sort(rng.choice(train, size=count, replace=False))
 

@@ -52,10 +52,24 @@ def test_validation_classes_are_held_out_from_train() -> None:
     assert len(others) > 1
 
 
-def test_val_fraction_rounds_and_holds_out_at_least_one_class() -> None:
-    assert split_by_class(_data([2] * 40), val_fraction=0.13)["val"].num_classes == 3  # 2.6
-    with pytest.raises(DataError, match=r"'val' would have 1 class.*larger val_fraction"):
-        split_by_class(_data([2] * 12), val_fraction=0.01)  # rounds to 0: one class held out
+@pytest.mark.parametrize(
+    "classes, fraction, val, train",
+    [
+        (40, 0.13, 3, 17),  # 20 training classes: 2.6 rounds to 3
+        (12, 0.01, 2, 4),  # rounds to 0: the least a split holds, 2
+        (10, 0.2, 2, 3),  # 5 training classes (scikit-learn's digits): 1 rounds up to 2
+        (8, 0.9, 2, 2),  # 4 training classes: 2 are kept to train whatever the fraction
+    ],
+)
+def test_val_fraction_rounds_and_holds_out_what_retrieval_needs(classes, fraction, val, train):
+    splits = split_by_class(_data([2] * classes), val_fraction=fraction)
+    assert (splits["val"].num_classes, splits["train"].num_classes) == (val, train)
+
+
+def test_too_few_training_classes_for_validation_name_the_fix() -> None:
+    with pytest.raises(DataError, match=r"only 3 training class\(es\).*val_fraction=0"):
+        split_by_class(_data([2] * 6), val_fraction=0.2)
+    assert "val" not in split_by_class(_data([2] * 6), val_fraction=0.0)
 
 
 def test_one_sample_training_class_is_an_error() -> None:
@@ -67,8 +81,6 @@ def test_one_sample_training_class_is_an_error() -> None:
 def test_too_few_classes_is_an_error() -> None:
     with pytest.raises(DataError, match=r"split 'train' would have 1 class"):
         split_by_class(_data([2, 2, 2]))
-    with pytest.raises(DataError, match=r"'train' would have 1 class.*val_fraction"):
-        split_by_class(_data([2] * 6), val_fraction=0.5)
 
 
 def test_bad_val_fraction() -> None:
