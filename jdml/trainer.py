@@ -119,8 +119,7 @@ def prepare_workdir(
     barrier("jdml:workdir-checked")  # every process has read the old config before it changes
     if is_main_process():
         if replaced and has_checkpoints(workdir):
-            log.info("The unreadable config.json is replaced by this one, which fits the run's "
-                     "checkpoints")  # fmt: skip
+            log.info("The unreadable config.json is replaced by this one (it fits the checkpoints)")
         elif replaced:
             log.info("The workdir holds no checkpoint: its config.json is replaced by this one")
         atomic_write(os.path.join(workdir, "config.json"), to_json(config))
