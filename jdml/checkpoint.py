@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from jdml.cli import first_line
 from jdml.errors import CheckpointError
 from jdml.state import TrainState
 
@@ -33,7 +34,7 @@ def storage_cause(error: BaseException, what: str) -> str:
     TensorStore spec dump can run to dozens of lines) goes to the log file (``train.log``)
     only, as ``<what> failed``."""
     log.info("%s failed:\n%s", what, error, extra={"file_only": True})
-    cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    cause = first_line(error)
     cause = cause if len(cause) <= 160 else cause[:157] + "..."
     return f"{type(error).__name__}: {cause}"
 

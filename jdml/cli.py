@@ -139,6 +139,7 @@ OUT_OF_MEMORY = (
 
 
 def first_line(error: BaseException) -> str:
+    """The first line of an error's message (its type's name if it has none)."""
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 

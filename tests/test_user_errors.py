@@ -47,6 +47,18 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
+def start(*args: str, stdout: int = subprocess.PIPE) -> subprocess.Popen:
+    """Starts ``python <args>`` in the repository (text output, stderr piped), not waiting."""
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO,
+        env=child_env(),
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def train_args(npz: str, workdir: str | Path, *extra: str) -> list[str]:
     return [
         "train.py",
@@ -135,14 +147,7 @@ def test_second_process_on_a_locked_workdir_is_refused(
 def test_two_train_processes_leave_one_consistent_run(npz: str, tmp_path: Path) -> None:
     workdir = tmp_path / "race"
     slow = ["--config.train.epochs=40", "--config.eval.every_epochs=20"]
-    first = subprocess.Popen(
-        [sys.executable, *train_args(npz, workdir, *slow)],
-        cwd=REPO,
-        env=child_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = start(*train_args(npz, workdir, *slow), stdout=subprocess.DEVNULL)
     try:
         lock = workdir / ".jdml.lock"
         deadline = time.time() + TIMEOUT
@@ -175,16 +180,7 @@ def test_two_trainings_started_together_on_a_new_workdir_train_once(
     procs = []
     for delay in (0.0, offset):
         time.sleep(delay)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, *train_args(npz, workdir)],
-                cwd=REPO,
-                env=child_env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+        procs.append(start(*train_args(npz, workdir)))
     done = []
     for proc in procs:
         out, err = proc.communicate(timeout=TIMEOUT)
@@ -1080,14 +1076,7 @@ def test_ctrl_c_and_sigterm_end_in_one_line_that_resumes(
 
     workdir = tmp_path / "run"
     args = train_args(npz, workdir, "--config.train.epochs=20")
-    proc = subprocess.Popen(
-        [sys.executable, *args],
-        cwd=REPO,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start(*args)
     try:
         deadline = time.monotonic() + TIMEOUT
         while not any(p.name.isdigit() for p in (workdir / "checkpoints").glob("*")):
