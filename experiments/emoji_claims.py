@@ -29,6 +29,8 @@ Usage: python experiments/emoji_claims.py [--results experiments/results/emoji-v
            [--epochs 45] [--seeds 0 1 2 3 4 5 6 7 8 9] [--plot claims.png]
        python experiments/emoji_claims.py --seeds 0 1 2 3 4 --look2-rows -1   # or 3 (DM2's)
            (the rows look 2 trains: those of the claims unresolved at look 1, comma-separated)
+       python experiments/emoji_claims.py --classes
+           (the claims whose records keep per-query hits, read over seeds and test classes)
        python experiments/emoji_claims.py --budget 5
            (whether the budget reaches each claim row's plateau: how many seeds select the last
            epoch, and how much validation Recall@1 the last 5 epochs add)
@@ -45,7 +47,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emoji_protocol as protocol
 
-from jdml.statistics import Paired, holm, mean_std, paired, pocock_level
+from jdml.evaluation.per_query import paired_differences
+from jdml.statistics import Paired, holm, mean_std, paired, pocock_level, two_way_bootstrap
 
 # The looks of the design: the number of seeds (0, 1, ...) each look reads.
 LOOKS = (5, 10)
@@ -360,6 +363,60 @@ def budget_table(args: argparse.Namespace, window: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def class_reading(claim: Claim, args: argparse.Namespace) -> tuple[Paired, Paired] | None:
+    """The claim's reading with the test classes counted: its bootstrap interval over seeds
+    alone and its two-way bootstrap interval over seeds and test classes
+    (:func:`jdml.statistics.two_way_bootstrap`), both over the seeds and at the level of the
+    look :func:`claim_difference` reads it at, or None when a record of those seeds lacks the
+    per-query hits (every record before they were kept) or the claim is against a fixed
+    baseline."""
+    found = None if claim.fixed else claim_difference(claim, args)
+    if found is None:
+        return None
+    d, _ = found
+    a = argparse.Namespace(**{**vars(args), "frozen_stages": claim.frozen})
+    blocks = [protocol.per_query_blocks(r, a) for r in (claim.row, claim.base)]
+    seeds = sorted(args.seeds)[: d.n]
+    if any(s not in b for b in blocks for s in seeds):
+        return None
+    names = (
+        protocol.embedding_name(claim.row, claim.concat),
+        protocol.embedding_name(claim.base, claim.concat),
+    )
+    hits, classes, _ = paired_differences(
+        {s: blocks[0][s] for s in seeds}, {s: blocks[1][s] for s in seeds}, names
+    )
+    return (
+        two_way_bootstrap(hits, classes, d.level, over_classes=False),
+        two_way_bootstrap(hits, classes, d.level),
+    )
+
+
+def classes_table(args: argparse.Namespace) -> str:
+    """The claims whose records keep per-query hits, read over seeds and over seeds and test
+    classes: the intervals, their widths, and whether counting the classes changes the
+    verdict."""
+    lines = [
+        "| claim | says | seeds | t over seeds | bootstrap over seeds | bootstrap over seeds and "
+        "classes | width ratio | verdict, seeds / seeds and classes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for claim in CLAIMS:
+        found = class_reading(claim, args)
+        if found is None:
+            continue
+        d, _ = claim_difference(claim, args)
+        seeds_only, both = found
+        ratio = (both.high - both.low) / (seeds_only.high - seeds_only.low)
+        lines.append(
+            f"| {claim.paper} | {claim.text} | {d.n} | {d.cell()} | {seeds_only.cell()} "
+            f"| {both.cell()} | {ratio:.2f} | {seeds_only.verdict()} / {both.verdict()} |"
+        )
+    if len(lines) == 2:
+        return "No claim's records keep per-query hits (eval.per_query) for all its seeds.\n"
+    return "\n".join(lines) + "\n"
+
+
 def plot_claims(args: argparse.Namespace, path: str) -> None:
     """The claims' paired differences and intervals (at their look's level), one line each,
     coloured by verdict (the fixed-baseline claims, tens of points away, are left out)."""
@@ -413,6 +470,12 @@ def main() -> None:
         "3 for DM2's), comma-separated",
     )
     parser.add_argument(
+        "--classes",
+        action="store_true",
+        help="print only the claims whose records keep per-query hits, read with the test "
+        "classes as a second source of variance (a two-way bootstrap over seeds and classes)",
+    )
+    parser.add_argument(
         "--budget",
         type=int,
         metavar="EPOCHS",
@@ -425,6 +488,9 @@ def main() -> None:
             print(budget_table(args, args.budget), end="")
         except ValueError as e:
             parser.exit(2, f"error: {e}\n")
+        return
+    if args.classes:
+        print(classes_table(args), end="")
         return
     if args.look2_rows is not None:
         print(",".join(look2_rows(args, args.look2_rows)))

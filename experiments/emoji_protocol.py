@@ -516,7 +516,8 @@ def commit() -> str:
 
 def write_record(args: argparse.Namespace, row: str, seed: int, workdir: str) -> dict:
     """Keeps what the tables need from a finished run: the test evaluation of the selected
-    checkpoint, the validation curve it was selected on and the commit."""
+    checkpoint (with its per-query Recall@1 hits where the run kept them), the validation curve
+    it was selected on and the commit."""
     tuning = row.startswith("tune-")
     with open(finished(workdir, row)) as f:
         evaluation = json.load(f)
@@ -544,6 +545,8 @@ def write_record(args: argparse.Namespace, row: str, seed: int, workdir: str) ->
         "embeddings": evaluation.get("embeddings", {}),
         "val_curve": curve,
     }
+    if evaluation.get("per_query"):  # compressed per-query hits (jdml.evaluation.per_query)
+        record["per_query"] = evaluation["per_query"]
     path = record_path(args, row, seed)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     atomic_write(path, json.dumps(record, indent=1) + "\n")
@@ -564,6 +567,7 @@ def configure(
         c.eval.selected_splits = (("test", "train") if rho else ("test",)) if test else ()
         c.eval.metrics = METRICS
         c.eval.train_metrics = ("rho_spectrum@1",) if rho else ()
+        c.eval.per_query = ("recall@1",)  # the hits per test query, for a bootstrap over classes
     return c
 
 
@@ -724,6 +728,19 @@ def _by_seed(row: str, args: argparse.Namespace, concat: str | None) -> dict[int
         if "recall@1" in values:
             out[r["seed"]] = values["recall@1"]
     return out
+
+
+def per_query_blocks(row: str, args: argparse.Namespace) -> dict[int, dict]:
+    """The kept per-query test values per seed of a row (``jdml.evaluation.per_query``
+    blocks), of the seeds whose records have them."""
+    return {r["seed"]: r["per_query"]["test"] for r in _row_results(row, args)
+            if "test" in r.get("per_query", {})}  # fmt: skip
+
+
+def embedding_name(row: str, concat: bool) -> str | None:
+    """The embedding a claim reads of ``row``: its concatenation, or None for its main head
+    (a row with one head reads that head under ``concat`` too, as :func:`difference` does)."""
+    return _concat_name(ROWS[row][1]()) if concat else None
 
 
 def difference(

@@ -11,6 +11,7 @@ from jdml.checkpoint import Checkpoints
 from jdml.config import saved_config
 from jdml.config.saved import unreadable_config
 from jdml.errors import CheckpointError, ConfigError, OutputPathError
+from jdml.evaluation import per_query
 from jdml.evaluation.splits import SPECTRUM
 from jdml.fileio import atomic_write, check_output_path
 from jdml.run import Run
@@ -89,7 +90,8 @@ def evaluate_state(
 ) -> dict[str, Any]:
     """Evaluates a restored state on ``splits``: the record :func:`evaluate_checkpoint` returns
     (``checkpoint``, ``step``, the checkpoint's ``meta``, ``results`` per split, and the other
-    heads' ``embeddings`` and the ``spectra`` where the run has them)."""
+    heads' ``embeddings``, the ``spectra`` and the ``per_query`` values where the run has
+    them)."""
     results, vectors, extra = run.evaluate(state, {s: run.splits[s] for s in splits})
     out = {"checkpoint": checkpoint, "step": int(state.step), "meta": meta, "results": results}
     if any(extra.values()):
@@ -97,6 +99,9 @@ def evaluate_state(
     spectra = {s: v[SPECTRUM].tolist() for s, v in vectors.items() if SPECTRUM in v}
     if spectra:
         out["spectra"] = spectra  # normalised singular values of the embeddings, descending
+    queries = {s: block for s, v in vectors.items() if (block := per_query.pack(v, run.head))}
+    if queries:
+        out["per_query"] = queries  # eval.per_query's values per query, compressed
     return out
 
 

@@ -14,6 +14,10 @@ the data more than once; :func:`pocock_level` gives the level each look's interv
 that the chance of a false verdict over all looks stays at ``alpha`` (Pocock, 1977). Reading
 many claims at once, :func:`holm` keeps the chance of any false verdict among them at the
 same level (Holm, 1979), from each claim's :meth:`Paired.p_value`.
+
+The Student-t interval counts one source of variance: the training seed, on one fixed set of
+test classes. Where the per-query hits of both rows are kept, :func:`two_way_bootstrap`
+resamples the test classes as well, for an interval that also covers the choice of classes.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class Paired:
     high: float
     n: int
     level: float = 0.95
+    method: str = "t"  # "t": Student-t over seeds; "bootstrap": a percentile bootstrap
 
     def verdict(self, sign: int = 1) -> str:
         """The claim "``a - b`` has the sign ``sign``" read from the interval."""
@@ -59,7 +64,13 @@ class Paired:
 
     def p_value(self) -> float:
         """The two-sided p-value of the paired t-test of a zero mean difference, recovered from
-        the interval (its half-width is ``t(level, n - 1)`` standard errors); 1 for one seed."""
+        the interval (its half-width is ``t(level, n - 1)`` standard errors); 1 for one seed.
+
+        Raises:
+          ValueError: for a bootstrap interval, which has no t-test behind it.
+        """
+        if self.method != "t":
+            raise ValueError(f"a {self.method} interval has no t-test p-value")
         if self.n < 2 or not (math.isfinite(self.low) and math.isfinite(self.high)):
             return 1.0
         se = (self.high - self.low) / 2 / float(stats.t.ppf(0.5 + self.level / 2, self.n - 1))
@@ -88,6 +99,78 @@ def paired(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> Paire
         return Paired(mean, -math.inf, math.inf, 1, level)
     half = float(stats.t.ppf(0.5 + level / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
     return Paired(mean, mean - half, mean + half, int(d.size), level)
+
+
+def two_way_bootstrap(
+    differences: np.ndarray,
+    classes: np.ndarray,
+    level: float = 0.95,
+    resamples: int = 10_000,
+    seed: int = 0,
+    over_classes: bool = True,
+) -> Paired:
+    """The mean per-query difference of two rows and its percentile bootstrap interval over
+    training seeds and test classes.
+
+    Each of ``resamples`` draws picks the seeds with replacement and, independently, the test
+    classes with replacement (each class with all its queries), and takes the mean difference
+    over the drawn seeds' drawn queries; the interval holds the central ``level`` of the draws.
+    This is the two-way (seeds x classes) bootstrap of crossed random effects: it counts the
+    test classes as a sample of the classes the method could be tested on, where the paired
+    Student-t interval (:func:`paired`) holds them fixed. It keeps each query's hit as it was
+    measured against the whole test set, so it approximates the resampled benchmark (a class
+    drawn twice does not change its neighbours); it is known to be somewhat conservative, as it
+    counts the seed-by-class interaction in both margins. With ``over_classes=False`` only the
+    seeds are resampled: the same percentile method with the classes fixed, for comparing the
+    widths.
+
+    Args:
+      differences: (S, Q) per-query differences, row A's hit minus row B's (e.g. Recall@1's 0/1
+        hits), for S seeds on the same Q test queries, in the same order; NaN for a query the
+        metric leaves out (dropped, in every seed).
+      classes: (Q,) the queries' classes.
+      level: the interval's central probability.
+      resamples: the number of bootstrap draws.
+      seed: the seed of the draws (the interval is a deterministic function of the inputs).
+      over_classes: resample the classes as well as the seeds.
+
+    Returns:
+      :class:`Paired` with ``method="bootstrap"``: the mean over all seeds and queries, and the
+      interval (n: the seeds).
+    """
+    d = np.asarray(differences, np.float64)
+    classes = np.asarray(classes).reshape(-1)
+    if d.ndim != 2 or d.shape[1] != classes.shape[0] or d.size == 0:
+        raise ValueError(
+            f"need (seeds, queries) differences and (queries,) classes, got {d.shape} and "
+            f"{classes.shape}"
+        )
+    if not 0.0 < level < 1.0 or resamples < 1:
+        raise ValueError(f"need 0 < level < 1 and resamples >= 1, got {level} and {resamples}")
+    kept = ~np.isnan(d).any(axis=0)
+    d, classes = d[:, kept], classes[kept]
+    _, ids = np.unique(classes, return_inverse=True)
+    num_seeds, num_classes = d.shape[0], int(ids.max()) + 1
+    sums = np.zeros((num_seeds, num_classes))  # (S, C) summed differences per seed and class
+    np.add.at(sums, (slice(None), ids), d)
+    sizes = np.bincount(ids, minlength=num_classes).astype(np.float64)
+    mean = float(sums.sum() / (num_seeds * sizes.sum()))
+    if num_seeds < 2 and not over_classes:
+        return Paired(mean, -math.inf, math.inf, num_seeds, level, "bootstrap")
+    rng = np.random.default_rng(seed)
+    draws = np.empty(resamples)
+    chunk = 1000
+    for start in range(0, resamples, chunk):
+        b = min(chunk, resamples - start)
+        seeds = rng.multinomial(num_seeds, np.full(num_seeds, 1 / num_seeds), size=b)
+        if over_classes:
+            weights = rng.multinomial(num_classes, np.full(num_classes, 1 / num_classes), size=b)
+        else:
+            weights = np.ones((b, num_classes))
+        total = np.einsum("bs,sc,bc->b", seeds, sums, weights)
+        draws[start : start + b] = total / (num_seeds * (weights @ sizes))
+    low, high = np.quantile(draws, [0.5 - level / 2, 0.5 + level / 2])
+    return Paired(mean, float(low), float(high), num_seeds, level, "bootstrap")
 
 
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:

@@ -35,6 +35,13 @@ def test_default_config_is_valid_and_round_trips():
         ("data.name", "imagenet", "choose one of: .*glyphs"),
         ("model.backbone", "vgg", "choose one of: .*small_resnet"),
         ("eval.selection_metric", "recall@3", "not among eval.metrics"),
+        (
+            "eval.per_query",
+            ("nmi",),
+            r"not a retrieval metric of eval.metrics; choose from "
+            r"\['recall@1'",
+        ),
+        ("eval.per_query", ("recall@3",), "not a retrieval metric"),
     ],
 )
 def test_unknown_names_are_rejected(key, value, pattern):

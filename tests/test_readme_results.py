@@ -22,6 +22,7 @@ import os
 import re
 import sys
 
+import numpy as np
 import pytest
 
 from tests.helpers import load_experiment
@@ -527,3 +528,47 @@ def test_a_claim_is_read_against_the_paper_effect():
         assert (claim.effect is None) == (not claim.effect_source), claim.text
         if "(control)" in claim.paper or claim.fixed:
             assert claim.effect is None, claim.text
+
+
+def test_claims_with_kept_hits_are_read_over_seeds_and_classes(tmp_path, monkeypatch):
+    """``emoji_claims.py --classes`` over hand-made records: a claim whose records of every
+    seed of its look keep per-query hits gets the bootstrap over seeds and the two-way one over
+    seeds and classes, at the look's level; the per-query means are the records' Recall@1;
+    a claim with a record short of hits is left out."""
+    from jdml.evaluation import per_query as pq
+    from jdml.statistics import two_way_bootstrap
+
+    claims = load_experiment("emoji_claims")
+    claim = claims.Claim("p", "rows differ", "R-margin", "margin", False)
+    other = claims.Claim("p", "no hits", "triplet", "margin", False)
+    monkeypatch.setattr(claims, "CLAIMS", (claim, other))
+    rng = np.random.default_rng(0)
+    classes = np.repeat(np.arange(20), 5)
+    hits = {}
+    for row, rate in (("R-margin", 0.8), ("margin", 0.7), ("triplet", 0.7)):
+        for seed in range(5):
+            h = (rng.random(100) < rate).astype(np.float64)
+            hits[row, seed] = h
+            record = {"row": row, "seed": seed, "epochs": 45, "frozen_stages": -1,
+                      "results": {"test": {"recall@1": float(h.mean())}}}  # fmt: skip
+            if row != "triplet" or seed < 4:
+                vectors = {pq.classes_key(): classes, pq.vector_key("embedding", "recall@1"): h}
+                record["per_query"] = {"test": pq.pack(vectors, "embedding")}
+            path = tmp_path / row / f"seed{seed}.json"
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(json.dumps(record))
+    args = argparse.Namespace(results=str(tmp_path), epochs=45, seeds=list(range(5)))
+    d, look = claims.claim_difference(claim, args)
+    assert look.endswith("look 1 of 2") and d.n == 5
+    seeds_only, both = claims.class_reading(claim, args)
+    diffs = np.stack([hits["R-margin", s] - hits["margin", s] for s in range(5)])
+    assert both == two_way_bootstrap(diffs, classes, claims.LOOK_LEVEL)
+    assert seeds_only == two_way_bootstrap(diffs, classes, claims.LOOK_LEVEL, over_classes=False)
+    assert both.mean == pytest.approx(d.mean) and both.level == claims.LOOK_LEVEL
+    assert claims.class_reading(other, args) is None  # seed 4 of triplet has no hits
+    table = claims.classes_table(args).splitlines()
+    assert len(table) == 3 and table[2].startswith("| p | rows differ | 5 | ")
+    ratio = (both.high - both.low) / (seeds_only.high - seeds_only.low)
+    assert f"| {ratio:.2f} | {seeds_only.verdict()} / {both.verdict()} |" in table[2]
+    monkeypatch.setattr(claims, "CLAIMS", (other,))
+    assert claims.classes_table(args).startswith("No claim's records keep per-query hits")

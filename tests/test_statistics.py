@@ -106,3 +106,79 @@ def test_holm_rejects_step_down(p_values, alpha, rejected):
     assert holm(p_values, alpha) == rejected
     with pytest.raises(ValueError, match="0 < alpha < 1"):
         holm([0.1], 1.5)
+
+
+def _exact_bootstrap(d: np.ndarray, classes: np.ndarray, over_classes: bool):
+    """Every outcome of the seeds-and-classes bootstrap with its probability, enumerated
+    draw by draw (an independent computation of what ``two_way_bootstrap`` samples)."""
+    import itertools
+
+    names = sorted(set(classes.tolist()))
+    num_seeds = d.shape[0]
+    outcomes: dict[float, float] = {}
+    class_draws = itertools.product(names, repeat=len(names)) if over_classes else [tuple(names)]
+    class_draws = list(class_draws)
+    for seeds in itertools.product(range(num_seeds), repeat=num_seeds):
+        for drawn in class_draws:
+            values = [d[s, q] for s in seeds for c in drawn for q in np.flatnonzero(classes == c)]
+            value = round(float(np.mean(values)), 12)
+            p = 1 / (num_seeds**num_seeds * len(class_draws))
+            outcomes[value] = outcomes.get(value, 0.0) + p
+    return sorted(outcomes.items())
+
+
+def _quantile(outcomes, q: float) -> float:
+    total = 0.0
+    for value, p in outcomes:
+        total += p
+        if total >= q - 1e-12:
+            return value
+    return outcomes[-1][0]
+
+
+@pytest.mark.parametrize("over_classes", [False, True])
+def test_two_way_bootstrap_samples_seeds_and_classes(over_classes):
+    """Two seeds, three classes of unequal size: the bootstrap's interval ends are the exact
+    quantiles of the enumerated resampling distribution, and its mean the mean difference."""
+    from jdml.statistics import two_way_bootstrap
+
+    classes = np.array([4, 4, 4, 9, 7, 7])
+    d = np.array([[1.0, 0.0, 1.0, -1.0, 0.0, 1.0], [0.0, 0.0, -1.0, 1.0, 1.0, 1.0]])
+    exact = _exact_bootstrap(d, classes, over_classes)
+    # Levels whose ends fall strictly inside a step of the exact distribution function.
+    cdf = np.cumsum([p for _, p in exact])
+    levels = [lv for lv in np.arange(0.3, 0.96, 0.05) if all(
+        np.min(np.abs(cdf - q)) > 0.01 for q in (0.5 - lv / 2, 0.5 + lv / 2))]  # fmt: skip
+    assert levels
+    for level in levels:
+        got = two_way_bootstrap(d, classes, level, resamples=40_000, over_classes=over_classes)
+        assert got.method == "bootstrap" and got.n == 2 and got.level == level
+        assert got.mean == pytest.approx(d.mean())
+        assert got.low == pytest.approx(_quantile(exact, 0.5 - level / 2))
+        assert got.high == pytest.approx(_quantile(exact, 0.5 + level / 2))
+    with pytest.raises(ValueError, match="no t-test"):
+        got.p_value()
+
+
+def test_two_way_bootstrap_edge_cases():
+    from jdml.statistics import two_way_bootstrap
+
+    classes = np.array([0, 0, 1, 1])
+    same = np.tile([0.0, 1.0, 1.0, 0.0], (3, 1))  # every seed alike: no seed variance
+    fixed = two_way_bootstrap(same, classes, over_classes=False)
+    assert (fixed.low, fixed.mean, fixed.high) == pytest.approx((0.5, 0.5, 0.5))
+    # Classes 0 and 1 differ in mean only through their queries' mix: counting them widens.
+    wide = two_way_bootstrap(np.tile([1.0, 1.0, 0.0, 0.0], (3, 1)), classes)
+    assert wide.low == 0.0 and wide.high == 1.0
+    # A query left out (NaN in some seed) is left out of every seed; reproducible by seed.
+    gaps = np.array([[1.0, np.nan, 0.0, 1.0], [1.0, 0.0, 0.0, 1.0]])
+    got = two_way_bootstrap(gaps, classes, resamples=500, seed=3)
+    assert got.mean == pytest.approx(2 / 3)
+    assert got == two_way_bootstrap(gaps, classes, resamples=500, seed=3)
+    one = two_way_bootstrap(same[:1], classes, over_classes=False)
+    assert one.verdict() == "not resolved" and one.n == 1
+    for bad in (np.ones(4), np.ones((2, 3))):
+        with pytest.raises(ValueError, match=r"\(seeds, queries\)"):
+            two_way_bootstrap(bad, classes)
+    with pytest.raises(ValueError, match="level"):
+        two_way_bootstrap(same, classes, level=1.0)

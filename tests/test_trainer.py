@@ -16,6 +16,7 @@ import pytest
 from jdml.checkpoint import Checkpoints
 from jdml.errors import NonFiniteLossError
 from jdml.evaluate_checkpoint import evaluate_checkpoint
+from jdml.evaluation import per_query
 from jdml.evaluation.splits import embed_split
 from jdml.fileio import read_jsonl
 from jdml.report import report
@@ -250,6 +251,7 @@ def test_results_json_holds_the_selected_checkpoints_test_evaluation(npz, tmp_pa
         "eval.every_epochs": 1,
         "eval.splits": (),
         "eval.selected_splits": ("test",),
+        "eval.per_query": ("recall@1",),
     }
     summary = train_and_evaluate(tiny_config(npz, **overrides), str(tmp_path))
     with open(tmp_path / "results.json") as f:
@@ -259,7 +261,14 @@ def test_results_json_holds_the_selected_checkpoints_test_evaluation(npz, tmp_pa
     assert selected["step"] == summary["best"]["step"] and "test" not in summary["best"]
     assert selected["epoch"] == summary["best"]["epoch"]
     with open(tmp_path / f"eval_best_step{selected['step']}.json") as f:
-        assert json.load(f)["results"]["test"] == selected["results"]["test"]
+        evaluation = json.load(f)
+    assert evaluation["results"]["test"] == selected["results"]["test"]
+    # The kept per-query hits: one per test query, of the test classes, averaging to Recall@1.
+    classes, values = per_query.unpack(evaluation["per_query"]["test"])
+    hits = values[evaluation["per_query"]["test"]["main"]]["recall@1"]
+    assert set(np.unique(hits)) <= {0.0, 1.0} and len(hits) == len(classes)
+    assert hits.mean() == pytest.approx(selected["results"]["test"]["recall@1"], abs=1e-6)
+    assert set(evaluation["per_query"]) == {"test"}  # the selected splits only
     records = read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))
     assert "test" not in {r["split"] for r in records if r["kind"] == "eval"}  # no peeking
     out = evaluate_checkpoint(str(tmp_path), "best", ["val"])

@@ -189,6 +189,11 @@ def base_config() -> ml_collections.ConfigDict:
     # the test classes see only that checkpoint, with eval.splits=()); results.json's
     # ``selected`` and eval_best_step<step>.json hold it.
     c.eval.selected_splits = ()
+    # Retrieval metrics of eval.metrics whose per-query values (one per test query, with the
+    # queries' classes) the selected checkpoint's evaluation keeps, compressed, in
+    # eval_best_step<step>.json's ``per_query``: e.g. ("recall@1",), so that the test classes
+    # can be resampled as well as the seeds (jdml.statistics.two_way_bootstrap).
+    c.eval.per_query = ()
     # Measured on the training split at every evaluation (with its singular-value spectrum, for
     # the report's plots), as the Revisiting paper measures rho; () skips embedding the train set.
     c.eval.train_metrics = ("rho_spectrum@1",)

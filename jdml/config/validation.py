@@ -21,7 +21,7 @@ from jdml.data.device_pixels import VIEW_PLACES
 from jdml.data.sources import DATASETS
 from jdml.data.splits import SPLITS
 from jdml.errors import ConfigError
-from jdml.evaluation.embeddings import check_metric_names
+from jdml.evaluation.embeddings import check_metric_names, resolve_metrics
 from jdml.evaluation.kmeans import KMEANS_MODES
 from jdml.evaluation.knn import DISTANCES
 from jdml.exchanges import EXCHANGES
@@ -173,6 +173,17 @@ def _check_declared(
     check = registry.meta(name).get("check")
     if check is not None:
         check(c)
+
+
+def _validate_per_query(c: ml_collections.ConfigDict) -> None:
+    """``eval.per_query``: retrieval metrics of ``eval.metrics`` (those with per-query values)."""
+    retrieval = [m.name for m in resolve_metrics(list(c.metrics)) if m.per_query is not None]
+    for name in c.per_query:
+        if name not in retrieval:
+            raise ConfigError(
+                f"eval.per_query has {name!r}, which is not a retrieval metric of eval.metrics; "
+                f"choose from {retrieval}"
+            )
 
 
 def _validate_model(model: ml_collections.ConfigDict, channels: int) -> None:
@@ -455,6 +466,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
             check_metric_names(list(c.eval[key]))
         except ValueError as e:
             raise ConfigError(f"eval.{key}: {e}") from None
+    _validate_per_query(c.eval)
     if c.eval.distance not in DISTANCES:
         raise ConfigError(
             f"eval.distance={c.eval.distance!r}; choose one of: {', '.join(DISTANCES)}"

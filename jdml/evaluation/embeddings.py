@@ -360,6 +360,7 @@ def evaluate_embeddings(
     gallery: jax.Array | np.ndarray | None = None,
     gallery_labels: jax.Array | np.ndarray | None = None,
     devices: int = 1,
+    per_query: Sequence[str] = (),
 ) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
     """Evaluates embeddings by retrieval, clustering and spectral statistics.
 
@@ -402,12 +403,16 @@ def evaluate_embeddings(
       gallery_labels: (M,) labels of the gallery, in the same label space as ``labels``.
       devices: 1 for the default device; 0 for every device (``jax.devices()``, every host's
         under ``jax.distributed``); D for the first D.
+      per_query: retrieval metrics of ``metrics`` whose per-query values (one per query, in
+        the queries' order; NaN for a query the metric leaves out) are returned too, among the
+        vectors as ``<name>/query``; needs ``return_vectors``.
 
     Returns:
       {metric name: float} in the requested order; with ``return_vectors``, the pair
       ({name: float}, {name: 1-D array}).
     """
     specs = resolve_metrics(metrics)
+    _check_per_query(specs, per_query, return_vectors)
     mesh = None if devices == 1 else eval_mesh(devices)
     on_host = mesh is not None
     embeddings, labels = _check_inputs(
@@ -455,7 +460,28 @@ def evaluate_embeddings(
     scalars = {m.name: float(m.value(needs[m.name])) for m in specs if not m.vector}
     if not return_vectors:
         return scalars
-    return scalars, {m.name: np.asarray(m.value(needs[m.name])) for m in specs if m.vector}
+    vector_values = {m.name: np.asarray(m.value(needs[m.name])) for m in specs if m.vector}
+    for name in per_query:
+        vector_values[f"{name}/query"] = np.asarray(needs[name].query_values[name])
+    return scalars, vector_values
+
+
+def _check_per_query(specs: Sequence[Metric], per_query: Sequence[str], vectors: bool) -> None:
+    """Refuses per-query values the evaluation cannot return: a metric not evaluated, one
+    without per-query values, or no vectors to return them in."""
+    if not per_query:
+        return
+    if not vectors:
+        raise ValueError("per_query values are returned among the vectors: pass return_vectors")
+    known = {m.name: m for m in specs}
+    for name in per_query:
+        if name not in known:
+            raise ValueError(f"per_query metric {name!r} is not among the metrics {list(known)}")
+        if known[name].per_query is None:
+            per = [m.name for m in specs if m.per_query is not None]
+            raise ValueError(
+                f"{name!r} has no per-query values; choose from the retrieval metrics {per}"
+            )
 
 
 def combine_heads(

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from jdml.data.arrays import ImageSet, QueryGallery
 from jdml.data.pipeline import eval_batches
+from jdml.evaluation import per_query as pq
 from jdml.evaluation.embeddings import evaluate_embeddings, evaluate_heads
 
 EmbedFn = Callable[[Any, Any, jax.Array], dict[str, jax.Array]]
@@ -140,25 +141,34 @@ def evaluate_splits(
     :func:`jdml.evaluation.embeddings.evaluate_embeddings`. ``on_embeddings(split, data,
     embeddings)`` sees ``head``'s embeddings of each split in ``full`` (e.g. to draw them).
 
+    On the splits in ``full``, the per-query values of the metrics in ``eval.per_query`` of
+    every evaluated head and combination, and the queries' classes, are among the split's
+    vectors (keys of :mod:`jdml.evaluation.per_query`).
+
     Returns:
       ``({split: {metric: value}}, {split: {vector metric: 1-D array}},
       {split: {head or combination: {metric: value}}})``.
     """
     scalars, vectors, extra = {}, {}, {}
+    kept = tuple(cfg.get("per_query", ()))
     for name, data in splits.items():
         embeddings = embed_split(embed_fn, params, batch_stats, data, cfg.batch_size)
+        queries = kept if name in full else ()
         scalars[name], vectors[name] = evaluate_split(
             embeddings[head],
             data,
             metrics[name],
             return_vectors=True,
+            per_query=queries,
             **_options(cfg, seed, devices),
         )
+        if queries:
+            _name_queries(vectors[name], head, data, queries)
         if name in full and on_embeddings is not None:
             on_embeddings(name, data, np.asarray(embeddings[head]))
         if name not in full or not cfg.heads:
             continue
-        extra[name] = evaluate_heads(
+        rows = evaluate_heads(
             embeddings,
             data.labels,
             cfg.metrics,
@@ -167,10 +177,34 @@ def evaluate_splits(
                 combination_name(w): dict(zip(cfg.heads, w, strict=True)) for w in cfg.combinations
             },
             evaluate=lambda emb, data=data: evaluate_split(
-                emb, data, cfg.metrics, **_options(cfg, seed, devices)
+                emb,
+                data,
+                cfg.metrics,
+                return_vectors=True,
+                per_query=queries,
+                **_options(cfg, seed, devices),
             ),
+            return_vectors=True,
         )
+        extra[name] = rows[0]
+        for embedding, values in rows[1].items():
+            for metric in queries:
+                key = pq.vector_key(embedding, metric)
+                vectors[name][key] = values[f"{metric}/query"]
     return scalars, vectors, extra
+
+
+def _name_queries(
+    vectors: dict[str, np.ndarray], head: str, data: ImageSet, metrics: Sequence[str]
+) -> None:
+    """Renames the main head's per-query vectors to their :mod:`jdml.evaluation.per_query`
+    keys, and adds the queries' classes (a gallery split's queries: its first rows)."""
+    labels = np.asarray(data.labels)
+    if isinstance(data, QueryGallery):
+        labels = labels[: data.num_queries]
+    vectors[pq.classes_key()] = labels.astype(np.int64)
+    for metric in metrics:
+        vectors[pq.vector_key(head, metric)] = vectors.pop(f"{metric}/query")
 
 
 def evaluate_raw_pixels(
