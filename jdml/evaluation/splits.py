@@ -176,7 +176,7 @@ def evaluate_splits(
             combinations={
                 combination_name(w): dict(zip(cfg.heads, w, strict=True)) for w in cfg.combinations
             },
-            evaluate=lambda emb, data=data: evaluate_split(
+            evaluate=lambda emb, data=data, queries=queries: evaluate_split(
                 emb,
                 data,
                 cfg.metrics,
