@@ -60,7 +60,7 @@ EMOJI_PROTOCOL: dict[str, object] = {
     "model.frozen_bn": True,
     "model.embed_dim": 128,
     "train.batch_size": 112,
-    "train.epochs": 45,  # the validation plateau (docs/results.md, "Why 45 epochs")
+    "train.epochs": 45,  # the validation plateau (docs/history.md, "Why 45 epochs")
     "sampler.samples_per_class": 2,
     "optim.lr": 1e-4,
     "optim.weight_decay": 4e-4,

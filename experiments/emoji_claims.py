@@ -48,7 +48,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import emoji_protocol as protocol
 
 from jdml.evaluation.per_query import paired_differences
-from jdml.statistics import Paired, holm, mean_std, paired, pocock_level, two_way_bootstrap
+from jdml.statistics import (
+    Paired,
+    false_verdict_rate,
+    holm,
+    mean_std,
+    paired,
+    pocock_level,
+    seeds_to_resolve,
+    two_way_bootstrap,
+)
 
 # The looks of the design: the number of seeds (0, 1, ...) each look reads.
 LOOKS = (5, 10)
@@ -309,6 +318,106 @@ def holm_changes(args: argparse.Namespace) -> str:
     )
 
 
+def seed_differences(claim: Claim, args: argparse.Namespace, n: int) -> list[float]:
+    """The claim's per-seed differences in test Recall@1 points over its first ``n`` seeds (the
+    seeds its reading uses), in seed order."""
+    a = argparse.Namespace(**{**vars(args), "frozen_stages": claim.frozen})
+    seeds = sorted(args.seeds)[:n]
+    row_concat = protocol.embedding_name(claim.row, claim.concat)
+    values = protocol._by_seed(claim.row, a, row_concat)
+    if claim.fixed:
+        base = protocol.baselines(args.results, [], compute=False)[claim.fixed]["recall@1"][0]
+        return [100 * (values[s] - base) for s in seeds]
+    base_values = protocol._by_seed(
+        claim.base, a, protocol.embedding_name(claim.base, claim.concat)
+    )
+    return [100 * (values[s] - base_values[s]) for s in seeds]
+
+
+# The papers in the order of the readings, and the claims' paper labels each one covers.
+PAPERS = ("Revisiting", "DiVA", "Sharing Matters", "DM2")
+
+
+def _paper_of(claim: Claim) -> str:
+    return next(p for p in PAPERS if claim.paper.startswith(p))
+
+
+def readings(args: argparse.Namespace) -> str:
+    """The short reading per paper, generated from the records: a line counting its claims'
+    verdicts, then one line per claim with its difference, the seeds above 0, its verdict, its
+    Holm verdict and its reading against the paper's effect."""
+    corrected = holm_verdicts(args)
+    parts = []
+    for paper in PAPERS:
+        lines, counts, smaller = [], {}, 0
+        for i, claim in enumerate(CLAIMS):
+            found = claim_difference(claim, args)
+            if _paper_of(claim) != paper or found is None:
+                continue
+            d, look = found
+            diffs = seed_differences(claim, args, d.n)
+            above = sum(x > 0 for x in diffs)
+            counts[d.verdict()] = counts.get(d.verdict(), 0) + 1
+            where = "a control" if "(control)" in claim.paper else claim.paper.split(", ", 1)[-1]
+            line = (
+                f"- {claim.text} ({where}): {d.cell()} points at "
+                f"{look}, {above} of {d.n} seeds above 0, per-seed std "
+                f"{mean_std(diffs)[1]:.2f}; **{d.verdict()}**"
+            )
+            if i in corrected and corrected[i] != d.verdict():
+                line += f", **{corrected[i]}** under Holm's correction"
+            if claim.effect is not None:
+                against = against_paper(d, claim.effect)
+                smaller += against == "smaller than reported"
+                line += (
+                    f"; the paper's effect {claim.effect:+.2f} ({claim.effect_source}): {against}"
+                )
+            lines.append(line + ".")
+        if not lines:
+            continue
+        said = ", ".join(f"{k} {v}" for v, k in sorted((v, k) for k, v in counts.items()))
+        head = f"**{paper}** ({len(lines)} claims: {said}"
+        head += f"; {smaller} smaller than reported)" if smaller else ")"
+        parts.append(head + "\n\n" + "\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def seeds_needed(args: argparse.Namespace, power: float = 0.8) -> str:
+    """For every claim not resolved that has a paper effect: the seeds one look at the design's
+    level would need to resolve a true difference of the paper's effect with probability
+    ``power``, taking the claim's observed per-seed std as the true one."""
+    lines = [
+        f"| claim not resolved | seeds read | per-seed std | paper's effect | seeds to resolve it "
+        f"({100 * power:g} % power, {100 * LOOK_LEVEL:.2f} %) |",
+        "|---|---|---|---|---|",
+    ]
+    for claim in CLAIMS:
+        found = claim_difference(claim, args)
+        if found is None or claim.effect is None or found[0].verdict() != "not resolved":
+            continue
+        d, _ = found
+        std = mean_std(seed_differences(claim, args, d.n))[1]
+        n = seeds_to_resolve(claim.effect, std, LOOK_LEVEL, power)
+        lines.append(
+            f"| {claim.paper}: {claim.text} | {d.n} | {std:.2f} | {claim.effect:+.2f} | {n} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def design() -> str:
+    """The design's numbers, computed: the level of each look, and the simulated chance of a
+    false verdict over both looks at that level and at 95 %."""
+    at_level = false_verdict_rate(LOOK_LEVEL, LOOKS)
+    at_95 = false_verdict_rate(0.95, LOOKS)
+    return (
+        f"Both looks read the interval at Pocock's level for {len(LOOKS)} looks, "
+        f"{100 * LOOK_LEVEL:.2f} %: a claim without a true difference then gets a verdict at "
+        f"either look with a chance of {100 * at_level:.1f} % (simulated with normal per-seed "
+        f"differences, looks at {' and '.join(map(str, LOOKS))} seeds), where reading both at "
+        f"95 % would give one with {100 * at_95:.1f} %.\n"
+    )
+
+
 def late_gain(curve: list[dict], cut: int) -> float:
     """How many points of validation Recall@1 the epochs after ``cut`` add to the best of the
     epochs up to it (negative: the curve peaked before ``cut``)."""
@@ -470,6 +579,21 @@ def main() -> None:
         "3 for DM2's), comma-separated",
     )
     parser.add_argument(
+        "--readings",
+        action="store_true",
+        help="print only the short reading per paper (Markdown), generated from the records",
+    )
+    parser.add_argument(
+        "--seeds-needed",
+        action="store_true",
+        help="print only the seeds each unresolved claim would need at the paper's effect",
+    )
+    parser.add_argument(
+        "--design",
+        action="store_true",
+        help="print only the design's level and its simulated false-verdict rates",
+    )
+    parser.add_argument(
         "--classes",
         action="store_true",
         help="print only the claims whose records keep per-query hits, read with the test "
@@ -491,6 +615,15 @@ def main() -> None:
         return
     if args.classes:
         print(classes_table(args), end="")
+        return
+    if args.readings:
+        print(readings(args), end="")
+        return
+    if args.seeds_needed:
+        print(seeds_needed(args), end="")
+        return
+    if args.design:
+        print(design(), end="")
         return
     if args.look2_rows is not None:
         print(",".join(look2_rows(args, args.look2_rows)))

@@ -1,6 +1,6 @@
 #!/bin/bash
-# The order in which the emoji tables of docs/results.md ("Emoji: the papers' protocol on real
-# artwork") are trained in the background, on the deduplicated set (format 2):
+# The order in which the emoji tables of docs/results.md ("The detail tables, per study") are
+# trained in the background, on the deduplicated set (format 2):
 #
 # 1. the tune table: every method's own hyperparameters, TUNE_RUNS candidates each, seed 0,
 #    TUNE_EPOCHS epochs, selected on the validation classes only (the baseline's learning rate

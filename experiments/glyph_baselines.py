@@ -1,4 +1,4 @@
-"""The glyph results of docs/results.md: the trained baseline against raw pixels and the
+"""The glyph results of docs/glyph_results.md: the trained baseline against raw pixels and the
 untrained network.
 
 For each seed, trains the default config (``configs/revisiting.py``: margin loss, distance
@@ -15,7 +15,7 @@ Prints a Markdown table of mean +- std over the seeds and writes it, with every 
 to ``<out>/glyph_baselines.md`` and ``.json``.
 
 ``--set KEY=VALUE`` (repeatable) changes the config of every run, e.g. ``--set
-model.dtype=bfloat16 --out runs/glyph_bf16`` for the bfloat16 row of docs/results.md.
+model.dtype=bfloat16 --out runs/glyph_bf16`` for a bfloat16 row.
 
 Usage: python experiments/glyph_baselines.py [--seeds 0 1 2] [--out runs/glyph_baselines]
        [--set K=V]

@@ -101,6 +101,47 @@ def paired(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> Paire
     return Paired(mean, mean - half, mean + half, int(d.size), level)
 
 
+def false_verdict_rate(
+    level: float, looks: Sequence[int] = (5, 10), draws: int = 200_000, seed: int = 0
+) -> float:
+    """The chance that a claim without a true difference gets a verdict at some look of a
+    sequential design, simulated: normal per-seed differences, the first ``looks[0]`` seeds
+    read at ``level``, and while unresolved the first ``looks[k]`` seeds read again at the
+    same level (Student-t intervals as :func:`paired` computes them).
+
+    With ``level=pocock_level(2)`` and looks of 5 and 10 seeds this is about 5 %; reading both
+    looks at 95 % gives about 8.7 %.
+    """
+    d = np.random.default_rng(seed).standard_normal((draws, max(looks)))
+    verdict = np.zeros(draws, bool)
+    for n in looks:
+        x = d[:, :n]
+        half = stats.t.ppf(0.5 + level / 2, n - 1) * x.std(1, ddof=1) / np.sqrt(n)
+        verdict |= np.abs(x.mean(1)) > half
+    return float(verdict.mean())
+
+
+def seeds_to_resolve(
+    effect: float, std: float, level: float, power: float = 0.8, most: int = 10_000
+) -> int:
+    """The fewest seeds with which a paired difference of true mean ``effect`` and per-seed
+    standard deviation ``std`` gets an interval at ``level`` wholly above 0 with probability
+    ``power`` (one look; the noncentral t distribution of the paired t statistic).
+
+    Raises:
+      ValueError: for a non-positive effect or std, or when ``most`` seeds are not enough.
+    """
+    if effect <= 0 or std <= 0 or not 0 < power < 1:
+        raise ValueError(f"need effect > 0, std > 0 and 0 < power < 1, got {effect}, {std}")
+    n = 2
+    while n <= most:
+        critical = stats.t.ppf(0.5 + level / 2, n - 1)
+        if stats.nct.sf(critical, n - 1, effect * math.sqrt(n) / std) >= power:
+            return n
+        n += 1
+    raise ValueError(f"more than {most} seeds are needed")
+
+
 def two_way_bootstrap(
     differences: np.ndarray,
     classes: np.ndarray,

@@ -181,19 +181,19 @@ def _block_at(text: list[str], block: list[str]) -> int:
 
 
 @pytest.mark.parametrize(
-    "results, seeds, least",
-    [("emoji-45", [0, 1, 2], 12), ("emoji-v2-45", list(range(10)), 14)],
+    "results, seeds, least, page",
+    [("emoji-45", [0, 1, 2], 12, "history.md"), ("emoji-v2-45", list(range(10)), 14, "results.md")],
     ids=["format1", "format2"],
 )
-def test_the_claim_tables_are_computed_from_the_records(results, seeds, least):
-    """Each claim table at the top of the results (format 1, and format 2 as its rows fill) is
-    what ``experiments/emoji_claims.py`` prints for the records it names, verdicts included."""
+def test_the_claim_tables_are_computed_from_the_records(results, seeds, least, page):
+    """Each claim table (format 2 at the top of the results, format 1 in the history) is what
+    ``experiments/emoji_claims.py`` prints for the records it names, verdicts included."""
     claims = load_experiment("emoji_claims")
     args = argparse.Namespace(
         results=os.path.join(ROOT, "experiments", "results", results), epochs=45, seeds=seeds
     )
     expected = claims.claims_table(args).splitlines()
-    with open(os.path.join(ROOT, "docs", "results.md")) as f:
+    with open(os.path.join(ROOT, "docs", page)) as f:
         text = f.read().splitlines()
     assert _block_at(text, expected) >= 0, "\n".join(expected)
     verdicts = [line.split("|")[7].strip(" *") for line in expected[2:]]

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jdml.statistics import holm, mean_std, paired, pocock_level
+from jdml.statistics import (
+    false_verdict_rate,
+    holm,
+    mean_std,
+    paired,
+    pocock_level,
+    seeds_to_resolve,
+)
 
 
 def test_mean_and_sample_std():
@@ -58,23 +65,31 @@ def test_pocock_levels_match_the_tabulated_boundaries():
 def test_a_two_look_design_at_the_pocock_level_keeps_its_error_rate():
     """Simulated claims with no true difference, 5 seeds then 5 more where the first look is
     unresolved: reading both looks at 95 % gives a false verdict far more often than 5 %, at
-    the Pocock level about 5 % (Student-t intervals as :func:`paired` draws them)."""
-
-    d = np.random.default_rng(0).standard_normal((200_000, 10))
-
-    def resolved(x: np.ndarray, level: float) -> np.ndarray:
-        n = x.shape[1]
-        half = stats.t.ppf(0.5 + level / 2, n - 1) * x.std(1, ddof=1) / np.sqrt(n)
-        return np.abs(x.mean(1)) > half
-
-    x = d[0, :5]  # the vectorised reading is paired's
+    the Pocock level about 5 % (``false_verdict_rate``, whose reading is ``paired``'s)."""
+    x = np.random.default_rng(0).standard_normal((1, 10))[0, :5]
     for level in (0.95, pocock_level(2)):
-        assert resolved(x[None], level)[0] == (
-            paired(x, np.zeros(5), level).verdict() != "not resolved"
-        )
+        half = stats.t.ppf(0.5 + level / 2, 4) * x.std(ddof=1) / np.sqrt(5)
+        assert (abs(x.mean()) > half) == (paired(x, np.zeros(5), level).verdict() != "not resolved")
     for level, low, high in ((0.95, 0.080, 0.090), (pocock_level(2), 0.047, 0.056)):
-        false = (resolved(d[:, :5], level) | resolved(d, level)).mean()
-        assert low < false < high, (level, false)
+        assert low < false_verdict_rate(level) < high, level
+    assert false_verdict_rate(0.95, looks=(5,)) == pytest.approx(0.05, abs=0.002)
+
+
+def test_seeds_to_resolve_is_the_smallest_count_with_the_power():
+    """Against a simulation of the paired t interval at the count returned and one fewer."""
+    rng = np.random.default_rng(1)
+    for effect, std, level in ((1.0, 1.0, 0.95), (0.5, 1.5, 0.9706)):
+        n = seeds_to_resolve(effect, std, level)
+        for k, above in ((n, True), (n - 1, False)):
+            x = effect + std * rng.standard_normal((100_000, k))
+            half = stats.t.ppf(0.5 + level / 2, k - 1) * x.std(1, ddof=1) / np.sqrt(k)
+            rate = (x.mean(1) - half > 0).mean()
+            assert (rate >= 0.8 - 0.005) if above else (rate < 0.8 + 0.005), (effect, k, rate)
+    assert seeds_to_resolve(1.0, 1.0, 0.95) == 10  # the textbook 80 % count for d = 1
+    with pytest.raises(ValueError, match="effect > 0"):
+        seeds_to_resolve(-0.5, 1.0, 0.95)
+    with pytest.raises(ValueError, match="more than 50"):
+        seeds_to_resolve(0.01, 1.0, 0.95, most=50)
 
 
 def test_the_p_value_is_the_paired_t_tests_at_any_level():

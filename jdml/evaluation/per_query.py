@@ -6,8 +6,8 @@ over classes as well as seeds, :func:`jdml.statistics.two_way_bootstrap`) withou
 checkpoint. ``eval.per_query`` names the metrics whose per-query values the selected
 checkpoint's evaluation keeps (``eval_best_step<step>.json``'s ``per_query``).
 
-Each array is stored as float32 (classes as int32), zlib-compressed and base64-encoded: a
-test split of 3,769 queries takes about a kilobyte per metric.
+Each array is stored as float32 (classes as int32), zlib-compressed and base64-encoded: the
+Recall@1 hits of the 25,417 glyph test queries take 3.6 KB of text, their classes 0.8 KB.
 """
 
 from __future__ import annotations
