@@ -64,6 +64,7 @@ def _config(
             section, name = key.split(".")
             c[section][name] = value
         c.seed = seed
+        c.data.val_fraction = 0.0  # as the documented tables: no class held out
         c.train.epochs = epochs
         c.train.steps_per_epoch = steps
         c.train.progress_bar = False

@@ -232,8 +232,14 @@ def test_glyph_dataset_trains_through_the_pipeline(glyph_cache_dir, tmp_path):
     assert 0.0 < summary["final"]["test"]["recall@1"] <= 1.0
 
 
-def test_validation_split_selects_the_best_checkpoint(npz, tmp_path):
-    config = tiny_config(npz, **{"data.val_fraction": 0.34, "train.epochs": 2})
+def test_the_default_selects_the_checkpoint_on_validation(npz, tmp_path):
+    """The quick start's config holds training classes out and selects on them, never on the
+    test split (the reference's test selection is data.val_fraction=0)."""
+    from configs.revisiting import get_config
+
+    default = get_config().data.val_fraction
+    assert default > 0
+    config = tiny_config(npz, **{"data.val_fraction": default, "train.epochs": 2})
     summary = train_and_evaluate(config, str(tmp_path))
     assert summary["selection_split"] == "val"
     assert set(summary["best"]) >= {"val", "test"}
