@@ -10,7 +10,14 @@ import jax
 import jax.numpy as jnp
 
 from jdml.geometry import l2_normalize, l2_norms
-from jdml.losses.base import Loss, LossOutput, register_loss, require_tuples, safe_divide
+from jdml.losses.base import (
+    Loss,
+    LossOutput,
+    masked_mean,
+    register_loss,
+    require_tuples,
+    valid_fraction,
+)
 from jdml.losses.npair import log1p_sum_exp, npair_terms, other_label_mask
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, Range
@@ -108,10 +115,9 @@ class AngularLoss(Loss):
         x = embeddings.astype(jnp.float32)
         negatives = other_label_mask(labels, tuples.anchors)
         counted = tuples.valid & jnp.any(negatives, axis=-1)
-        num_counted = jnp.sum(counted)
 
         def anchor_mean(values: jax.Array) -> jax.Array:
-            return safe_divide(jnp.sum(jnp.where(counted, values, 0.0)), num_counted)
+            return masked_mean(values, counted)
 
         exponents = npair_terms(x, tuples)
         if self.reference_exponent_clamp:
@@ -124,6 +130,6 @@ class AngularLoss(Loss):
             "angular": angular,
             "mean_norm": mean_norm,
             "npair": npair,
-            "valid_fraction": jnp.mean(counted.astype(jnp.float32)),
+            "valid_fraction": valid_fraction(counted),
         }
         return loss, metrics

@@ -231,3 +231,33 @@ def gather_triplets(
 def safe_divide(numerator: jax.Array, count: jax.Array) -> jax.Array:
     """numerator / count, or numerator itself when count is 0 (then the sums are empty, so 0)."""
     return numerator / jnp.maximum(count, 1).astype(jnp.float32)
+
+
+# The masked reductions every loss over mined tuples uses: the rows a miner marks invalid (or a
+# loss leaves out) are zeroed before any sum, so that they add neither value nor gradient, and a
+# mean over no row is 0 rather than NaN.
+
+
+def masked(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """``values`` where ``mask`` holds, 0 elsewhere (no value and no gradient from the rest)."""
+    return jnp.where(mask, values, 0.0)
+
+
+def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """The mean of ``values`` over the entries ``mask`` keeps; 0 when it keeps none."""
+    return safe_divide(jnp.sum(masked(values, mask)), jnp.sum(mask))
+
+
+def masked_fraction(flags: jax.Array, mask: jax.Array) -> jax.Array:
+    """The fraction of the entries ``mask`` keeps where ``flags`` holds; 0 when it keeps none."""
+    return safe_divide(jnp.sum(flags & mask), jnp.sum(mask))
+
+
+def fraction_of(count: jax.Array, total: jax.Array) -> jax.Array:
+    """``count / total`` as float32; 0 when ``total`` is 0 (a metric over no entry)."""
+    return safe_divide(count.astype(jnp.float32), total)
+
+
+def valid_fraction(valid: jax.Array) -> jax.Array:
+    """The fraction of the rows that are valid (the ``valid_fraction`` metric)."""
+    return jnp.mean(valid.astype(jnp.float32))

@@ -12,10 +12,13 @@ from jdml.geometry import euclidean_distance
 from jdml.losses.base import (
     Loss,
     LossOutput,
+    fraction_of,
     gather_triplets,
+    masked,
     register_loss,
     require_tuples,
     safe_divide,
+    valid_fraction,
 )
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, Range
@@ -91,13 +94,13 @@ class ContrastiveLoss(Loss):
         tuples = require_tuples(self.loss_name, tuples)
         a, p, n = gather_triplets(embeddings, tuples)
         valid = tuples.valid
-        pos = jnp.where(valid, jax.nn.relu(euclidean_distance(a, p) - self.pos_margin), 0.0)
-        neg = jnp.where(valid, jax.nn.relu(self.neg_margin - euclidean_distance(a, n)), 0.0)
+        pos = masked(jax.nn.relu(euclidean_distance(a, p) - self.pos_margin), valid)
+        neg = masked(jax.nn.relu(self.neg_margin - euclidean_distance(a, n)), valid)
         num_valid = jnp.sum(valid)
         loss = safe_divide(jnp.sum(self._penalty(pos)) + jnp.sum(self._penalty(neg)), num_valid)
         num_active = jnp.sum(pos > 0) + jnp.sum(neg > 0)
         metrics = {
-            "active_fraction": safe_divide(num_active.astype(jnp.float32), 2 * num_valid),
-            "valid_fraction": jnp.mean(valid.astype(jnp.float32)),
+            "active_fraction": fraction_of(num_active, 2 * num_valid),
+            "valid_fraction": valid_fraction(valid),
         }
         return loss, metrics

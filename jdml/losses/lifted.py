@@ -9,7 +9,16 @@ import jax
 import jax.numpy as jnp
 
 from jdml.geometry import euclidean_distance, l2_norms
-from jdml.losses.base import Loss, LossOutput, register_loss, require_tuples, safe_divide
+from jdml.losses.base import (
+    Loss,
+    LossOutput,
+    masked,
+    masked_fraction,
+    register_loss,
+    require_tuples,
+    safe_divide,
+    valid_fraction,
+)
 from jdml.losses.npair import (
     masked_logsumexp,
     other_label_mask,
@@ -92,13 +101,13 @@ class LiftedLoss(Loss):
         pos_term = masked_logsumexp(distances, positives)
         neg_term = masked_logsumexp(self.neg_margin - distances, negatives)
         counted = tuples.valid & jnp.any(positives, axis=-1) & jnp.any(negatives, axis=-1)
-        per_anchor = jnp.where(counted, jax.nn.relu(pos_term + neg_term), 0.0)
+        per_anchor = masked(jax.nn.relu(pos_term + neg_term), counted)
         num_counted = jnp.sum(counted)
         mean_norm = jnp.mean(l2_norms(x))
         loss = safe_divide(jnp.sum(per_anchor), num_counted) + self.l2_weight * mean_norm
         metrics = {
-            "active_fraction": safe_divide(jnp.sum(per_anchor > 0), num_counted),
+            "active_fraction": masked_fraction(per_anchor > 0, counted),
             "mean_norm": mean_norm,
-            "valid_fraction": jnp.mean(counted.astype(jnp.float32)),
+            "valid_fraction": valid_fraction(counted),
         }
         return loss, metrics

@@ -22,10 +22,13 @@ from jdml.geometry import euclidean_distance
 from jdml.losses.base import (
     Loss,
     LossOutput,
+    fraction_of,
     gather_triplets,
+    masked,
     register_loss,
     require_tuples,
     safe_divide,
+    valid_fraction,
 )
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, Range
@@ -156,17 +159,17 @@ class MarginLoss(Loss):
 
         a, p, n = gather_triplets(embeddings, tuples)
         valid = tuples.valid
-        pos = jnp.where(valid, jax.nn.relu(euclidean_distance(a, p) - beta_t + self.margin), 0.0)
-        neg = jnp.where(valid, jax.nn.relu(beta_t - euclidean_distance(a, n) + self.margin), 0.0)
+        pos = masked(jax.nn.relu(euclidean_distance(a, p) - beta_t + self.margin), valid)
+        neg = masked(jax.nn.relu(beta_t - euclidean_distance(a, n) + self.margin), valid)
         num_active = active_term_count(pos, neg)
         count = active_triplet_count(pos, neg) if self.reference_pair_count else num_active
-        regulariser = self.nu * jnp.sum(jnp.where(valid, beta_t, 0.0))
+        regulariser = self.nu * jnp.sum(masked(beta_t, valid))
         loss = safe_divide(jnp.sum(pos + neg) + regulariser, count)
 
         num_valid = jnp.sum(valid)
         metrics = {
-            "active_fraction": safe_divide(num_active.astype(jnp.float32), 2 * num_valid),
+            "active_fraction": fraction_of(num_active, 2 * num_valid),
             "beta_mean": jnp.mean(beta),
-            "valid_fraction": jnp.mean(valid.astype(jnp.float32)),
+            "valid_fraction": valid_fraction(valid),
         }
         return loss, metrics

@@ -8,7 +8,14 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from jdml.losses.base import Loss, LossOutput, register_loss, safe_divide
+from jdml.losses.base import (
+    Loss,
+    LossOutput,
+    fraction_of,
+    masked_mean,
+    register_loss,
+    valid_fraction,
+)
 from jdml.losses.npair import log1p_sum_exp
 from jdml.miners.base import Tuples, positive_mask, same_label
 from jdml.registry import NON_NEGATIVE, POSITIVE, Range
@@ -107,13 +114,12 @@ class MultiSimilarityLoss(Loss):
         neg_term = log1p_sum_exp(self.neg_weight * (similarity - self.thresh), kept_neg)
         per_anchor = pos_term / self.pos_weight + neg_term / self.neg_weight
         counted = jnp.any(kept_pos, axis=-1) & jnp.any(kept_neg, axis=-1)
-        num_counted = jnp.sum(counted)
-        loss = safe_divide(jnp.sum(jnp.where(counted, per_anchor, 0.0)), num_counted)
+        loss = masked_mean(per_anchor, counted)
         num_pos = jnp.sum(positive_mask(labels))
         num_neg = jnp.sum(~same_label(labels))
         metrics = {
-            "neg_pair_fraction": safe_divide(jnp.sum(kept_neg).astype(jnp.float32), num_neg),
-            "pos_pair_fraction": safe_divide(jnp.sum(kept_pos).astype(jnp.float32), num_pos),
-            "valid_fraction": jnp.mean(counted.astype(jnp.float32)),
+            "neg_pair_fraction": fraction_of(jnp.sum(kept_neg), num_neg),
+            "pos_pair_fraction": fraction_of(jnp.sum(kept_pos), num_pos),
+            "valid_fraction": valid_fraction(counted),
         }
         return loss, metrics

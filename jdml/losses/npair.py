@@ -9,7 +9,14 @@ import jax
 import jax.numpy as jnp
 
 from jdml.geometry import l2_norms
-from jdml.losses.base import Loss, LossOutput, register_loss, require_tuples, safe_divide
+from jdml.losses.base import (
+    Loss,
+    LossOutput,
+    masked_mean,
+    register_loss,
+    require_tuples,
+    valid_fraction,
+)
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, Range
 
@@ -135,14 +142,7 @@ class NPairLoss(Loss):
         negatives = other_label_mask(labels, tuples.anchors)
         per_anchor = log1p_sum_exp(npair_terms(x, tuples), negatives)
         counted = tuples.valid & jnp.any(negatives, axis=-1)
-        num_counted = jnp.sum(counted)
         mean_norm = jnp.mean(l2_norms(x))
-        loss = (
-            safe_divide(jnp.sum(jnp.where(counted, per_anchor, 0.0)), num_counted)
-            + self.l2_weight * mean_norm
-        )
-        metrics = {
-            "mean_norm": mean_norm,
-            "valid_fraction": jnp.mean(counted.astype(jnp.float32)),
-        }
+        loss = masked_mean(per_anchor, counted) + self.l2_weight * mean_norm
+        metrics = {"mean_norm": mean_norm, "valid_fraction": valid_fraction(counted)}
         return loss, metrics

@@ -12,10 +12,13 @@ from jdml.geometry import euclidean_distance, norm_distance
 from jdml.losses.base import (
     Loss,
     LossOutput,
+    fraction_of,
     gather_triplets,
+    masked,
     register_loss,
     require_tuples,
     safe_divide,
+    valid_fraction,
 )
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, Range
@@ -190,19 +193,17 @@ class QuadrupletLoss(Loss):
         valid = tuples.valid
         has_fourth = valid & found
         d_ap = euclidean_distance(a, p)
-        triplet = jnp.where(
-            valid, jax.nn.relu(d_ap - euclidean_distance(a, n) + self.margin_alpha_1), 0.0
-        )
-        quadruplet = jnp.where(
-            has_fourth, jax.nn.relu(d_ap - euclidean_distance(n, n4) + self.margin_alpha_2), 0.0
+        triplet = masked(jax.nn.relu(d_ap - euclidean_distance(a, n) + self.margin_alpha_1), valid)
+        quadruplet = masked(
+            jax.nn.relu(d_ap - euclidean_distance(n, n4) + self.margin_alpha_2), has_fourth
         )
         num_valid, num_quad = jnp.sum(valid), jnp.sum(has_fourth)
         loss = safe_divide(jnp.sum(triplet), num_valid) + safe_divide(jnp.sum(quadruplet), num_quad)
         num_active = jnp.sum(triplet > 0) + jnp.sum(quadruplet > 0)
         metrics = {
-            "active_fraction": safe_divide(num_active.astype(jnp.float32), num_valid + num_quad),
-            "quadruplet_fraction": safe_divide(num_quad.astype(jnp.float32), num_valid),
-            "valid_fraction": jnp.mean(valid.astype(jnp.float32)),
+            "active_fraction": fraction_of(num_active, num_valid + num_quad),
+            "quadruplet_fraction": fraction_of(num_quad, num_valid),
+            "valid_fraction": valid_fraction(valid),
         }
         return loss, metrics
 
@@ -228,21 +229,17 @@ class QuadrupletLoss(Loss):
         valid = tuples.valid
         has_fourth = valid & found
         d_ap = norm_distance(a, p)
-        triplet = jnp.where(
-            valid, jax.nn.relu(d_ap - norm_distance(a, n) + self.margin_alpha_1), 0.0
-        )
+        triplet = masked(jax.nn.relu(d_ap - norm_distance(a, n) + self.margin_alpha_1), valid)
         pairs = valid[:, None] & has_fourth[None, :]
-        quadruplet = jnp.where(
-            pairs, reference_quadruplet_terms(d_ap, n, n4, self.margin_alpha_2), 0.0
-        )
+        quadruplet = masked(reference_quadruplet_terms(d_ap, n, n4, self.margin_alpha_2), pairs)
         num_valid, num_pairs = jnp.sum(valid), jnp.sum(pairs)
         loss = safe_divide(jnp.sum(triplet), num_valid) + safe_divide(
             jnp.sum(quadruplet), num_pairs
         )
         num_active = jnp.sum(triplet > 0) + jnp.sum(quadruplet > 0)
         metrics = {
-            "active_fraction": safe_divide(num_active.astype(jnp.float32), num_valid + num_pairs),
-            "quadruplet_fraction": safe_divide(jnp.sum(has_fourth).astype(jnp.float32), num_valid),
-            "valid_fraction": jnp.mean(valid.astype(jnp.float32)),
+            "active_fraction": fraction_of(num_active, num_valid + num_pairs),
+            "quadruplet_fraction": fraction_of(jnp.sum(has_fourth), num_valid),
+            "valid_fraction": valid_fraction(valid),
         }
         return loss, metrics

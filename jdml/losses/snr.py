@@ -11,10 +11,14 @@ import jax.numpy as jnp
 from jdml.losses.base import (
     Loss,
     LossOutput,
+    fraction_of,
     gather_triplets,
+    masked,
+    masked_mean,
     register_loss,
     require_tuples,
     safe_divide,
+    valid_fraction,
 )
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, Range
@@ -101,16 +105,14 @@ class SNRLoss(Loss):
         pos_snr = unbiased_variance(p - a) / signal
         neg_snr = unbiased_variance(n - a) / signal
         valid = tuples.valid
-        hinge = jnp.where(valid, jax.nn.relu(pos_snr - neg_snr + self.margin), 0.0)
+        hinge = masked(jax.nn.relu(pos_snr - neg_snr + self.margin), valid)
         num_active = jnp.sum(hinge > 0)
         num_valid = jnp.sum(valid)
-        regulariser = safe_divide(
-            jnp.sum(jnp.where(valid, jnp.abs(jnp.sum(a, axis=-1)), 0.0)), num_valid
-        )
+        regulariser = masked_mean(jnp.abs(jnp.sum(a, axis=-1)), valid)
         loss = safe_divide(jnp.sum(hinge), num_active) + self.effective_reg_lambda * regulariser
         metrics = {
-            "active_fraction": safe_divide(num_active.astype(jnp.float32), num_valid),
+            "active_fraction": fraction_of(num_active, num_valid),
             "regulariser": regulariser,
-            "valid_fraction": jnp.mean(valid.astype(jnp.float32)),
+            "valid_fraction": valid_fraction(valid),
         }
         return loss, metrics

@@ -6,16 +6,17 @@ import dataclasses
 from typing import ClassVar
 
 import jax
-import jax.numpy as jnp
 
 from jdml.geometry import squared_distance
 from jdml.losses.base import (
     Loss,
     LossOutput,
     gather_triplets,
+    masked_fraction,
+    masked_mean,
     register_loss,
     require_tuples,
-    safe_divide,
+    valid_fraction,
 )
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, Range
@@ -64,11 +65,8 @@ class TripletLoss(Loss):
         a, p, n = gather_triplets(embeddings, tuples)
         hinge = jax.nn.relu(squared_distance(a, p) - squared_distance(a, n) + self.margin)
         valid = tuples.valid
-        hinge = jnp.where(valid, hinge, 0.0)
-        num_valid = jnp.sum(valid)
-        loss = safe_divide(jnp.sum(hinge), num_valid)
         metrics = {
-            "active_fraction": safe_divide(jnp.sum(hinge > 0), num_valid),
-            "valid_fraction": jnp.mean(valid.astype(jnp.float32)),
+            "active_fraction": masked_fraction(hinge > 0, valid),
+            "valid_fraction": valid_fraction(valid),
         }
-        return loss, metrics
+        return masked_mean(hinge, valid), metrics
