@@ -44,11 +44,14 @@ REFERENCE_MINER = {
     "margin": "distance",
     "multisimilarity": "",
     "npair": "npair",
+    "ntxent": "",
+    "proxyanchor": "",
     "proxynca": "",
     "quadruplet": "distance",
     "snr": "distance",
     "softmax": "",
     "softtriplet": "",
+    "supcon": "",
     "triplet": "distance",
 }
 UNNORMALISED = {"angular", "lifted", "npair"}
