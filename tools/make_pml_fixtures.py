@@ -1,8 +1,8 @@
 """Records pytorch-metric-learning's values and gradients of the losses jdml shares with it.
 
-For each loss, on one fixed float64 batch (and, for a loss with class proxies, fixed float64
-proxies), the value pytorch-metric-learning computes and its gradients with respect to the
-embeddings (and the proxies) go to ``tests/golden/losses/pml.npz``;
+For each loss, on one fixed float64 batch (and, for a loss with class proxies or class weights,
+fixed float64 ones), the value pytorch-metric-learning computes and its gradients with respect
+to the embeddings (and the proxies or class maps) go to ``tests/golden/losses/pml.npz``;
 ``tests/losses/test_losses_modern.py`` compares jdml's losses with them. The hyperparameters
 are set explicitly to jdml's defaults where pytorch-metric-learning's differ (docs/usage.md,
 "Losses and their papers", lists the differences).
@@ -30,6 +30,9 @@ BATCH, DIM, CLASSES = 12, 6, 5
 LABELS = np.array([0, 0, 0, 1, 1, 1, 2, 3, 3, 3, 3, 3])
 
 
+SUB_CENTERS = 3
+
+
 def fixture_batch() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(12, 6) float64 embeddings, :data:`LABELS` and (5, 6) float64 proxies."""
     rng = np.random.default_rng(20261205)
@@ -38,11 +41,29 @@ def fixture_batch() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return x, LABELS.copy(), proxies
 
 
+def class_maps() -> dict[str, np.ndarray]:
+    """The float64 class maps of the classification losses, jdml's layout: (C, D), and
+    (C * K, D) for the sub-centers (class c's in rows c K to c K + K - 1)."""
+    rng = np.random.default_rng(20261206)
+    return {
+        "cosface": rng.standard_normal((CLASSES, DIM)),
+        "subcenter_arcface": rng.standard_normal((CLASSES * SUB_CENTERS, DIM)),
+    }
+
+
 # name: (pytorch-metric-learning class name, its keyword arguments, whether it has proxies)
+# (pytorch-metric-learning's ArcFace margins are in degrees: 0.5 rad is 28.65, its default 28.6)
 LOSSES = {
-    "proxyanchor": ("ProxyAnchorLoss", {"margin": 0.1, "alpha": 32}, True),
-    "supcon": ("SupConLoss", {"temperature": 0.1}, False),
-    "ntxent": ("NTXentLoss", {"temperature": 0.1}, False),
+    "proxyanchor": ("ProxyAnchorLoss", {"margin": 0.1, "alpha": 32}, "proxies"),
+    "supcon": ("SupConLoss", {"temperature": 0.1}, None),
+    "ntxent": ("NTXentLoss", {"temperature": 0.1}, None),
+    "circle": ("CircleLoss", {"m": 0.4, "gamma": 80}, None),
+    "cosface": ("CosFaceLoss", {"margin": 0.35, "scale": 64}, "W"),
+    "subcenter_arcface": (
+        "SubCenterArcFaceLoss",
+        {"margin": float(np.degrees(0.5)), "scale": 64, "sub_centers": SUB_CENTERS},
+        "W",
+    ),
 }
 
 
@@ -52,20 +73,33 @@ def main() -> None:
 
     torch.set_default_dtype(torch.float64)
     x, labels, proxies = fixture_batch()
+    maps = class_maps()
     arrays = {"x": x, "labels": labels, "proxies": proxies}
-    for name, (cls, kwargs, has_proxies) in LOSSES.items():
-        if has_proxies:
-            loss_fn = getattr(losses, cls)(num_classes=CLASSES, embedding_size=DIM, **kwargs)
-            loss_fn.proxies.data = torch.tensor(proxies)
-        else:
+    arrays.update({f"{name}:class_map": value for name, value in maps.items()})
+    for name, (cls, kwargs, weights) in LOSSES.items():
+        if weights is None:
             loss_fn = getattr(losses, cls)(**kwargs)
+        else:
+            loss_fn = getattr(losses, cls)(num_classes=CLASSES, embedding_size=DIM, **kwargs)
+        if weights == "proxies":
+            loss_fn.proxies.data = torch.tensor(proxies)
+        elif weights == "W":  # (D, C[*K]): the transpose of jdml's class map
+            loss_fn.W.data = torch.tensor(maps[name].T.copy())
         emb = torch.tensor(x, requires_grad=True)
         value = loss_fn(emb, torch.tensor(labels))
         value.backward()
         arrays[f"{name}:loss"] = value.detach().numpy()
         arrays[f"{name}:grad_x"] = emb.grad.numpy()
-        if has_proxies:
-            arrays[f"{name}:grad_proxies"] = loss_fn.proxies.grad.numpy()
+        if weights == "proxies":
+            arrays[f"{name}:grad_params"] = loss_fn.proxies.grad.numpy()
+        elif weights == "W":
+            arrays[f"{name}:grad_params"] = loss_fn.W.grad.numpy().T
+    # Every target angle is below pi - m, where pytorch-metric-learning's ArcFace switches to
+    # cos(theta) - m sin(m) and jdml keeps the paper's cos(theta + m).
+    z = x / np.linalg.norm(x, axis=1, keepdims=True)
+    w = maps["subcenter_arcface"] / np.linalg.norm(maps["subcenter_arcface"], axis=1, keepdims=True)
+    cos = (z @ w.T).reshape(BATCH, CLASSES, SUB_CENTERS).max(axis=2)[np.arange(BATCH), labels]
+    assert np.all(np.arccos(cos) < np.pi - 0.5), "a target angle beyond pi - m: draw again"
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     np.savez(OUT, **arrays)
     print(f"wrote {OUT}: {', '.join(LOSSES)}")

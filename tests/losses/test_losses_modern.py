@@ -1,6 +1,6 @@
-"""ProxyAnchor, SupCon and NT-Xent against float64 NumPy over explicit tuples (value and
-finite-difference gradients) and against pytorch-metric-learning's recorded values and gradients
-(``tools/make_pml_fixtures.py``)."""
+"""ProxyAnchor, SupCon, NT-Xent, Circle, CosFace and Sub-center ArcFace against float64 NumPy
+over explicit tuples (value and finite-difference gradients) and against pytorch-metric-learning's
+recorded values and gradients (``tools/make_pml_fixtures.py``)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,10 @@ def np_proxyanchor(x, labels, proxies, alpha=32.0, margin=0.1) -> float:
     x, proxies = _unit(x), _unit(proxies)
     pos_terms, neg_terms = [], []
     for c, p in enumerate(proxies):
-        pos = [np.exp(-alpha * (xi @ p - margin)) for xi, y in zip(x, labels) if y == c]
-        neg = [np.exp(alpha * (xi @ p + margin)) for xi, y in zip(x, labels) if y != c]
+        pos = [
+            np.exp(-alpha * (xi @ p - margin)) for xi, y in zip(x, labels, strict=True) if y == c
+        ]
+        neg = [np.exp(alpha * (xi @ p + margin)) for xi, y in zip(x, labels, strict=True) if y != c]
         if pos:
             pos_terms.append(np.log1p(sum(pos)))
         neg_terms.append(np.log1p(sum(neg)))
@@ -61,6 +63,54 @@ def np_ntxent(x, labels, temperature=0.1) -> float:
     return float(np.mean(per_pair))
 
 
+def np_circle(x, labels, margin=0.4, gamma=80.0) -> float:
+    """The paper's eq. 6 per anchor; its weights a_p, a_n are constants (taken at ``weights_at``
+    when given, as the gradient sees them)."""
+    return _np_circle(x, labels, margin, gamma, None)
+
+
+def _np_circle(x, labels, margin, gamma, weights_at) -> float:
+    z = _unit(x)
+    w = _unit(weights_at) if weights_at is not None else z
+    per_anchor = []
+    for i in range(len(z)):
+        pos = [p for p in range(len(z)) if p != i and labels[p] == labels[i]]
+        neg = [n for n in range(len(z)) if labels[n] != labels[i]]
+        if not pos or not neg:
+            continue
+        sum_p = sum(
+            np.exp(-gamma * max(1 + margin - w[i] @ w[p], 0) * (z[i] @ z[p] - 1 + margin))
+            for p in pos
+        )
+        sum_n = sum(
+            np.exp(gamma * max(w[i] @ w[n] + margin, 0) * (z[i] @ z[n] - margin)) for n in neg
+        )
+        per_anchor.append(np.log1p(sum_p * sum_n))
+    return float(np.mean(per_anchor))
+
+
+def np_cosface(x, labels, class_map, margin=0.35, scale=64.0) -> float:
+    z, w = _unit(x), _unit(class_map)
+    out = []
+    for zi, y in zip(z, labels, strict=True):
+        logits = scale * (w @ zi)
+        logits[y] -= scale * margin
+        out.append(-(logits[y] - np.log(np.sum(np.exp(logits - logits.max()))) - logits.max()))
+    return float(np.mean(out))
+
+
+def np_subcenter_arcface(x, labels, class_map, k=3, margin=0.5, scale=64.0) -> float:
+    z, w = _unit(x), _unit(class_map)
+    out = []
+    for zi, y in zip(z, labels, strict=True):
+        cos = np.array([max(w[c * k + j] @ zi for j in range(k)) for c in range(len(w) // k)])
+        logits = scale * cos
+        logits[y] = scale * np.cos(np.arccos(cos[y]) + margin)
+        top = logits.max()
+        out.append(-(logits[y] - top - np.log(np.sum(np.exp(logits - top)))))
+    return float(np.mean(out))
+
+
 def _numeric_grad(f, v: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     g = np.zeros_like(v)
     for idx in np.ndindex(v.shape):
@@ -71,21 +121,23 @@ def _numeric_grad(f, v: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     return g
 
 
-def _jdml(name: str, x, labels, proxies=None, **kwargs):
-    """jdml's loss value and gradients (embeddings, and proxies where the loss has them)."""
+def _jdml(name: str, x, labels, weights=None, **kwargs):
+    """jdml's loss value and gradients (embeddings, and its one parameter array, proxies or a
+    class map, when ``weights`` sets it)."""
     loss = LOSSES.get(name)(**kwargs)
     x = jnp.asarray(x, jnp.float32)
     labels = jnp.asarray(labels)
     params = loss.init(jax.random.key(0), x, labels)
-    if proxies is not None:
-        params = {"params": {"proxies": jnp.asarray(proxies, jnp.float32)}}
+    if weights is not None:
+        [key] = params["params"]
+        params = {"params": {key: jnp.asarray(weights, jnp.float32)}}
 
     def value(params, x):
         return loss.apply(params, x, labels)[0]
 
     out, (g_params, g_x) = jax.value_and_grad(value, argnums=(0, 1))(params, x)
-    g_proxies = g_params["params"]["proxies"] if proxies is not None else None
-    return float(out), np.asarray(g_x), g_proxies
+    g_weights = next(iter(g_params["params"].values())) if weights is not None else None
+    return float(out), np.asarray(g_x), g_weights
 
 
 @pytest.fixture(scope="module")
@@ -131,25 +183,62 @@ def test_edge_cases_are_finite():
     """One class in the batch (no negative), every sample alone in its class (no positive), and
     a scaled-up batch: finite values and gradients."""
     for labels in (np.zeros(8, int), np.arange(8)):
-        for name, kwargs in (("supcon", {}), ("ntxent", {}), ("proxyanchor", {"num_classes": 8})):
+        for name, kwargs in (("supcon", {}), ("ntxent", {}), ("circle", {}),
+                             ("proxyanchor", {"num_classes": 8}), ("cosface", {"num_classes": 8}),
+                             ("subcenter_arcface", {"num_classes": 8})):  # fmt: skip
             value, g_x, _ = _jdml(name, X * 1e3, labels, **kwargs)
             assert np.isfinite(value) and np.all(np.isfinite(g_x)), (name, labels)
     assert _jdml("supcon", X, np.arange(8))[0] == 0.0  # no anchor has a positive
     assert _jdml("ntxent", X, np.arange(8))[0] == 0.0
+    assert _jdml("circle", X, np.arange(8))[0] == 0.0
     assert _jdml("ntxent", X, np.zeros(8, int))[0] == pytest.approx(0.0, abs=1e-6)  # no negative
 
 
-@pytest.mark.parametrize("name", ["proxyanchor", "supcon", "ntxent"])
+CLASS_MAPS = {"cosface": {"num_classes": 5}, "subcenter_arcface": {"num_classes": 5}}
+
+
+@pytest.mark.parametrize(
+    "name", ["proxyanchor", "supcon", "ntxent", "circle", "cosface", "subcenter_arcface"]
+)
 def test_losses_match_pytorch_metric_learning(fixture, name):
-    kwargs = {"num_classes": 5} if name == "proxyanchor" else {}
-    proxies = fixture["proxies"] if name == "proxyanchor" else None
-    value, g_x, g_p = _jdml(name, fixture["x"], fixture["labels"], proxies, **kwargs)
+    weights = {
+        "proxyanchor": fixture["proxies"],
+        "cosface": fixture.get("cosface:class_map"),
+        "subcenter_arcface": fixture.get("subcenter_arcface:class_map"),
+    }.get(name)
+    kwargs = {"proxyanchor": {"num_classes": 5}, **CLASS_MAPS}.get(name, {})
+    value, g_x, g_w = _jdml(name, fixture["x"], fixture["labels"], weights, **kwargs)
     assert value == pytest.approx(float(fixture[f"{name}:loss"]), rel=1e-5)
     scale = np.abs(fixture[f"{name}:grad_x"]).max()
     np.testing.assert_allclose(g_x, fixture[f"{name}:grad_x"], rtol=1e-5, atol=1e-5 * scale)
-    if g_p is not None:
-        ref = fixture[f"{name}:grad_proxies"]
-        np.testing.assert_allclose(g_p, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    if g_w is not None:
+        ref = fixture[f"{name}:grad_params"]
+        np.testing.assert_allclose(g_w, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_circle_matches_numpy_with_constant_weights():
+    # Small gamma keeps every exponent moderate, so the finite differences are exact enough.
+    kwargs = {"gamma": 4.0}
+    value, g_x, _ = _jdml("circle", X, LABELS, **kwargs)
+    assert value == pytest.approx(np_circle(X, LABELS, gamma=4.0), rel=1e-5)
+    # The weights a_p, a_n are held at the point of evaluation while the similarities vary.
+    numeric = _numeric_grad(lambda v: _np_circle(v, LABELS, 0.4, 4.0, X), X)
+    np.testing.assert_allclose(g_x, numeric, rtol=2e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name, reference, rows", [
+    ("cosface", np_cosface, 5), ("subcenter_arcface", np_subcenter_arcface, 15)])  # fmt: skip
+def test_class_map_losses_match_numpy(name, reference, rows):
+    # A small scale keeps the softmax away from saturation for the finite differences.
+    w = np.random.default_rng(9).standard_normal((rows, 4))
+    value, g_x, g_w = _jdml(name, X, LABELS, w, num_classes=5, scale=4.0)
+    assert value == pytest.approx(reference(X, LABELS, w, scale=4.0), rel=1e-5)
+    np.testing.assert_allclose(
+        g_x, _numeric_grad(lambda v: reference(v, LABELS, w, scale=4.0), X), rtol=2e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        g_w, _numeric_grad(lambda v: reference(X, LABELS, v, scale=4.0), w), rtol=2e-4, atol=1e-5
+    )
 
 
 def test_proxyanchor_proxies_start_he_normal_over_the_classes():

@@ -38,7 +38,9 @@ def _config(loss: str, miner: str):
 REFERENCE_MINER = {
     "angular": "npair",
     "arcface": "",
+    "circle": "",
     "contrastive": "distance",
+    "cosface": "",
     "histogram": "",
     "lifted": "lifted",
     "margin": "distance",
@@ -51,6 +53,7 @@ REFERENCE_MINER = {
     "snr": "distance",
     "softmax": "",
     "softtriplet": "",
+    "subcenter_arcface": "",
     "supcon": "",
     "triplet": "distance",
 }

@@ -1,0 +1,101 @@
+"""Sub-center ArcFace: ArcFace against the nearest of K sub-centers of each class (Deng et al.,
+ECCV 2020)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jdml.geometry import l2_normalize
+from jdml.losses.arcface import arcface_logits, cosine_bounds
+from jdml.losses.base import Loss, LossOutput, register_loss
+from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, symmetric_uniform
+from jdml.miners.base import Tuples
+from jdml.registry import NON_NEGATIVE, POSITIVE, Range
+
+
+@register_loss
+class SubCenterArcFaceLoss(Loss):
+    """Sub-center ArcFace: each class c has K sub-centers w_ck; with x_i and the sub-centers
+    L2-normalised, a sample's cosine to its class is that of its nearest sub-center,
+
+        cos_ic = max_k x_i . w_ck,
+
+    and the loss is ArcFace's on those cosines (``jdml.losses.arcface``: the target logit is
+    s cos(theta_y + m), clamped as ArcFace's default). A noisy sample can settle on a
+    sub-center of its own, so the dominant sub-center of each class stays clean (the paper's
+    eq. 3 and Fig. 2).
+
+    Attributes:
+      num_classes: number of training classes.
+      sub_centers: K sub-centers per class (3, the paper's).
+      margin: additive angular margin m in radians (0.5, the paper's).
+      scale: feature scale s (64, the paper's).
+      class_lr_multiplier: learning rate of the sub-centers as a multiple of the network's
+        (1.0).
+      eps: distance of the cosine clamp from +-1 (1e-7).
+
+    Params:
+      class_map: float32 (num_classes * sub_centers, D), the K sub-centers of class c in rows
+        c K to c K + K - 1.
+
+    References:
+      Deng, Guo, Liu, Zafeiriou, "Sub-center ArcFace: Boosting Face Recognition by Large-scale
+      Noisy Web Faces", ECCV 2020.
+    """
+
+    loss_name: ClassVar[str] = "subcenter_arcface"
+    needs_miner: ClassVar[bool] = False
+    param_lr: ClassVar[str | None] = "class_lr_multiplier"
+    param_lr_is_multiplier: ClassVar[bool] = True
+    param_ranges: ClassVar[dict[str, Range]] = {
+        "class_lr_multiplier": NON_NEGATIVE,
+        "eps": POSITIVE,
+        "margin": NON_NEGATIVE,
+        "scale": POSITIVE,
+        "sub_centers": POSITIVE,
+    }
+
+    _: dataclasses.KW_ONLY
+    num_classes: int
+    sub_centers: int = 3
+    margin: float = 0.5
+    scale: float = 64.0
+    class_lr_multiplier: float = 1.0
+    eps: float = 1e-7
+
+    @nn.compact
+    def __call__(
+        self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None
+    ) -> LossOutput:
+        """Computes the loss.
+
+        Args:
+          embeddings: (B, D) float (any float dtype; computed in float32; L2-normalised here).
+          labels: (B,) int in [0, num_classes).
+          tuples: ignored (the loss takes no miner).
+
+        Returns:
+          (loss, {"accuracy"}): scalar float32 loss and the fraction of the batch whose highest
+          class cosine is its own class's.
+        """
+        x = l2_normalize(embeddings.astype(jnp.float32), axis=1)
+        dim = x.shape[-1]
+        class_map = self.param(
+            "class_map",
+            symmetric_uniform(1.0 / math.sqrt(dim)),
+            (self.num_classes * self.sub_centers, dim),
+            jnp.float32,
+        )
+        cos_all = x @ l2_normalize(class_map, axis=1).T
+        cos = jnp.max(cos_all.reshape(x.shape[0], self.num_classes, self.sub_centers), axis=-1)
+        low, high = cosine_bounds(self.eps, reference_clamp=False)
+        logits = arcface_logits(
+            jnp.clip(cos, low, high), labels, margin=self.margin, scale=self.scale
+        )
+        return softmax_cross_entropy(logits, labels), {"accuracy": batch_accuracy(cos, labels)}
