@@ -4,6 +4,14 @@ The reference (Roth et al., ICML 2020) trains the network with Adam and *coupled
 (PyTorch's ``Adam(weight_decay=...)``: the decay is added to the gradient before the moment
 estimates, unlike AdamW), and gives learnable loss parameters (margin betas, proxies, ...) their own
 learning rate and no weight decay. Both schedules are applied per epoch, as its MultiStepLR is.
+
+The recipe of today's transformer DML (``optim.name="adamw"``, warm-up then ``cosine``) needs
+more, all off by default: AdamW's *decoupled* decay (Loshchilov and Hutter, ICLR 2019: applied
+after the moment estimates, scaled by the learning rate, as PyTorch's ``AdamW``), clipping of the
+gradients' global norm (``optim.clip_norm``), no decay on chosen parameters (``optim.no_decay``:
+``"1d"`` for every parameter of fewer than 2 dimensions, norms and biases, and names such as
+``cls_token`` or ``pos_embed``), and the backbone at a multiple of the learning rate
+(``optim.backbone_lr_multiplier``).
 """
 
 from __future__ import annotations
@@ -54,6 +62,17 @@ def _adam(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
     return optax.scale_by_adam()
 
 
+@OPTIMIZERS.register("adamw")
+def _adamw(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """Adam's moment estimates; the weight decay, decoupled, is added after them (AdamW)."""
+    return optax.scale_by_adam()
+
+
+# The optimisers whose weight decay is decoupled: added to the update after the optimiser's own
+# transformation (then scaled by the learning rate), not to the gradient before it.
+DECOUPLED_DECAY = frozenset({"adamw"})
+
+
 @OPTIMIZERS.register("sgd")
 def _sgd(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
     """SGD with momentum 0.9."""
@@ -80,13 +99,34 @@ def lr_multiplier(cfg: ml_collections.ConfigDict, steps_per_epoch: int, total_st
     return lambda step: sched(step) * jnp.minimum(1.0, (step + 1) / warm)
 
 
+def decay_mask(rules: tuple[str, ...]) -> Callable[[Any], Any] | None:
+    """``optim.no_decay`` as an optax mask: params -> a tree of bools, True where the weight
+    decay applies. A rule is ``"1d"`` (no decay on parameters of fewer than 2 dimensions: norm
+    scales and biases) or a name (no decay on a parameter any of whose path keys is that name,
+    e.g. ``cls_token``). None (decay everywhere) for no rule."""
+    if not rules:
+        return None
+    names = {rule for rule in rules if rule != "1d"}
+
+    def mask(params: Any) -> Any:
+        def decays(path: Any, leaf: Any) -> bool:
+            keys = {str(getattr(k, "key", getattr(k, "name", k))) for k in path}
+            return not (("1d" in rules and jnp.ndim(leaf) < 2) or keys & names)
+
+        return jax.tree_util.tree_map_with_path(decays, params)
+
+    return mask
+
+
 def _group_tx(
     cfg: ml_collections.ConfigDict, group: Group, multiplier
 ) -> optax.GradientTransformation:
-    parts = []
+    decay = []
     if group.weight_decay:
-        parts.append(optax.add_decayed_weights(group.weight_decay))
-    parts.append(OPTIMIZERS.get(cfg.name)(cfg))
+        mask = decay_mask(tuple(cfg.get("no_decay", ())))
+        decay.append(optax.add_decayed_weights(group.weight_decay, mask))
+    direction = [OPTIMIZERS.get(cfg.name)(cfg)]
+    parts = direction + decay if cfg.name in DECOUPLED_DECAY else decay + direction
     parts.append(optax.scale_by_learning_rate(lambda step: group.lr * multiplier(step)))
     return optax.chain(*parts)
 
@@ -108,25 +148,40 @@ def make_optimizer(
       total_steps: steps of the whole run (for the cosine schedule).
       frozen: a leaf's path of dict keys -> whether it stays fixed (zero update, no weight
         decay, no optimiser state); None freezes nothing.
+
+    The backbone (``model/backbone``) learns at ``optim.backbone_lr_multiplier`` times the
+    model's rate, and ``optim.clip_norm`` > 0 clips the global norm of all gradients first.
     """
     multiplier = lr_multiplier(cfg, steps_per_epoch, total_steps)
+    groups = dict(groups)
+    backbone = float(cfg.get("backbone_lr_multiplier", 1.0))
+    if backbone != 1.0 and "model" in groups:
+        model = groups["model"]
+        groups[BACKBONE] = Group(model.lr * backbone, model.weight_decay)
     transforms = {name: _group_tx(cfg, g, multiplier) for name, g in groups.items()}
-    if frozen is None:
-        return optax.multi_transform(transforms, lambda params: {name: name for name in params})
-    transforms[FROZEN] = optax.set_to_zero()
+    if frozen is not None:
+        transforms[FROZEN] = optax.set_to_zero()
 
     def labels(params):
         def label(path, _):
             keys = tuple(str(getattr(k, "key", k)) for k in path)
-            return FROZEN if frozen(keys) else keys[0]
+            if frozen is not None and frozen(keys):
+                return FROZEN
+            if BACKBONE in groups and keys[:2] == ("model", "backbone"):
+                return BACKBONE
+            return keys[0]
 
         return jax.tree_util.tree_map_with_path(label, params)
 
-    return optax.multi_transform(transforms, labels)
+    tx = optax.multi_transform(transforms, labels)
+    clip = float(cfg.get("clip_norm", 0.0))
+    return optax.chain(optax.clip_by_global_norm(clip), tx) if clip > 0 else tx
 
 
 #: The label of frozen leaves (not a params group name: those are dict keys of the model).
 FROZEN = "__frozen__"
+#: The label of the backbone's leaves when ``optim.backbone_lr_multiplier`` is not 1.
+BACKBONE = "__backbone__"
 
 
 def per_member(txs: Mapping[str, optax.GradientTransformation]) -> optax.GradientTransformation:

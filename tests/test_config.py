@@ -42,6 +42,7 @@ def test_default_config_is_valid_and_round_trips():
             r"\['recall@1'",
         ),
         ("eval.per_query", ("recall@3",), "not a retrieval metric"),
+        ("optim.no_decay", ("1d", "no-such"), "optim.no_decay has 'no-such'; give '1d'"),
     ],
 )
 def test_unknown_names_are_rejected(key, value, pattern):

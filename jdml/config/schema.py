@@ -164,6 +164,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.milestones = (10,)  # epochs at which the lr is multiplied by gamma
     c.optim.gamma = 0.3
     c.optim.warmup_epochs = 0
+    # The transformer recipe's parts (jdml.optim), off by default: the global norm all gradients
+    # are clipped to (0: none), the parameters without weight decay ("1d": norms and biases;
+    # or names such as "cls_token", "pos_embed"), and the backbone's learning rate as a multiple
+    # of optim.lr.
+    c.optim.clip_norm = 0.0
+    c.optim.no_decay = ()
+    c.optim.backbone_lr_multiplier = 1.0
 
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = 112

@@ -70,6 +70,8 @@ NUMERIC_KEYS: dict[str, Range] = {
     "optim.milestones": _NON_NEGATIVE,
     "optim.gamma": _POSITIVE,
     "optim.warmup_epochs": _NON_NEGATIVE,
+    "optim.clip_norm": _NON_NEGATIVE,
+    "optim.backbone_lr_multiplier": _NON_NEGATIVE,
     "train.batch_size": Range(2, integer=True),
     "train.epochs": _COUNT,
     "train.steps_per_epoch": _NON_NEGATIVE_INT,
@@ -428,6 +430,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
                 + ", ".join(registry.names())
             )
     profile_range(c.profile_steps)
+    for rule in c.optim.no_decay:
+        if rule != "1d" and not (isinstance(rule, str) and rule.isidentifier()):
+            raise ConfigError(
+                f"optim.no_decay has {rule!r}; give '1d' (every parameter of fewer than 2 "
+                "dimensions: norms and biases) or parameter names such as 'cls_token'"
+            )
     for name, term in c.aux.items():
         if term.get("kind") not in TERMS:
             raise ConfigError(
