@@ -48,6 +48,8 @@ def load_backbone(backbone: str, pretrained: str) -> Callable[[Mapping[str, Any]
     path = weight_path(backbone, pretrained)
     state: dict[str, np.ndarray] = load_weights(path)
     converter = CONVERTERS.get(backbone)
+    if converter.prepare is not None:
+        state = converter.prepare(state)
 
     def apply(variables: Mapping[str, Any]) -> dict:
         sub = {name: tree["backbone"] for name, tree in variables.items() if "backbone" in tree}

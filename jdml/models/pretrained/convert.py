@@ -59,6 +59,18 @@ def leaf_source(
     return f"{prefix}.bias", same
 
 
+def takes_shape(transform: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    """Marks a transform that fits a tensor to the model's shape: :func:`fill` calls it with the
+    target shape too (``transform(raw, shape)``), e.g. to resample position embeddings made for
+    another input size."""
+    transform.takes_shape = True  # type: ignore[attr-defined]
+    return transform
+
+
+def _takes_shape(transform: Callable[..., np.ndarray]) -> bool:
+    return bool(getattr(transform, "takes_shape", False))
+
+
 def _paths(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterable[tuple[str, ...]]:
     for key, value in tree.items():
         if isinstance(value, Mapping):
@@ -120,8 +132,13 @@ def fill(
                 continue
             used.add(key)
             raw = np.asarray(state_dict[key])
-            value = transform(raw)
             target = _get(tree, path)
+            try:
+                fitted = _takes_shape(transform)
+                value = transform(raw, tuple(target.shape)) if fitted else transform(raw)
+            except ValueError as e:  # a tensor its transform cannot fit to the model
+                wrong.append(f"{key} {tuple(raw.shape)} for {flax_name}: {e}")
+                continue
             if tuple(value.shape) != tuple(target.shape):
                 wrong.append(
                     f"{key} {tuple(raw.shape)} (as {tuple(value.shape)}) for {flax_name} "
@@ -160,11 +177,14 @@ class Converter:
       rule: Flax leaf -> PyTorch key and transform (see ``jdml.models.pretrained.convert``).
       ignore: PyTorch keys the backbone does not use (e.g. the ImageNet classifier).
       packaged: the path of weights shipped by a pip package, if there is one.
+      prepare: rewrites a state dict of another layout into the one ``rule`` reads (e.g.
+        DINOv2's own checkpoints into timm's names), before it is filled in.
     """
 
     rule: Rule
     ignore: Callable[[str], bool] = lambda key: False
     packaged: Callable[[], str] | None = None
+    prepare: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
 
 
 #: How each backbone with pretrained weights reads them; each converter module registers its own.

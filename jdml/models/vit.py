@@ -1,0 +1,261 @@
+"""Vision transformers as timm, DINO and DINOv2 define them (Dosovitskiy et al., "An Image is
+Worth 16x16 Words", ICLR 2021; Caron et al., "Emerging Properties in Self-Supervised Vision
+Transformers", ICCV 2021; Oquab et al., "DINOv2", TMLR 2024; Darcet et al., "Vision Transformers
+Need Registers", ICLR 2024).
+
+A patch embedding (a strided convolution), a class token, optional register tokens, learned
+position embeddings, then pre-norm blocks: ``x + attn(norm1(x))`` and ``x + mlp(norm2(x))``,
+each branch scaled per channel by a layer scale in DINOv2, and a final LayerNorm over all
+tokens. The features are the class token or the mean of the patch tokens (``model.vit_pooling``),
+after the final norm, as ``timm``'s ``forward_features`` gives them.
+
+Module and parameter names follow timm's state dict (``blocks_3`` holds ``blocks.3.*``,
+``attn_qkv`` holds ``attn.qkv``) so that the converter (``jdml.models.pretrained.vit``) is a rename
+and a transpose. The position embeddings are a parameter of the grid of the input size the model
+is built for; weights made at another size are resampled to it when they are read, as timm does
+(bicubic, antialiased: :func:`jdml.models.pretrained.vit.resample_position_embeddings`).
+
+Attention runs through ``jax.nn.dot_product_attention``, which takes the fused kernel where the
+backend has one (cuDNN's flash attention on GPUs in bfloat16).
+
+The backbones: ``vit_s16`` and ``vit_b16`` (timm's ``vit_{small,base}_patch16_224`` and DINO's
+ViT-S/16 and ViT-B/16), ``vit_s14_dinov2`` and ``vit_b14_dinov2`` (patch 14, layer scale), their
+``_reg4`` variants with 4 register tokens, and ``vit``, whose shape the ``model.vit_*`` keys set
+(a small one for tests and experiments).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from jdml.errors import ConfigError
+from jdml.models.registry import BACKBONES
+from jdml.registry import COUNT, NON_NEGATIVE, Range
+
+# ImageNet statistics in RGB order on [0, 1] pixels: DINO's and DINOv2's. timm's supervised
+# ViT weights (augreg) expect 0.5 and 0.5: data.normalization=mean_std, data.mean=data.std=0.5.
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+LN_EPS = 1e-6
+POOLINGS = ("token", "avg")
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """The shape of a vision transformer.
+
+    Attributes:
+      patch: patch side in pixels.
+      dim: token width.
+      depth: number of blocks.
+      heads: attention heads.
+      layer_scale: the layer scales' initial value (DINOv2's 1e-5), or 0 for none.
+      registers: register tokens (their checkpoints keep no position embedding for the class
+        and register tokens).
+    """
+
+    patch: int
+    dim: int
+    depth: int
+    heads: int
+    layer_scale: float = 0.0
+    registers: int = 0
+
+    @property
+    def prefix_positions(self) -> int:
+        """Position embeddings before the patches': the class token's, except with registers
+        (timm's ``no_embed_class``)."""
+        return 0 if self.registers else 1
+
+
+ARCHITECTURES = {
+    "vit_s16": Architecture(16, 384, 12, 6),
+    "vit_b16": Architecture(16, 768, 12, 12),
+    "vit_s14_dinov2": Architecture(14, 384, 12, 6, layer_scale=1e-5),
+    "vit_b14_dinov2": Architecture(14, 768, 12, 12, layer_scale=1e-5),
+    "vit_s14_reg4_dinov2": Architecture(14, 384, 12, 6, layer_scale=1e-5, registers=4),
+    "vit_b14_reg4_dinov2": Architecture(14, 768, 12, 12, layer_scale=1e-5, registers=4),
+}
+
+#: The ``model.*`` keys of the ViT family: the pooling for every variant, the shape for ``vit``.
+KEYS = {
+    "vit_pooling": "token",
+    "vit_patch": 16,
+    "vit_dim": 384,
+    "vit_depth": 12,
+    "vit_heads": 6,
+    "vit_layer_scale": 0.0,
+    "vit_registers": 0,
+}
+
+
+def architecture(cfg: ml_collections.ConfigDict) -> Architecture:
+    """The architecture of ``model.backbone``: a named variant's, or ``vit``'s from its keys."""
+    if cfg.backbone in ARCHITECTURES:
+        return ARCHITECTURES[cfg.backbone]
+    return Architecture(
+        patch=int(cfg.vit_patch),
+        dim=int(cfg.vit_dim),
+        depth=int(cfg.vit_depth),
+        heads=int(cfg.vit_heads),
+        layer_scale=float(cfg.vit_layer_scale),
+        registers=int(cfg.vit_registers),
+    )
+
+
+class LayerScale(nn.Module):
+    """Per-channel scale of a residual branch (DINOv2's ``ls1`` / ``ls2``, parameter ``gamma``)."""
+
+    init_value: float
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        gamma = self.param("gamma", nn.initializers.constant(self.init_value), (x.shape[-1],))
+        return x * gamma.astype(x.dtype)
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block (timm's ``Block``)."""
+
+    heads: int
+    layer_scale: float
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        batch, tokens, dim = x.shape
+        norm = lambda name: nn.LayerNorm(LN_EPS, dtype=self.dtype, name=name)  # noqa: E731
+        dense = lambda n, name: nn.Dense(n, dtype=self.dtype, name=name)  # noqa: E731
+        y = norm("norm1")(x)
+        qkv = dense(3 * dim, "attn_qkv")(y).reshape(batch, tokens, 3, self.heads, -1)
+        y = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+        y = dense(dim, "attn_proj")(y.reshape(batch, tokens, dim))
+        if self.layer_scale:
+            y = LayerScale(self.layer_scale, name="ls1")(y)
+        x = x + y
+        y = norm("norm2")(x)
+        y = dense(dim, "mlp_fc2")(nn.gelu(dense(4 * dim, "mlp_fc1")(y), approximate=False))
+        if self.layer_scale:
+            y = LayerScale(self.layer_scale, name="ls2")(y)
+        return x + y
+
+
+class VisionTransformer(nn.Module):
+    """A ViT returning (B, dim) float32 features: the class token, or the mean of the patch
+    tokens, after the final LayerNorm.
+
+    Attributes:
+      arch: the shape (:class:`Architecture`).
+      pooling: ``"token"`` or ``"avg"``.
+      dtype: computation dtype (params stay float32).
+
+    Input: normalised images (B, H, W, 3) whose sides are multiples of the patch; the position
+    embeddings are made for the grid of the input the module is initialised with.
+    """
+
+    arch: Architecture
+    pooling: str = "token"
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        a = self.arch
+        _, height, width, _ = x.shape
+        if height % a.patch or width % a.patch:
+            raise ValueError(
+                f"a {height}x{width} input is not a whole number of {a.patch}-pixel patches; "
+                f"use a data.image_size that is a multiple of {a.patch}"
+            )
+        x = nn.Conv(
+            a.dim,
+            (a.patch, a.patch),
+            strides=(a.patch, a.patch),
+            padding="VALID",
+            dtype=self.dtype,
+            name="patch_embed_proj",
+        )(x.astype(self.dtype))
+        batch = x.shape[0]
+        x = x.reshape(batch, -1, a.dim)
+        init = nn.initializers.normal(stddev=0.02)
+        positions = a.prefix_positions + x.shape[1]
+        pos_embed = self.param("pos_embed", init, (1, positions, a.dim), jnp.float32)
+        cls_token = self.param("cls_token", init, (1, 1, a.dim), jnp.float32)
+        prefix = [jnp.broadcast_to(cls_token, (batch, 1, a.dim))]
+        if a.registers:
+            reg_token = self.param("reg_token", init, (1, a.registers, a.dim), jnp.float32)
+            prefix.append(jnp.broadcast_to(reg_token, (batch, a.registers, a.dim)))
+        prefix = [p.astype(self.dtype) for p in prefix]
+        pos_embed = pos_embed.astype(self.dtype)
+        if a.prefix_positions:  # timm's original layout: the class token has a position
+            x = jnp.concatenate([*prefix, x], axis=1) + pos_embed
+        else:  # registers: only the patches have positions
+            x = jnp.concatenate([*prefix, x + pos_embed], axis=1)
+        for i in range(a.depth):
+            x = Block(a.heads, a.layer_scale, self.dtype, name=f"blocks_{i}")(x)
+        x = nn.LayerNorm(LN_EPS, dtype=self.dtype, name="norm")(x).astype(jnp.float32)
+        if self.pooling == "token":
+            return x[:, 0]
+        return jnp.mean(x[:, 1 + a.registers :], axis=1)
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """The pooling is known, ``vit``'s width splits over its heads, and the images are a whole
+    number of patches.
+
+    Raises:
+      ConfigError: naming the keys to change.
+    """
+    model = config.model
+    if model.vit_pooling not in POOLINGS:
+        raise ConfigError(
+            f"model.vit_pooling={model.vit_pooling!r}; choose one of: {', '.join(POOLINGS)} "
+            "(the class token, or the mean of the patch tokens)"
+        )
+    a = architecture(model)
+    if a.dim % a.heads:
+        raise ConfigError(
+            f"model.vit_dim={a.dim} does not split over model.vit_heads={a.heads}; choose a "
+            "width that is a multiple of the heads"
+        )
+    size = config.data.image_size
+    if size % a.patch:
+        fit = a.patch * max(1, round(size / a.patch))
+        raise ConfigError(
+            f"data.image_size={size} is not a multiple of the {a.patch}-pixel patches of "
+            f"{model.backbone}; use e.g. data.image_size={fit}"
+        )
+
+
+def _factory(name: str):
+    def build(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
+        return VisionTransformer(
+            arch=architecture(cfg), pooling=cfg.vit_pooling, dtype=jnp.dtype(cfg.dtype)
+        )
+
+    build.__name__ = name
+    build.__doc__ = f"The vision transformer {name} (see ``jdml.models.vit``)."
+    return build
+
+
+_RANGES = {
+    "vit_patch": COUNT,
+    "vit_dim": COUNT,
+    "vit_depth": COUNT,
+    "vit_heads": COUNT,
+    "vit_layer_scale": NON_NEGATIVE,
+    "vit_registers": Range(0, integer=True),
+}
+
+for _name in ("vit", *ARCHITECTURES):
+    BACKBONES.register(
+        _name,
+        keys=KEYS,
+        ranges=_RANGES,
+        check=check_config,
+        input_normalization=(MEAN, STD),
+    )(_factory(_name))

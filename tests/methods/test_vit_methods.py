@@ -1,0 +1,73 @@
+"""Every paper's method on a vision transformer: DiVA, Sharing Matters, a stacked DM2 cohort and
+a heterogeneous one of a ViT and a CNN each train a tiny ViT (``model.backbone=vit``), its
+weights moving and its losses finite."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from configs.sharing import get_config as sharing_config
+from jdml.config import set_keys, validate
+from jdml.run import Run
+from tests.helpers import TINY_OVERRIDES, make_npz, tiny_config
+from tests.methods.test_cohort import train
+from tests.methods.test_diva import tiny_diva
+
+# A one-block ViT on the tiny 16 px images: 2 x 2 patches of 8 pixels, 16-d tokens.
+VIT = {
+    "model.backbone": "vit",
+    "model.vit_patch": 8,
+    "model.vit_dim": 16,
+    "model.vit_depth": 1,
+    "model.vit_heads": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def npz(tmp_path_factory):
+    return make_npz(str(tmp_path_factory.mktemp("data") / "tiny.npz"))
+
+
+def _vit_blocks(params) -> list[np.ndarray]:
+    """The ViT block weights of every member (or the one model) in the params."""
+    found = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        keys = [str(getattr(k, "key", k)) for k in path]
+        if "blocks_0" in keys and keys[-1] == "kernel":
+            found.append(np.asarray(leaf))
+    return found
+
+
+def _trains(run: Run) -> None:
+    _, state, history = train(run, steps=2)
+    assert all(np.isfinite(np.asarray(m["loss"])).all() for _, m in history)
+    before = _vit_blocks(history[0][0].params)
+    after = _vit_blocks(state.params)
+    assert before and len(before) == len(after)
+    assert all(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_diva_trains_a_vit(npz):
+    _trains(Run(tiny_diva(npz, **VIT)))
+
+
+def test_sharing_matters_trains_a_vit(npz):
+    c = sharing_config("data=npz")
+    set_keys(c, {**TINY_OVERRIDES, "data.path": npz, "decorrelation.hidden": 8, **VIT})
+    validate(c)
+    _trains(Run(c))
+
+
+def test_dm2_cohort_of_vits(npz):
+    _trains(Run(tiny_config(npz, **{"cohort.size": 2, **VIT})))
+
+
+@pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 (fake) devices")
+def test_dm2_cohort_of_a_vit_and_a_cnn(npz):
+    members = ("", "model.backbone=small_resnet")
+    run = Run(tiny_config(npz, **{"cohort.size": 2, "cohort.members": members, **VIT}))
+    backbones = [m.config.model.backbone for m in run.program.methods]
+    assert backbones == ["vit", "small_resnet"]
+    _trains(run)
