@@ -173,7 +173,10 @@ def make_optimizer(
 
         return jax.tree_util.tree_map_with_path(label, params)
 
-    tx = optax.multi_transform(transforms, labels)
+    if frozen is None and BACKBONE not in groups:  # one label per group: the state's old layout
+        tx = optax.multi_transform(transforms, lambda params: {name: name for name in params})
+    else:
+        tx = optax.multi_transform(transforms, labels)
     clip = float(cfg.get("clip_norm", 0.0))
     return optax.chain(optax.clip_by_global_norm(clip), tx) if clip > 0 else tx
 
