@@ -108,3 +108,40 @@ class Stopped(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+
+
+# The signal a command's handler received, until the command ends: an exception raised by a
+# signal handler while Python runs a weakref callback or a finaliser is printed and dropped
+# ("Exception ignored in ..."), so the training loop also asks after every step
+# (:func:`raise_if_stopped`).
+_STOP_REQUESTED: list[int] = []
+
+
+def request_stop(signum: int) -> None:
+    """A signal handler's work: records ``signum`` and raises :class:`Stopped`."""
+    record_stop(signum)
+    raise Stopped(signum)
+
+
+def record_stop(signum: int) -> None:
+    """Records ``signum`` for :func:`raise_if_stopped` (e.g. a Ctrl-C whose
+    ``KeyboardInterrupt`` a finaliser dropped)."""
+    _STOP_REQUESTED.append(signum)
+
+
+def stop_requested() -> int | None:
+    """The signal recorded by :func:`request_stop`, or None."""
+    return _STOP_REQUESTED[-1] if _STOP_REQUESTED else None
+
+
+def clear_stop() -> None:
+    """Forgets a recorded signal (when a command starts or ends)."""
+    _STOP_REQUESTED.clear()
+
+
+def raise_if_stopped() -> None:
+    """Raises :class:`Stopped` again if a signal was recorded: where the handler's own
+    exception was dropped, the run still stops at the next step."""
+    signum = stop_requested()
+    if signum is not None:
+        raise Stopped(signum)

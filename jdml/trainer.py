@@ -40,7 +40,7 @@ from jdml.config.validation import check_devices, check_profile_steps, profile_r
 from jdml.data.arrays import ImageSet
 from jdml.data.pipeline import input_pipeline, train_batches
 from jdml.distributed import barrier, exit_after_peer_failure, is_main_process, peer_failure
-from jdml.errors import ConfigError, NonFiniteLossError
+from jdml.errors import ConfigError, NonFiniteLossError, raise_if_stopped
 from jdml.evaluate_checkpoint import evaluate_state, save_evaluation, selected_block
 from jdml.evaluation.embeddings import format_table
 from jdml.evaluation.splits import SPECTRUM
@@ -491,6 +491,7 @@ class _Loop:
                 state, metrics = self.train_step(state, batch)
                 step += 1
                 self._after_step(state, metrics, step)
+                raise_if_stopped()  # a stop whose exception a finaliser swallowed
         self._profile(state, step, stop=True)
         self.bar.close()
         return state

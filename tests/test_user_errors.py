@@ -1097,6 +1097,38 @@ def test_ctrl_c_and_sigterm_end_in_one_line_that_resumes(
     assert "Resuming from the checkpoint at step" in (workdir / "train.log").read_text()
 
 
+@pytest.mark.parametrize(
+    "raised, name",
+    [(lambda: __import__("jdml.errors").errors.request_stop(signal.SIGTERM), "SIGTERM"),
+     (lambda: (_ for _ in ()).throw(KeyboardInterrupt()), "Ctrl-C")],
+    ids=["sigterm", "ctrl-c"],
+)  # fmt: skip
+def test_a_stop_a_finaliser_drops_still_stops(tmp_path: Path, capsys, raised, name) -> None:
+    """A signal's exception raised while Python runs a weakref callback is dropped by Python
+    ("Exception ignored in ..."); the command records it instead of printing it, the training
+    loop stops after its step (``raise_if_stopped``), and the command ends with the one line."""
+    import gc
+    import weakref
+
+    from jdml.commands.train import stopped_as_error
+    from jdml.errors import RunInterruptedError, Stopped, raise_if_stopped
+
+    class Thing:
+        pass
+
+    stopped = pytest.raises(RunInterruptedError, match=f"stopped by {name}")
+    with stopped, stopped_as_error(str(tmp_path)):
+        thing = Thing()
+        keep = weakref.ref(thing, lambda _: raised())
+        del thing
+        gc.collect()
+        assert keep() is None  # the callback ran, and its exception was dropped
+        with pytest.raises(Stopped):
+            raise_if_stopped()  # where the training loop asks after each step
+    assert "Exception ignored" not in capsys.readouterr().err
+    raise_if_stopped()  # the command's end forgot the stop
+
+
 def test_latest_is_looked_up_when_read(finished: Path, tmp_path: Path) -> None:
     """A checkpoint reader made before a training process removed its newest step (it keeps
     only the newest two) reads the newest complete step, not the removed one."""

@@ -81,15 +81,38 @@ def stopped_as_error(workdir: str) -> Iterator[None]:
     checkpoints kept) and become one :class:`jdml.errors.RunInterruptedError` naming the newest
     checkpoint and the command that resumes (this one)."""
     from jdml.checkpoint import saved_steps
-    from jdml.errors import RunInterruptedError, Stopped
+    from jdml.errors import (
+        RunInterruptedError,
+        Stopped,
+        clear_stop,
+        record_stop,
+        request_stop,
+        stop_requested,
+    )
 
     def stop(signum: int, frame: Any) -> None:
-        raise Stopped(signum)
+        request_stop(signum)
+
+    unraisable = sys.unraisablehook
+
+    def dropped(event: Any) -> None:
+        """A stop raised while Python ran a finaliser or a weakref callback, where it is dropped:
+        recorded (the loop stops after its step) instead of printed."""
+        if isinstance(event.exc_value, Stopped):
+            return  # request_stop recorded it
+        if isinstance(event.exc_value, KeyboardInterrupt):
+            record_stop(signal.SIGINT)
+            return
+        unraisable(event)
 
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, stop) if main else None
+    sys.unraisablehook = dropped
+    clear_stop()
     try:
         yield
+        if stop_requested() is not None:  # the handler's exception was dropped after the steps
+            raise Stopped(stop_requested())
     except (KeyboardInterrupt, Stopped) as e:
         signum = getattr(e, "signum", signal.SIGINT)
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
@@ -105,6 +128,8 @@ def stopped_as_error(workdir: str) -> Iterator[None]:
             f"stopped by {name}; {kept}. Resume with the same command: {command}", signum
         ) from None
     finally:
+        clear_stop()
+        sys.unraisablehook = unraisable
         if main:
             signal.signal(signal.SIGTERM, previous)
 

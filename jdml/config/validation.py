@@ -160,6 +160,8 @@ def _validate_numbers(c: ml_collections.ConfigDict) -> None:
                 _check_number(where, value, ranges[key])
             elif isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{where}={value!r} must be finite; change --config.{where}")
+    for name in BACKBONES.names():  # every backbone's own keys hold valid values, used or not
+        _check_values(BACKBONES, name, "model", c)
     _check_declared(BACKBONES, c.model.backbone, "model", c)
     if c.data.name in DATASETS:
         _check_declared(DATASETS, c.data.name, "data", c)
@@ -168,13 +170,27 @@ def _validate_numbers(c: ml_collections.ConfigDict) -> None:
 def _check_declared(
     registry: Registry, name: str, section: str, c: ml_collections.ConfigDict
 ) -> None:
-    """The ranges of the keys the component ``name`` of ``registry`` declared in ``section``,
-    then its own ``check`` fact (``check(config)``, raising ``ConfigError``) if it has one."""
-    for key, allowed in registry.ranges(name).items():
-        _check_number(f"{section}.{key}", c[section][key], allowed)
+    """The ranges and choices of the keys the component ``name`` of ``registry`` declared in
+    ``section``, then its own ``check`` fact (``check(config)``, raising ``ConfigError``) if it
+    has one."""
+    _check_values(registry, name, section, c)
     check = registry.meta(name).get("check")
     if check is not None:
         check(c)
+
+
+def _check_values(
+    registry: Registry, name: str, section: str, c: ml_collections.ConfigDict
+) -> None:
+    """The ranges (``ranges``) and the allowed names (the ``choices`` fact: key -> names) of
+    the keys the component ``name`` of ``registry`` declared in ``section``."""
+    for key, allowed in registry.ranges(name).items():
+        _check_number(f"{section}.{key}", c[section][key], allowed)
+    for key, names in registry.meta(name).get("choices", {}).items():
+        if c[section][key] not in names:
+            raise ConfigError(
+                f"{section}.{key}={c[section][key]!r}; choose one of: {', '.join(names)}"
+            )
 
 
 def _validate_per_query(c: ml_collections.ConfigDict) -> None:

@@ -204,18 +204,13 @@ class VisionTransformer(nn.Module):
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-    """The pooling is known, ``vit``'s width splits over its heads, and the images are a whole
-    number of patches.
+    """``vit``'s width splits over its heads, and the images are a whole number of patches (the
+    pooling's names are the ``choices`` fact of the registration).
 
     Raises:
       ConfigError: naming the keys to change.
     """
     model = config.model
-    if model.vit_pooling not in POOLINGS:
-        raise ConfigError(
-            f"model.vit_pooling={model.vit_pooling!r}; choose one of: {', '.join(POOLINGS)} "
-            "(the class token, or the mean of the patch tokens)"
-        )
     a = architecture(model)
     if a.dim % a.heads:
         raise ConfigError(
@@ -256,6 +251,7 @@ for _name in ("vit", *ARCHITECTURES):
         _name,
         keys=KEYS,
         ranges=_RANGES,
+        choices={"vit_pooling": POOLINGS},
         check=check_config,
         input_normalization=(MEAN, STD),
     )(_factory(_name))
