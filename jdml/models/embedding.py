@@ -33,9 +33,10 @@ def frozen_backbone_modules(cfg: ml_collections.ConfigDict) -> frozenset[str]:
 
 
 def _stage_modules(cfg: ml_collections.ConfigDict, backbone: str) -> tuple | None:
-    """The ``STAGE_MODULES`` a backbone's module declares (None: it declares none)."""
+    """The ``STAGE_MODULES`` a backbone's module declares (None: it declares none); a module
+    whose stages depend on its shape (a ViT's depth) declares them as a property."""
     module = BACKBONES.get(backbone)(cfg, train=False)
-    return getattr(type(module), "STAGE_MODULES", None)
+    return getattr(module, "STAGE_MODULES", None)
 
 
 class EmbeddingModel(nn.Module):

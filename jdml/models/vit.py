@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from jdml.errors import ConfigError
+from jdml.models.freeze import NOT_FROZEN, cut_after
 from jdml.models.registry import BACKBONES
 from jdml.registry import COUNT, NON_NEGATIVE, Range
 
@@ -153,6 +154,9 @@ class VisionTransformer(nn.Module):
       arch: the shape (:class:`Architecture`).
       pooling: ``"token"`` or ``"avg"``.
       dtype: computation dtype (params stay float32).
+      frozen_stages: ``model.frozen_stages``: the patch embedding (0) and that many of the
+        first blocks keep their weights, the class and register tokens and the position
+        embeddings train (as Hyp-ViT's ``freeze``); -1 freezes nothing.
 
     Input: normalised images (B, H, W, 3) whose sides are multiples of the patch; the position
     embeddings are made for the grid of the input the module is initialised with.
@@ -161,6 +165,13 @@ class VisionTransformer(nn.Module):
     arch: Architecture
     pooling: str = "token"
     dtype: jnp.dtype = jnp.float32
+    frozen_stages: int = NOT_FROZEN
+
+    @property
+    def STAGE_MODULES(self) -> tuple[tuple[str, ...], ...]:  # the freeze protocol's name
+        """The patch embedding, then each block: what ``model.frozen_stages`` freezes. The
+        optimiser leaves them fixed; the gradient still reaches the tokens and positions."""
+        return (("patch_embed_proj",), *((f"blocks_{i}",) for i in range(self.arch.depth)))
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -179,6 +190,7 @@ class VisionTransformer(nn.Module):
             dtype=self.dtype,
             name="patch_embed_proj",
         )(x.astype(self.dtype))
+        x = cut_after(x, 0, self.frozen_stages)  # nothing below a frozen patch embedding learns
         batch = x.shape[0]
         x = x.reshape(batch, -1, a.dim)
         init = nn.initializers.normal(stddev=0.02)
@@ -229,7 +241,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 def _factory(name: str):
     def build(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
         return VisionTransformer(
-            arch=architecture(cfg), pooling=cfg.vit_pooling, dtype=jnp.dtype(cfg.dtype)
+            arch=architecture(cfg),
+            pooling=cfg.vit_pooling,
+            dtype=jnp.dtype(cfg.dtype),
+            frozen_stages=cfg.get("frozen_stages", NOT_FROZEN),
         )
 
     build.__name__ = name
