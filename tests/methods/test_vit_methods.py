@@ -71,3 +71,26 @@ def test_dm2_cohort_of_a_vit_and_a_cnn(npz):
     backbones = [m.config.model.backbone for m in run.program.methods]
     assert backbones == ["vit", "small_resnet"]
     _trains(run)
+
+
+def test_frozen_stages_keep_the_patch_embedding_and_first_blocks(npz):
+    """``model.frozen_stages=1`` on a two-block ViT: the patch embedding and block 0 keep their
+    weights; the class token, the positions, block 1 and the final norm train (Hyp-ViT's
+    ``freeze``)."""
+    run = Run(tiny_config(npz, **{**VIT, "model.vit_depth": 2, "model.frozen_stages": 1}))
+    _, state, history = train(run, steps=2)
+    before = history[0][0].params["model"]["backbone"]
+    after = state.params["model"]["backbone"]
+
+    def moved(name: str) -> bool:
+        pairs = zip(jax.tree.leaves(before[name]), jax.tree.leaves(after[name]), strict=True)
+        return not all(np.array_equal(a, b) for a, b in pairs)
+
+    assert {name: moved(name) for name in before} == {
+        "patch_embed_proj": False,
+        "blocks_0": False,
+        "blocks_1": True,
+        "cls_token": True,
+        "pos_embed": True,
+        "norm": True,
+    }
