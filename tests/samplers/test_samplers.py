@@ -78,5 +78,46 @@ def test_errors(labels):
         _make(labels[:10])
     with pytest.raises(ValueError, match="step"):
         _make(labels).batch(-1)
-    with pytest.raises(UnknownNameError, match="known sampler names: class_random"):
+    with pytest.raises(UnknownNameError, match="known sampler names: class_epoch, class_random"):
         SAMPLERS.get("spc")
+
+
+def _epochs(labels, **kwargs):
+    args = {"batch_size": 24, "samples_per_class": 4, "seed": 3} | kwargs
+    return SAMPLERS.get("class_epoch")(labels, **args)
+
+
+def test_class_epochs_take_every_class_once_per_epoch(labels):
+    sampler = _epochs(labels)
+    assert sampler.steps_per_epoch == 30 // 6
+    for epoch in range(3):
+        steps = range(epoch * 5, (epoch + 1) * 5)
+        batches = [sampler.batch(s) for s in steps]
+        classes = np.concatenate([labels[b].reshape(6, 4)[:, 0] for b in batches])
+        for b in batches:
+            groups = labels[b].reshape(6, 4)
+            assert np.all(groups == groups[:, :1])
+        # 30 classes in 5 batches of 6: each class exactly once in the epoch
+        np.testing.assert_array_equal(np.sort(classes), np.arange(30))
+    assert not np.array_equal(sampler.batch(0), sampler.batch(5))  # a new order per epoch
+    np.testing.assert_array_equal(sampler.batch(7), _epochs(labels).batch(7))
+
+
+def test_class_epochs_draw_distinct_images_where_a_class_has_enough(labels):
+    sampler = _epochs(labels)
+    counts = np.bincount(labels)
+    for step in range(40):
+        for group in sampler.batch(step).reshape(6, 4):
+            if counts[labels[group[0]]] >= 4:
+                assert len(np.unique(group)) == 4
+            else:  # all four drawn with replacement from its few images
+                assert set(group) <= set(np.flatnonzero(labels == labels[group[0]]))
+
+
+def test_class_epochs_skip_the_classes_left_over(labels):
+    sampler = _epochs(labels, batch_size=28, samples_per_class=4)  # 7 groups: 4 steps, 2 left
+    assert sampler.steps_per_epoch == 4
+    seen = np.concatenate([labels[sampler.batch(s)][::4] for s in range(4)])
+    assert len(np.unique(seen)) == 28
+    with pytest.raises(ValueError, match="class_epoch needs 31 classes per batch"):
+        _epochs(labels, batch_size=124, samples_per_class=4)
