@@ -9,7 +9,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from jdml.losses.base import Loss, LossOutput, fraction_of, masked_mean, register_loss
+from jdml.losses.base import Loss, LossOutput, fraction_of, masked, masked_mean, register_loss
 from jdml.losses.npair import masked_logsumexp
 from jdml.losses.supcon import scaled_similarities
 from jdml.miners.base import Tuples, positive_mask
@@ -27,8 +27,22 @@ class NTXentLoss(Loss):
     (SimCLR's two views of an image) it is SupCon (``supcon``); with more, each positive is
     contrasted with the negatives alone, not with the anchor's other positives.
 
+    With ``slot_pairs``, the batch is read as views: a sample's slot is the number of samples of
+    its class before it in the batch (view 0, 1, ... of the class). Each ordered pair of slots
+    (i, j) is a SimCLR loss of its own, whose anchors are the slot-i samples, whose positives are
+    the slot-j samples of their classes and whose negatives are the other classes' samples in
+    slots i and j only:
+
+        N(a, p) = {n : y_n != y_a, slot_n in {slot_a, slot_p}},
+
+    averaged over its anchors; the loss is the sum of these means over the slot pairs. With every
+    class n times in the batch (``sampler.name=class_epoch``), it is n(n - 1) times the mean over
+    the positive pairs, with fewer negatives per pair. This is the loss of the Hyp-ViT code in its
+    sphere mode (``hyp_c=0``), which loops over the slot pairs of a (classes, n) batch.
+
     Attributes:
       temperature: tau (0.1, SimCLR's best for L2-normalised embeddings in its Tab. 5).
+      slot_pairs: the per-slot-pair form above (False: every pair against every negative).
 
     References:
       Chen, Kornblith, Norouzi, Hinton, "A Simple Framework for Contrastive Learning of Visual
@@ -42,6 +56,7 @@ class NTXentLoss(Loss):
 
     _: dataclasses.KW_ONLY
     temperature: float = 0.1
+    slot_pairs: bool = False
 
     def __call__(
         self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None
@@ -60,11 +75,65 @@ class NTXentLoss(Loss):
         logits, others = scaled_similarities(embeddings, self.temperature)
         positives = positive_mask(labels)
         negatives = others & ~positives
+        metrics = {"pos_pair_fraction": fraction_of(jnp.sum(positives), jnp.sum(others))}
+        if self.slot_pairs:
+            return slot_pair_loss(logits, labels, positives, negatives), metrics
         # Per pair (a, p): log(exp(s_ap) + sum_n exp(s_an)), the sum over the anchor's
         # negatives computed once per anchor (none: the pair's own term alone).
         negative_sum = masked_logsumexp(logits, negatives)[:, None]
         has_negative = jnp.any(negatives, axis=1, keepdims=True)
         denominator = jnp.where(has_negative, jnp.logaddexp(logits, negative_sum), logits)
-        per_pair = denominator - logits
-        metrics = {"pos_pair_fraction": fraction_of(jnp.sum(positives), jnp.sum(others))}
-        return masked_mean(per_pair, positives), metrics
+        return masked_mean(denominator - logits, positives), metrics
+
+
+def view_slots(labels: jax.Array) -> jax.Array:
+    """(B,) int32: how many samples of its class come before each sample in the batch."""
+    same = labels[:, None] == labels[None, :]
+    return jnp.sum(jnp.tril(same, k=-1), axis=1, dtype=jnp.int32)
+
+
+def slot_logsumexp(logits: jax.Array, mask: jax.Array, slots: jax.Array) -> jax.Array:
+    """log sum_n exp(logits[a, n]) over the masked n of each slot k: (B, B) float32 [k, a],
+    -inf where slot k holds none of a's masked samples.
+
+    The sums run over the samples' slots (``segment_sum`` over the batch axis, B slots at most),
+    each shifted by its own maximum, so the result is exact whatever the spread of the logits.
+    """
+    num = logits.shape[0]
+    values = jnp.where(mask, logits, -jnp.inf).T  # [n, a]
+    shift = jax.ops.segment_max(values, slots, num_segments=num)  # [k, a], -inf where empty
+    shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
+    terms = jnp.exp(jnp.where(mask.T, values - shift[slots], -jnp.inf))
+    total = jax.ops.segment_sum(terms, slots, num_segments=num)
+    return jnp.where(total > 0, jnp.log(jnp.where(total > 0, total, 1.0)) + shift, -jnp.inf)
+
+
+def slot_pair_loss(
+    logits: jax.Array, labels: jax.Array, positives: jax.Array, negatives: jax.Array
+) -> jax.Array:
+    """The ``slot_pairs`` form of :class:`NTXentLoss`: the sum over ordered slot pairs (i, j) of
+    the mean over their positive pairs of -log(exp(s_ap) / (exp(s_ap) + sum over N(a, p))).
+
+    Args:
+      logits: (B, B) float32 s_ij / tau.
+      labels: (B,) int.
+      positives: (B, B) bool, the positive pairs (the diagonal left out).
+      negatives: (B, B) bool, the pairs of different classes.
+
+    Returns:
+      The scalar float32 loss (0 without a positive pair).
+    """
+    num = logits.shape[0]
+    slots = view_slots(labels)
+    per_slot = slot_logsumexp(logits, negatives, slots)  # [k, a]
+    anchors = jnp.arange(num)
+    own = per_slot[slots, anchors][:, None]  # the anchor's slot: (B, 1)
+    partner = per_slot[slots[None, :], anchors[:, None]]  # the positive's slot: (B, B)
+    denominator = jnp.logaddexp(logits, jnp.logaddexp(own, partner))
+    per_pair = denominator - logits
+    # Each pair weighs 1 / (the positive pairs of its slot pair): a mean per slot pair.
+    pair_slot = slots[:, None] * num + slots[None, :]
+    pair_count = positives.ravel().astype(jnp.float32)
+    counts = jax.ops.segment_sum(pair_count, pair_slot.ravel(), num_segments=num * num)
+    weight = masked(1.0 / jnp.maximum(counts[pair_slot], 1.0), positives)
+    return jnp.sum(masked(per_pair, positives) * weight)

@@ -247,3 +247,81 @@ def test_proxyanchor_proxies_start_he_normal_over_the_classes():
     proxies = np.asarray(params["params"]["proxies"])
     assert proxies.shape == (400, 300)
     assert proxies.std() == pytest.approx(np.sqrt(2 / 400), rel=0.02)
+
+
+def np_hypvit_sphere(x, classes: int, views: int, temperature=0.1) -> float:
+    """The Hyp-ViT code's sphere-mode loss, step by step: the (classes * views) batch as a
+    (classes, views) grid, and for each ordered pair of views (i, j) a cross entropy whose row c
+    holds [z_ci . z_c'j for every c', z_ci . z_c'i for c' != c] / tau with target c'= c; the
+    per-pair means summed."""
+    z = _unit(x).reshape(classes, views, -1)
+    total = 0.0
+    for i in range(views):
+        for j in range(views):
+            if i == j:
+                continue
+            x0, x1 = z[:, i], z[:, j]
+            same_view = x0 @ x0.T / temperature - np.eye(classes) * 1e9
+            logits = np.concatenate([x0 @ x1.T / temperature, same_view], axis=1)
+            logits -= logits.max(axis=1, keepdims=True)
+            log_prob = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+            total += -np.mean(log_prob[np.arange(classes), np.arange(classes)])
+    return total
+
+
+@pytest.mark.parametrize("classes, views", [(4, 2), (3, 3), (2, 4)])
+def test_ntxent_slot_pairs_is_the_hyp_vit_loss(classes, views):
+    x = np.random.default_rng(classes * 10 + views).standard_normal((classes * views, 5))
+    labels = np.repeat(np.arange(classes), views)
+    value, g_x, _ = _jdml("ntxent", x, labels, slot_pairs=True)
+    assert value == pytest.approx(np_hypvit_sphere(x, classes, views), rel=1e-5)
+    np.testing.assert_allclose(
+        g_x,
+        _numeric_grad(lambda v: np_hypvit_sphere(v, classes, views), x),
+        rtol=2e-4,
+        atol=1e-5,
+    )
+    # Two views: the negatives of every pair are the whole rest of the batch, and the sum over
+    # the two slot pairs is twice the mean over the positive pairs.
+    if views == 2:
+        assert value == pytest.approx(2 * _jdml("ntxent", x, labels)[0], rel=1e-5)
+
+
+def test_ntxent_slots_follow_the_order_within_each_class():
+    """Slots count the earlier samples of the same class, so interleaving the classes, and
+    keeping each class's order, leaves the loss unchanged."""
+    classes, views = 3, 3
+    x = np.random.default_rng(1).standard_normal((classes * views, 5))
+    labels = np.repeat(np.arange(classes), views)
+    order = np.argsort(np.tile(np.arange(views), classes), kind="stable")  # view-major
+    grouped = _jdml("ntxent", x, labels, slot_pairs=True)[0]
+    assert _jdml("ntxent", x[order], labels[order], slot_pairs=True)[0] == pytest.approx(
+        grouped, rel=1e-6
+    )
+
+
+def test_ntxent_slot_pairs_edge_cases_are_finite():
+    """No negative, no positive, classes of unequal sizes, and logits far apart (tau 0.001: the
+    per-slot sums are each shifted by their own maximum)."""
+    cases = (np.zeros(8, int), np.arange(8), np.array([0, 0, 0, 1, 1, 2, 3, 3]))
+    for labels in cases:
+        for tau in (0.1, 1e-3):
+            value, g_x, _ = _jdml("ntxent", X, labels, slot_pairs=True, temperature=tau)
+            assert np.isfinite(value) and np.all(np.isfinite(g_x)), (labels, tau)
+    assert _jdml("ntxent", X, np.arange(8), slot_pairs=True)[0] == 0.0
+    # Unequal classes: each slot pair averages over its own pairs (slot pair (0, 2): class 0's
+    # one pair alone), checked against the per-pair formula.
+    labels = cases[2]
+    z = _unit(X)
+    slots = np.array([0, 1, 2, 0, 1, 0, 0, 1])
+    terms: dict[tuple[int, int], list[float]] = {}
+    for a in range(8):
+        for p in range(8):
+            if a == p or labels[a] != labels[p]:
+                continue
+            pair = (slots[a], slots[p])
+            negs = [n for n in range(8) if labels[n] != labels[a] and slots[n] in pair]
+            e = np.exp(z[a] @ z.T / 0.1)
+            terms.setdefault(pair, []).append(-np.log(e[p] / (e[p] + e[negs].sum())))
+    expected = sum(np.mean(v) for v in terms.values())
+    assert _jdml("ntxent", X, labels, slot_pairs=True)[0] == pytest.approx(expected, rel=1e-5)
