@@ -287,7 +287,9 @@ class Model:
         """
         d = self.config.data
         if d.name in BENCHMARKS:
-            return eval_view(decode_image(str(path)), int(d.resize), int(d.image_size)) / 255.0
+            photo = decode_image(str(path))
+            view = eval_view(photo, int(d.resize), int(d.image_size), d.eval_interpolation)
+            return view / 255.0
         return read_image(path, int(d.image_size), int(d.channels)).astype(np.float32) / 255.0
 
     def _as_input(self, images: np.ndarray) -> np.ndarray:

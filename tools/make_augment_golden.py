@@ -30,6 +30,8 @@ import torchvision.transforms as T
 import torchvision.transforms.functional as TF
 from PIL import Image
 
+BICUBIC = T.InterpolationMode.BICUBIC
+
 # Kinds of recorded draws (first column of a draw table); a permutation is stored as the
 # decimal digits of its entries.
 UNIFORM, RANDINT, RAND, RANDPERM = 0, 1, 2, 3
@@ -111,6 +113,10 @@ def pipelines(size: int, big: int, resize: int) -> dict[str, T.Compose]:
         "red": T.Compose([T.Resize(resize), T.RandomCrop(size), flip]),
         "adv": jittered(0.2),
         "realistic": jittered(0.4),
+        # The ViT recipes' view (Hyp-ViT's train_tr): a larger minimum area, bicubic.
+        "vit": T.Compose(
+            [T.RandomResizedCrop(size, scale=(0.2, 1.0), interpolation=BICUBIC), flip]
+        ),
     }
 
 
@@ -177,8 +183,10 @@ def main() -> None:
     out["image__eval"] = big_cat
     out["eval_shapes"] = np.array(EVAL_SHAPES)
     evaluation = T.Compose([T.Resize(40), T.CenterCrop(32)])
+    bicubic = T.Compose([T.Resize(40, interpolation=BICUBIC), T.CenterCrop(32)])
     for h, w in EVAL_SHAPES:
         out[f"eval__{h}x{w}"] = np.asarray(evaluation(Image.fromarray(big_cat[:h, :w])))
+        out[f"evalbicubic__{h}x{w}"] = np.asarray(bicubic(Image.fromarray(big_cat[:h, :w])))
 
     # RandomResizedCrop boxes with the draws behind them, for many seeds and shapes.
     rows, draws, offsets = [], [], [0]
@@ -209,9 +217,13 @@ def main() -> None:
                 out[f"fullpipe__{name}__{pname}__{seed}"] = np.array(sha(pixels))
                 out[f"fulldraws__{name}__{pname}__{seed}"] = table
     full_eval = T.Compose([T.Resize(256), T.CenterCrop(224)])
+    full_bicubic = T.Compose([T.Resize(256, interpolation=BICUBIC), T.CenterCrop(224)])
     for pname in FULL_PHOTOS:
         out[f"fulleval__{pname}"] = np.array(
             sha(np.asarray(full_eval(Image.fromarray(photo(pname)))))
+        )
+        out[f"fullevalbicubic__{pname}"] = np.array(
+            sha(np.asarray(full_bicubic(Image.fromarray(photo(pname)))))
         )
 
     out["versions"] = np.array([torch.__version__, torchvision.__version__, PIL.__version__])

@@ -87,6 +87,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.cache_dir = ""
     c.data.image_size = 32  # photo datasets: the crop size (224)
     c.data.resize = 256  # photo datasets: short side before the evaluation's centre crop
+    # The evaluation view's resize filter: "bilinear" (the papers' protocol) or "bicubic" (the
+    # ViT recipes'); the training view's is the augmentation's own (``vit``: bicubic).
+    c.data.eval_interpolation = "bilinear"
     c.data.verify_counts = True  # benchmarks: check the image and class counts of the copy
     c.data.skip_unreadable = False  # folder source: skip undecodable images with a warning
     c.data.channels = 1

@@ -20,6 +20,7 @@ from jdml.data.benchmarks import BENCHMARKS, SOURCES
 from jdml.data.device_pixels import VIEW_PLACES
 from jdml.data.sources import DATASETS
 from jdml.data.splits import SPLITS
+from jdml.data.transforms import PIL_FILTERS
 from jdml.errors import ConfigError
 from jdml.evaluation.embeddings import check_metric_names, resolve_metrics
 from jdml.evaluation.kmeans import KMEANS_MODES
@@ -303,6 +304,11 @@ def _validate_pipeline(data: ml_collections.ConfigDict) -> None:
         )
     if data.views not in VIEW_PLACES:
         raise ConfigError(f"data.views={data.views!r}; choose one of: {', '.join(VIEW_PLACES)}")
+    if data.eval_interpolation not in PIL_FILTERS:
+        raise ConfigError(
+            f"data.eval_interpolation={data.eval_interpolation!r}; choose one of: "
+            + ", ".join(PIL_FILTERS)
+        )
     if data.views == "device" and "views" not in AUGMENTATIONS.meta(data.augment):
         raise ConfigError(
             f"data.views=device makes the views of photo augmentations, not of "

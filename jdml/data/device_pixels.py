@@ -302,6 +302,7 @@ class DeviceViews:
             frames.cols,
             resize=keywords.get("resize", 0),
             colour=colour,
+            filter=meta.get("filter", "bilinear"),
         )
         budget = memory_budget(float(data_cfg.device_photos_gib))
         need = frames.resident_bytes

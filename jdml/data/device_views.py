@@ -4,13 +4,15 @@ The host draws each view's parameters (:class:`jdml.data.photo_augment.ViewParam
 torchvision's order) and turns them into small integer arrays (:func:`view_arrays`); the device
 does the pixel work in jitted code (:func:`render`), from uint8 pixels:
 
-* **Crop and resize** follow Pillow's bilinear resample exactly. The host computes Pillow's
-  fixed-point weights in float64 (:func:`jdml.data.resample.pillow_taps`: the antialiasing
-  filter clamped to the crop, as torchvision crops before it resizes); the device applies them as
-  two matrix products, each rounded to 8 bits as Pillow's passes are, in Pillow's pass order.
-  Each 22-bit weight is split into three parts of at most 8 bits, so every product and sum is an
-  integer below 2^24: exact in float32 accumulators, and in bfloat16 operands on GPUs and TPUs,
-  whose matrix units then do the work. The result equals Pillow's bit for bit.
+* **Crop and resize** follow Pillow's bilinear or bicubic resample exactly. The host computes
+  Pillow's fixed-point weights in float64 (:func:`jdml.data.resample.pillow_taps`: the
+  antialiasing filter clamped to the crop, as torchvision crops before it resizes); the device
+  applies them as two matrix products, each rounded to 8 bits as Pillow's passes are, in
+  Pillow's pass order. Each 22-bit weight is split into three parts of at most 8 bits and a
+  sign (the bicubic's weights are negative in places; the top part is in [-256, 256]), so every
+  product and sum is an integer below 2^24 in magnitude: exact in float32 accumulators, and in
+  bfloat16 operands on GPUs and TPUs, whose matrix units then do the work. The result equals
+  Pillow's bit for bit.
 * **Flip** reverses the order of the horizontal weights (free).
 * **Grayscale** is Pillow's integer luma ``(19595 R + 38470 G + 7471 B + 2^15) >> 16``.
 * **Brightness, contrast and saturation** are Pillow's ``Image.blend``: ``trunc(d + f * (x -
@@ -64,19 +66,29 @@ class ViewShape:
     colour: bool = False
 
 
-def view_shape(size: int, rows: int, cols: int, *, resize: int = 0, colour: bool = False):
+def view_shape(
+    size: int,
+    rows: int,
+    cols: int,
+    *,
+    resize: int = 0,
+    colour: bool = False,
+    filter: str = "bilinear",
+):
     """The :class:`ViewShape` of ``size`` views of photos on (``rows``, ``cols``) canvases;
     ``resize``: the short side a ``red`` view or the evaluation view first resizes to (the
-    weights of the longest resample then fit)."""
+    weights of the longest resample then fit); ``filter``: the views' resampling filter."""
     longest = max(rows, cols)
-    taps = max(max_taps(longest, size), max_taps(longest, resize) if resize else 0)
+    taps = max(max_taps(longest, size, filter), max_taps(longest, resize, filter) if resize else 0)
     return ViewShape(size=size, taps=taps, rows=rows, cols=cols, colour=colour)
 
 
 @functools.lru_cache(maxsize=4096)
-def _padded_taps(in_len: int, out_len: int, taps: int) -> tuple[np.ndarray, np.ndarray]:
+def _padded_taps(
+    in_len: int, out_len: int, taps: int, filter: str
+) -> tuple[np.ndarray, np.ndarray]:
     """:func:`pillow_taps` with the weights padded to ``taps`` columns (cached, read-only)."""
-    first, coef = pillow_taps(in_len, out_len)
+    first, coef = pillow_taps(in_len, out_len, filter)
     if coef.shape[1] > taps:
         raise ValueError(f"a resample of {in_len} to {out_len} reads more than {taps} pixels")
     padded = np.zeros((out_len, taps), np.int32)
@@ -116,10 +128,10 @@ def view_arrays(params: Sequence[ViewParams], shape: ViewShape) -> dict[str, np.
             raise ValueError(f"a view of size {p.size} in a batch of size {s}")
         top, left, height, width = p.box
         (wy, wx), (ry, rx) = p.window, p.resized
-        first, coef = _padded_taps(height, ry, k)
+        first, coef = _padded_taps(height, ry, k, p.filter)
         np.add(first[wy : wy + s], top, out=out["ystart"][i])
         out["ycoef"][i] = coef[wy : wy + s]
-        first, coef = _padded_taps(width, rx, k)
+        first, coef = _padded_taps(width, rx, k, p.filter)
         cols = slice(wx + s - 1, wx - 1 if wx else None, -1) if p.flip else slice(wx, wx + s)
         np.add(first[cols], left, out=out["xstart"][i])
         out["xcoef"][i] = coef[cols]
@@ -144,8 +156,8 @@ def _dense(start: jax.Array, coef: jax.Array, length: int) -> jax.Array:
 
 
 def _parts(weights: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    """(3, ...) the weights' bits 14-22, 7-13 and 0-6: integers of at most 8 bits, exact in
-    ``dtype`` (bfloat16 included)."""
+    """(3, ...) the weights' bits 14-22 (with the sign: floor(w / 2^14), in [-256, 256]), 7-13
+    and 0-6, whose weighted sum is the weight: integers exact in ``dtype`` (bfloat16 included)."""
     mask = (1 << _CHUNK_BITS) - 1
     parts = (weights >> 2 * _CHUNK_BITS, (weights >> _CHUNK_BITS) & mask, weights & mask)
     return jnp.stack(parts).astype(dtype)

@@ -87,7 +87,9 @@ def _benchmark_splits(cfg: ml_collections.ConfigDict) -> dict[str, ImageSet]:
         raise DataError(f"{cfg.name} holds colour photos: set data.channels=3")
     splits = read_benchmark(cfg.name, cfg.path, source=cfg.source, verify_counts=cfg.verify_counts)
     sized = {
-        name: dataclasses.replace(files, resize=cfg.resize, crop=cfg.image_size)
+        name: dataclasses.replace(
+            files, resize=cfg.resize, crop=cfg.image_size, filter=cfg.eval_interpolation
+        )
         for name, files in splits.items()
     }
     if "query" in sized:  # In-Shop: the test split ranks the queries against the gallery

@@ -8,7 +8,9 @@ path, i.e. Pillow's arithmetic (bilinear resampling, ``convert("L")``, ``blend``
 * ``big``: the same with a 256 crop;
 * ``red``: Resize(256) of the short side + RandomCrop(224) + flip(0.5);
 * ``adv``: RandomResizedCrop(224) + RandomGrayscale(0.2) + ColorJitter(0.2, 0.2, 0.2, 0.2) + flip;
-* ``realistic``: DiVA's key view, as ``adv`` with ColorJitter(0.4, 0.4, 0.4, 0.4).
+* ``realistic``: DiVA's key view, as ``adv`` with ColorJitter(0.4, 0.4, 0.4, 0.4);
+* ``vit``: RandomResizedCrop(224, scale (0.2, 1), bicubic) + flip(0.5), the view of the ViT
+  metric-learning recipes (Hyp-ViT's code, which HIER's builds on).
 
 Randomness comes only from the ``np.random.Generator`` passed in, drawn in torchvision's order and
 with its rules (one ``uniform``/``integers``/``random``/``permutation`` call where torchvision
@@ -192,11 +194,12 @@ def adjust_hue(image: np.ndarray, factor: float) -> np.ndarray:
 class ViewParams:
     """Everything random about one view of one photo, drawn on the host in torchvision's order.
 
-    The view is: crop ``box`` out of the photo, resize the crop to ``resized`` (Pillow bilinear;
-    nothing when the sizes are equal), take the ``size`` square at ``window`` of the result, then
-    (``gray``) Pillow's grayscale, the ``jitter`` operations in their drawn order, and (``flip``)
-    a left-right mirror. The Pillow path (:func:`pillow_view`) and the device path
-    (:mod:`jdml.data.device_views`) apply the same parameters, so one seed gives one view on both.
+    The view is: crop ``box`` out of the photo, resize the crop to ``resized`` (Pillow's
+    ``filter``, bilinear or bicubic; nothing when the sizes are equal), take the ``size`` square
+    at ``window`` of the result, then (``gray``) Pillow's grayscale, the ``jitter`` operations in
+    their drawn order, and (``flip``) a left-right mirror. The Pillow path (:func:`pillow_view`)
+    and the device path (:mod:`jdml.data.device_views`) apply the same parameters, so one seed
+    gives one view on both.
 
     Attributes:
       box: (top, left, height, width) of the crop, inside the photo.
@@ -208,6 +211,7 @@ class ViewParams:
       jitter: ``(operation, factor)`` pairs in the order ColorJitter applies them; operations
         0 brightness, 1 contrast, 2 saturation, 3 hue (the factor in turns); disabled ones are
         absent.
+      filter: the resize's filter, "bilinear" or "bicubic" (``jdml.data.resample.FILTERS``).
     """
 
     box: Box
@@ -217,6 +221,7 @@ class ViewParams:
     flip: bool = False
     gray: bool = False
     jitter: tuple[tuple[int, float], ...] = ()
+    filter: str = "bilinear"
 
 
 #: ColorJitter's operations in the order of their indices (``ViewParams.jitter``).
@@ -229,7 +234,7 @@ def pillow_view(image: np.ndarray, params: ViewParams) -> np.ndarray:
     Returns:
       uint8 (size, size, 3).
     """
-    out = resize_hw(crop_box(image, params.box), params.resized)
+    out = resize_hw(crop_box(image, params.box), params.resized, params.filter)
     top, left = params.window
     out = crop_box(out, (top, left, params.size, params.size))
     if params.gray:
@@ -292,17 +297,25 @@ def color_jitter(
 
 
 def rrc_view_params(
-    height: int, width: int, rng: np.random.Generator, size: int, jitter: float = 0.0
+    height: int,
+    width: int,
+    rng: np.random.Generator,
+    size: int,
+    jitter: float = 0.0,
+    scale: tuple[float, float] = (0.08, 1.0),
+    filter: str = "bilinear",
 ) -> ViewParams:
-    """RandomResizedCrop(size), then (if ``jitter``) RandomGrayscale(0.2) and ColorJitter
-    (``jitter`` for all four), then the flip: the draws of the reference's ``base``/``big``/
-    ``adv`` modes and DiVA's key view, in their transform order."""
-    box = rrc_params(height, width, rng)
+    """RandomResizedCrop(size, scale, interpolation=filter), then (if ``jitter``)
+    RandomGrayscale(0.2) and ColorJitter (``jitter`` for all four), then the flip: the draws of
+    the reference's ``base``/``big``/``adv`` modes, DiVA's key view and the ``vit`` view, in
+    their transform order."""
+    box = rrc_params(height, width, rng, scale)
     gray, jitters = False, ()
     if jitter:
         gray = bool(rng.random() < 0.2)
         jitters = jitter_params(rng, jitter, jitter, jitter, jitter)
-    return ViewParams(box, (size, size), (0, 0), size, _flip_draw(rng), gray, jitters)
+    flip = _flip_draw(rng)
+    return ViewParams(box, (size, size), (0, 0), size, flip, gray, jitters, filter)
 
 
 def red_view_params(
@@ -314,11 +327,13 @@ def red_view_params(
     return ViewParams((0, 0, height, width), resized, (top, left), size, _flip_draw(rng))
 
 
-def eval_view_params(height: int, width: int, resize: int = 256, crop: int = 224) -> ViewParams:
+def eval_view_params(
+    height: int, width: int, resize: int = 256, crop: int = 224, filter: str = "bilinear"
+) -> ViewParams:
     """The evaluation view (Resize(resize) of the short side, CenterCrop(crop)): no draws."""
     resized = short_side_shape(height, width, resize)
     top, left, _, _ = center_crop_params(*resized, crop)
-    return ViewParams((0, 0, height, width), resized, (top, left), crop)
+    return ViewParams((0, 0, height, width), resized, (top, left), crop, filter=filter)
 
 
 def _batch(images: Photos, view: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
@@ -343,9 +358,12 @@ def _drawn(draw: Callable[[int, int], ViewParams]) -> Callable[[np.ndarray], np.
     return lambda image: pillow_view(image, draw(image.shape[0], image.shape[1]))
 
 
-def _rrc_batch(images: Photos, rng: np.random.Generator, size: int, jitter: float) -> np.ndarray:
-    """The Pillow views of :func:`rrc_view_params` of each photo, in order."""
-    return _batch(images, _drawn(lambda h, w: rrc_view_params(h, w, rng, size, jitter)))
+def _rrc_batch(
+    images: Photos, rng: np.random.Generator, size: int, jitter: float, **crop: object
+) -> np.ndarray:
+    """The Pillow views of :func:`rrc_view_params` of each photo, in order (``crop``: its
+    ``scale`` and ``filter``)."""
+    return _batch(images, _drawn(lambda h, w: rrc_view_params(h, w, rng, size, jitter, **crop)))
 
 
 #: What an augmentation registers as ``views=`` for the device path: draws one view's
@@ -415,16 +433,44 @@ def realistic_augment(images: Photos, rng: np.random.Generator, *, size: int = 2
     return _rrc_batch(images, rng, size, 0.4)
 
 
-def eval_photos(images: Photos, resize: int = 256, crop: int = 224) -> np.ndarray:
+#: The ``vit`` view's crop: RandomResizedCrop's area range and filter.
+_VIT_CROP = {"scale": (0.2, 1.0), "filter": "bicubic"}
+
+
+@AUGMENTATIONS.register(
+    "vit",
+    photo=True,
+    config=_CROP,
+    filter="bicubic",
+    views=functools.partial(rrc_view_params, jitter=0.0, **_VIT_CROP),
+)
+def vit_augment(images: Photos, rng: np.random.Generator, *, size: int = 224) -> np.ndarray:
+    """RandomResizedCrop(size, scale=(0.2, 1), interpolation=BICUBIC) + RandomHorizontalFlip:
+    the training view of the ViT metric-learning recipes.
+
+    Returns:
+      float32 (B, size, size, 3) in [0, 1].
+
+    References:
+      Ermolov et al., "Hyperbolic Vision Transformers: Combining Improvements in Metric
+      Learning", CVPR 2022 (its code's ``train_tr``).
+    """
+    return _rrc_batch(images, rng, size, 0.0, **_VIT_CROP)
+
+
+def eval_photos(
+    images: Photos, resize: int = 256, crop: int = 224, filter: str = "bilinear"
+) -> np.ndarray:
     """The evaluation view: Resize(256) of the short side + CenterCrop(224), as torchvision.
 
     Args:
       images: uint8 RGB photos of any sizes.
       resize: the short side after resizing.
       crop: the side of the central square (at most ``resize``).
+      filter: the resize's filter, "bilinear" or "bicubic".
 
     Returns:
       float32 (B, crop, crop, 3) in [0, 1].
     """
 
-    return _batch(images, lambda image: eval_view(image, resize, crop))
+    return _batch(images, lambda image: eval_view(image, resize, crop, filter))

@@ -37,17 +37,24 @@ def center_crop_params(height: int, width: int, size: int) -> Box:
     return round((height - size) / 2.0), round((width - size) / 2.0), size, size
 
 
-def resize_hw(image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    """Pillow bilinear resize of a uint8 (H, W, C) array to ``shape`` = (height, width).
+#: torchvision's interpolation names and Pillow's filters.
+PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+
+
+def resize_hw(image: np.ndarray, shape: tuple[int, int], filter: str = "bilinear") -> np.ndarray:
+    """Pillow resize of a uint8 (H, W, C) array to ``shape`` = (height, width), with the
+    ``filter`` "bilinear" (the papers' protocol) or "bicubic" (the ViT recipes').
 
     This is torchvision's PIL path (``Image.resize(..., BILINEAR)``); Pillow widens the filter
     when shrinking, so it antialiases like torchvision's tensor path with ``antialias=True`` but
     its rounding differs from it.
     """
+    if filter not in PIL_FILTERS:
+        raise ValueError(f"unknown interpolation {filter!r}; known: {', '.join(PIL_FILTERS)}")
     if image.shape[:2] == tuple(shape):
         return image  # torchvision returns the image untouched too
     pil = Image.fromarray(np.ascontiguousarray(image))
-    return np.asarray(pil.resize((shape[1], shape[0]), Image.Resampling.BILINEAR))
+    return np.asarray(pil.resize((shape[1], shape[0]), PIL_FILTERS[filter]))
 
 
 def crop_box(image: np.ndarray, box: Box) -> np.ndarray:
@@ -58,8 +65,11 @@ def crop_box(image: np.ndarray, box: Box) -> np.ndarray:
     return image[top : top + h, left : left + w]
 
 
-def eval_view(image: np.ndarray, resize: int = 256, crop: int = 224) -> np.ndarray:
+def eval_view(
+    image: np.ndarray, resize: int = 256, crop: int = 224, filter: str = "bilinear"
+) -> np.ndarray:
     """The evaluation view of one uint8 (H, W, 3) photo: torchvision's Resize(``resize``) of the
-    short side (bilinear, PIL path) then CenterCrop(``crop``), as uint8 (crop, crop, 3)."""
-    image = resize_hw(image, short_side_shape(image.shape[0], image.shape[1], resize))
+    short side (``filter``, PIL path) then CenterCrop(``crop``), as uint8 (crop, crop, 3)."""
+    shape = short_side_shape(image.shape[0], image.shape[1], resize)
+    image = resize_hw(image, shape, filter)
     return crop_box(image, center_crop_params(image.shape[0], image.shape[1], crop))

@@ -85,7 +85,8 @@ def test_augmentations_carry_their_photo_flag_and_config_keywords() -> None:
     from jdml.data.augment import make_augmentation
     from jdml.errors import UnknownNameError
 
-    assert AUGMENTATIONS.names_where("photo") == ["adv", "base", "big", "realistic", "red"]
+    assert AUGMENTATIONS.names_where("photo") == ["adv", "base", "big", "realistic", "red", "vit"]
+    assert AUGMENTATIONS.meta("vit")["filter"] == "bicubic"
     assert AUGMENTATIONS.meta("red")["config"] == {"size": "image_size", "resize": "resize"}
     assert dict(AUGMENTATIONS.meta("affine")) == {}
     with pytest.raises(TypeError):

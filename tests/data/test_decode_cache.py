@@ -68,6 +68,19 @@ def test_evaluation_view_and_red_crops_are_unchanged_by_the_cache(files, tmp_pat
     np.testing.assert_array_equal(a, b)
 
 
+def test_a_bicubic_evaluation_view_gets_a_bicubic_cache_of_its_own(files, tmp_path):
+    """data.eval_interpolation=bicubic: the cache shrinks with the bicubic filter, under another
+    key, so the bicubic evaluation view is unchanged by it as well."""
+    bicubic = dataclasses.replace(files, filter="bicubic")
+    assert dc.cache_key(bicubic, RESIZE) != dc.cache_key(files, RESIZE)
+    cached = dc.open_cache(bicubic, RESIZE, tmp_path / "cache", threads=1)
+    bilinear = dc.open_cache(files, RESIZE, tmp_path / "cache", threads=1)
+    assert cached.file != bilinear.file and cached.filter == "bicubic"
+    index = np.arange(len(files))
+    np.testing.assert_array_equal(cached.eval_images(index), bicubic.eval_images(index))
+    assert not np.array_equal(bicubic.eval_images(index), files.eval_images(index))
+
+
 def test_a_second_open_and_a_second_process_reuse_the_cache(files, tmp_path, monkeypatch):
     folder = tmp_path / "cache"
     first = dc.open_cache(files, RESIZE, folder, threads=2)
@@ -153,9 +166,9 @@ def test_a_killed_build_leaves_no_cache_and_the_next_build_completes(files, tmp_
         import time
         import jdml.data.benchmarks.decode_cache as dc
         decoded = dc._decoded
-        def slow(path, resize):
+        def slow(*args):
             time.sleep(0.5)
-            return decoded(path, resize)
+            return decoded(*args)
         dc._decoded = slow
         """
     )

@@ -5,6 +5,7 @@ device views (resumed bit for bit)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -26,6 +27,7 @@ from jdml.data.device_pixels import Frames, host_canvases, stored
 from jdml.data.device_views import hsv_tables, render, view_arrays, view_shape
 from jdml.data.pipeline import input_pipeline
 from jdml.data.resample import pillow_taps, resample_reference
+from jdml.data.transforms import PIL_FILTERS
 from jdml.errors import ConfigError
 from jdml.fileio import read_jsonl
 from jdml.run import Run
@@ -54,10 +56,10 @@ def photos() -> list[np.ndarray]:
     ]
 
 
-def device_pixels(images, params, size, *, resize=0, colour=False) -> np.ndarray:
+def device_pixels(images, params, size, *, resize=0, colour=False, filter="bilinear"):
     """The device views of ``images`` with ``params``, as uint8 levels."""
     frames = Frames.of(np.array([im.shape[:2] for im in images]))
-    shape = view_shape(size, frames.rows, frames.cols, resize=resize, colour=colour)
+    shape = view_shape(size, frames.rows, frames.cols, resize=resize, colour=colour, filter=filter)
     canvases = host_canvases(images, frames.rows, frames.cols)
     tables = tuple(jnp.asarray(t) for t in hsv_tables()) if colour else None
     fn = jax.jit(lambda c, t, a, tb: render(c, t, a, shape, tb))
@@ -82,17 +84,22 @@ def draws(name: str, count: int, size: int, seed: int = 0):
         "realistic": lambda h, w: pa.rrc_view_params(h, w, rng, size, 0.4),
         "red": lambda h, w: pa.red_view_params(h, w, rng, size, 32 + size),
         "eval": lambda h, w: pa.eval_view_params(h, w, 32 + size, size),
+        "vit": lambda h, w: pa.rrc_view_params(h, w, rng, size, scale=(0.2, 1.0), filter="bicubic"),
+        "eval_bicubic": lambda h, w: pa.eval_view_params(h, w, 32 + size, size, "bicubic"),
     }[name]
     return images, [draw(*im.shape[:2]) for im in images]
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("name", ["base", "big", "red", "eval", "adv", "realistic"])
+@pytest.mark.parametrize(
+    "name", ["base", "big", "red", "eval", "adv", "realistic", "vit", "eval_bicubic"]
+)
 def test_device_views_equal_the_pillow_views_on_real_photos(name):
     size = 64 if name != "big" else 72
     images, params = draws(name, 15, size)
     colour = name in ("adv", "realistic")
-    got = device_pixels(images, params, size, resize=32 + size, colour=colour)
+    filter = params[0].filter
+    got = device_pixels(images, params, size, resize=32 + size, colour=colour, filter=filter)
     np.testing.assert_array_equal(got, pillow_pixels(images, params))
     if colour:  # the draws did exercise grayscale and every jitter operation
         assert any(p.gray for p in params)
@@ -121,19 +128,39 @@ def test_fixed_boxes_with_their_edge_cases_equal_pillow():
     images, params = zip(*cases, strict=True)
     got = device_pixels(list(images), list(params), 48, resize=200, colour=True)
     np.testing.assert_array_equal(got, pillow_pixels(images, params))
+    # The same boxes with the bicubic filter: negative weights, overshoots clipped to 0 and 255.
+    bicubic = [dataclasses.replace(p, filter="bicubic") for p in params]
+    got = device_pixels(list(images), bicubic, 48, resize=200, colour=True, filter="bicubic")
+    np.testing.assert_array_equal(got, pillow_pixels(images, bicubic))
 
 
 @pytest.mark.parametrize(("in_len", "out_len"), [(1, 5), (7, 7), (300, 224), (512, 48), (5, 640)])
-def test_pillow_taps_reproduce_pillow_resize(in_len, out_len):
+@pytest.mark.parametrize("filter", ["bilinear", "bicubic"])
+def test_pillow_taps_reproduce_pillow_resize(in_len, out_len, filter):
     image = photos()[0][:in_len, : max(in_len // 2, 1)]
     ref = Image.fromarray(np.ascontiguousarray(image)).resize(
-        (image.shape[1], out_len), Image.Resampling.BILINEAR
+        (image.shape[1], out_len), PIL_FILTERS[filter]
     )
-    np.testing.assert_array_equal(resample_reference(image, out_len, image.shape[1]), ref)
-    first, coef = pillow_taps(in_len, out_len)
-    assert first.min() >= 0 and (first + (coef > 0).sum(1)).max() <= in_len
+    np.testing.assert_array_equal(resample_reference(image, out_len, image.shape[1], filter), ref)
+    first, coef = pillow_taps(in_len, out_len, filter)
+    assert first.min() >= 0 and (first + (coef != 0).sum(1)).max() <= in_len
     # Pillow's fixed-point weights sum to one (2^22) up to their rounding.
     assert np.abs(coef.sum(1).astype(np.int64) - (1 << 22)).max() <= coef.shape[1]
+    assert (coef.min() < 0) == (filter == "bicubic" and in_len not in (1, out_len))
+
+
+def test_pillow_taps_on_random_crops_equal_pillow():
+    """Random crop sizes to random output sizes, both filters: Pillow's pixels exactly."""
+    rng = np.random.default_rng(0)
+    image = photos()[0]
+    for _ in range(60):
+        h, w = (int(v) for v in rng.integers(1, 512, size=2))
+        out_h, out_w = (int(v) for v in rng.integers(1, 300, size=2))
+        crop = np.ascontiguousarray(image[:h, :w])
+        for filter, pil in PIL_FILTERS.items():
+            ref = np.asarray(Image.fromarray(crop).resize((out_w, out_h), pil))
+            got = resample_reference(crop, out_h, out_w, filter)
+            np.testing.assert_array_equal(got, ref, err_msg=f"{filter} {h}x{w} -> {out_h}x{out_w}")
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +204,7 @@ def host_batch(run: Run, step: int) -> dict[str, np.ndarray]:
     return batch(step)
 
 
-@pytest.mark.parametrize("augment", ["base", "red", "adv", "realistic"])
+@pytest.mark.parametrize("augment", ["base", "red", "adv", "realistic", "vit"])
 def test_the_pipeline_draws_the_same_views_on_both_paths(cub, augment):
     device = Run(cub_config(cub, **{"data.augment": augment, "data.views": "device"}))
     host = Run(cub_config(cub, **{"data.augment": augment, "data.views": "host"}))

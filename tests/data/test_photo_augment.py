@@ -29,6 +29,7 @@ PIPELINES = {  # name -> the batch function with the small sizes the golden file
     "red": lambda x, rng: pa.red_augment(x, rng, size=32, resize=40),
     "adv": lambda x, rng: pa.adv_augment(x, rng, size=32),
     "realistic": lambda x, rng: pa.realistic_augment(x, rng, size=32),
+    "vit": lambda x, rng: pa.vit_augment(x, rng, size=32),
 }
 IMAGES = ["cat", "coffee", "noise"]
 
@@ -116,17 +117,19 @@ def test_resized_crop_equals_torchvision(golden):
         np.testing.assert_array_equal(out, expected, err_msg=str(box))
 
 
-def test_eval_equals_torchvision(golden):
+@pytest.mark.parametrize("filter, key", [("bilinear", "eval"), ("bicubic", "evalbicubic")])
+def test_eval_equals_torchvision(golden, filter, key):
     for h, w in golden["eval_shapes"]:
-        out = pa.eval_photos([golden["image__eval"][:h, :w]], resize=40, crop=32)
-        np.testing.assert_array_equal(out[0], golden[f"eval__{h}x{w}"] / np.float32(255.0))
+        out = pa.eval_photos([golden["image__eval"][:h, :w]], resize=40, crop=32, filter=filter)
+        np.testing.assert_array_equal(out[0], golden[f"{key}__{h}x{w}"] / np.float32(255.0))
 
 
-def test_eval_full_photos_equal_torchvision(golden, photos_dir):
+@pytest.mark.parametrize("filter, key", [("bilinear", "fulleval"), ("bicubic", "fullevalbicubic")])
+def test_eval_full_photos_equal_torchvision(golden, photos_dir, filter, key):
     for name in ("chelsea.png", "coffee.png", "rocket.jpg"):
-        out = pa.eval_photos([full_photo(photos_dir, name)])
+        out = pa.eval_photos([full_photo(photos_dir, name)], filter=filter)
         assert out.shape == (1, 224, 224, 3)
-        assert sha(out) == str(golden[f"fulleval__{name}"]), name
+        assert sha(out) == str(golden[f"{key}__{name}"]), name
 
 
 def test_flip_is_exact():
@@ -217,7 +220,7 @@ def test_pipelines_replay_torchvision(golden, name, seed):
     assert rng.exhausted()
 
 
-@pytest.mark.parametrize("name", ["base", "big", "red", "adv", "realistic"])
+@pytest.mark.parametrize("name", ["base", "big", "red", "adv", "realistic", "vit"])
 def test_full_size_pipelines_replay_torchvision(golden, photos_dir, name):
     fn = AUGMENTATIONS.get(name)
     for photo in ("chelsea.png", "coffee.png", "rocket.jpg"):

@@ -9,6 +9,7 @@ expected where.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,7 @@ class Photos:
       source: where the split came from (for logs and results).
       resize: the evaluation view's short side.
       crop: the evaluation view's centre square.
+      filter: the evaluation view's resize filter ("bilinear" or "bicubic").
     """
 
     labels: np.ndarray
@@ -47,6 +49,7 @@ class Photos:
     source: str = ""
     resize: int = 256
     crop: int = 224
+    filter: str = "bilinear"
     #: Whether reading a photo decodes an encoded image (the input pipeline then sizes itself
     #: for decoding: ``jdml.data.pipeline.resolve_pipeline_sizes``).
     decodes: ClassVar[bool] = True
@@ -92,8 +95,9 @@ class Photos:
 
     def eval_images(self, index: np.ndarray) -> np.ndarray:
         """The photos ``index`` as the evaluation sees them: the short side resized to
-        ``resize``, the centre ``crop`` x ``crop`` square, float32 in [0, 1]."""
-        crops = [eval_view(photo, self.resize, self.crop) for photo in self.load(index)]
+        ``resize`` (with ``filter``), the centre ``crop`` x ``crop`` square, float32 in [0, 1]."""
+        view = functools.partial(eval_view, resize=self.resize, crop=self.crop, filter=self.filter)
+        crops = [view(photo) for photo in self.load(index)]
         return np.stack(crops).astype(np.float32) / 255.0
 
 

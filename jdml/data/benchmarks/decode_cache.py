@@ -4,7 +4,8 @@ Decoding the JPEGs dominates the cost of a photo batch (``data.decode_cache=True
 cache on). The cache holds each photo of a :class:`FileList` decoded (EXIF orientation applied,
 RGB) and, where its short side is longer than the cache's size (``data.cache_size``; 0, the
 default, is the evaluation's ``data.resize``), resized to it with the evaluation view's resize
-(torchvision's ``Resize``, Pillow bilinear); smaller photos are kept as they are. The pixels lie
+(torchvision's ``Resize``, Pillow's bilinear, or bicubic with ``data.eval_interpolation``);
+smaller photos are kept as they are. The pixels lie
 in one uint8 file, read through a memory map, so grain's worker processes share them through the
 page cache (and device views copy them to the device once).
 
@@ -84,13 +85,16 @@ def default_folder() -> Path:
 
 
 def cache_key(files: FileList, resize: int) -> str:
-    """32 hex digits that change with the resize, the Pillow version, or any photo's path, size
-    in bytes or modification time.
+    """32 hex digits that change with the resize and its filter, the Pillow version, or any
+    photo's path, size in bytes or modification time.
 
     Raises:
       DataError: naming a listed photo that does not exist.
     """
-    digest = hashlib.sha256(f"v{VERSION} resize {resize} Pillow {PIL.__version__}\n".encode())
+    # The bilinear caches keep the keys they had before the filter was a choice.
+    filter = "" if files.filter == "bilinear" else f" {files.filter}"
+    header = f"v{VERSION} resize {resize}{filter} Pillow {PIL.__version__}\n"
+    digest = hashlib.sha256(header.encode())
     for path in files.paths:
         try:
             stat = os.stat(path)
@@ -107,13 +111,14 @@ def cache_file(files: FileList, resize: int, key: str, folder: str | os.PathLike
     return base / f"photos-{len(files)}-{resize}px-{key}{SUFFIX}"
 
 
-def shrink(photo: np.ndarray, resize: int) -> np.ndarray:
+def shrink(photo: np.ndarray, resize: int, filter: str = "bilinear") -> np.ndarray:
     """A decoded photo as the cache stores it: the short side brought down to ``resize`` with
-    the evaluation view's resize, or the photo itself if its short side is at most ``resize``."""
+    the evaluation view's resize (``filter``), or the photo itself if its short side is at most
+    ``resize``."""
     height, width = photo.shape[:2]
     if min(height, width) <= resize:
         return photo
-    return resize_hw(photo, short_side_shape(height, width, resize))
+    return resize_hw(photo, short_side_shape(height, width, resize), filter)
 
 
 def _pixels_offset(count: int) -> int:
@@ -200,6 +205,7 @@ def read_cache(path: Path, key: str, files: FileList, resize: int) -> CachedPhot
         source=f"{files.source} (decode cache {path})",
         resize=files.resize,
         crop=files.crop,
+        filter=files.filter,
         file=str(path),
         shapes=shapes,
         offsets=offsets.astype(np.int64),
@@ -243,8 +249,8 @@ def _check_space(folder: Path, files: FileList, resize: int) -> None:
         )
 
 
-def _decoded(path: str, resize: int) -> np.ndarray:
-    return np.ascontiguousarray(shrink(decode_image(path), resize))
+def _decoded(path: str, resize: int, filter: str) -> np.ndarray:
+    return np.ascontiguousarray(shrink(decode_image(path), resize, filter))
 
 
 def build_cache(path: Path, key: str, files: FileList, resize: int, threads: int) -> None:
@@ -265,7 +271,10 @@ def build_cache(path: Path, key: str, files: FileList, resize: int, threads: int
                 step = _CHUNK * max(1, threads)
                 for first in range(0, len(files), step):
                     chunk = files.paths[first : first + step]
-                    for k, photo in enumerate(pool.map(_decoded, chunk, [resize] * len(chunk))):
+                    decoded = pool.map(
+                        _decoded, chunk, [resize] * len(chunk), [files.filter] * len(chunk)
+                    )
+                    for k, photo in enumerate(decoded):
                         shapes[first + k] = photo.shape[:2]
                         out.write(photo.tobytes())
             pixel_bytes = out.tell() - start
