@@ -144,6 +144,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.frozen_stages = -1
     c.model.embed_dim = 128
     c.model.normalize = True  # L2-normalise the embedding (the reference's *_normalize archs)
+    # The embedding heads' weights at the start: "lecun_normal" or "orthogonal" (the ViT
+    # recipes'); their biases start at zero.
+    c.model.head_init = "lecun_normal"
     c.model.head = "discriminative"
     c.model.dtype = "float32"
     c.model.pooling = "avg"  # global pooling of pretrained backbones: avg or avg+max

@@ -34,7 +34,7 @@ from jdml.methods.terms import TERMS
 from jdml.methods.terms.metric import check_sections
 from jdml.miners import MINERS
 from jdml.models import BACKBONES, INPUT_NORMALIZATIONS, MODEL_DTYPES, POOLINGS
-from jdml.models.embedding import frozen_backbone_modules
+from jdml.models.embedding import HEAD_INITS, frozen_backbone_modules
 from jdml.models.pretrained.backbones import CONVERTERS, weight_path
 from jdml.nn.batch_norm import BATCH_NORM_MODES
 from jdml.optim import OPTIMIZERS, SCHEDULES
@@ -238,6 +238,14 @@ def _validate_model(model: ml_collections.ConfigDict, channels: int) -> None:
         weight_path(model.backbone, model.pretrained)
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(str(e)) from None
+
+
+def _validate_head_init(model: ml_collections.ConfigDict) -> None:
+    """``model.head_init`` names an initialiser of the embedding heads."""
+    if model.head_init not in HEAD_INITS:
+        raise ConfigError(
+            f"model.head_init={model.head_init!r}; choose one of: {', '.join(HEAD_INITS)}"
+        )
 
 
 def _validate_normalization(c: ml_collections.ConfigDict) -> None:
@@ -518,6 +526,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
                 )
     _validate_model(c.model, c.data.channels)
     _validate_normalization(c)
+    _validate_head_init(c.model)
     _validate_photos(c.data)
     _validate_aux(c)
     _validate_cohort(c)

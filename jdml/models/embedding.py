@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -39,6 +39,14 @@ def _stage_modules(cfg: ml_collections.ConfigDict, backbone: str) -> tuple | Non
     return getattr(module, "STAGE_MODULES", None)
 
 
+#: The embedding heads' weight initialisers (``model.head_init``); biases start at zero.
+HEAD_INITS: dict[str, Callable[[], nn.initializers.Initializer]] = {
+    "lecun_normal": nn.initializers.lecun_normal,
+    # A random orthogonal matrix, as the ViT recipes' ``nn.init.orthogonal_`` (Hyp-ViT's head).
+    "orthogonal": nn.initializers.orthogonal,
+}
+
+
 class EmbeddingModel(nn.Module):
     """Backbone + one linear, L2-normalised embedding per named head.
 
@@ -46,6 +54,7 @@ class EmbeddingModel(nn.Module):
       backbone: module mapping images (B, H, W, C) to pooled features (B, F).
       heads: head name -> embedding dimension.
       normalize: L2-normalise each head's output (the reference's ``*_normalize`` archs).
+      head_init: the heads' weight initialiser, a name of :data:`HEAD_INITS`.
 
     Returns from ``__call__``: dict head name -> (B, dim) float32 embeddings.
     """
@@ -53,13 +62,15 @@ class EmbeddingModel(nn.Module):
     backbone: nn.Module
     heads: Mapping[str, int]
     normalize: bool = True
+    head_init: str = "lecun_normal"
 
     @nn.compact
     def __call__(self, images: jnp.ndarray) -> dict[str, jnp.ndarray]:
         feats = self.backbone(images)
+        init = HEAD_INITS[self.head_init]()
         out = {}
         for name, dim in self.heads.items():
-            e = nn.Dense(dim, dtype=jnp.float32, name=f"head_{name}")(feats)
+            e = nn.Dense(dim, dtype=jnp.float32, kernel_init=init, name=f"head_{name}")(feats)
             out[name] = l2_normalize(e) if self.normalize else e
         return out
 
@@ -76,4 +87,10 @@ def build_model(
     """
     backbone = BACKBONES.get(cfg.backbone)(cfg, train=train)
     heads = dict(heads) if heads is not None else {cfg.head: cfg.embed_dim}
-    return EmbeddingModel(backbone=backbone, heads=heads, normalize=cfg.normalize, name=None)
+    return EmbeddingModel(
+        backbone=backbone,
+        heads=heads,
+        normalize=cfg.normalize,
+        head_init=cfg.get("head_init", "lecun_normal"),
+        name=None,
+    )

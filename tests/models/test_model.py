@@ -79,3 +79,19 @@ def test_avg_plus_max_pooling_adds_the_global_max():
     last = state["intermediates"]["stage1_block0"]["__call__"][0]
     np.testing.assert_allclose(pooled, last.mean(axis=(1, 2)) + last.max(axis=(1, 2)), rtol=1e-6)
     np.testing.assert_allclose(jax.jit(avg.apply)(variables, x), last.mean(axis=(1, 2)), rtol=1e-6)
+
+
+def test_orthogonal_heads_start_with_orthonormal_columns_and_zero_bias():
+    """model.head_init=orthogonal: the (8 features, 6 dims) kernel has orthonormal columns (the
+    recipes' nn.init.orthogonal_ on the (6, 8) weight has orthonormal rows); the default draws
+    another kernel from the same key."""
+    x = jax.random.normal(jax.random.key(0), (3, 8, 8, 1))
+    heads = {}
+    for init in ("orthogonal", "lecun_normal"):
+        model = build_model(_cfg(head_init=init), train=False)
+        heads[init] = jax.jit(model.init)(jax.random.key(1), x)["params"]["head_discriminative"]
+    kernel = np.asarray(heads["orthogonal"]["kernel"])
+    assert kernel.shape == (8, 6)
+    np.testing.assert_allclose(kernel.T @ kernel, np.eye(6), atol=1e-6)
+    assert not np.allclose(kernel, heads["lecun_normal"]["kernel"])
+    np.testing.assert_array_equal(heads["orthogonal"]["bias"], 0.0)
