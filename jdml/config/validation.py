@@ -226,8 +226,9 @@ def _validate_model(model: ml_collections.ConfigDict, channels: int) -> None:
     if model.pretrained == "required":
         raise ConfigError(
             f"this preset fine-tunes ImageNet weights of {model.backbone}: give their file with "
-            "--config.model.pretrained=<path> (a torchvision/timm/Cadene .pth or .safetensors; "
-            "nothing is downloaded), or --config.model.pretrained='' to train from scratch"
+            "--config.model.pretrained=<path> (a torchvision/timm/Cadene/DINO/DINOv2 .pth or "
+            ".safetensors; nothing is downloaded), or --config.model.pretrained='' to train from "
+            "scratch"
         )
     if model.backbone not in CONVERTERS:
         raise ConfigError(
