@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jdml.geometry import l2_normalize
 from jdml.losses.base import Loss, LossOutput, register_loss
-from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, symmetric_uniform
+from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, unit_class_map
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
@@ -132,14 +130,7 @@ class ArcFaceLoss(Loss):
           cosine (no margin, no clamp) is to its own class.
         """
         x = embeddings.astype(jnp.float32)
-        dim = x.shape[-1]
-        class_map = self.param(
-            "class_map",
-            symmetric_uniform(1.0 / math.sqrt(dim)),
-            (self.num_classes, dim),
-            jnp.float32,
-        )
-        cos = x @ l2_normalize(class_map, axis=1).T
+        cos = x @ unit_class_map(self, self.num_classes, x.shape[-1]).T
         low, high = cosine_bounds(self.eps, self.reference_clamp)
         logits = arcface_logits(
             jnp.clip(cos, low, high), labels, margin=self.margin, scale=self.scale

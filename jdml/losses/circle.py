@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jdml.losses.base import Loss, LossOutput, masked_mean, register_loss, valid_fraction
 from jdml.losses.npair import masked_logsumexp
 from jdml.losses.supcon import scaled_similarities
-from jdml.miners.base import Tuples, positive_mask
+from jdml.miners.base import Tuples, negative_mask, positive_mask
 from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 
@@ -58,9 +58,9 @@ class CircleLoss(Loss):
           (loss, {"valid_fraction"}): scalar float32 loss; the fraction of anchors with a
           positive and a negative.
         """
-        s, others = scaled_similarities(embeddings, 1.0)
+        s, _ = scaled_similarities(embeddings, 1.0)
         positives = positive_mask(labels)
-        negatives = others & ~positives
+        negatives = negative_mask(labels)
         m = self.margin
         a_p = jax.lax.stop_gradient(jax.nn.relu(1.0 + m - s))
         a_n = jax.lax.stop_gradient(jax.nn.relu(s + m))

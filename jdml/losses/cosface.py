@@ -4,7 +4,6 @@ class (Wang et al., CVPR 2018)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import ClassVar
 
 import flax.linen as nn
@@ -13,7 +12,7 @@ import jax.numpy as jnp
 
 from jdml.geometry import l2_normalize
 from jdml.losses.base import Loss, LossOutput, register_loss
-from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, symmetric_uniform
+from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, unit_class_map
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
@@ -74,14 +73,7 @@ class CosFaceLoss(Loss):
           cosine is to its own class.
         """
         x = l2_normalize(embeddings.astype(jnp.float32), axis=1)
-        dim = x.shape[-1]
-        class_map = self.param(
-            "class_map",
-            symmetric_uniform(1.0 / math.sqrt(dim)),
-            (self.num_classes, dim),
-            jnp.float32,
-        )
-        cos = x @ l2_normalize(class_map, axis=1).T
+        cos = x @ unit_class_map(self, self.num_classes, x.shape[-1]).T
         onehot = jax.nn.one_hot(labels, self.num_classes, dtype=cos.dtype)
         loss = softmax_cross_entropy(self.scale * (cos - self.margin * onehot), labels)
         return loss, {"accuracy": batch_accuracy(cos, labels)}

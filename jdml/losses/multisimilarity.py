@@ -17,7 +17,7 @@ from jdml.losses.base import (
     valid_fraction,
 )
 from jdml.losses.npair import log1p_sum_exp
-from jdml.miners.base import Tuples, positive_mask, same_label
+from jdml.miners.base import Tuples, negative_mask, positive_mask
 from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 
@@ -40,7 +40,7 @@ def mine_pairs(
     """
     s = jax.lax.stop_gradient(similarity)
     positives = positive_mask(labels)
-    negatives = ~same_label(labels)
+    negatives = negative_mask(labels)
     hardest_pos = jnp.min(jnp.where(positives, s, jnp.inf), axis=-1, keepdims=True)
     hardest_neg = jnp.max(jnp.where(negatives, s, -jnp.inf), axis=-1, keepdims=True)
     kept_neg = negatives & (s + margin > hardest_pos)
@@ -116,7 +116,7 @@ class MultiSimilarityLoss(Loss):
         counted = jnp.any(kept_pos, axis=-1) & jnp.any(kept_neg, axis=-1)
         loss = masked_mean(per_anchor, counted)
         num_pos = jnp.sum(positive_mask(labels))
-        num_neg = jnp.sum(~same_label(labels))
+        num_neg = jnp.sum(negative_mask(labels))
         metrics = {
             "neg_pair_fraction": fraction_of(jnp.sum(kept_neg), num_neg),
             "pos_pair_fraction": fraction_of(jnp.sum(kept_pos), num_pos),

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jdml.losses.base import Loss, LossOutput, fraction_of, masked, masked_mean, register_loss
 from jdml.losses.npair import masked_logsumexp
 from jdml.losses.supcon import scaled_similarities
-from jdml.miners.base import Tuples, positive_mask
+from jdml.miners.base import Tuples, negative_mask, positive_mask
 from jdml.registry import POSITIVE, Range
 
 
@@ -74,7 +74,7 @@ class NTXentLoss(Loss):
         """
         logits, others = scaled_similarities(embeddings, self.temperature)
         positives = positive_mask(labels)
-        negatives = others & ~positives
+        negatives = negative_mask(labels)
         metrics = {"pos_pair_fraction": fraction_of(jnp.sum(positives), jnp.sum(others))}
         if self.slot_pairs:
             return slot_pair_loss(logits, labels, positives, negatives), metrics

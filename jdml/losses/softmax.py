@@ -32,6 +32,20 @@ def symmetric_uniform(bound: float) -> nn.initializers.Initializer:
     return init
 
 
+def unit_class_map(module: nn.Module, rows: int, dim: int) -> jax.Array:
+    """The parameter ``class_map`` of a classification loss, L2-normalised per row.
+
+    Declared on ``module`` (from its compact ``__call__``) as (rows, dim) float32 drawn from
+    U(-1/sqrt(dim), 1/sqrt(dim)), the reference's initialisation of its class maps.
+
+    Returns:
+      (rows, dim) float32, unit rows.
+    """
+    init = symmetric_uniform(1.0 / math.sqrt(dim))
+    class_map = module.param("class_map", init, (rows, dim), jnp.float32)
+    return l2_normalize(class_map, axis=1)
+
+
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """Mean over the batch of -log softmax(logits)[label].
 
@@ -121,13 +135,7 @@ class NormSoftmaxLoss(Loss):
           logit is its own class.
         """
         x = embeddings.astype(jnp.float32)
-        dim = x.shape[-1]
-        class_map = self.param(
-            "class_map",
-            symmetric_uniform(1.0 / math.sqrt(dim)),
-            (self.num_classes, dim),
-            jnp.float32,
-        )
-        logits = x @ l2_normalize(class_map, axis=1).T / self.temperature
+        class_map = unit_class_map(self, self.num_classes, x.shape[-1])
+        logits = x @ class_map.T / self.temperature
         loss = softmax_cross_entropy(logits, labels)
         return loss, {"accuracy": batch_accuracy(logits, labels)}

@@ -4,7 +4,6 @@ ECCV 2020)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import ClassVar
 
 import flax.linen as nn
@@ -14,7 +13,7 @@ import jax.numpy as jnp
 from jdml.geometry import l2_normalize
 from jdml.losses.arcface import arcface_logits, cosine_bounds
 from jdml.losses.base import Loss, LossOutput, register_loss
-from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, symmetric_uniform
+from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, unit_class_map
 from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
@@ -85,14 +84,8 @@ class SubCenterArcFaceLoss(Loss):
           class cosine is its own class's.
         """
         x = l2_normalize(embeddings.astype(jnp.float32), axis=1)
-        dim = x.shape[-1]
-        class_map = self.param(
-            "class_map",
-            symmetric_uniform(1.0 / math.sqrt(dim)),
-            (self.num_classes * self.sub_centers, dim),
-            jnp.float32,
-        )
-        cos_all = x @ l2_normalize(class_map, axis=1).T
+        rows = self.num_classes * self.sub_centers
+        cos_all = x @ unit_class_map(self, rows, x.shape[-1]).T
         cos = jnp.max(cos_all.reshape(x.shape[0], self.num_classes, self.sub_centers), axis=-1)
         low, high = cosine_bounds(self.eps, reference_clamp=False)
         logits = arcface_logits(

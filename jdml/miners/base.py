@@ -83,6 +83,11 @@ def positive_mask(labels: jax.Array) -> jax.Array:
     return same_label(labels) & ~jnp.eye(n, dtype=bool)
 
 
+def negative_mask(labels: jax.Array) -> jax.Array:
+    """(B, B) bool: True for pairs of different labels (never the diagonal)."""
+    return ~same_label(labels)
+
+
 def sample_rows(key: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Draws one column per row uniformly among that row's True entries.
 

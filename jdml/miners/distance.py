@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from jdml.geometry import pairwise_distances
-from jdml.miners.base import MINERS, Tuples, same_label, sample_positives
+from jdml.miners.base import MINERS, Tuples, negative_mask, sample_positives
 from jdml.registry import NON_NEGATIVE, POSITIVE
 
 MAX_DISTANCE = 2.0 - 1e-4
@@ -66,7 +66,7 @@ def negative_log_weights(
     d = jnp.clip(dist, lower_cutoff, MAX_DISTANCE)
     log_w = (2.0 - dim) * jnp.log(d) - ((dim - 3.0) / 2.0) * jnp.log1p(-0.25 * d * d)
 
-    other = ~same_label(labels)
+    other = negative_mask(labels)
     allowed = other if upper_cutoff is None else other & (dist < upper_cutoff)
     has_allowed = jnp.any(allowed, axis=-1, keepdims=True)
     log_w = jnp.where(allowed, log_w, -jnp.inf)

@@ -9,8 +9,8 @@ from jdml.geometry import pairwise_distances
 from jdml.miners.base import (
     MINERS,
     Tuples,
+    negative_mask,
     positive_mask,
-    same_label,
     sample_positives,
     sample_rows,
 )
@@ -66,7 +66,7 @@ def semihard(
     dist = pairwise_distances(jax.lax.stop_gradient(embeddings))
     positives, has_positive = sample_positives(key_pos, labels)
     d_ap = dist[anchors, positives][:, None]
-    negative = ~same_label(labels)
+    negative = negative_mask(labels)
     band = negative & (dist > d_ap) & (dist < d_ap + margin)
     drawn, has_negative = sample_rows(key_neg, prefer(band, negative))
     negatives = jnp.where(has_negative, drawn, anchors)
@@ -104,7 +104,7 @@ def softhard(key: jax.Array, embeddings: jax.Array, labels: jax.Array) -> Tuples
     anchors = jnp.arange(labels.shape[0], dtype=jnp.int32)
     dist = pairwise_distances(jax.lax.stop_gradient(embeddings))
     positive = positive_mask(labels)
-    negative = ~same_label(labels)
+    negative = negative_mask(labels)
     farthest_positive = jnp.max(jnp.where(positive, dist, -jnp.inf), axis=-1, keepdims=True)
     closest_negative = jnp.min(jnp.where(negative, dist, jnp.inf), axis=-1, keepdims=True)
     hard_negative = negative & (dist < farthest_positive)

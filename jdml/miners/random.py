@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jdml.miners.base import MINERS, Tuples, positive_mask, same_label, sample_rows
+from jdml.miners.base import MINERS, Tuples, negative_mask, positive_mask, sample_rows
 
 
 @MINERS.register("random")
@@ -39,7 +39,7 @@ def random_triplets(key: jax.Array, embeddings: jax.Array, labels: jax.Array) ->
     n = embeddings.shape[0]
     key_a, key_p, key_n = jax.random.split(key, 3)
     pos = positive_mask(labels)
-    neg = ~same_label(labels)
+    neg = negative_mask(labels)
     num_triplets = jnp.sum(pos, axis=-1) * jnp.sum(neg, axis=-1)
     has_any = jnp.any(num_triplets > 0)
     anchor_logits = jnp.where(num_triplets > 0, jnp.log(num_triplets.astype(jnp.float32)), -jnp.inf)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jdml.miners.base import MINERS, Tuples, same_label, sample_positives, sample_rows
+from jdml.miners.base import MINERS, Tuples, negative_mask, sample_positives, sample_rows
 
 
 def positive_sets(tuples: Tuples, labels: jax.Array) -> jax.Array:
@@ -49,7 +49,7 @@ def _set_tuples(key: jax.Array, labels: jax.Array) -> Tuples:
     key_pos, key_neg = jax.random.split(key)
     anchors = jnp.arange(labels.shape[0], dtype=jnp.int32)
     positives, has_positive = sample_positives(key_pos, labels)
-    drawn, has_negative = sample_rows(key_neg, ~same_label(labels))
+    drawn, has_negative = sample_rows(key_neg, negative_mask(labels))
     negatives = jnp.where(has_negative, drawn, anchors)
     return Tuples(anchors, positives, negatives, has_positive & has_negative)
 
