@@ -42,7 +42,8 @@ from jdml.data.device_pixels import Frames, host_canvases
 from jdml.data.device_views import hsv_tables, render, view_arrays, view_shape
 from jdml.fileio import cache_root
 
-AUGMENTATIONS = ("base", "big", "red", "adv", "realistic", "eval")
+# The ViT recipe's views come last, so the earlier rows keep their seeds (the list index).
+AUGMENTATIONS = ("base", "big", "red", "adv", "realistic", "eval", "vit", "eval_bicubic")
 
 
 def sample_photos() -> list[np.ndarray]:
@@ -70,6 +71,10 @@ def draw(name: str, images: list[np.ndarray], size: int, resize: int, seed: int)
             out.append(pa.red_view_params(h, w, rng, size, resize))
         elif name == "eval":
             out.append(pa.eval_view_params(h, w, resize, size))
+        elif name == "eval_bicubic":
+            out.append(pa.eval_view_params(h, w, resize, size, "bicubic"))
+        elif name == "vit":
+            out.append(pa.rrc_view_params(h, w, rng, size, scale=(0.2, 1.0), filter="bicubic"))
         else:
             out.append(pa.rrc_view_params(h, w, rng, size, jitter))
     return out
@@ -77,7 +82,8 @@ def draw(name: str, images: list[np.ndarray], size: int, resize: int, seed: int)
 
 def device_views(images, params, size, resize, colour) -> np.ndarray:
     frames = Frames.of(np.array([im.shape[:2] for im in images]))
-    shape = view_shape(size, frames.rows, frames.cols, resize=resize, colour=colour)
+    filter = params[0].filter
+    shape = view_shape(size, frames.rows, frames.cols, resize=resize, colour=colour, filter=filter)
     tables = tuple(jnp.asarray(t) for t in hsv_tables()) if colour else None
     fn = jax.jit(lambda c, t, a, tb: render(c, t, a, shape, tb))
     canvases = host_canvases(images, frames.rows, frames.cols)

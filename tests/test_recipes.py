@@ -112,3 +112,21 @@ def test_a_tiny_run_of_the_recipe_end_to_end(tmp_path):
         assert any(not np.array_equal(a, b) for a, b in pairs) == moved, name
     kernel = start["head_discriminative"]["kernel"]
     np.testing.assert_allclose(kernel.T @ kernel, np.eye(24), atol=1e-5)  # orthogonal at start
+
+
+def test_the_datasets_page_quotes_the_recipe_as_configured():
+    """docs/datasets.md's table of the recipe: each row's batch, epochs and reported Recall@k are
+    the ones configs/recipes.py holds."""
+    with open(os.path.join(REPO, "docs", "datasets.md")) as f:
+        text = f.read()
+    section = text[text.index("### A published ViT recipe") :]
+    recipe = RECIPES["hyp_vit_sphere"]
+    for data, images, batch, epochs, _ in SETTINGS:
+        [row] = [
+            line for line in section.splitlines() if line.startswith("| ") and f"`{data}`" in line
+        ]
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        classes = batch // images
+        assert cells[2] == f"{batch} ({classes} x {images})" and cells[3] == str(epochs), row
+        quoted = ", ".join(f"R@{k} {v}" for k, v in recipe.reported[data].items())
+        assert cells[4] == quoted, row
