@@ -86,6 +86,11 @@ class NTXentLoss(Loss):
         return masked_mean(denominator - logits, positives), metrics
 
 
+#: The log of an empty sum in :func:`slot_logsumexp`: finite, so that picking it with a one-hot
+#: product is exact (and adds nothing to a ``logaddexp``).
+EMPTY = -1e30
+
+
 def view_slots(labels: jax.Array) -> jax.Array:
     """(B,) int32: how many samples of its class come before each sample in the batch."""
     same = labels[:, None] == labels[None, :]
@@ -94,18 +99,21 @@ def view_slots(labels: jax.Array) -> jax.Array:
 
 def slot_logsumexp(logits: jax.Array, mask: jax.Array, slots: jax.Array) -> jax.Array:
     """log sum_n exp(logits[a, n]) over the masked n of each slot k: (B, B) float32 [k, a],
-    -inf where slot k holds none of a's masked samples.
+    :data:`EMPTY` where slot k holds none of a's masked samples.
 
-    The sums run over the samples' slots (``segment_sum`` over the batch axis, B slots at most),
-    each shifted by its own maximum, so the result is exact whatever the spread of the logits.
+    Each slot's terms are shifted by their own maximum (``segment_max``, exact in any order), so
+    the result is exact whatever the spread of the logits; the sums over a slot are a product
+    with the slots' one-hot matrix (B slots at most), deterministic on every backend where a
+    scattered sum is not.
     """
     num = logits.shape[0]
     values = jnp.where(mask, logits, -jnp.inf).T  # [n, a]
     shift = jax.ops.segment_max(values, slots, num_segments=num)  # [k, a], -inf where empty
     shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
     terms = jnp.exp(jnp.where(mask.T, values - shift[slots], -jnp.inf))
-    total = jax.ops.segment_sum(terms, slots, num_segments=num)
-    return jnp.where(total > 0, jnp.log(jnp.where(total > 0, total, 1.0)) + shift, -jnp.inf)
+    one_hot = (slots[:, None] == jnp.arange(num)[None, :]).astype(terms.dtype)  # [n, k]
+    total = jnp.matmul(one_hot.T, terms, precision=jax.lax.Precision.HIGHEST)
+    return jnp.where(total > 0, jnp.log(jnp.where(total > 0, total, 1.0)) + shift, EMPTY)
 
 
 def slot_pair_loss(
@@ -126,9 +134,12 @@ def slot_pair_loss(
     num = logits.shape[0]
     slots = view_slots(labels)
     per_slot = slot_logsumexp(logits, negatives, slots)  # [k, a]
-    anchors = jnp.arange(num)
-    own = per_slot[slots, anchors][:, None]  # the anchor's slot: (B, 1)
-    partner = per_slot[slots[None, :], anchors[:, None]]  # the positive's slot: (B, B)
+    # Each sample's row of per_slot, picked by a one-hot product (exact: one term per sum), so
+    # the backward pass adds up with a product too rather than a colliding scatter.
+    one_hot = (slots[:, None] == jnp.arange(num)[None, :]).astype(per_slot.dtype)  # [n, k]
+    picked = jnp.matmul(one_hot, per_slot, precision=jax.lax.Precision.HIGHEST)  # [n, a]
+    own = jnp.diagonal(picked)[:, None]  # the anchor's own slot: (B, 1)
+    partner = picked.T  # [a, p]: the positive's slot
     denominator = jnp.logaddexp(logits, jnp.logaddexp(own, partner))
     per_pair = denominator - logits
     # Each pair weighs 1 / (the positive pairs of its slot pair): a mean per slot pair.
