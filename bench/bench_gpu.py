@@ -7,7 +7,9 @@ keeps the finished sections):
 * ``step``: the train step at batch 112 of (1) ResNet-50 at 224 px with frozen BatchNorm (the
   papers' ImageNet protocol: margin loss with distance-weighted mining, Adam with coupled weight
   decay, 128-d L2-normalised embedding) and (2) the glyph default (the small ResNet at 32 px),
-  each in float32 and bfloat16, against the same network in PyTorch: eager (channels-last;
+  or (``--nets vit_s16,vit_b16``) the ViT-S/16 and ViT-B/16 backbones in that protocol (timm's
+  models on the PyTorch side), each in float32 and bfloat16, against the same network in
+  PyTorch: eager (channels-last;
   float32 with TF32 convolutions and matmuls, which XLA also uses at its default precision;
   bfloat16 under autocast) and ``torch.compile`` of the forward pass and loss (default mode),
   with a plain pairwise margin loss (no mining) and Adam. Random weights and one fixed batch
@@ -92,9 +94,14 @@ def _npz(path: Path, size: int, channels: int, classes: int = 64, per_class: int
     return path
 
 
+#: The vision transformers of the step section: jdml's backbone name -> timm's model name.
+VITS = {"vit_s16": "vit_small_patch16_224", "vit_b16": "vit_base_patch16_224"}
+
+
 def net_config(net: str, dtype: str, batch: int, scratch: Path):
     """The config of a benchmarked network: ``resnet50`` (the ImageNet protocol at 224 px with
-    random weights, on random images) or ``glyphs`` (the default run)."""
+    random weights, on random images), ``vit_s16`` or ``vit_b16`` (the same protocol with the
+    vision transformer as the backbone) or ``glyphs`` (the default run)."""
     if net == "glyphs":
         overrides = [f"model.dtype={dtype}", f"train.batch_size={batch}"]
         return apply_overrides(get_config(), overrides)
@@ -106,6 +113,8 @@ def net_config(net: str, dtype: str, batch: int, scratch: Path):
         f"model.dtype={dtype}",
         f"train.batch_size={batch}",
     ]
+    if net in VITS:
+        overrides.append(f"model.backbone={net}")
     return apply_overrides(get_config("data=cub200"), overrides)
 
 
@@ -169,14 +178,22 @@ def torch_steps(config, images: np.ndarray, labels: np.ndarray) -> dict[str, Cal
         return {}
     if not torch.cuda.is_available():
         return {}
+    m = config.model
+    if m.backbone in VITS:
+        try:
+            import timm
+        except ImportError:
+            print("(no PyTorch ViT rows: timm is not installed)")
+            return {}
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True  # as XLA's default float32 precision on GPU
     torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(0)
-    m = config.model
     if m.backbone == "resnet50":
         net = torchvision.models.resnet50(num_classes=128)
         net.fc = torch.nn.Linear(2048, 128)
+    elif m.backbone in VITS:  # the class token into a 128-d linear head, as jdml's
+        net = timm.create_model(VITS[m.backbone], pretrained=False, num_classes=128)
     else:
         net = _torch_small_resnet(m, images.shape[-1])
     net = net.cuda().to(memory_format=torch.channels_last)

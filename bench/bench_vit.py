@@ -17,9 +17,11 @@ outputs and temporaries) per image of the batch.
 
 ``--memory-only`` compiles the step without running it and prints the memory alone (e.g. ViT-B/16
 at batch 180 in bfloat16, whose compile fits a CPU although its step would take minutes there).
+``--jdml-only`` times jdml's step alone (on a GPU: that it trains at that batch, its time and
+MFU; ``bench/bench_gpu.py --nets vit_s16,vit_b16`` compares it with PyTorch there).
 
 Usage: python bench/bench_vit.py [--model vit_s16] [--batch 16] [--size 224] [--steps 2]
-           [--repeats 3] [--dtype float32|bfloat16] [--memory-only]
+           [--repeats 3] [--dtype float32|bfloat16] [--memory-only] [--jdml-only]
 """
 
 from __future__ import annotations
@@ -160,6 +162,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--memory-only", action="store_true")
+    parser.add_argument("--jdml-only", action="store_true", help="no PyTorch contender")
     args = parser.parse_args()
     step, state, images, labels = jdml_step(args, args.classes)
     compiled = step.lower(state, images, labels).compile()
@@ -177,8 +180,9 @@ def main() -> None:
 
     contenders = {"jdml step": ours}
     try:
-        torch_run = torch_step(args, args.classes, images, labels)
-        contenders["torch eager"] = lambda: [torch_run() for _ in range(args.steps)][-1]
+        if not args.jdml_only:
+            torch_run = torch_step(args, args.classes, images, labels)
+            contenders["torch eager"] = lambda: [torch_run() for _ in range(args.steps)][-1]
     except ImportError as e:
         print(f"(no torch comparison: {e})")
     timings = alternating_rounds(contenders, args.repeats)

@@ -14,6 +14,11 @@
 #   pipeline bench/bench_pipeline.py --quick with the automatic sizes (and torchvision's loader)
 #   bench    bench/bench_gpu.py (step, eval, train), its JSON in $OUT
 #   sweep    bench/bench_gpu.py --sections sweep (the evaluator's block sizes)
+#   vit      the vision transformers: the ViT-S/16 and ViT-B/16 steps in float32 and bfloat16
+#            against timm's in PyTorch eager and torch.compile, with MFU (bench/bench_gpu.py
+#            --nets vit_s16,vit_b16, batch $VIT_BATCH, default 64; needs timm's wheel), and
+#            ViT-B/16 at batch 180 in bfloat16 alone: its compiled memory and that it trains
+#            (bench/bench_vit.py --jdml-only)
 #   views    device views: their pixels against Pillow's (bench/view_fidelity.py), both view
 #            paths with every augmentation and the device's work per batch, and train.py end to
 #            end with ResNet-50 in bf16 for the plain method, DiVA and a DM2 cohort of 2
@@ -93,6 +98,14 @@ EOF
     sweep)
       timeout 600 python3 bench/bench_gpu.py --sections sweep --out "$OUT" ${SWEEP_ARGS:-} 2>&1 |
         tee "$OUT/sweep.log"
+      ;;
+    vit)
+      # Both frameworks share the GPU here: JAX allocates as it goes instead of taking 75 %.
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 600 python3 bench/bench_gpu.py --sections step \
+        --nets vit_s16,vit_b16 --batch "${VIT_BATCH:-64}" --steps 10 --repeats 3 \
+        --out "$OUT/vit" 2>&1 | tee "$OUT/vit.log"
+      timeout 300 python3 bench/bench_vit.py --model vit_b16 --batch 180 --dtype bfloat16 \
+        --jdml-only --steps 5 --repeats 3 2>&1 | tee "$OUT/vit-b16-180.log"
       ;;
     *) echo "error: unknown step $step (forms, tests, quick, pipeline, bench, sweep)"; exit 2 ;;
   esac
