@@ -138,6 +138,7 @@ def make_optimizer(
     steps_per_epoch: int,
     total_steps: int,
     frozen: Callable[[tuple[str, ...]], bool] | None = None,
+    layer_scale: Callable[[tuple[str, ...]], float] | None = None,
 ) -> optax.GradientTransformation:
     """Builds the optimiser for params shaped ``{group_name: subtree, ...}``.
 
@@ -148,6 +149,9 @@ def make_optimizer(
       total_steps: steps of the whole run (for the cosine schedule).
       frozen: a leaf's path of dict keys -> whether it stays fixed (zero update, no weight
         decay, no optimiser state); None freezes nothing.
+      layer_scale: a leaf's path -> the factor of its learning rate (``optim.layer_decay``),
+        applied to its whole update (the step and its decoupled weight decay, as a parameter
+        group's learning rate is); None scales nothing.
 
     The backbone (``model/backbone``) learns at ``optim.backbone_lr_multiplier`` times the
     model's rate, and ``optim.clip_norm`` > 0 clips the global norm of all gradients first.
@@ -177,8 +181,27 @@ def make_optimizer(
         tx = optax.multi_transform(transforms, lambda params: {name: name for name in params})
     else:
         tx = optax.multi_transform(transforms, labels)
+    if layer_scale is not None:
+        tx = optax.chain(tx, scale_by_path(layer_scale))
     clip = float(cfg.get("clip_norm", 0.0))
     return optax.chain(optax.clip_by_global_norm(clip), tx) if clip > 0 else tx
+
+
+def _keys(path: Any) -> tuple[str, ...]:
+    return tuple(str(getattr(k, "key", k)) for k in path)
+
+
+def scale_by_path(scale: Callable[[tuple[str, ...]], float]) -> optax.GradientTransformation:
+    """Multiplies each leaf's update by ``scale`` of its path of dict keys (a constant)."""
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        del params
+        scaled = jax.tree_util.tree_map_with_path(
+            lambda path, u: u * jnp.asarray(scale(_keys(path)), u.dtype), updates
+        )
+        return scaled, state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 #: The label of frozen leaves (not a params group name: those are dict keys of the model).

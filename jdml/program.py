@@ -217,6 +217,7 @@ class Program:
                 steps_per_epoch=steps_per_epoch,
                 total_steps=total_steps,
                 frozen=method.frozen_params(),
+                layer_scale=method.layer_lr_scales(),
             )
 
         if not self.heterogeneous:

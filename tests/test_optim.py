@@ -134,3 +134,48 @@ def test_adamw_equals_optax_adamw_and_defaults_keep_the_coupled_adam():
     u2, _ = reference.update(grad, reference.init(params), params)
     np.testing.assert_allclose(np.asarray(u1["model"]["w"]), np.asarray(u2["model"]["w"]),
                                rtol=1e-6)  # fmt: skip
+
+
+def test_layer_decay_scales_each_layers_whole_update():
+    """``layer_scale`` (optim.layer_decay): each backbone leaf's AdamW step and its decoupled
+    decay at its layer's factor of the rate, the rest at the rate, against a NumPy AdamW with
+    those rates; the frozen leaf stays fixed."""
+    rng = np.random.default_rng(3)
+    shapes = {
+        ("model", "backbone", "patch_embed_proj", "kernel"): (3, 2),
+        ("model", "backbone", "blocks_0", "kernel"): (2, 2),
+        ("model", "backbone", "norm", "scale"): (2,),
+        ("model", "head", "kernel"): (2, 2),
+    }
+    flat = {k: rng.normal(size=s) for k, s in shapes.items()}
+    grads = [{k: rng.normal(size=s) for k, s in shapes.items()} for _ in range(3)]
+
+    def tree(values):
+        out: dict = {}
+        for path, v in values.items():
+            node = out
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = jnp.asarray(v)
+        return out
+
+    factors = {"patch_embed_proj": 0.25, "blocks_0": 0.5}
+
+    def scale(path):
+        return factors.get(path[2], 1.0) if path[1] == "backbone" else 1.0
+
+    cfg = _cfg(name="adamw", schedule="constant")
+    tx = make_optimizer(cfg, {"model": Group(1e-2, 0.05)}, steps_per_epoch=1, total_steps=3,
+                        layer_scale=scale)  # fmt: skip
+    params = tree(flat)
+    state = tx.init(params)
+    for g in grads:
+        u, state = jax.jit(tx.update)(tree(g), state, params)
+        params = optax.apply_updates(params, u)
+    lr = {k: 1e-2 * scale(k) for k in flat}
+    expected = _numpy_adamw(flat, grads, lr, {k: 0.05 for k in flat})
+    for path, value in expected.items():
+        got = params
+        for key in path:
+            got = got[key]
+        np.testing.assert_allclose(np.asarray(got), value, rtol=1e-5, atol=1e-6, err_msg=path)

@@ -34,7 +34,7 @@ from jdml.methods.terms import TERMS
 from jdml.methods.terms.metric import check_sections
 from jdml.miners import MINERS
 from jdml.models import BACKBONES, INPUT_NORMALIZATIONS, MODEL_DTYPES, POOLINGS
-from jdml.models.embedding import HEAD_INITS, frozen_backbone_modules
+from jdml.models.embedding import HEAD_INITS, frozen_backbone_modules, layer_scales
 from jdml.models.pretrained.backbones import CONVERTERS, weight_path
 from jdml.nn.batch_norm import BATCH_NORM_MODES
 from jdml.optim import OPTIMIZERS, SCHEDULES
@@ -73,6 +73,7 @@ NUMERIC_KEYS: dict[str, Range] = {
     "optim.warmup_epochs": _NON_NEGATIVE,
     "optim.clip_norm": _NON_NEGATIVE,
     "optim.backbone_lr_multiplier": _NON_NEGATIVE,
+    "optim.layer_decay": Range(0, 1, open_low=True),
     "train.batch_size": Range(2, integer=True),
     "train.epochs": _COUNT,
     "train.steps_per_epoch": _NON_NEGATIVE_INT,
@@ -238,6 +239,16 @@ def _validate_model(model: ml_collections.ConfigDict, channels: int) -> None:
     try:
         weight_path(model.backbone, model.pretrained)
     except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def _validate_layer_decay(c: ml_collections.ConfigDict) -> None:
+    """``optim.layer_decay`` below 1 needs a backbone that declares its layers."""
+    if c.optim.layer_decay == 1.0:
+        return
+    try:
+        layer_scales(c.model, c.optim.layer_decay)
+    except ValueError as e:
         raise ConfigError(str(e)) from None
 
 
@@ -528,6 +539,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _validate_model(c.model, c.data.channels)
     _validate_normalization(c)
     _validate_head_init(c.model)
+    _validate_layer_decay(c)
     _validate_photos(c.data)
     _validate_aux(c)
     _validate_cohort(c)

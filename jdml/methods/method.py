@@ -28,7 +28,7 @@ from jdml.losses.decorrelation import Decorrelation
 from jdml.methods.checks import check_head_dims, check_phases
 from jdml.methods.terms import TERMS, Metrics, MetricTerm, Term, TermInputs
 from jdml.models import INPUT_NORMALIZATIONS, build_model
-from jdml.models.embedding import frozen_backbone_modules
+from jdml.models.embedding import frozen_backbone_modules, layer_scales
 from jdml.models.pretrained.backbones import load_backbone
 from jdml.optim import Group
 
@@ -224,6 +224,19 @@ class Method:
         if not names:
             return None
         return lambda path: path[:2] == ("model", "backbone") and len(path) > 2 and path[2] in names
+
+    def layer_lr_scales(self) -> Callable[[tuple[str, ...]], float] | None:
+        """``optim.layer_decay``: params path -> the factor of its learning rate (None: 1)."""
+        decay = float(self.config.optim.get("layer_decay", 1.0))
+        if decay == 1.0:
+            return None
+        scales = layer_scales(self.config.model, decay)
+
+        def scale(path: tuple[str, ...]) -> float:
+            backbone = path[:2] == ("model", "backbone") and len(path) > 2
+            return scales.get(path[2], 1.0) if backbone else 1.0
+
+        return scale
 
     # -- the step -------------------------------------------------------------------------------
 

@@ -39,6 +39,38 @@ def _stage_modules(cfg: ml_collections.ConfigDict, backbone: str) -> tuple | Non
     return getattr(module, "STAGE_MODULES", None)
 
 
+def _layers(cfg: ml_collections.ConfigDict, backbone: str) -> tuple | None:
+    """The ``LAYERS`` a backbone's module declares: its parameter names by depth (None: none)."""
+    return getattr(BACKBONES.get(backbone)(cfg, train=False), "LAYERS", None)
+
+
+def layer_scales(cfg: ml_collections.ConfigDict, decay: float) -> dict[str, float]:
+    """Layer-wise learning-rate decay: each backbone parameter name -> the factor of its
+    learning rate, ``decay ** (L - l)`` for the parameters of layer l of L + 1 (the last layer,
+    and everything outside the backbone, keep the rate).
+
+    Args:
+      cfg: the ``model`` section.
+      decay: ``optim.layer_decay``, in (0, 1].
+
+    Raises:
+      ValueError: for a backbone that declares no layers.
+
+    References:
+      Bao, Dong, Piao, Wei, "BEiT: BERT Pre-Training of Image Transformers", ICLR 2022 (layer-wise
+      learning-rate decay; timm's ``param_groups_layer_decay`` groups a ViT the same way).
+    """
+    layers = _layers(cfg, cfg.backbone)
+    if layers is None:
+        able = [n for n in BACKBONES.names() if _layers(cfg, n) is not None]
+        raise ValueError(
+            f"optim.layer_decay={decay:g}, but backbone {cfg.backbone!r} has no layers to decay; "
+            f"backbones with them: {', '.join(able)} (or set it to 1)"
+        )
+    last = len(layers) - 1
+    return {name: decay ** (last - depth) for depth, names in enumerate(layers) for name in names}
+
+
 #: The embedding heads' weight initialisers (``model.head_init``); biases start at zero.
 HEAD_INITS: dict[str, Callable[[], nn.initializers.Initializer]] = {
     "lecun_normal": nn.initializers.lecun_normal,

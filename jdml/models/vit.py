@@ -173,6 +173,13 @@ class VisionTransformer(nn.Module):
         optimiser leaves them fixed; the gradient still reaches the tokens and positions."""
         return (("patch_embed_proj",), *((f"blocks_{i}",) for i in range(self.arch.depth)))
 
+    @property
+    def LAYERS(self) -> tuple[tuple[str, ...], ...]:  # the layer-decay protocol's name
+        """The parameters by depth, for ``optim.layer_decay``: the patch embedding with the
+        tokens and positions, each block, then the final norm (timm's grouping of a ViT)."""
+        stem = ("patch_embed_proj", "cls_token", "pos_embed", "reg_token")
+        return (stem, *((f"blocks_{i}",) for i in range(self.arch.depth)), ("norm",))
+
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         a = self.arch

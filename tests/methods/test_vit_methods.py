@@ -94,3 +94,29 @@ def test_frozen_stages_keep_the_patch_embedding_and_first_blocks(npz):
         "pos_embed": True,
         "norm": True,
     }
+
+
+def test_layer_decay_gives_each_depth_its_rate(npz):
+    """``optim.layer_decay=0.5`` on a two-block ViT: the stem (patch embedding, tokens,
+    positions) at 0.125 of the rate, block 0 at 0.25, block 1 at 0.5, the final norm and the
+    head at 1; the first step's changes of a layer against the same step without the decay
+    (the same gradients) are in that ratio."""
+    vit = {**VIT, "model.vit_depth": 2, "optim.name": "adamw", "optim.weight_decay": 0.0}
+    decayed = Run(tiny_config(npz, **vit, **{"optim.layer_decay": 0.5}))
+    scale = decayed.program.method.layer_lr_scales()
+    expected = {"patch_embed_proj": 0.125, "cls_token": 0.125, "pos_embed": 0.125,
+                "blocks_0": 0.25, "blocks_1": 0.5, "norm": 1.0}  # fmt: skip
+    assert {name: scale(("model", "backbone", name)) for name in expected} == expected
+    assert scale(("model", "head_discriminative", "kernel")) == 1.0
+    _, after, history = train(decayed, steps=1)
+    _, plain_after, _ = train(Run(tiny_config(npz, **vit)), steps=1)
+    before = history[0][0].params["model"]["backbone"]
+    for name, factor in expected.items():
+        moved = jax.tree.leaves(
+            jax.tree.map(np.subtract, after.params["model"]["backbone"][name], before[name])
+        )
+        plain = jax.tree.leaves(
+            jax.tree.map(np.subtract, plain_after.params["model"]["backbone"][name], before[name])
+        )
+        for a, b in zip(moved, plain, strict=True):
+            np.testing.assert_allclose(a, factor * b, rtol=2e-3, atol=1e-9, err_msg=name)
