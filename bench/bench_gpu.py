@@ -98,7 +98,7 @@ def _npz(path: Path, size: int, channels: int, classes: int = 64, per_class: int
 VITS = {"vit_s16": "vit_small_patch16_224", "vit_b16": "vit_base_patch16_224"}
 
 
-def net_config(net: str, dtype: str, batch: int, scratch: Path):
+def net_config(net: str, dtype: str, batch: int, scratch: Path, vit_attention: str = "xla"):
     """The config of a benchmarked network: ``resnet50`` (the ImageNet protocol at 224 px with
     random weights, on random images), ``vit_s16`` or ``vit_b16`` (the same protocol with the
     vision transformer as the backbone) or ``glyphs`` (the default run)."""
@@ -114,7 +114,7 @@ def net_config(net: str, dtype: str, batch: int, scratch: Path):
         f"train.batch_size={batch}",
     ]
     if net in VITS:
-        overrides.append(f"model.backbone={net}")
+        overrides += [f"model.backbone={net}", f"model.vit_attention={vit_attention}"]
     return apply_overrides(get_config("data=cub200"), overrides)
 
 
@@ -236,7 +236,7 @@ def step_section(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     rows = []
     for net in args.nets:
         for dtype in args.dtypes:
-            config = net_config(net, dtype, args.batch, scratch)
+            config = net_config(net, dtype, args.batch, scratch, args.vit_attention)
             jdml, flops_of, images = jdml_step(config)
             labels = np.repeat(np.arange(len(images) // 2), 2)[: len(images)]
             contenders = {"jdml": jdml, **torch_steps(config, images, labels)}
@@ -536,6 +536,7 @@ def main() -> None:
     parser.add_argument("--nets", default="glyphs,resnet50")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--batch", type=int, default=112)
+    parser.add_argument("--vit-attention", default="xla", choices=("xla", "cudnn"))
     parser.add_argument("--steps", type=int, default=20, help="calls per round")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds")
     parser.add_argument("--eval-points", type=int, default=SOP_POINTS)

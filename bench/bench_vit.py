@@ -22,6 +22,7 @@ MFU; ``bench/bench_gpu.py --nets vit_s16,vit_b16`` compares it with PyTorch ther
 
 Usage: python bench/bench_vit.py [--model vit_s16] [--batch 16] [--size 224] [--steps 2]
            [--repeats 3] [--dtype float32|bfloat16] [--memory-only] [--jdml-only]
+           [--attention xla|cudnn]
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ def jdml_step(args: argparse.Namespace, classes: int):
     """The jitted step, its initial state and a batch."""
     from jdml.optim import decay_mask
 
-    backbone = VisionTransformer(ARCHITECTURES[args.model], dtype=jnp.dtype(args.dtype))
+    backbone = VisionTransformer(
+        ARCHITECTURES[args.model], dtype=jnp.dtype(args.dtype), attention=args.attention
+    )
     loss = LOSSES.get("proxyanchor")(num_classes=classes)
     rng = np.random.default_rng(0)
     images = jnp.asarray(rng.standard_normal((args.batch, args.size, args.size, 3)), jnp.float32)
@@ -163,6 +166,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--memory-only", action="store_true")
     parser.add_argument("--jdml-only", action="store_true", help="no PyTorch contender")
+    parser.add_argument("--attention", default="xla", choices=("xla", "cudnn"))
     args = parser.parse_args()
     step, state, images, labels = jdml_step(args, args.classes)
     compiled = step.lower(state, images, labels).compile()

@@ -18,7 +18,8 @@
 #            against timm's in PyTorch eager and torch.compile, with MFU (bench/bench_gpu.py
 #            --nets vit_s16,vit_b16, batch $VIT_BATCH, default 64; needs timm's wheel), and
 #            ViT-B/16 at batch 180 in bfloat16 alone: its compiled memory and that it trains
-#            (bench/bench_vit.py --jdml-only)
+#            (bench/bench_vit.py --jdml-only); each with model.vit_attention=cudnn in bfloat16
+#            as well (cuDNN's fused attention, never run yet)
 #   views    device views: their pixels against Pillow's (bench/view_fidelity.py), both view
 #            paths with every augmentation and the device's work per batch, and train.py end to
 #            end with ResNet-50 in bf16 for the plain method, DiVA and a DM2 cohort of 2
@@ -104,8 +105,15 @@ EOF
       XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 600 python3 bench/bench_gpu.py --sections step \
         --nets vit_s16,vit_b16 --batch "${VIT_BATCH:-64}" --steps 10 --repeats 3 \
         --out "$OUT/vit" 2>&1 | tee "$OUT/vit.log"
-      timeout 300 python3 bench/bench_vit.py --model vit_b16 --batch 180 --dtype bfloat16 \
-        --jdml-only --steps 5 --repeats 3 2>&1 | tee "$OUT/vit-b16-180.log"
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 600 python3 bench/bench_gpu.py --sections step \
+        --nets vit_s16,vit_b16 --dtypes bfloat16 --vit-attention cudnn \
+        --batch "${VIT_BATCH:-64}" --steps 10 --repeats 3 --out "$OUT/vit-cudnn" 2>&1 |
+        tee "$OUT/vit-cudnn.log"
+      for attention in xla cudnn; do
+        timeout 300 python3 bench/bench_vit.py --model vit_b16 --batch 180 --dtype bfloat16 \
+          --attention $attention --jdml-only --steps 5 --repeats 3 2>&1 |
+          tee "$OUT/vit-b16-180-$attention.log"
+      done
       ;;
     *) echo "error: unknown step $step (forms, tests, quick, pipeline, bench, sweep)"; exit 2 ;;
   esac

@@ -6,7 +6,8 @@ Parts, at batch 16 and 224 px (197 tokens of width 384, 6 heads):
 * ``block``: jdml's ``Block`` against timm's ``Block``;
 * ``the four dense layers``: qkv, projection and the two MLP layers alone (their matrix
   products, with a residual add so the graph keeps them);
-* ``attention``: ``jax.nn.dot_product_attention`` on (B, T, heads, 64) against
+* ``attention``: jdml's (``jdml.models.vit.attention``, on (B, heads, T, 64)) and
+  ``jax.nn.dot_product_attention`` (on (B, T, heads, 64)) against
   ``scaled_dot_product_attention``;
 * ``one batched product``: the scores Q K^T of every head (96 products of 197 x 64 x 197);
 * ``LayerNorm``, ``GELU`` (erf) and ``softmax`` on their tensors.
@@ -31,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jdml.models.vit import LN_EPS, Block
+from jdml.models.vit import LN_EPS, Block, attention
 from jdml.throughput import alternating_rounds
 
 B, T, D, H = 16, 197, 384, 6
@@ -119,7 +120,11 @@ def parts() -> dict[str, tuple]:
             torch_module(TimmBlock(D, H, qkv_bias=True), x),
         ),
         "the four dense layers": (jax_module(DenseLayers(), x), torch_module(TorchDense(), x)),
-        "attention": (
+        "attention (jdml's, heads ahead of tokens)": (
+            jax_grad(lambda q, k, v: attention(q, k, v, "xla"), heads, heads, heads),
+            torch_grad(torch.nn.functional.scaled_dot_product_attention, heads, heads, heads),
+        ),
+        "attention (jax.nn.dot_product_attention)": (
             jax_grad(jax.nn.dot_product_attention, tokens, tokens, tokens),
             torch_grad(torch.nn.functional.scaled_dot_product_attention, heads, heads, heads),
         ),

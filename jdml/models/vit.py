@@ -27,6 +27,7 @@ ViT-S/16 and ViT-B/16), ``vit_s14_dinov2`` and ``vit_b14_dinov2`` (patch 14, lay
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import flax.linen as nn
 import jax
@@ -44,6 +45,7 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 LN_EPS = 1e-6
 POOLINGS = ("token", "avg")
+ATTENTIONS = ("xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +88,9 @@ ARCHITECTURES = {
 #: The ``model.*`` keys of the ViT family: the pooling for every variant, the shape for ``vit``.
 KEYS = {
     "vit_pooling": "token",
+    # Attention: "xla" (every backend) or "cudnn" (cuDNN's fused kernel: NVIDIA GPUs, with
+    # model.dtype=bfloat16).
+    "vit_attention": "xla",
     "vit_patch": 16,
     "vit_dim": 384,
     "vit_depth": 12,
@@ -120,12 +125,36 @@ class LayerScale(nn.Module):
         return x * gamma.astype(x.dtype)
 
 
+def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, implementation: str) -> jnp.ndarray:
+    """Scaled dot-product attention of (B, heads, T, D) queries, keys and values: (B, T, heads,
+    D).
+
+    ``"xla"``: softmax(q k^T / sqrt(D)) v as two batched products, the scores and the softmax in
+    float32 (``jax.nn.dot_product_attention``'s XLA arithmetic, with the heads kept ahead of the
+    tokens: one transpose in and one out instead of one per product, 1.5x faster forward and
+    backward on a CPU). ``"cudnn"``: ``jax.nn.dot_product_attention``'s cuDNN fused kernel
+    (NVIDIA GPUs, bfloat16 or float16).
+    """
+    if implementation == "cudnn":
+        swap = lambda a: jnp.swapaxes(a, 1, 2)  # noqa: E731
+        return jax.nn.dot_product_attention(swap(q), swap(k), swap(v), implementation="cudnn")
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    # bfloat16 operands with float32 products, as jax.nn.dot_product_attention asks for them.
+    precision = jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if q.dtype == jnp.bfloat16 else None
+    logits = jnp.einsum(
+        "bhtd,bhsd->bhts", q, k, precision=precision, preferred_element_type=jnp.float32
+    )
+    probs = jax.nn.softmax(logits * scale, axis=-1).astype(v.dtype)
+    return jnp.swapaxes(jnp.einsum("bhts,bhsd->bhtd", probs, v), 1, 2)
+
+
 class Block(nn.Module):
     """One pre-norm transformer block (timm's ``Block``)."""
 
     heads: int
     layer_scale: float
     dtype: jnp.dtype
+    attention: str = "xla"
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -134,7 +163,8 @@ class Block(nn.Module):
         dense = lambda n, name: nn.Dense(n, dtype=self.dtype, name=name)  # noqa: E731
         y = norm("norm1")(x)
         qkv = dense(3 * dim, "attn_qkv")(y).reshape(batch, tokens, 3, self.heads, -1)
-        y = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+        q, k, v = qkv.transpose(2, 0, 3, 1, 4)  # each (B, heads, T, D)
+        y = attention(q, k, v, self.attention)
         y = dense(dim, "attn_proj")(y.reshape(batch, tokens, dim))
         if self.layer_scale:
             y = LayerScale(self.layer_scale, name="ls1")(y)
@@ -157,6 +187,7 @@ class VisionTransformer(nn.Module):
       frozen_stages: ``model.frozen_stages``: the patch embedding (0) and that many of the
         first blocks keep their weights, the class and register tokens and the position
         embeddings train (as Hyp-ViT's ``freeze``); -1 freezes nothing.
+      attention: ``"xla"`` or ``"cudnn"`` (:func:`attention`).
 
     Input: normalised images (B, H, W, 3) whose sides are multiples of the patch; the position
     embeddings are made for the grid of the input the module is initialised with.
@@ -166,6 +197,7 @@ class VisionTransformer(nn.Module):
     pooling: str = "token"
     dtype: jnp.dtype = jnp.float32
     frozen_stages: int = NOT_FROZEN
+    attention: str = "xla"
 
     @property
     def STAGE_MODULES(self) -> tuple[tuple[str, ...], ...]:  # the freeze protocol's name
@@ -215,7 +247,7 @@ class VisionTransformer(nn.Module):
         else:  # registers: only the patches have positions
             x = jnp.concatenate([*prefix, x + pos_embed], axis=1)
         for i in range(a.depth):
-            x = Block(a.heads, a.layer_scale, self.dtype, name=f"blocks_{i}")(x)
+            x = Block(a.heads, a.layer_scale, self.dtype, self.attention, name=f"blocks_{i}")(x)
         x = nn.LayerNorm(LN_EPS, dtype=self.dtype, name="norm")(x).astype(jnp.float32)
         if self.pooling == "token":
             return x[:, 0]
@@ -236,6 +268,17 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             f"model.vit_dim={a.dim} does not split over model.vit_heads={a.heads}; choose a "
             "width that is a multiple of the heads"
         )
+    if model.get("vit_attention", "xla") == "cudnn":
+        if model.dtype not in ("bfloat16", "float16"):
+            raise ConfigError(
+                f"model.vit_attention=cudnn runs in half precision, but model.dtype="
+                f"{model.dtype}; set --config.model.dtype=bfloat16 or model.vit_attention=xla"
+            )
+        if jax.default_backend() != "gpu":
+            raise ConfigError(
+                f"model.vit_attention=cudnn needs an NVIDIA GPU, and this process runs on "
+                f"{jax.default_backend()}; use model.vit_attention=xla"
+            )
     size = config.data.image_size
     if size % a.patch:
         fit = a.patch * max(1, round(size / a.patch))
@@ -252,6 +295,7 @@ def _factory(name: str):
             pooling=cfg.vit_pooling,
             dtype=jnp.dtype(cfg.dtype),
             frozen_stages=cfg.get("frozen_stages", NOT_FROZEN),
+            attention=cfg.get("vit_attention", "xla"),
         )
 
     build.__name__ = name
@@ -273,7 +317,7 @@ for _name in ("vit", *ARCHITECTURES):
         _name,
         keys=KEYS,
         ranges=_RANGES,
-        choices={"vit_pooling": POOLINGS},
+        choices={"vit_pooling": POOLINGS, "vit_attention": ATTENTIONS},
         check=check_config,
         input_normalization=(MEAN, STD),
     )(_factory(_name))

@@ -93,3 +93,35 @@ def test_an_input_that_is_not_whole_patches_is_refused():
     model = VisionTransformer(PLAIN)
     with pytest.raises(ValueError, match="multiple of 8"):
         model.init(jax.random.key(0), jnp.zeros((1, 36, 36, 3)))
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)])
+def test_attention_equals_jax_dot_product_attention(dtype, tolerance):
+    """The blocks' head-major attention equals ``jax.nn.dot_product_attention`` on the same
+    queries, keys and values in its (B, T, heads, D) layout, the layout the ``cudnn`` path
+    hands it (values and gradients)."""
+    from jdml.models.vit import attention
+
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 3, 5, 8)), dtype) for _ in range(3))
+    swap = lambda a: jnp.swapaxes(a, 1, 2)  # noqa: E731
+
+    def ours(q, k, v):
+        return jnp.sum(attention(q, k, v, "xla").astype(jnp.float32) ** 2)
+
+    def theirs(q, k, v):
+        out = jax.nn.dot_product_attention(swap(q), swap(k), swap(v), implementation="xla")
+        return jnp.sum(out.astype(jnp.float32) ** 2)
+
+    np.testing.assert_allclose(
+        np.asarray(attention(q, k, v, "xla"), np.float32),
+        np.asarray(jax.nn.dot_product_attention(swap(q), swap(k), swap(v)), np.float32),
+        rtol=tolerance,
+        atol=tolerance,
+    )
+    for a, b in zip(
+        jax.grad(ours, (0, 1, 2))(q, k, v), jax.grad(theirs, (0, 1, 2))(q, k, v), strict=True
+    ):
+        np.testing.assert_allclose(
+            np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tolerance, atol=tolerance
+        )
