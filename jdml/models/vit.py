@@ -15,8 +15,10 @@ and a transpose. The position embeddings are a parameter of the grid of the inpu
 is built for; weights made at another size are resampled to it when they are read, as timm does
 (bicubic, antialiased: :func:`jdml.models.pretrained.vit.resample_position_embeddings`).
 
-Attention runs through ``jax.nn.dot_product_attention``, which takes the fused kernel where the
-backend has one (cuDNN's flash attention on GPUs in bfloat16).
+Attention (:func:`attention`) is XLA's arithmetic on every backend by default; ``jax.nn.
+dot_product_attention`` without an implementation computes the same (it picks no fused kernel by
+itself), so ``model.vit_attention=cudnn`` asks it for cuDNN's fused kernel on NVIDIA GPUs in
+bfloat16.
 
 The backbones: ``vit_s16`` and ``vit_b16`` (timm's ``vit_{small,base}_patch16_224`` and DINO's
 ViT-S/16 and ViT-B/16), ``vit_s14_dinov2`` and ``vit_b14_dinov2`` (patch 14, layer scale), their
