@@ -134,8 +134,8 @@ def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, implementation: st
     ``"xla"``: softmax(q k^T / sqrt(D)) v as two batched products, the scores and the softmax in
     float32 (``jax.nn.dot_product_attention``'s XLA arithmetic, with the heads kept ahead of the
     tokens: one transpose in and one out instead of one per product; forward and backward 1.34x
-    faster on a 2-core CPU, ``bench/vit_parts.py``). ``"cudnn"``: ``jax.nn.dot_product_attention``'s cuDNN fused kernel
-    (NVIDIA GPUs, bfloat16 or float16).
+    faster on a 2-core CPU, ``bench/vit_parts.py``). ``"cudnn"``: the cuDNN fused kernel of
+    ``jax.nn.dot_product_attention`` (NVIDIA GPUs, bfloat16 or float16).
     """
     if implementation == "cudnn":
         swap = lambda a: jnp.swapaxes(a, 1, 2)  # noqa: E731
