@@ -11,7 +11,8 @@ CVPR 2022): its "Sph-DINO" rows, ViT-S/16 with DINO's self-supervised ImageNet w
       --config.model.pretrained=/weights/dino_deitsmall16_pretrain.pth --workdir runs/hypvit-cub
 
 ``data`` is one of cub200, cars196, sop and inshop. The recipe is its code's (``train.py`` and the
-commands of its README), with the 384-d head of the reported table:
+single-GPU commands of its README), with the 384-d head of the reported table (the README's
+commands leave the code's default of 128):
 
 * ViT-S/16, the class token; the patch embedding frozen (its ``--freeze 0``); a linear head with
   an orthogonal initial weight and a zero bias, L2-normalised.

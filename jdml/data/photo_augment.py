@@ -10,7 +10,7 @@ path, i.e. Pillow's arithmetic (bilinear resampling, ``convert("L")``, ``blend``
 * ``adv``: RandomResizedCrop(224) + RandomGrayscale(0.2) + ColorJitter(0.2, 0.2, 0.2, 0.2) + flip;
 * ``realistic``: DiVA's key view, as ``adv`` with ColorJitter(0.4, 0.4, 0.4, 0.4);
 * ``vit``: RandomResizedCrop(224, scale (0.2, 1), bicubic) + flip(0.5), the view of the ViT
-  metric-learning recipes (Hyp-ViT's code, which HIER's builds on).
+  metric-learning recipes (Hyp-ViT's code).
 
 Randomness comes only from the ``np.random.Generator`` passed in, drawn in torchvision's order and
 with its rules (one ``uniform``/``integers``/``random``/``permutation`` call where torchvision
