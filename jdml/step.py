@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 from jdml.exchanges import Exchange, Peers
 from jdml.layout import MEMBER_FIELDS, Groups, Layout, zeros_state
 from jdml.methods.cohort import AXIS, VIEWS, member_name, over_members
-from jdml.methods.method import Method
+from jdml.methods.method import LossAux, Method
 from jdml.samplers.memory import update_memory
 from jdml.state import TrainState
 
@@ -201,6 +201,199 @@ def _take(x: Any, rows: slice | None) -> Any:
     return x if rows is None else jax.tree.map(lambda a: a[rows], x)
 
 
+class MembersAux(NamedTuple):
+    """What the members' loss gives besides its sum (every array (L_local,) over this device's
+    members).
+
+    Attributes:
+      total: each member's objective: its method's loss plus lambda times the exchanged value.
+      loss: each member's method loss.
+      exchanged: the exchange's value of each member (None for one member).
+      groups: each group's :class:`jdml.methods.method.LossAux`.
+    """
+
+    total: jax.Array
+    loss: jax.Array
+    exchanged: jax.Array | None
+    groups: tuple[LossAux, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """What every part of one step reads.
+
+    Attributes:
+      members: what the step trains.
+      state: the state the step starts from (its member fields in groups).
+      keys: each group's (n_g,) step keys.
+      rows: each group's rows of a (L_local, ...) array (:func:`_slices`).
+      offset: this device's first member (0 unless the cohort is sharded).
+      gather: all-gathers a (L_local, ...) array over the member axis (identity unsharded).
+      views: the batch entries each member views on its own (view diversity).
+      shared: the other batch entries.
+      lam: the exchange's weight at this step (None for one member).
+      peers: what the exchange needs of the other members.
+    """
+
+    members: Members
+    state: TrainState
+    keys: tuple[jax.Array, ...]
+    rows: list[slice | None]
+    offset: jax.Array | int
+    gather: Callable[[jax.Array], jax.Array]
+    views: dict[str, jax.Array]
+    shared: dict[str, jax.Array]
+    lam: jax.Array | None
+    peers: Peers
+
+    @property
+    def local(self) -> int:
+        """The members on this device."""
+        return sum(r.shape[0] for r in self.state.rng)
+
+
+def step_context(members: Members, state: TrainState, batch: dict[str, jax.Array]) -> StepContext:
+    """The :class:`StepContext` of one step of ``state`` on ``batch``."""
+    layout, exchange = members.layout, members.exchange
+    sharded = layout.sharded
+    gather = (lambda x: jax.lax.all_gather(x, AXIS, tiled=True)) if sharded else (lambda x: x)
+    sizes = tuple(r.shape[0] for r in state.rng)
+    offset = jax.lax.axis_index(AXIS) * sum(sizes) if sharded else 0
+    keys = tuple(jax.vmap(lambda r: jax.random.fold_in(r, state.step))(r) for r in state.rng)
+    views = {k: v for k, v in batch.items() if k in VIEWS and layout.view_diversity}
+    return StepContext(
+        members=members,
+        state=state,
+        keys=keys,
+        rows=_slices(sizes),
+        offset=offset,
+        gather=gather,
+        views=views,
+        shared={k: v for k, v in batch.items() if k not in views},
+        lam=exchange.weight(state.step) if exchange is not None else None,
+        peers=Peers(gather=gather, offset=offset, size=layout.size),
+    )
+
+
+def members_loss(
+    ctx: StepContext,
+    params: Groups,
+    stats: Groups,
+    keys: tuple[jax.Array, ...],
+    batch: dict[str, jax.Array],
+    phase: tuple[str, ...] | None,
+) -> tuple[jax.Array, MembersAux]:
+    """The sum of the members' objectives in one phase, and the :class:`MembersAux`."""
+    members, exchange = ctx.members, ctx.members.exchange
+    group_losses, auxes = [], []
+    for g, method in enumerate(members.methods):
+
+        def member_loss(p_, s_, views_, key, method_state, method=method):
+            return method.loss_fn(p_, s_, {**batch, **views_}, key, method_state, phase)
+
+        loss, aux = over_members(
+            member_loss,
+            members.loop,
+            params[g],
+            stats[g],
+            _take(ctx.views, ctx.rows[g]),
+            keys[g],
+            ctx.state.method_state[g],
+        )
+        group_losses.append(loss)
+        auxes.append(aux)
+    loss = concat(group_losses)
+    if exchange is None:  # one member: nothing to exchange
+        return jnp.sum(loss), MembersAux(loss, loss, None, tuple(auxes))
+    if exchange.active:
+        value = exchange.losses(tuple(a.embeddings for a in auxes), ctx.peers)
+    else:  # members side by side
+        value = jnp.zeros_like(loss)
+    total = loss + ctx.lam * value
+    return jnp.sum(total), MembersAux(total, loss, value, tuple(auxes))
+
+
+def phase_update(
+    ctx: StepContext,
+    tx: optax.GradientTransformation,
+    index: int,
+    phase: tuple[str, ...] | None,
+    params: Groups,
+    opt_state: Groups,
+    stats: Groups,
+) -> tuple[Groups, Groups, MembersAux, jax.Array]:
+    """One optimiser update of the phase's terms: the new params and optimiser state (the
+    groups the phase does not train kept), its :class:`MembersAux`, and (L_local,) whether each
+    member's objective, gradients and params are finite."""
+    methods = ctx.members.methods
+    batch = methods[0].phase_batch(ctx.shared, index)
+    keys = ctx.keys
+    if index:
+        keys = tuple(jax.vmap(lambda k: jax.random.fold_in(k, index))(k) for k in keys)
+    loss = functools.partial(members_loss, ctx, stats=stats, keys=keys, batch=batch, phase=phase)
+    grads, aux = jax.grad(loss, has_aux=True)(params)
+    new_params, new_opt_state = ctx.members.layout.update(tx, grads, opt_state, params)
+    kept = [
+        only_groups(
+            method.phase_groups(phase), new_params[g], params[g], new_opt_state[g], opt_state[g]
+        )
+        for g, method in enumerate(methods)
+    ]
+    params, opt_state = tuple(p for p, _ in kept), tuple(o for _, o in kept)
+    finite = concat([finite_per_member((g, p)) for g, p in zip(grads, params, strict=True)])
+    return params, opt_state, aux, jnp.isfinite(aux.total) & finite
+
+
+def commit(
+    ctx: StepContext,
+    params: Groups,
+    opt_state: Groups,
+    stats: Groups,
+    outputs: list[dict[str, Any]],
+    apply: jax.Array,
+    all_ok: jax.Array,
+    embeddings: jax.Array,
+) -> TrainState:
+    """The state after the step: each member's new fields where ``apply`` holds (its old ones
+    elsewhere), the method states and the sampler memory updated, the step counted."""
+    state = ctx.state
+    new_fields: dict[str, list[Any]] = {f: [] for f in MEMBER_FIELDS if f != "rng"}
+    for g, method in enumerate(ctx.members.methods):
+        mask = _take(apply, ctx.rows[g])
+        method_state = jax.vmap(method.update_method_state, (0, 0, 0, None))(
+            state.method_state[g], params[g], outputs[g], ctx.shared["labels"]
+        )
+        new_fields["params"].append(keep_where(mask, params[g], state.params[g]))
+        new_fields["opt_state"].append(keep_where(mask, opt_state[g], state.opt_state[g]))
+        new_fields["batch_stats"].append(keep_where(mask, stats[g], state.batch_stats[g]))
+        new_fields["method_state"].append(keep_where(mask, method_state, state.method_state[g]))
+    return state.replace(
+        step=state.step + 1,
+        nonfinite=state.nonfinite + (~all_ok).astype(jnp.int32),
+        sampler_state=update_memory(
+            state.sampler_state, ctx.shared.get("indices"), ctx.gather(embeddings)[0]
+        ),
+        **{f: tuple(v) for f, v in new_fields.items()},
+    )
+
+
+def step_metrics(
+    ctx: StepContext, metrics: dict[str, jax.Array], first: MembersAux, apply: jax.Array
+) -> dict[str, jax.Array]:
+    """The step's metrics: each metric's mean over the members, the phases' losses summed, and
+    the cohort's per-member losses and exchanged values (``first``: the first phase's)."""
+    exchange, gather = ctx.members.exchange, ctx.gather
+    out = {k: jnp.mean(gather(v)) for k, v in metrics.items()}
+    phases = len(ctx.members.methods[0].phases)
+    if phases > 1:
+        out["loss"] = sum(out[f"phase{i}/loss"] for i in range(phases))
+    if exchange is not None:
+        values = (gather(first.total), gather(first.loss), gather(first.exchanged), gather(apply))
+        out.update(cohort_metrics(exchange.metric, *values))
+        out[f"{exchange.metric}/weight"] = ctx.lam
+    return out
+
+
 def train_step(
     members: Members,
     tx: optax.GradientTransformation,
@@ -209,113 +402,26 @@ def train_step(
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One step of the members in ``state``, whose member fields are groups (``Layout.split``):
     this device's block of a sharded cohort inside ``shard_map``, or all members."""
-    layout, methods, exchange = members.layout, members.methods, members.exchange
-    sharded = layout.sharded
-    gather = (lambda x: jax.lax.all_gather(x, AXIS, tiled=True)) if sharded else (lambda x: x)
-    sizes = tuple(r.shape[0] for r in state.rng)
-    rows = _slices(sizes)
-    local = sum(sizes)
-    offset = jax.lax.axis_index(AXIS) * local if sharded else 0
-    keys = tuple(jax.vmap(lambda r: jax.random.fold_in(r, state.step))(r) for r in state.rng)
-    views = {k: v for k, v in batch.items() if k in VIEWS and layout.view_diversity}
-    shared = {k: v for k, v in batch.items() if k not in views}
-    lam = exchange.weight(state.step) if exchange is not None else None
-    peers = Peers(gather=gather, offset=offset, size=layout.size)
-    phases = methods[0].phases
+    ctx = step_context(members, state, batch)
+    phases = members.methods[0].phases
     params, opt_state, stats = state.params, state.opt_state, state.batch_stats
-    ok = jnp.ones((local,), bool)
-    metrics: dict[str, jax.Array] = {}
-    outputs: list[dict[str, Any]] = [{} for _ in methods]
-    embeddings: Groups = ()
-    totals = losses = exchanged = None
+    ok, metrics, outputs = jnp.ones((ctx.local,), bool), {}, [{} for _ in members.methods]
+    auxes: list[MembersAux] = []
     for i, phase in enumerate(phases):
-        phase_batch = methods[0].phase_batch(shared, i)
-        phase_keys = (
-            keys
-            if i == 0
-            else tuple(jax.vmap(lambda k, i=i: jax.random.fold_in(k, i))(k) for k in keys)
-        )
-
-        def members_loss(p, s=stats, k=phase_keys, b=phase_batch, ph=phase):
-            group_losses, auxes = [], []
-            for g, method in enumerate(methods):
-
-                def member_loss(p_, s_, views_, key, method_state, method=method):
-                    return method.loss_fn(p_, s_, {**b, **views_}, key, method_state, ph)
-
-                loss, aux = over_members(
-                    member_loss,
-                    members.loop,
-                    p[g],
-                    s[g],
-                    _take(views, rows[g]),
-                    k[g],
-                    state.method_state[g],
-                )
-                group_losses.append(loss)
-                auxes.append(aux)
-            loss = concat(group_losses)
-            if exchange is None:  # one member: nothing to exchange
-                return jnp.sum(loss), (loss, loss, None, auxes)
-            if exchange.active:
-                value = exchange.losses(tuple(a[2] for a in auxes), peers)
-            else:  # members side by side
-                value = jnp.zeros_like(loss)
-            total = loss + lam * value
-            return jnp.sum(total), (total, loss, value, auxes)
-
-        grads, (total, loss, value, auxes) = jax.grad(members_loss, has_aux=True)(params)
-        stats = tuple(a[0] for a in auxes)
-        new_params, new_opt_state = layout.update(tx, grads, opt_state, params)
-        kept = [
-            only_groups(
-                method.phase_groups(phase), new_params[g], params[g], new_opt_state[g], opt_state[g]
-            )
-            for g, method in enumerate(methods)
-        ]
-        params, opt_state = tuple(p for p, _ in kept), tuple(o for _, o in kept)
-        ok = (
-            ok
-            & jnp.isfinite(total)
-            & concat([finite_per_member((g, p)) for g, p in zip(grads, params, strict=True)])
-        )
+        params, opt_state, aux, finite = phase_update(ctx, tx, i, phase, params, opt_state, stats)
+        stats, ok = tuple(a.batch_stats for a in aux.groups), ok & finite
         prefix = "" if len(phases) == 1 else f"phase{i}/"
-        metrics.update({prefix + k: concat([a[1][k] for a in auxes]) for k in auxes[0][1]})
-        for g, a in enumerate(auxes):
-            outputs[g].update(a[3])
-        if i == 0:
-            embeddings, totals, losses, exchanged = tuple(a[2] for a in auxes), total, loss, value
-    all_ok = jnp.all(gather(ok))
-    apply = all_ok & temporal_draws(members.probabilities, concat(list(keys)), offset)
-    new_fields: dict[str, list[Any]] = {f: [] for f in MEMBER_FIELDS if f != "rng"}
-    for g, method in enumerate(methods):
-        mask = _take(apply, rows[g])
-        method_state = jax.vmap(method.update_method_state, (0, 0, 0, None))(
-            state.method_state[g], params[g], outputs[g], batch["labels"]
-        )
-        new_fields["params"].append(keep_where(mask, params[g], state.params[g]))
-        new_fields["opt_state"].append(keep_where(mask, opt_state[g], state.opt_state[g]))
-        new_fields["batch_stats"].append(keep_where(mask, stats[g], state.batch_stats[g]))
-        new_fields["method_state"].append(keep_where(mask, method_state, state.method_state[g]))
-    new_state = state.replace(
-        step=state.step + 1,
-        nonfinite=state.nonfinite + (~all_ok).astype(jnp.int32),
-        sampler_state=update_memory(
-            state.sampler_state, shared.get("indices"), gather(embeddings[0])[0]
-        ),
-        **{f: tuple(v) for f, v in new_fields.items()},
-    )
-    out = {k: jnp.mean(gather(v)) for k, v in metrics.items()}
-    if len(phases) > 1:
-        out["loss"] = sum(out[f"phase{i}/loss"] for i in range(len(phases)))
-    if exchange is not None:
-        out.update(
-            cohort_metrics(
-                exchange.metric, gather(totals), gather(losses), gather(exchanged), gather(apply)
-            )
-        )
-        out[f"{exchange.metric}/weight"] = lam
-    return new_state, out
+        for k in aux.groups[0].metrics:
+            metrics[prefix + k] = concat([a.metrics[k] for a in aux.groups])
+        for g, a in enumerate(aux.groups):
+            outputs[g].update(a.outputs)
+        auxes.append(aux)
+    first = auxes[0]
+    all_ok = jnp.all(ctx.gather(ok))
+    apply = all_ok & temporal_draws(members.probabilities, concat(list(ctx.keys)), ctx.offset)
+    embeddings = first.groups[0].embeddings
+    new_state = commit(ctx, params, opt_state, stats, outputs, apply, all_ok, embeddings)
+    return new_state, step_metrics(ctx, metrics, first, apply)
 
 
 #: The batch entry of the device views' resident photos and tables (added by the step itself).

@@ -151,3 +151,17 @@ def test_the_library_imports_no_command() -> None:
         if is_command(target)
     ]
     assert not wrong, f"library modules importing a user command: {wrong}"
+
+
+def _function_lines(path: str, name: str) -> int:
+    tree = ast.parse((Path(REPO) / path).read_text())
+    [node] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    return node.end_lineno - node.lineno + 1
+
+
+def test_the_train_step_reads_in_one_screen() -> None:
+    """``jdml.step.train_step`` is at most 40 lines: its work is in named parts
+    (``step_context``, ``phase_update``, ``commit``, ``step_metrics``), and what the losses give
+    besides their value has names (``LossAux``, ``MembersAux``), not positions."""
+    lines = _function_lines("jdml/step.py", "train_step")
+    assert lines <= 40, f"jdml.step.train_step has {lines} lines; move work into named parts"

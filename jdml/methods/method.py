@@ -16,7 +16,7 @@ The trainer only sees ``init``, ``init_method_state``, ``loss_fn``, ``update_met
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +63,22 @@ def run_once(fn: Callable[..., Any]) -> Callable[..., Any]:
         return (plain if traced else cheap)(*args)
 
     return call
+
+
+class LossAux(NamedTuple):
+    """What a method's loss gives besides its value (:meth:`Method.loss_fn`).
+
+    Attributes:
+      batch_stats: the new batch statistics.
+      metrics: the terms' metrics and ``loss``.
+      embeddings: the main head's embeddings of the batch (train mode).
+      outputs: term name -> what its ``update_method_state`` needs (the DaNCE keys).
+    """
+
+    batch_stats: Any
+    metrics: Metrics
+    embeddings: jax.Array
+    outputs: dict[str, Any]
 
 
 class Method:
@@ -254,15 +270,16 @@ class Method:
         key: jax.Array,
         method_state: dict[str, Any] | None = None,
         phase: tuple[str, ...] | None = None,
-    ) -> tuple[jax.Array, tuple[Any, Metrics, jax.Array, dict[str, Any]]]:
+    ) -> tuple[jax.Array, LossAux]:
         """Total loss of one batch (of the terms in ``phase``: "main", "decorrelation" and
         auxiliary term names; ``None`` = all).
 
         Returns:
-          ``(loss, (new_batch_stats, metrics, embeddings, outputs))``: the embeddings of the main
-          head (train mode) feed the samplers' memory; ``outputs`` holds what
-          ``update_method_state`` needs (the DaNCE keys). Metrics: the main term's unprefixed,
-          each auxiliary term's as ``<term>/<name>``, the decorrelation's, and ``loss`` = total.
+          ``(loss, LossAux)``: the new batch statistics; the metrics (the main term's
+          unprefixed, each auxiliary term's as ``<term>/<name>``, the decorrelation's, and
+          ``loss`` = total); the embeddings of the main head (train mode), which feed the
+          samplers' memory and the cohort's exchange; the outputs ``update_method_state`` needs
+          (the DaNCE keys).
         """
         out, updates = self._apply_train(params["model"], batch_stats, batch["images"])
         labels = batch["labels"]
@@ -294,7 +311,7 @@ class Method:
             metrics.update(dec_metrics)
         metrics["loss"] = total
         new_stats = updates.get("batch_stats", batch_stats)
-        return total, (new_stats, metrics, out[self.head], outputs)
+        return total, LossAux(new_stats, metrics, out[self.head], outputs)
 
     def _network(
         self, model_params: Any, batch_stats: Any, images: jax.Array
