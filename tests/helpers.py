@@ -249,3 +249,24 @@ def load_experiment(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_script(relative: str, name: str | None = None):
+    """The repository script ``relative`` (e.g. ``tools/make_loss_golden.py``) as a module."""
+    import importlib.util
+
+    path = os.path.join(REPO, relative)
+    spec = importlib.util.spec_from_file_location(name or os.path.basename(path)[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def avx512() -> bool:
+    """Whether this CPU has AVX-512, which changes how XLA's CPU kernels round (bit-for-bit
+    records are compared exactly only on a CPU of the same kind)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            return " avx512f" in cpuinfo.read()
+    except OSError:
+        return False

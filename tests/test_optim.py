@@ -62,6 +62,17 @@ def test_schedules():
         lr_multiplier(_cfg(schedule="linear"), 10, 100)
 
 
+def _tree(values: dict) -> dict:
+    """Nested dicts of jax arrays from {path tuple: value}."""
+    out: dict = {}
+    for path, v in values.items():
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = jnp.asarray(v)
+    return out
+
+
 def _numpy_adamw(p, grads, lr, wd, b1=0.9, b2=0.999, eps=1e-8, clip=0.0):
     """PyTorch's AdamW algorithm: p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p), the gradient
     first clipped to global norm ``clip`` (over every array of ``p``) when it is > 0."""
@@ -95,23 +106,14 @@ def test_adamw_no_decay_backbone_rate_and_clipping_match_numpy(clip):
     flat = {k: rng.normal(size=s) for k, s in shapes.items()}
     grads = [{k: rng.normal(size=s) for k, s in shapes.items()} for _ in range(3)]
 
-    def tree(values):
-        out: dict = {}
-        for path, v in values.items():
-            node = out
-            for key in path[:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = jnp.asarray(v)
-        return out
-
     cfg = _cfg(name="adamw", schedule="constant", no_decay=("1d", "cls_token"),
                backbone_lr_multiplier=0.1, clip_norm=clip)  # fmt: skip
     groups = {"model": Group(1e-2, 0.05), "loss": Group(1e-1, 0.0)}
     tx = make_optimizer(cfg, groups, steps_per_epoch=1, total_steps=3)
-    params = tree(flat)
+    params = _tree(flat)
     state = tx.init(params)
     for g in grads:
-        u, state = jax.jit(tx.update)(tree(g), state, params)
+        u, state = jax.jit(tx.update)(_tree(g), state, params)
         params = optax.apply_updates(params, u)
     lr = {k: (1e-3 if k[1:2] == ("backbone",) else 1e-2) if k[0] == "model" else 1e-1 for k in flat}
     wd = {k: 0.05 if k[0] == "model" and k[-1] not in ("bias", "cls_token") else 0.0 for k in flat}
@@ -150,15 +152,6 @@ def test_layer_decay_scales_each_layers_whole_update():
     flat = {k: rng.normal(size=s) for k, s in shapes.items()}
     grads = [{k: rng.normal(size=s) for k, s in shapes.items()} for _ in range(3)]
 
-    def tree(values):
-        out: dict = {}
-        for path, v in values.items():
-            node = out
-            for key in path[:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = jnp.asarray(v)
-        return out
-
     factors = {"patch_embed_proj": 0.25, "blocks_0": 0.5}
 
     def scale(path):
@@ -167,10 +160,10 @@ def test_layer_decay_scales_each_layers_whole_update():
     cfg = _cfg(name="adamw", schedule="constant")
     tx = make_optimizer(cfg, {"model": Group(1e-2, 0.05)}, steps_per_epoch=1, total_steps=3,
                         layer_scale=scale)  # fmt: skip
-    params = tree(flat)
+    params = _tree(flat)
     state = tx.init(params)
     for g in grads:
-        u, state = jax.jit(tx.update)(tree(g), state, params)
+        u, state = jax.jit(tx.update)(_tree(g), state, params)
         params = optax.apply_updates(params, u)
     lr = {k: 1e-2 * scale(k) for k in flat}
     expected = _numpy_adamw(flat, grads, lr, {k: 0.05 for k in flat})

@@ -3,22 +3,16 @@ difference measured again lies within the bound the page states."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 
-from tests.helpers import REPO
+from tests.helpers import REPO, load_script
 
 NUMBER = re.compile(r"^(0|\d(\.\d+)?e[-+]\d+)$")
 
 
 def _parity():
-    spec = importlib.util.spec_from_file_location(
-        "parity", os.path.join(REPO, "bench", "parity.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/parity.py")
 
 
 def _cells(text: str) -> list[list[str]]:

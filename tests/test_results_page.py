@@ -14,11 +14,12 @@ them, and every decimal of its prose must be a cell of one of its tables.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 
 import pytest
+
+from tests.helpers import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READINGS = ("results.md", "history.md")  # pages whose numbers come from the run records
@@ -46,12 +47,7 @@ UNSUPPORTED_WORDS = (
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        "update_claim_tables", os.path.join(ROOT, "tools", "update_claim_tables.py")
-    )
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
+    return load_script("tools/update_claim_tables.py")
 
 
 def _page(name: str) -> str:

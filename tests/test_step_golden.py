@@ -9,24 +9,18 @@ numbers are compared to 1e-5 instead.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, make_npz
+from tests.helpers import REPO, load_script, make_npz
 
 RECORD = os.path.join(REPO, "tests", "golden", "step", "bitwise.npz")
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        "make_step_golden", os.path.join(REPO, "tools", "make_step_golden.py")
-    )
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
+    return load_script("tools/make_step_golden.py")
 
 
 def _recorded(name: str) -> dict[str, np.ndarray]:

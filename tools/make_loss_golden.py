@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jdml.losses import LOSSES
 from jdml.miners import MINERS
+from tests.helpers import avx512
 
 BATCH, DIM, CLASSES = 24, 16, 6
 OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "golden", "losses", "bitwise.npz")
@@ -76,16 +77,6 @@ def compute(name: str) -> dict[str, np.ndarray]:
     for path, leaf in jax.tree_util.tree_leaves_with_path(grads[0]):
         record["grad_param/" + jax.tree_util.keystr(path)] = np.asarray(leaf)
     return record
-
-
-def avx512() -> bool:
-    """Whether this CPU has AVX-512, which changes how XLA's CPU kernels round (the record is
-    compared bit for bit only on a CPU of the same kind)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
-            return " avx512f" in cpuinfo.read()
-    except OSError:
-        return False
 
 
 def main() -> None:

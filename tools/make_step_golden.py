@@ -39,7 +39,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jdml.run import Run
-from tests.helpers import make_npz, tiny_config
+from tests.helpers import avx512, make_npz, tiny_config
 
 STEPS = 4
 OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "golden", "step", "bitwise.npz")
@@ -54,15 +54,6 @@ RUNS: dict[str, dict[str, object]] = {
         "parallel.data_devices": 2,
     },
 }
-
-
-def avx512() -> bool:
-    """Whether this CPU has AVX-512, which changes how XLA's CPU kernels round."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
-            return " avx512f" in cpuinfo.read()
-    except OSError:
-        return False
 
 
 def compute(name: str, npz: str) -> dict[str, np.ndarray]:

@@ -22,9 +22,9 @@ def frozen_backbone_modules(cfg: ml_collections.ConfigDict) -> frozenset[str]:
     frozen_stages = cfg.get("frozen_stages", NOT_FROZEN)
     if frozen_stages == NOT_FROZEN:
         return frozenset()
-    stages = _stage_modules(cfg, cfg.backbone)
+    stages = _declared(cfg, cfg.backbone, "STAGE_MODULES")
     if stages is None:
-        able = [n for n in BACKBONES.names() if _stage_modules(cfg, n) is not None]
+        able = [n for n in BACKBONES.names() if _declared(cfg, n, "STAGE_MODULES") is not None]
         raise ValueError(
             f"model.frozen_stages={frozen_stages}, but backbone {cfg.backbone!r} has no "
             f"stages to freeze; backbones with them: {', '.join(able)} (or set it to -1)"
@@ -32,16 +32,11 @@ def frozen_backbone_modules(cfg: ml_collections.ConfigDict) -> frozenset[str]:
     return frozen_modules(stages, frozen_stages)
 
 
-def _stage_modules(cfg: ml_collections.ConfigDict, backbone: str) -> tuple | None:
-    """The ``STAGE_MODULES`` a backbone's module declares (None: it declares none); a module
+def _declared(cfg: ml_collections.ConfigDict, backbone: str, name: str) -> tuple | None:
+    """What a backbone's module declares as ``name`` (None: nothing): ``STAGE_MODULES``, the
+    stages ``model.frozen_stages`` freezes, or ``LAYERS``, its parameters by depth; a module
     whose stages depend on its shape (a ViT's depth) declares them as a property."""
-    module = BACKBONES.get(backbone)(cfg, train=False)
-    return getattr(module, "STAGE_MODULES", None)
-
-
-def _layers(cfg: ml_collections.ConfigDict, backbone: str) -> tuple | None:
-    """The ``LAYERS`` a backbone's module declares: its parameter names by depth (None: none)."""
-    return getattr(BACKBONES.get(backbone)(cfg, train=False), "LAYERS", None)
+    return getattr(BACKBONES.get(backbone)(cfg, train=False), name, None)
 
 
 def layer_scales(cfg: ml_collections.ConfigDict, decay: float) -> dict[str, float]:
@@ -60,9 +55,9 @@ def layer_scales(cfg: ml_collections.ConfigDict, decay: float) -> dict[str, floa
       Bao, Dong, Piao, Wei, "BEiT: BERT Pre-Training of Image Transformers", ICLR 2022 (layer-wise
       learning-rate decay; timm's ``param_groups_layer_decay`` groups a ViT the same way).
     """
-    layers = _layers(cfg, cfg.backbone)
+    layers = _declared(cfg, cfg.backbone, "LAYERS")
     if layers is None:
-        able = [n for n in BACKBONES.names() if _layers(cfg, n) is not None]
+        able = [n for n in BACKBONES.names() if _declared(cfg, n, "LAYERS") is not None]
         raise ValueError(
             f"optim.layer_decay={decay:g}, but backbone {cfg.backbone!r} has no layers to decay; "
             f"backbones with them: {', '.join(able)} (or set it to 1)"

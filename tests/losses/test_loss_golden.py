@@ -8,24 +8,18 @@ record here until the tool is run again.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import numpy as np
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, load_script
 
 RECORD = os.path.join(REPO, "tests", "golden", "losses", "bitwise.npz")
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        "make_loss_golden", os.path.join(REPO, "tools", "make_loss_golden.py")
-    )
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
+    return load_script("tools/make_loss_golden.py")
 
 
 def _recorded() -> dict[str, dict[str, np.ndarray]]:
