@@ -36,7 +36,7 @@ import numpy as np
 
 from configs.dm2 import get_config
 from jdml.config import set_keys
-from jdml.methods.cohort import member_overrides
+from jdml.members import member_overrides
 from jdml.run import Run
 from jdml.throughput import model_flops, throughput_line
 
@@ -121,7 +121,7 @@ def main() -> None:
         "cohort, 1 device": list(_build(size, **{"cohort.devices": 1})),
         f"cohort, {size} devices": list(_build(size, **{"cohort.devices": size})),
         "cohort, 1 device, no mutual term": list(
-            _build(size, **{"cohort.devices": 1, "cohort.mutual_weight": 0.0})
+            _build(size, **{"cohort.devices": 1, "exchange.dm2.mutual_weight": 0.0})
         ),
     }
     times: dict[str, list[float]] = {name: [] for name in cases}

@@ -38,7 +38,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from configs.revisiting import get_config
-from jdml.methods.cohort import DATA
+from jdml.mesh import DATA
 from jdml.run import Run
 from jdml.throughput import model_flops, throughput_line
 
@@ -77,7 +77,7 @@ def _gather_fn(run: Run, devices: int):
     device (nothing to gather)."""
     if devices == 1:
         return None
-    mesh = run.program.mesh
+    mesh = run.program.layout.mesh
     batch, dim = int(run.config.train.batch_size), int(run.config.model.embed_dim)
     x = jax.device_put(np.ones((batch, dim), np.float32), NamedSharding(mesh, P(DATA)))
 

@@ -164,7 +164,7 @@ _DM2_CUB_CARS = {
 PRESETS: dict[str, Preset] = {
     # The glyph network trains from scratch in a few epochs: DM2's lambda reaches its value
     # after one.
-    "glyphs": Preset(protocol={}, dm2_any_method={"cohort.warmup_epochs": 1.0}),
+    "glyphs": Preset(protocol={}, dm2_any_method={"exchange.dm2.warmup_epochs": 1.0}),
     "folder": Preset(protocol={"data.name": "folder", "data.image_size": 64}),
     "npz": Preset(protocol={"data.name": "npz"}),
     # Any prepared tfds image dataset: --config.data.tfds_name=<builder> --config.data.path=<dir>.

@@ -73,9 +73,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             set_keys(c, chosen.dm2)
         set_keys(c, chosen.dm2_any_method)
         c.cohort.size = size
-        c.cohort.mutual_weight = c.cohort.mutual_weight if mutual else 0.0
-        c.cohort.model_diversity = model
-        c.cohort.temporal_diversity = temporal
-        c.cohort.view_diversity = view
+        c.exchange.dm2.mutual_weight = c.exchange.dm2.mutual_weight if mutual else 0.0
+        c.exchange.dm2.model_diversity = model
+        c.exchange.dm2.temporal_diversity = temporal
+        c.exchange.dm2.view_diversity = view
     c.lock()
     return c

@@ -73,6 +73,7 @@ from jdml.data.emoji import cache_paths as emoji_cache_paths
 from jdml.errors import WorkdirInUseError
 from jdml.evaluation.embeddings import evaluate_embeddings
 from jdml.fileio import read_jsonl
+from jdml.keys import RENAMED_KEYS
 from jdml.models.efficientnet import MEAN, STD, EfficientNetLite0
 from jdml.models.pretrained.backbones import load_backbone
 from jdml.report import load_run, plot_spectra, summarize_group
@@ -202,10 +203,10 @@ def class_heads(copies: int = 0, dim: int = 128) -> Build:
 def dm2(diversity: str, size: int) -> Build:
     def build() -> ml_collections.ConfigDict:
         c = dm2_config(f"size={size},diversity={diversity},{DATA}")
-        c.cohort.warmup_epochs = 1.0  # lambda at full weight after one of the few epochs
+        c.exchange.dm2.warmup_epochs = 1.0  # lambda at full weight after one of the few epochs
         s = settings_of("dm2")
         if diversity == "independent":  # lambda 0: no exchange to weigh
-            s = {k: v for k, v in s.items() if k != "cohort.mutual_weight"}
+            s = {k: v for k, v in s.items() if k != "exchange.dm2.mutual_weight"}
         return _apply(c, s)
 
     return build
@@ -344,7 +345,7 @@ TUNING: dict[str, tuple[str, str, dict[str, Settings]]] = {
         "lambda x temporal update rate",
         "dm2-3-md+td+vd",
         {
-            f"l{lam:g}-r{r:g}": {"cohort.mutual_weight": lam, "cohort.temporal_rate": r}
+            f"l{lam:g}-r{r:g}": {"exchange.dm2.mutual_weight": lam, "exchange.dm2.temporal_rate": r}
             for lam, r in ((20.0, 0.5), (5.0, 0.5), (20.0, 0.8), (5.0, 0.8))
         },
     ),
@@ -477,11 +478,19 @@ def load_record(args: argparse.Namespace, row: str, seed: int) -> dict | None:
     data = getattr(args, "data_sha256", None)
     if data and record.get("data_sha256") != data:
         return None  # another build of the dataset
-    if getattr(args, "check_settings", False) and record.get("settings") != _jsonable(
-        row_settings(row)
+    if getattr(args, "check_settings", False) and _current_keys(record.get("settings")) != (
+        _jsonable(row_settings(row))
     ):
         return None  # trained before the method's settings were selected
     return record
+
+
+def _current_keys(settings: dict | None) -> dict | None:
+    """A record's settings under the keys' current names (``jdml.keys.RENAMED_KEYS``: records
+    written before DM2's settings moved to ``exchange.dm2`` hold ``cohort.*`` keys)."""
+    if settings is None:
+        return None
+    return {RENAMED_KEYS.get(k, k): v for k, v in settings.items()}
 
 
 def _jsonable(settings: Settings) -> dict:

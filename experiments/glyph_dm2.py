@@ -58,8 +58,8 @@ def _config(
 ) -> ml_collections.ConfigDict:
     c = get_config(f"diversity={diversity},size={size}")
     with c.unlocked():
-        if mutual_weight is not None and c.cohort.mutual_weight:  # independent rows keep 0
-            c.cohort.mutual_weight = mutual_weight
+        if mutual_weight is not None and c.exchange.dm2.mutual_weight:  # independent rows keep 0
+            c.exchange.dm2.mutual_weight = mutual_weight
         for key, value in SMALL_MEMBER.items():
             section, name = key.split(".")
             c[section][name] = value

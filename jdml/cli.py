@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 
 from jdml.errors import CheckpointError, ConfigError, UnknownNameError
+from jdml.keys import RENAMED_KEYS
 
 EXIT_USAGE = 2
 
@@ -173,6 +174,9 @@ def explain_override_error(argv: list[str], config_value, error: BaseException) 
             continue
         name = arg[2:].split("=", 1)[0]
         if keys and name not in keys:
+            old = name.removeprefix("config.")
+            if old in RENAMED_KEYS:
+                return f"--{name} is now --config.{RENAMED_KEYS[old]}; use that flag instead"
             close = difflib.get_close_matches(name, keys, n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join('--' + c for c in close)}?" if close else ""
             return f"unknown config key --{name}{hint} (see the config file for every key)"

@@ -109,6 +109,33 @@ def component_section(registry: NamedComponents) -> ml_collections.ConfigDict:
     return section
 
 
+#: Keys an earlier version had under another name: old dotted key -> new dotted key (saved
+#: configs are read with the new names; a command line or script that sets an old one is told).
+RENAMED_KEYS = {
+    "cohort.data_devices": "parallel.data_devices",
+    # DM2's settings moved from the cohort section into its exchange's own.
+    **{
+        f"cohort.{key}": f"exchange.dm2.{key}"
+        for key in (
+            "mutual_weight",
+            "warmup_epochs",
+            "relation",
+            "model_diversity",
+            "temporal_diversity",
+            "temporal_rate",
+            "view_diversity",
+        )
+    },
+}
+
+
+def renamed(key: str) -> str:
+    """A sentence for an error about ``key`` when it is an old name of ``RENAMED_KEYS`` (its
+    new name), else ""."""
+    new = RENAMED_KEYS.get(key)
+    return f" ({key} is now {new}; set that instead)" if new else ""
+
+
 def set_keys(c: ml_collections.ConfigDict, values: Mapping[str, Any]) -> ml_collections.ConfigDict:
     """Sets every dotted key of ``values`` (``{"data.name": "sop"}``) on ``c``.
 
@@ -136,8 +163,8 @@ def set_keys(c: ml_collections.ConfigDict, values: Mapping[str, Any]) -> ml_coll
             section[name] = value
         except (KeyError, TypeError, AttributeError) as e:
             raise ConfigError(
-                f"cannot set {dotted}={value!r} ({type(e).__name__}: {e}): use a key of the "
-                "config (see the config file's keys) with a value of its type"
+                f"cannot set {dotted}={value!r} ({type(e).__name__}: {e}){renamed(dotted)}: use a "
+                "key of the config (see the config file's keys) with a value of its type"
             ) from None
     return c
 

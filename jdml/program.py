@@ -25,21 +25,15 @@ import jax
 import ml_collections
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jdml.errors import ConfigError
 from jdml.exchanges import EXCHANGES
-from jdml.layout import Layout, batch_norm_groups
+from jdml.layout import batch_norm_groups, make_layout
+from jdml.members import member_configs, member_name, over_members
+from jdml.mesh import AXIS, DATA
 from jdml.methods.checks import check_stateless_members
-from jdml.methods.cohort import (
-    AXIS,
-    DATA,
-    member_configs,
-    member_name,
-    over_members,
-    update_probabilities,
-)
 from jdml.methods.ema_queue import push
 from jdml.methods.method import Method
 from jdml.optim import make_optimizer, per_member
@@ -78,74 +72,38 @@ class Program:
         self.config = config
         self.method = method
         self.methods = tuple(methods)
-        self.layout = Layout(config, size, listed=bool(self.methods))
-        self.size, self.names = self.layout.size, self.layout.names
-        self.cohort = self.size > 1
+        self.heterogeneous = bool(self.methods)  # each member has its own method
+        self.cohort = int(cohort.size if size is None else size) > 1
         if self.cohort and len(method.phases) > 1:
             raise ConfigError(
                 "a cohort trains one joint update per step; the method's config sets "
                 f"phases={tuple(config.phases)}: use phases=() with cohort.size > 1"
             )
         check_stateless_members(config)
-        self.exchange = (
-            EXCHANGES.get(cohort.exchange)(config, steps_per_epoch) if self.cohort else None
+        exchange = EXCHANGES.get(cohort.exchange)(config, steps_per_epoch) if self.cohort else None
+        self.exchange = exchange
+        self.layout = make_layout(
+            config,
+            size,
+            listed=self.heterogeneous,
+            view_diversity=exchange is not None and exchange.view_diversity,
         )
+        self.size, self.names = self.layout.size, self.layout.names
         self.loop = "unroll" if self.heterogeneous or not self.cohort else cohort.member_loop
         self.members_config = Members(
             layout=self.layout,
             methods=self.methods or (method,),
-            exchange=self.exchange,
+            exchange=exchange,
             loop=self.loop,
-            probabilities=update_probabilities(
-                self.size,
-                bool(cohort.temporal_diversity) and self.cohort,
-                float(cohort.temporal_rate),
+            probabilities=(
+                exchange.update_probabilities(self.size)
+                if exchange is not None
+                else np.ones(self.size, np.float32)
             ),
-            model_diversity=bool(cohort.model_diversity),
+            model_diversity=exchange is not None and exchange.model_diversity,
         )
         # The evaluated embedding: the method's main head, or member 1's.
         self.head = member_name(0) if self.cohort else method.head
-
-    @property
-    def heterogeneous(self) -> bool:
-        """Whether each member has its own method (``cohort.members``)."""
-        return self.layout.kind == "listed"
-
-    @property
-    def on_mesh(self) -> bool:
-        return self.layout.on_mesh
-
-    @property
-    def mesh(self) -> Mesh | None:
-        """The layout's ``(member, data)`` mesh (``jdml.layout.Layout.mesh``)."""
-        return self.layout.mesh
-
-    @property
-    def replicated(self) -> NamedSharding | None:
-        return self.layout.replicated
-
-    @functools.cached_property
-    def members(self) -> tuple[int, ...]:
-        """The members whose views this process draws (``Layout.members_drawn``)."""
-        return self.layout.members_drawn()
-
-    @property
-    def rows(self) -> tuple[int, int] | None:
-        """The rows of the global batch this process builds (``Layout.rows``)."""
-        return self.layout.rows
-
-    def replicate(self, host: Any) -> Any:
-        return self.layout.replicate(host)
-
-    def place_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
-        return self.layout.place_batch(batch)
-
-    def state_shardings(self, state: TrainState) -> TrainState:
-        return self.layout.state_shardings(state)
-
-    def member_state(self, state: TrainState, index: int) -> TrainState:
-        """Member ``index``'s slice of the state, as the state of a one-member program."""
-        return self.layout.member_state(state, index)
 
     # -- names ----------------------------------------------------------------------------------
 
@@ -248,31 +206,32 @@ class Program:
         key network on host images (``(B, dim)``, or ``(L, B, dim)`` replicated for a cohort),
         and ``push(queue, keys, labels)`` into every member's queue, placed as the state."""
         method = self.method
-        if not self.on_mesh:
+        layout = self.layout
+        if not layout.on_mesh:
             return jax.jit(lambda e, s, x: method.embed_keys(e, s, x)[head]), push
         if not self.cohort:
             keys_fn = jax.jit(
-                lambda e, s, x: method.embed_keys(e, s, x)[head], out_shardings=self.replicated
+                lambda e, s, x: method.embed_keys(e, s, x)[head], out_shardings=layout.replicated
             )
-            push_fn = jax.jit(push, out_shardings=self.replicated)
+            push_fn = jax.jit(push, out_shardings=layout.replicated)
             return (
-                lambda e, s, x: keys_fn(e, s, self.replicate(x)),
-                lambda q, k, y: push_fn(q, self.replicate(k), self.replicate(y)),
+                lambda e, s, x: keys_fn(e, s, layout.replicate(x)),
+                lambda q, k, y: push_fn(q, layout.replicate(k), layout.replicate(y)),
             )
-        members = NamedSharding(self.mesh, P(AXIS))
+        members = NamedSharding(layout.mesh, P(AXIS))
 
         def keys(ema: Any, batch_stats: Any, images: jax.Array) -> jax.Array:
             embed = lambda e, s: method.embed_keys(e, s, images)[head]  # noqa: E731
             return over_members(embed, self.loop, ema, batch_stats)
 
-        keys_fn = jax.jit(keys, out_shardings=self.replicated)
+        keys_fn = jax.jit(keys, out_shardings=layout.replicated)
         push_fn = jax.jit(jax.vmap(push, (0, 0, None)), out_shardings=members)
 
         def embed_keys(ema: Any, batch_stats: Any, images: Any) -> jax.Array:
-            return keys_fn(ema, batch_stats, self.replicate(images))
+            return keys_fn(ema, batch_stats, layout.replicate(images))
 
         def push_keys(queue: Any, new_keys: np.ndarray, labels: np.ndarray) -> Any:
-            return push_fn(queue, self.replicate(new_keys), self.replicate(labels))
+            return push_fn(queue, layout.replicate(new_keys), layout.replicate(labels))
 
         return embed_keys, push_keys
 
@@ -309,16 +268,17 @@ class Program:
         images are split over the data axis (zero rows pad them to a multiple of its size;
         eval-mode embeddings are per image), so each device embeds its share, and the outputs
         are replicated: every process gets every member's embeddings."""
-        if not self.on_mesh:
+        layout = self.layout
+        if not layout.on_mesh:
             return jax.jit(self.embed)
-        data = self.mesh.shape[DATA]
-        rows = NamedSharding(self.mesh, P(DATA))
+        data = layout.mesh.shape[DATA]
+        rows = NamedSharding(layout.mesh, P(DATA))
 
         def embed_rows(params: Any, batch_stats: Any, images: jax.Array, count: int):
             out = self.embed(params, batch_stats, images)
             return jax.tree.map(lambda x: x[..., :count, :], out)
 
-        jitted = jax.jit(embed_rows, static_argnums=3, out_shardings=self.replicated)
+        jitted = jax.jit(embed_rows, static_argnums=3, out_shardings=layout.replicated)
 
         def embed_fn(params: Any, batch_stats: Any, images: Any) -> dict[str, jax.Array]:
             images = np.asarray(images)

@@ -65,7 +65,7 @@ class Run:
         self.program = build_program(config, train.num_classes, self.steps_per_epoch)
         self.method = self.program.method
         self.head = self.program.head
-        self.members = self.program.members
+        self.members = self.program.layout.members_drawn()
         self.tx = self.program.optimizer(self.steps_per_epoch, self.total_steps)
         # Two images shape the parameters as well as a batch does (the state is identical);
         # a whole batch would cost eager forward passes: 49 s instead of 17 s for ResNet-50
@@ -101,7 +101,7 @@ class Run:
         return DeviceViews(
             self.config.data,
             training_photos(self.splits["train"], self.config.data),
-            self.program.mesh if self.program.on_mesh else None,
+            self.program.layout.mesh,
         )
 
     def batch_maker(self, sampler: Any = None) -> TrainBatch:
@@ -116,7 +116,7 @@ class Run:
             views=self.method.views,
             streams=self.method.streams,
             members=self.members,
-            rows=self.program.rows,
+            rows=self.program.layout.rows,
             views_on_device=self.device_views.host if self.device_views else None,
         )
 
@@ -135,9 +135,10 @@ class Run:
         if not state.method_state or self.program.heterogeneous:  # no stateful terms there
             return state
         new = dict(state.method_state)
-        for name, term_state in state.method_state.items():
-            log.info("Preparing the state of term %s", name)
-            new[name] = self.method.terms[name].prefill(term_state, state.batch_stats, self)
+        for name, term in self.method.terms.items():
+            if name in state.method_state:
+                log.info("Preparing the state of term %s", name)
+                new[name] = term.prefill(state.method_state[name], state.batch_stats, self)
         return state.replace(method_state=new)
 
     def key_functions(self, head: str) -> tuple[Callable, Callable]:

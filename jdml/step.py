@@ -30,9 +30,10 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from jdml.exchanges import Exchange, Peers
+from jdml.exchanges import EXCHANGE_STATE, Exchange, MemberOutputs, Peers
 from jdml.layout import MEMBER_FIELDS, Groups, Layout, zeros_state
-from jdml.methods.cohort import AXIS, VIEWS, member_name, over_members
+from jdml.members import VIEWS, member_name, over_members
+from jdml.mesh import AXIS
 from jdml.methods.method import LossAux, Method
 from jdml.samplers.memory import update_memory
 from jdml.state import TrainState
@@ -50,10 +51,11 @@ class Members:
       layout: the members and their placement.
       methods: the method of each group (``layout.group_sizes``).
       exchange: what the members exchange (None for one member).
-      loop: ``cohort.member_loop`` (``jdml.methods.cohort.over_members``).
-      probabilities: (L,) each member's update probability (temporal diversity).
+      loop: ``cohort.member_loop`` (``jdml.members.over_members``).
+      probabilities: (L,) each member's update probability (the exchange's temporal
+        diversity).
       model_diversity: whether member l > 1 draws its embedding heads (a listed member: its
-        whole network) from its own key.
+        whole network) from its own key (the exchange's model diversity).
     """
 
     layout: Layout
@@ -149,7 +151,11 @@ def init_state(
             fields["params"].append(params)
             fields["batch_stats"].append(stats)
             fields["rng"].append(rng0 if i == 0 else jax.random.fold_in(rng0, i))
-            fields["method_state"].append(method.init_method_state(params))
+            method_state = method.init_method_state(params)
+            exchanged = members.exchange.init_state(params) if members.exchange else None
+            if exchanged is not None:
+                method_state = {**method_state, EXCHANGE_STATE: exchanged}
+            fields["method_state"].append(method_state)
         index += size
     state = zeros_state(
         sampler_state,
@@ -210,12 +216,14 @@ class MembersAux(NamedTuple):
       loss: each member's method loss.
       exchanged: the exchange's value of each member (None for one member).
       groups: each group's :class:`jdml.methods.method.LossAux`.
+      exchange_state: each group's new exchange state (None without one).
     """
 
     total: jax.Array
     loss: jax.Array
     exchanged: jax.Array | None
     groups: tuple[LossAux, ...]
+    exchange_state: tuple[Any, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,12 +313,18 @@ def members_loss(
     loss = concat(group_losses)
     if exchange is None:  # one member: nothing to exchange
         return jnp.sum(loss), MembersAux(loss, loss, None, tuple(auxes))
+    value, exchange_state = jnp.zeros_like(loss), None  # inactive: members side by side
     if exchange.active:
-        value = exchange.losses(tuple(a.embeddings for a in auxes), ctx.peers)
-    else:  # members side by side
-        value = jnp.zeros_like(loss)
+        states = tuple(s.get(EXCHANGE_STATE) for s in ctx.state.method_state)
+        outputs = MemberOutputs(
+            embeddings=tuple(a.embeddings for a in auxes),
+            params=params,
+            labels=batch["labels"],
+            state=None if states[0] is None else states,
+        )
+        value, exchange_state = exchange.losses(outputs, ctx.peers)
     total = loss + ctx.lam * value
-    return jnp.sum(total), MembersAux(total, loss, value, tuple(auxes))
+    return jnp.sum(total), MembersAux(total, loss, value, tuple(auxes), exchange_state)
 
 
 def phase_update(
@@ -352,10 +366,11 @@ def commit(
     outputs: list[dict[str, Any]],
     apply: jax.Array,
     all_ok: jax.Array,
-    embeddings: jax.Array,
+    first: MembersAux,
 ) -> TrainState:
     """The state after the step: each member's new fields where ``apply`` holds (its old ones
-    elsewhere), the method states and the sampler memory updated, the step counted."""
+    elsewhere), the method and exchange states and the sampler memory updated (``first``: the
+    first phase's outputs), the step counted."""
     state = ctx.state
     new_fields: dict[str, list[Any]] = {f: [] for f in MEMBER_FIELDS if f != "rng"}
     for g, method in enumerate(ctx.members.methods):
@@ -363,6 +378,8 @@ def commit(
         method_state = jax.vmap(method.update_method_state, (0, 0, 0, None))(
             state.method_state[g], params[g], outputs[g], ctx.shared["labels"]
         )
+        if first.exchange_state is not None:
+            method_state = {**method_state, EXCHANGE_STATE: first.exchange_state[g]}
         new_fields["params"].append(keep_where(mask, params[g], state.params[g]))
         new_fields["opt_state"].append(keep_where(mask, opt_state[g], state.opt_state[g]))
         new_fields["batch_stats"].append(keep_where(mask, stats[g], state.batch_stats[g]))
@@ -371,7 +388,9 @@ def commit(
         step=state.step + 1,
         nonfinite=state.nonfinite + (~all_ok).astype(jnp.int32),
         sampler_state=update_memory(
-            state.sampler_state, ctx.shared.get("indices"), ctx.gather(embeddings)[0]
+            state.sampler_state,
+            ctx.shared.get("indices"),
+            ctx.gather(first.groups[0].embeddings)[0],
         ),
         **{f: tuple(v) for f, v in new_fields.items()},
     )
@@ -419,8 +438,7 @@ def train_step(
     first = auxes[0]
     all_ok = jnp.all(ctx.gather(ok))
     apply = all_ok & temporal_draws(members.probabilities, concat(list(ctx.keys)), ctx.offset)
-    embeddings = first.groups[0].embeddings
-    new_state = commit(ctx, params, opt_state, stats, outputs, apply, all_ok, embeddings)
+    new_state = commit(ctx, params, opt_state, stats, outputs, apply, all_ok, first)
     return new_state, step_metrics(ctx, metrics, first, apply)
 
 

@@ -15,7 +15,6 @@ import math
 import os
 import shlex
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +22,6 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-from PIL import Image
 from tqdm.auto import tqdm
 
 from jdml.checkpoint import Checkpoints, has_checkpoints, saved_steps
@@ -37,21 +35,17 @@ from jdml.config import (
 )
 from jdml.config.saved import unreadable_config
 from jdml.config.validation import check_devices, check_profile_steps, profile_range
-from jdml.data.arrays import ImageSet
 from jdml.data.pipeline import input_pipeline, train_batches
 from jdml.distributed import barrier, exit_after_peer_failure, is_main_process, peer_failure
 from jdml.errors import ConfigError, NonFiniteLossError, raise_if_stopped
-from jdml.evaluate_checkpoint import evaluate_state, save_evaluation, selected_block
-from jdml.evaluation.embeddings import format_table
-from jdml.evaluation.splits import SPECTRUM
-from jdml.fileio import atomic_write, read_jsonl
+from jdml.evaluations import Evaluations
+from jdml.fileio import atomic_write
 from jdml.metric_writer import MetricWriter
 from jdml.optim import lr_multiplier
 from jdml.program import StepFn
 from jdml.run import Run
 from jdml.samplers.memory import epoch_sampler
 from jdml.state import TrainState
-from jdml.visualize import spectrum_plot, split_retrieval_grid
 from jdml.workdir import check_name, check_writable, claim_workdir
 
 log = logging.getLogger("jdml")
@@ -167,46 +161,6 @@ def setup_logging(workdir: str | None) -> None:
         absl.addHandler(storage)
 
 
-def _selection_split(splits: dict[str, ImageSet]) -> str:
-    if "val" in splits:
-        return "val"
-    log.info(
-        "No validation split (data.val_fraction=0): the best checkpoint is selected on the TEST "
-        "split, as the reference does; the default data.val_fraction=0.15 selects it on "
-        "training classes held out for validation"
-    )
-    return "test"
-
-
-def main_eval(record: dict) -> bool:
-    """An evaluation record of the main head (other heads' records name their ``embedding``)."""
-    return record.get("kind") == "eval" and "embedding" not in record
-
-
-def _eval_records(records: list[dict], split: str) -> list[dict]:
-    return [r for r in records if main_eval(r) and r.get("split") == split]
-
-
-def summarize(records: list[dict], selection_split: str, metric: str) -> dict[str, Any]:
-    """Builds the run summary from the metric records (untrained, final and best evaluations)."""
-    evals = [r for r in records if main_eval(r)]
-    by_step: dict[int, dict[str, dict]] = {}
-    for r in evals:
-        metrics = {k: v for k, v in r.items() if k not in ("kind", "split", "step", "epoch")}
-        by_step.setdefault(r["step"], {})[r["split"]] = metrics
-    sel = [r for r in _eval_records(records, selection_split) if r["step"] > 0]
-    summary: dict[str, Any] = {"selection_split": selection_split, "selection_metric": metric}
-    if 0 in by_step:
-        summary["untrained"] = by_step[0]
-    if by_step:
-        last = max(by_step)
-        summary["final"] = {"step": last, **by_step[last]}
-    if sel:
-        best = max(sel, key=lambda r: (r[metric], -r["step"]))
-        summary["best"] = {"step": best["step"], "epoch": best["epoch"], **by_step[best["step"]]}
-    return summary
-
-
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: str, *, replace_unreadable_config: bool = False
 ) -> dict[str, Any]:
@@ -290,91 +244,28 @@ def _train(
     opens is closed by ``stack``, also on failure)."""
     ckpts = Checkpoints(workdir)
     stack.callback(ckpts.close)  # also when a save or a step fails
-    state = run.initial_state
-    start = 0
-    if ckpts.latest.latest_step() is not None:
+    state, resumed = run.initial_state, ckpts.latest.latest_step() is not None
+    if resumed:
         state, _ = ckpts.restore("latest", state)
-        start = int(state.step)
-        log.info("Resuming from the checkpoint at step %d in %s", start, workdir)
+        log.info("Resuming from the checkpoint at step %d in %s", int(state.step), workdir)
+    start = int(state.step)
     # Records after the checkpoint resumed from (all of them without one, the untrained
     # evaluation included) are recomputed, so they are dropped first.
-    resume_step = start if ckpts.latest.latest_step() is not None else -1
     writer = MetricWriter(
         os.path.join(workdir, "metrics.jsonl"),
-        resume_step=resume_step,
+        resume_step=start if resumed else -1,
         enabled=is_main_process(),
         tensorboard=config.train.tensorboard,
     )
     stack.callback(writer.close)
-    records = read_jsonl(writer.path) if os.path.exists(writer.path) else []
-    selection = _selection_split(run.splits)
-    metric = config.eval.selection_metric
-    full_splits = list(dict.fromkeys([*config.eval.splits, selection]))
-    train_split = ["train"] if config.eval.train_metrics else []
-    eval_splits = {s: run.splits[s] for s in dict.fromkeys([*full_splits, *train_split])}
-    best_value = max(
-        (r[metric] for r in _eval_records(records, selection) if r["step"] > 0), default=-np.inf
-    )
-    log.info(
-        "Data %s: %s | %d steps/epoch, %d epochs",
-        config.data.name,
-        ", ".join(f"{k} {len(v)} images / {v.num_classes} classes" for k, v in run.splits.items()),
-        run.steps_per_epoch,
-        config.train.epochs,
-    )
-    if run.program.rows:
-        log.info(
-            "Multi-host input: each of %d processes builds its own rows of every %d-row batch "
-            "(this one rows %d-%d)",
-            jax.process_count(),
-            config.train.batch_size,
-            *run.program.rows,
-        )
-
-    def evaluate(state: TrainState, epoch: int) -> None:
-        nonlocal best_value
-        step = int(state.step)
-
-        def draw(split: str, data: ImageSet, embeddings: np.ndarray) -> None:
-            if split != "train":  # the retrieval grid of the same queries at every evaluation
-                image = _retrieval_image(data, embeddings, str(config.eval.distance))
-                writer.add_image(f"eval/{split}/retrieval", image, step)
-
-        grid = draw if writer.board is not None else None
-        results, vectors, extra = run.evaluate(state, eval_splits, full_splits, grid)
-        for split, rows in extra.items():
-            for embedding, values in rows.items():
-                record = {"kind": "eval", "split": split, "embedding": embedding}
-                writer.write({**record, "step": step, "epoch": epoch, **values})
-        for split, values in results.items():
-            record = {"kind": "eval", "split": split, "step": step, "epoch": epoch, **values}
-            writer.write(record)
-            records.append(record)
-            if SPECTRUM in vectors[split]:
-                spectrum = [float(x) for x in vectors[split][SPECTRUM]]
-                writer.write(
-                    {
-                        "kind": "spectrum",
-                        "split": split,
-                        "step": step,
-                        "epoch": epoch,
-                        "spectrum": spectrum,
-                    }
-                )
-                if writer.board is not None:
-                    writer.add_image(f"eval/{split}/spectrum", _spectrum_image(writer, split), step)
-        table = {**results, **{f"{s} {e}": v for s, rows in extra.items() for e, v in rows.items()}}
-        log.info("Evaluation at epoch %d (step %d):\n%s", epoch, step, format_table(table))
-        if step > 0 and results[selection][metric] > best_value:
-            best_value = results[selection][metric]
-            ckpts.save(state, {"epoch": epoch, metric: best_value, "split": selection}, best=True)
-
+    evaluations = Evaluations(config, run, writer, ckpts)
+    _log_start(config, run)
     if start == 0:
         if config.eval.at_start:
-            evaluate(state, 0)
+            evaluations(state, 0)
         state = run.prepare(state)
     train_step = run.make_train_step()
-    loop = _Loop(run, train_step, writer, ckpts, evaluate, os.path.join(workdir, "profile"))
+    loop = _Loop(run, train_step, writer, ckpts, evaluations, os.path.join(workdir, "profile"))
     try:
         loop(state, start)
     except jax.errors.JaxRuntimeError as e:  # another process of the run may have died
@@ -382,41 +273,37 @@ def _train(
         if line is None:
             raise
         exit_after_peer_failure(line, EXIT_USAGE)  # at once: before anything waits on it
-    done = read_jsonl(writer.path) if os.path.exists(writer.path) else []
-    summary = summarize(done, selection, metric)
+    summary = evaluations.summary()
     compiles = train_step._cache_size()  # type: ignore[attr-defined]
     # A finished run run again takes no step: it keeps the count of the process that trained.
     summary["train_step_compiles"] = compiles or _previous_compiles(workdir)
-    if config.eval.selected_splits and ckpts.best.latest_step() is not None:
-        best, meta = ckpts.restore("best", run.initial_state)
-        out = evaluate_state(run, best, tuple(config.eval.selected_splits), "best", meta)
-        if is_main_process():
-            save_evaluation(workdir, out)
-        summary["selected"] = selected_block(out)
-        log.info("The selected checkpoint (step %d):\n%s", out["step"],
-                 format_table(out["results"]))  # fmt: skip
+    selected = evaluations.evaluate_selected(workdir)
+    if selected is not None:
+        summary["selected"] = selected
     if is_main_process():
         atomic_write(os.path.join(workdir, "results.json"), json.dumps(summary, indent=2))
     ckpts.close()
     return summary
 
 
-def _spectrum_image(writer: MetricWriter, split: str) -> np.ndarray:
-    """The run's spectrum plot of ``split`` so far (latest against first), as RGB pixels."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = spectrum_plot(read_jsonl(writer.path), os.path.join(folder, "s.png"), split=split)
-        with Image.open(path) as image:
-            return np.asarray(image.convert("RGB"))
-
-
-def _retrieval_image(data: ImageSet, embeddings: np.ndarray, distance: str) -> np.ndarray:
-    """The retrieval grid of a split (``jdml look``'s six queries and six neighbours, the same
-    queries at every call) as RGB pixels."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "grid.png")
-        split_retrieval_grid(data, embeddings, path, distance=distance)
-        with Image.open(path) as image:
-            return np.asarray(image.convert("RGB"))
+def _log_start(config: ml_collections.ConfigDict, run: Run) -> None:
+    """Logs the data, the schedule and, for multi-host input, this process's rows."""
+    log.info(
+        "Data %s: %s | %d steps/epoch, %d epochs",
+        config.data.name,
+        ", ".join(f"{k} {len(v)} images / {v.num_classes} classes" for k, v in run.splits.items()),
+        run.steps_per_epoch,
+        config.train.epochs,
+    )
+    rows = run.program.layout.rows
+    if rows:
+        log.info(
+            "Multi-host input: each of %d processes builds its own rows of every %d-row batch "
+            "(this one rows %d-%d)",
+            jax.process_count(),
+            config.train.batch_size,
+            *rows,
+        )
 
 
 def _previous_compiles(workdir: str) -> int:

@@ -56,7 +56,7 @@ def test_unknown_names_are_rejected(key, value, pattern):
 def _choice_registries():
     from jdml.data.splits import SPLITS
     from jdml.losses.mutual import RELATIONS
-    from jdml.methods.cohort import MEMBER_LOOPS
+    from jdml.members import MEMBER_LOOPS
     from jdml.models import INPUT_NORMALIZATIONS, POOLINGS
     from jdml.nn.batch_norm import BATCH_NORM_MODES
 
@@ -64,7 +64,7 @@ def _choice_registries():
         ("model.pooling", POOLINGS),
         ("data.normalization", INPUT_NORMALIZATIONS),
         ("cohort.member_loop", MEMBER_LOOPS),
-        ("cohort.relation", RELATIONS),
+        ("exchange.dm2.relation", RELATIONS),
         ("parallel.batch_norm", BATCH_NORM_MODES),
         ("eval.splits", SPLITS),
     ]
@@ -74,11 +74,14 @@ def _choice_registries():
 def test_choices_are_read_from_the_registries(index, monkeypatch):
     """A value a component registers is accepted and named in the message of a refusal."""
     key, registry = _choice_registries()[index]
-    section, name = key.split(".")
+    *path, name = key.split(".")
     tuple_valued = key == "eval.splits"
     c = get_config()
-    default = c[section][name][0] if tuple_valued else c[section][name]
-    c[section][name] = ("nonesuch",) if tuple_valued else "nonesuch"
+    section = c
+    for part in path:
+        section = section[part]
+    default = section[name][0] if tuple_valued else section[name]
+    section[name] = ("nonesuch",) if tuple_valued else "nonesuch"
     with pytest.raises(ConfigError) as refused:
         validate(c)
     assert all(known in str(refused.value) for known in registry.names()), refused.value
@@ -265,8 +268,8 @@ def test_declared_ranges_name_real_hyperparameters_and_accept_the_defaults():
         ({"train.batch_size": 1}, r"train\.batch_size=1 must be at least 2"),
         ({"model.stage_features": (8, 0)}, r"each entry must be at least 1"),
         ({"data.std": 0.0}, r"data\.std=0\.0 must be above 0"),
-        ({"cohort.temporal_rate": 0.0}, r"cohort\.temporal_rate=0\.0 must be above 0"),
-        ({"cohort.temporal_rate": 1.5}, r"cohort\.temporal_rate=1\.5 must be at most 1"),
+        ({"exchange.dm2.temporal_rate": 0.0}, r"dm2\.temporal_rate=0\.0 must be above 0"),
+        ({"exchange.dm2.temporal_rate": 1.5}, r"dm2\.temporal_rate=1\.5 must be at most 1"),
     ],
 )
 def test_component_and_base_ranges_are_checked(overrides, message):
@@ -404,7 +407,7 @@ def test_method_mistakes_fail_before_the_data_is_read(tmp_path, overrides, patte
 
 
 def test_temporal_rate_sets_each_members_update_probability():
-    from jdml.methods.cohort import update_probabilities
+    from jdml.exchanges.dm2 import update_probabilities
 
     assert update_probabilities(4, True).tolist() == [1.0, 0.5, 0.25, 0.125]  # the paper's
     assert update_probabilities(3, True, 0.8).tolist() == pytest.approx([1.0, 0.8, 0.64])

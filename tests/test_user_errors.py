@@ -419,8 +419,13 @@ def test_a_file_as_the_cache_folder_is_named(tmp_path: Path) -> None:
         ),
         (
             "configs/dm2.py",
-            "--config.cohort.temporal_diversty=True",
-            "did you mean --config.cohort.temporal_diversity",
+            "--config.exchange.dm2.temporal_diversty=True",
+            "did you mean --config.exchange.dm2.temporal_diversity",
+        ),
+        (  # a key of an earlier version, now in DM2's exchange section
+            "configs/dm2.py",
+            "--config.cohort.mutual_weight=5.0",
+            "--config.cohort.mutual_weight is now --config.exchange.dm2.mutual_weight",
         ),
         ("configs/dm2.py:sze=3", "", "unknown config argument(s) ['sze']; use size="),
         ("configs/dm2.py", "--config.cohort.size=-2", "cohort.size=-2 must be at least 1"),
@@ -928,7 +933,7 @@ def test_a_cohort_killed_mid_save_resumes_to_the_uninterrupted_metrics(
     """A DM2 cohort of two members killed inside orbax while its second checkpoint commits
     (the files written, the rename not): run again, it ends with the metrics of an
     uninterrupted cohort run."""
-    cohort = ["--config.cohort.size=2", "--config.cohort.warmup_epochs=0"]
+    cohort = ["--config.cohort.size=2", "--config.exchange.dm2.warmup_epochs=0"]
     whole = tmp_path / "whole"
     assert run(*train_args(npz, whole, *cohort)).returncode == 0
     workdir = tmp_path / "killed"

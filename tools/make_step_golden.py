@@ -43,7 +43,7 @@ from tests.helpers import avx512, make_npz, tiny_config
 
 STEPS = 4
 OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "golden", "step", "bitwise.npz")
-COHORT = {"cohort.size": 2, "cohort.warmup_epochs": 0.0}
+COHORT = {"cohort.size": 2, "exchange.dm2.warmup_epochs": 0.0}
 RUNS: dict[str, dict[str, object]] = {
     "plain": {},
     "stacked": {**COHORT, "cohort.devices": 2},

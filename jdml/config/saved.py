@@ -12,6 +12,7 @@ from typing import Any
 import ml_collections
 
 from jdml.config.schema import base_config, schema_leaves
+from jdml.keys import RENAMED_KEYS
 
 
 def to_json(c: ml_collections.ConfigDict) -> str:
@@ -40,10 +41,6 @@ def _under(defaults: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(value, dict) and isinstance(out[key], dict):
             out[key] = _under(value, out[key])
     return out
-
-
-# Keys an earlier version wrote under another name: old dotted key -> new dotted key.
-RENAMED_KEYS = {"cohort.data_devices": "parallel.data_devices"}
 
 
 def upgrade(saved: dict[str, Any]) -> dict[str, Any]:

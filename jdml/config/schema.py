@@ -232,18 +232,12 @@ def base_config() -> ml_collections.ConfigDict:
     # uniformly drawn batch (Sharing Matters' alternating Algorithm 1).
     c.phases = ()
 
-    # DM2 (jdml.methods.cohort): ``size`` members of this method trained together, exchanging
-    # relation matrices with weight ``mutual_weight`` (warmed up linearly over ``warmup_epochs``);
-    # size 1 trains one model. ``devices``: devices of the mesh's member axis (0: automatic).
+    # A cohort: ``size`` members of this method trained together (size 1 trains one model),
+    # exchanging what ``exchange`` names (jdml.exchanges; "dm2": DM2's relation matrices and its
+    # diversities), with that exchange's settings in its own section exchange.<name>.
+    # ``devices``: devices of the mesh's member axis (0: automatic).
     c.cohort = ml_collections.ConfigDict()
     c.cohort.size = 1
-    c.cohort.mutual_weight = 20.0
-    c.cohort.warmup_epochs = 3.0
-    c.cohort.relation = "distance"  # the paper's plain distances, or "rkd" (normalised, Huber)
-    c.cohort.model_diversity = True  # own random init of each member's embedding layer
-    c.cohort.temporal_diversity = True  # member l updates with probability rate^(l-1)
-    c.cohort.temporal_rate = 0.5  # the paper's 2^-(l-1)
-    c.cohort.view_diversity = True  # own augmentation of the batch per member
     c.cohort.devices = 0
     # Members of one device: "unroll" traced one after the other, "vmap" vectorised (grouped
     # convolutions, which XLA runs slowly on CPU; try it on GPU/TPU).
@@ -252,8 +246,6 @@ def base_config() -> ml_collections.ConfigDict:
     # model.* overrides of that member's network, e.g. ("", "model.embed_dim=64",
     # "model.backbone=efficientnet_lite0;model.pretrained=packaged"). () = identical members.
     c.cohort.members = ()
-    # What the members exchange (jdml.exchanges): "dm2", DM2's relation matrices (its settings
-    # are the keys above); another exchange reads its own section exchange.<name>.
     c.cohort.exchange = "dm2"
     c.exchange = exchange_sections()
 

@@ -26,10 +26,11 @@ from jdml.evaluation.embeddings import check_metric_names, resolve_metrics
 from jdml.evaluation.kmeans import KMEANS_MODES
 from jdml.evaluation.knn import DISTANCES
 from jdml.exchanges import EXCHANGES
+from jdml.keys import RENAMED_KEYS
 from jdml.losses import LOSSES
-from jdml.losses.mutual import RELATIONS
+from jdml.members import MEMBER_LOOPS, member_configs
+from jdml.mesh import mesh_shape
 from jdml.methods.checks import check_head_dims, check_phases, check_stateless_members
-from jdml.methods.cohort import MEMBER_LOOPS, member_configs, mesh_shape
 from jdml.methods.terms import TERMS
 from jdml.methods.terms.metric import check_sections
 from jdml.miners import MINERS
@@ -82,9 +83,6 @@ NUMERIC_KEYS: dict[str, Range] = {
     "eval.every_epochs": _COUNT,
     "eval.batch_size": _COUNT,
     "cohort.size": _COUNT,
-    "cohort.mutual_weight": _NON_NEGATIVE,
-    "cohort.temporal_rate": Range(0, 1, open_low=True),
-    "cohort.warmup_epochs": _NON_NEGATIVE,
     "cohort.devices": _NON_NEGATIVE_INT,
     "parallel.data_devices": _NON_NEGATIVE_INT,
     "parallel.eval_devices": _NON_NEGATIVE_INT,
@@ -449,6 +447,8 @@ def check_schema(c: ml_collections.ConfigDict) -> None:
             continue  # a term of no known kind: _validate_aux names its kind
         close = difflib.get_close_matches(key, list(schema), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else "."
+        if key in RENAMED_KEYS:
+            hint = f"; it is now {RENAMED_KEYS[key]}."
         raise ConfigError(
             f"{key} is not a jdml config key{hint} Remove or rename it in the config file "
             "(--config.<key> on the command line refuses it the same way)"
@@ -564,10 +564,8 @@ def _validate_cohort(c: ml_collections.ConfigDict) -> None:
     for key, allowed in EXCHANGES.ranges(cohort.exchange).items():
         where = f"exchange.{cohort.exchange}.{key}"
         _check_number(where, c.exchange[cohort.exchange][key], allowed)
-    if cohort.relation not in RELATIONS:
-        raise ConfigError(
-            f"cohort.relation={cohort.relation!r}; choose one of {', '.join(RELATIONS.names())}"
-        )
+    if cohort.exchange in c.exchange:
+        EXCHANGES.get(cohort.exchange).check(c.exchange[cohort.exchange])
     if cohort.member_loop not in MEMBER_LOOPS:
         raise ConfigError(
             f"cohort.member_loop={cohort.member_loop!r}; choose "

@@ -41,7 +41,7 @@ from jdml.data.benchmarks.common import FileList
 from jdml.data.benchmarks.decode_cache import CachedPhotos
 from jdml.data.device_views import FIELDS, ViewShape, hsv_tables, render, view_arrays, view_shape
 from jdml.errors import ConfigError
-from jdml.methods.cohort import AXIS, DATA
+from jdml.mesh import AXIS, DATA
 
 log = logging.getLogger("jdml")
 

@@ -10,9 +10,16 @@ registers each exchange; a new member-wrapping method is one module with
 import importlib
 import pkgutil
 
-from jdml.exchanges.base import EXCHANGES, Exchange, Peers
+from jdml.exchanges.base import (
+    EXCHANGE_STATE,
+    EXCHANGES,
+    Exchange,
+    Exchanged,
+    MemberOutputs,
+    Peers,
+)
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["EXCHANGES", "Exchange", "Peers"]
+__all__ = ["EXCHANGES", "EXCHANGE_STATE", "Exchange", "Exchanged", "MemberOutputs", "Peers"]

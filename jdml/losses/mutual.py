@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jdml.geometry import differentiable_distances
 from jdml.registry import Registry
 
-#: The transfer losses between two (N, N) relation matrices, by ``cohort.relation`` name.
+#: The transfer losses between two (N, N) relation matrices, by ``exchange.dm2.relation`` name.
 RELATIONS: Registry[Callable[[jax.Array, jax.Array], jax.Array]] = Registry("relation")
 
 

@@ -404,12 +404,12 @@ def test_device_views_on_a_mesh_train_as_on_one_device(cub, mesh):
     """On a mesh each device holds its shard of the resident photos and the view parameters
     are placed as the views they make: the losses are those of the one-device run."""
     runs = [
-        Run(cub_config(cub, **{"data.views": "device", "cohort.warmup_epochs": 0.0, **o}))
+        Run(cub_config(cub, **{"data.views": "device", "exchange.dm2.warmup_epochs": 0.0, **o}))
         for o in ({k: v for k, v in mesh.items() if k == "cohort.size"}, mesh)
     ]
-    assert runs[1].program.on_mesh
+    assert runs[1].program.layout.on_mesh
     pixels, frames = runs[1].device_views.resident["pixels"], runs[1].device_views.frames
-    devices = runs[1].program.mesh.size
+    devices = runs[1].program.layout.mesh.size
     assert frames.shards == devices and len(pixels.addressable_shards) == devices
     assert {s.data.shape[0] for s in pixels.addressable_shards} == {frames.shard_rows}
     losses = []
@@ -456,7 +456,7 @@ def test_canvases_gathered_from_a_split_set_equal_the_whole_sets(grid):
     from jax.sharding import Mesh
 
     from jdml.data.device_pixels import gather_canvases, gather_sharded, place_resident
-    from jdml.methods.cohort import AXIS, DATA
+    from jdml.mesh import AXIS, DATA
 
     images = photos()
     split = type("Split", (), {"load": lambda self, index: [images[i] for i in index]})()

@@ -68,16 +68,16 @@ def assert_trains_as_on_one_device(one: Run, many: Run) -> None:
 @pytest.fixture(scope="module")
 def sharded(npz):
     """Four members on four devices, every diversity on, lambda = 20 from the first step."""
-    run = cohort_run(npz, **{"cohort.devices": 4, "cohort.warmup_epochs": 0.0})
+    run = cohort_run(npz, **{"cohort.devices": 4, "exchange.dm2.warmup_epochs": 0.0})
     return run, *train(run)
 
 
 def test_sharded_cohort_equals_unsharded(npz, sharded):
     run4, step4, state4, history4 = sharded
-    assert run4.program.mesh.devices.size == 4
+    assert run4.program.layout.mesh.devices.size == 4
     leaf = jax.tree.leaves(run4.initial_state.params)[0]
     assert len(leaf.sharding.device_set) == 4
-    run1 = cohort_run(npz, **{"cohort.devices": 1, "cohort.warmup_epochs": 0.0})
+    run1 = cohort_run(npz, **{"cohort.devices": 1, "exchange.dm2.warmup_epochs": 0.0})
     step1, state1, history1 = train(run1)
     assert step1._cache_size() == 1
     for (_, m4), (_, m1) in zip(history4, history1, strict=True):
@@ -95,10 +95,10 @@ def test_sharded_cohort_equals_unsharded(npz, sharded):
 def test_data_parallel_members_equal_one_device(npz):
     """Two members on a (member 2, data 2) mesh, each member's batch split over two devices,
     train as the same cohort on one device does."""
-    overrides = {"cohort.size": 2, "cohort.warmup_epochs": 0.0}
+    overrides = {"cohort.size": 2, "exchange.dm2.warmup_epochs": 0.0}
     one = Run(tiny_config(npz, **overrides, **{"cohort.devices": 1}))
     four = Run(tiny_config(npz, **overrides, **{"cohort.devices": 2, "parallel.data_devices": 2}))
-    assert dict(four.program.mesh.shape) == {"member": 2, "data": 2}
+    assert dict(four.program.layout.mesh.shape) == {"member": 2, "data": 2}
     assert_trains_as_on_one_device(one, four)
 
 
@@ -126,9 +126,9 @@ def test_temporal_diversity_leaves_skipped_members_bit_identical(sharded):
 def test_without_mutual_term_members_are_independent_runs(npz):
     """lambda = 0, no temporal or view diversity: member l = the plain step from its own init."""
     overrides = {
-        "cohort.mutual_weight": 0.0,
-        "cohort.temporal_diversity": False,
-        "cohort.view_diversity": False,
+        "exchange.dm2.mutual_weight": 0.0,
+        "exchange.dm2.temporal_diversity": False,
+        "exchange.dm2.view_diversity": False,
     }
     run = cohort_run(npz, **overrides)
     init = host(run.initial_state)  # the step donates (deletes) the initial state
@@ -137,23 +137,23 @@ def test_without_mutual_term_members_are_independent_runs(npz):
     plain = Run(tiny_config(npz))
     # Member 1 starts exactly where the plain run of the same config and seed starts.
     for a, b in zip(
-        jax.tree.leaves(run.program.member_state(init, 0).params),
+        jax.tree.leaves(run.program.layout.member_state(init, 0).params),
         jax.tree.leaves(plain.initial_state.params),
         strict=True,
     ):
         np.testing.assert_array_equal(a, b)
     for i in range(4):
-        member = jax.device_put(run.program.member_state(init, i))
+        member = jax.device_put(run.program.layout.member_state(init, i))
         for batch in batches(run):
             member, _ = plain_step(member, batch)
-        got = jax.tree.leaves(run.program.member_state(state, i).params)
+        got = jax.tree.leaves(run.program.layout.member_state(state, i).params)
         for a, b in zip(got, jax.tree.leaves(host(member.params)), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("diverse", [True, False])
 def test_model_diversity_initialises_the_embedding_layer_per_member(npz, diverse):
-    run = cohort_run(npz, **{"cohort.model_diversity": diverse})
+    run = cohort_run(npz, **{"exchange.dm2.model_diversity": diverse})
     model = host(run.initial_state.params["model"])
     for name, sub in model.items():
         leaves = jax.tree.leaves(sub)
@@ -177,7 +177,7 @@ def test_view_diversity_gives_each_member_its_own_augmentation(npz):
         ({"cohort.size": 2, "cohort.devices": 2, "parallel.data_devices": 4}, "at most the 4"),
         ({"cohort.size": 2, "parallel.data_devices": 3}, "divide train.batch_size"),
         ({"cohort.size": 0}, "cohort.size=0"),
-        ({"cohort.size": 2, "cohort.relation": "cosine"}, "cohort.relation"),
+        ({"cohort.size": 2, "exchange.dm2.relation": "cosine"}, "exchange.dm2.relation"),
         ({"cohort.size": 2, "phases": (("main",),)}, "one joint"),
     ],
 )
@@ -193,7 +193,7 @@ def test_cohort_config_errors(npz, overrides, message):
 def test_cohort_trains_evaluates_and_resumes_exactly(npz, tmp_path):
     """Two members through the one training loop: every member and the ensemble are evaluated,
     the step compiles once, and a run interrupted after epoch 1 resumes to the same state."""
-    config = tiny_config(npz, **{"cohort.size": 2, "cohort.warmup_epochs": 1.0})
+    config = tiny_config(npz, **{"cohort.size": 2, "exchange.dm2.warmup_epochs": 1.0})
     straight = str(tmp_path / "straight")
     summary = train_and_evaluate(config, straight)
     assert summary["train_step_compiles"] == 1
@@ -204,7 +204,9 @@ def test_cohort_trains_evaluates_and_resumes_exactly(npz, tmp_path):
     assert {"member1/loss", "member2/mutual", "mutual/weight"} <= set(train_rows[-1])
 
     resumed = str(tmp_path / "resumed")
-    first = tiny_config(npz, **{"cohort.size": 2, "cohort.warmup_epochs": 1.0, "train.epochs": 1})
+    first = tiny_config(
+        npz, **{"cohort.size": 2, "exchange.dm2.warmup_epochs": 1.0, "train.epochs": 1}
+    )
     train_and_evaluate(first, resumed)
     train_and_evaluate(config, resumed)
     run = Run(config)
@@ -270,8 +272,8 @@ def test_dm2_config_rows(diversity):
     c = dm2_config(f"diversity={diversity},size=3")
     validate(c)
     mutual, model, temporal, view = DIVERSITIES[diversity]
-    k = c.cohort
-    assert k.size == 3 and (k.mutual_weight > 0) == mutual
+    k = c.exchange.dm2
+    assert c.cohort.size == 3 and (k.mutual_weight > 0) == mutual
     assert (k.model_diversity, k.temporal_diversity, k.view_diversity) == (model, temporal, view)
     assert c.loss.name == "triplet" and c.miner.name == "distance"
 
@@ -308,7 +310,8 @@ def test_vectorised_members_equal_unrolled(npz, sharded):
     the same cohort as the default unrolled members."""
     _, _, unrolled, history = sharded
     run = cohort_run(
-        npz, **{"cohort.devices": 1, "cohort.warmup_epochs": 0.0, "cohort.member_loop": "vmap"}
+        npz,
+        **{"cohort.devices": 1, "exchange.dm2.warmup_epochs": 0.0, "cohort.member_loop": "vmap"},
     )
     _, state, vmapped = train(run)
     for (_, a), (_, b) in zip(history, vmapped, strict=True):

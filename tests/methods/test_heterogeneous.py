@@ -55,16 +55,16 @@ def test_without_mutual_term_members_are_independent_runs(npz):
     """lambda = 0, no temporal or view diversity: member l = the plain step of its own config
     from its own init; member 1 starts exactly as the plain run of the same config and seed."""
     overrides = {
-        "cohort.mutual_weight": 0.0,
-        "cohort.temporal_diversity": False,
-        "cohort.view_diversity": False,
+        "exchange.dm2.mutual_weight": 0.0,
+        "exchange.dm2.temporal_diversity": False,
+        "exchange.dm2.view_diversity": False,
     }
     run = hetero(npz, **overrides)
     init = host(run.initial_state)
     _, state, _ = train(run)
     plain = Run(tiny_config(npz))
     for a, b in zip(
-        jax.tree.leaves(run.program.member_state(init, 0).params),
+        jax.tree.leaves(run.program.layout.member_state(init, 0).params),
         jax.tree.leaves(plain.initial_state.params),
         strict=True,
     ):
@@ -72,10 +72,10 @@ def test_without_mutual_term_members_are_independent_runs(npz):
     for i, method in enumerate(run.program.methods):
         alone = build_program(method.config, run.splits["train"].num_classes)
         step = make_train_step(method, alone.optimizer(run.steps_per_epoch, run.total_steps))
-        member = jax.device_put(run.program.member_state(init, i))
+        member = jax.device_put(run.program.layout.member_state(init, i))
         for batch in batches(run):
             member, _ = step(member, batch)
-        got = jax.tree.leaves(run.program.member_state(state, i).params)
+        got = jax.tree.leaves(run.program.layout.member_state(state, i).params)
         for a, b in zip(got, jax.tree.leaves(host(member.params)), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
@@ -91,8 +91,8 @@ def test_identical_members_train_as_the_stacked_cohort(npz):
     Adam the params differed by up to 1.5e-4 after three steps on one CPU kind; with SGD by 3e-8,
     and so do the updates, compared below)."""
     overrides = {
-        "cohort.model_diversity": False,
-        "cohort.warmup_epochs": 0.0,
+        "exchange.dm2.model_diversity": False,
+        "exchange.dm2.warmup_epochs": 0.0,
         "optim.name": "sgd",
     }
     listed = hetero(npz, ("", ""), **overrides)
@@ -107,19 +107,19 @@ def test_identical_members_train_as_the_stacked_cohort(npz):
         for i in range(2):
             assert a[f"member{i + 1}/updated"] == b[f"member{i + 1}/updated"]
     for i in range(2):
-        got = jax.tree.leaves(listed.program.member_state(state_a, i).params)
-        want = jax.tree.leaves(stacked.program.member_state(state_b, i).params)
-        start = jax.tree.leaves(stacked.program.member_state(init, i).params)
+        got = jax.tree.leaves(listed.program.layout.member_state(state_a, i).params)
+        want = jax.tree.leaves(stacked.program.layout.member_state(state_b, i).params)
+        start = jax.tree.leaves(stacked.program.layout.member_state(init, i).params)
         for x, y, x0 in zip(got, want, start, strict=True):
             assert np.abs(y - x0).max() > 5e-5  # every leaf moved (by 7e-5 to 1e-3)
             np.testing.assert_allclose(x - x0, y - x0, rtol=1e-4, atol=2e-7)
 
 
 def test_data_parallel_heterogeneous_cohort_equals_one_device(npz):
-    overrides = {"cohort.warmup_epochs": 0.0}
+    overrides = {"exchange.dm2.warmup_epochs": 0.0}
     one = hetero(npz, **overrides)
     two = hetero(npz, **overrides, **{"parallel.data_devices": 2})
-    assert dict(two.program.mesh.shape) == {"member": 1, "data": 2}
+    assert dict(two.program.layout.mesh.shape) == {"member": 1, "data": 2}
     assert_trains_as_on_one_device(one, two)
 
 
@@ -127,7 +127,7 @@ def test_heterogeneous_cohort_trains_evaluates_restores_and_loads(npz, tmp_path)
     """Through the one loop: one compilation of the step, every member and the ensemble
     evaluated, the checkpoint (per-member dicts) restored as the run's state, and ``jdml.load``
     embedding as the program does (the ensemble: the members' concatenation)."""
-    overrides = {"cohort.size": 2, "cohort.members": MEMBERS, "cohort.warmup_epochs": 1.0}
+    overrides = {"cohort.size": 2, "cohort.members": MEMBERS, "exchange.dm2.warmup_epochs": 1.0}
     config = tiny_config(npz, **overrides)
     workdir = str(tmp_path / "run")
     summary = train_and_evaluate(config, workdir)

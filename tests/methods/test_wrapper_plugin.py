@@ -64,8 +64,8 @@ def consistency_config(npz: str, size: int = 2, **overrides) -> ml_collections.C
         {
             "cohort.size": size,
             "cohort.exchange": "consistency",
-            "cohort.temporal_diversity": False,
-            "cohort.view_diversity": False,
+            "exchange.dm2.temporal_diversity": False,
+            "exchange.dm2.view_diversity": False,
             **overrides,
         },
     )
@@ -104,7 +104,7 @@ def test_consistency_term_equals_numpy_on_one_batch(npz):
     _, metrics = run.make_train_step()(run.initial_state, batch)
     embeddings, losses = [], []
     for i in range(2):
-        member = run.program.member_state(state, i)
+        member = run.program.layout.member_state(state, i)
         key = jax.random.fold_in(member.rng, member.step)
         loss, (_, _, emb, _) = run.method.loss_fn(
             member.params, member.batch_stats, batch, key, member.method_state
