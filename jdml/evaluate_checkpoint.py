@@ -89,11 +89,18 @@ def evaluate_state(
     run: Run, state: Any, splits: Sequence[str], checkpoint: str, meta: dict[str, Any]
 ) -> dict[str, Any]:
     """Evaluates a restored state on ``splits``: the record :func:`evaluate_checkpoint` returns
-    (``checkpoint``, ``step``, the checkpoint's ``meta``, ``results`` per split, and the other
+    (``checkpoint``, ``step``, the checkpoint's ``meta``, ``results`` per split, the run's
+    ``backends`` (:class:`jdml.backends.Backends`), and the other
     heads' ``embeddings``, the ``spectra`` and the ``per_query`` values where the run has
     them)."""
     results, vectors, extra = run.evaluate(state, {s: run.splits[s] for s in splits})
-    out = {"checkpoint": checkpoint, "step": int(state.step), "meta": meta, "results": results}
+    out = {
+        "checkpoint": checkpoint,
+        "step": int(state.step),
+        "meta": meta,
+        "results": results,
+        "backends": run.backends.record(),  # the kNN selection and k-means it computed with
+    }
     if any(extra.values()):
         out["embeddings"] = extra  # other heads and weighted concatenations, per split
     spectra = {s: v[SPECTRUM].tolist() for s, v in vectors.items() if SPECTRUM in v}

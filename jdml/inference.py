@@ -32,6 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm import tqdm
 
+from jdml.backends import resolve_backends
 from jdml.checkpoint import Checkpoints, storage_cause
 from jdml.data.arrays import ImageSet
 from jdml.data.benchmarks import BENCHMARKS
@@ -53,7 +54,6 @@ from jdml.evaluation.knn import knn
 from jdml.evaluation.splits import embed_split
 from jdml.fileio import atomic_path, check_output_path
 from jdml.methods.method import input_normalization
-from jdml.native.switches import xla_convolutions
 from jdml.program import build_program
 
 INDEX_FORMAT = "jdml-index-1"
@@ -227,7 +227,8 @@ class Model:
         config.model.pretrained = ""
         self.workdir, self.config, self.step = workdir, config, step
         # Class counts only size loss parameters.
-        self.program = build_program(config, num_classes=2)
+        self.backends = resolve_backends()  # what it computes with, chosen once
+        self.program = build_program(config, num_classes=2, backends=self.backends)
         self.cohort_size = self.program.size
         params = state["params"]
         self._params = (
@@ -404,15 +405,17 @@ class Model:
         check_output_path(path + ".json")
         params, stats, combine = self._params, self._batch_stats, self._combine
 
+        # a portable module: XLA's convolutions, no custom calls
+        portable = build_program(self.config, num_classes=2, backends=self.backends.portable())
+
         def embed(images: jax.Array) -> jax.Array:
-            out = self.program.embed(params, stats, images)
+            out = portable.embed(params, stats, images)
             return out[self.embedding] if combine is None else combine_heads(out, combine)
 
         shape = jax.export.symbolic_shape("batch, {}, {}, {}".format(*self.input_shape))
-        with xla_convolutions():  # a portable module: no custom calls
-            exported = jax.export.export(jax.jit(embed), platforms=tuple(platforms))(
-                jax.ShapeDtypeStruct(shape, jnp.float32)
-            )
+        exported = jax.export.export(jax.jit(embed), platforms=tuple(platforms))(
+            jax.ShapeDtypeStruct(shape, jnp.float32)
+        )
         info = {
             "format": "jax.export",
             "input": {"shape": ["batch", *self.input_shape], "dtype": "float32", "range": [0, 1]},

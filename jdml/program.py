@@ -28,6 +28,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jdml.backends import Backends
 from jdml.errors import ConfigError
 from jdml.exchanges import EXCHANGES
 from jdml.layout import batch_norm_groups, make_layout
@@ -293,18 +294,23 @@ class Program:
 
 
 def build_program(
-    config: ml_collections.ConfigDict, num_classes: int, steps_per_epoch: int = 1
+    config: ml_collections.ConfigDict,
+    num_classes: int,
+    steps_per_epoch: int = 1,
+    backends: Backends | None = None,
 ) -> Program:
     """The program of a run config: its method (one per member of a heterogeneous cohort,
-    ``cohort.members``) and members.
+    ``cohort.members``) and members, computing with ``backends`` (None: the environment's,
+    read when traced).
 
     Raises:
       ConfigError: for a config the method or the cohort cannot run.
     """
     groups = batch_norm_groups(config)
     configs = member_configs(config)
-    methods = tuple(Method(c, num_classes=num_classes, bn_groups=groups) for c in configs)
-    method = methods[0] if methods else Method(config, num_classes=num_classes, bn_groups=groups)
+    build = functools.partial(Method, num_classes=num_classes, bn_groups=groups, backends=backends)
+    methods = tuple(build(c) for c in configs)
+    method = methods[0] if methods else build(config)
     return Program(config, method, steps_per_epoch, methods=methods)
 
 

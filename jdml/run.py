@@ -12,6 +12,7 @@ import ml_collections
 import numpy as np
 from jax import default_backend
 
+from jdml.backends import resolve_backends
 from jdml.config import validate
 from jdml.data.arrays import ImageSet
 from jdml.data.augment import make_augmentation
@@ -62,7 +63,8 @@ class Run:
         self.augment = make_augmentation(config.data)
         self.views_place = views_place(config.data, train, default_backend())
         # One member of the method, or a DM2 cohort (cohort.size > 1) of several.
-        self.program = build_program(config, train.num_classes, self.steps_per_epoch)
+        self.backends = resolve_backends()  # what the run computes with, chosen once
+        self.program = build_program(config, train.num_classes, self.steps_per_epoch, self.backends)
         self.method = self.program.method
         self.head = self.program.head
         self.members = self.program.layout.members_drawn()
@@ -205,4 +207,5 @@ class Run:
             full=full,
             devices=int(self.config.parallel.eval_devices),
             on_embeddings=on_embeddings,
+            backends=self.backends,
         )

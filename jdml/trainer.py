@@ -277,6 +277,7 @@ def _train(
     compiles = train_step._cache_size()  # type: ignore[attr-defined]
     # A finished run run again takes no step: it keeps the count of the process that trained.
     summary["train_step_compiles"] = compiles or _previous_compiles(workdir)
+    summary["backends"] = run.backends.record()  # the convolutions, kNN and k-means it ran
     selected = evaluations.evaluate_selected(workdir)
     if selected is not None:
         summary["selected"] = selected

@@ -99,5 +99,5 @@ def selection(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
     if request.param == "native":
         skip_off_cpu("the native kNN selection")
-    monkeypatch.setattr(search, "SELECTION", request.param)
+    monkeypatch.setattr(search, "default_selection", lambda: request.param)
     return request.param

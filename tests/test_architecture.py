@@ -165,3 +165,48 @@ def test_the_train_step_reads_in_one_screen() -> None:
     besides their value has names (``LossAux``, ``MembersAux``), not positions."""
     lines = _function_lines("jdml/step.py", "train_step")
     assert lines <= 40, f"jdml.step.train_step has {lines} lines; move work into named parts"
+
+
+def test_the_trainer_reads_in_one_screen() -> None:
+    """``jdml.trainer._train`` is at most 50 lines: the evaluations, their records and the best
+    checkpoint are ``jdml.evaluations.Evaluations``, the steps ``_Loop``."""
+    lines = _function_lines("jdml/trainer.py", "_train")
+    assert lines <= 50, f"jdml.trainer._train has {lines} lines; move work into named parts"
+
+
+def _string_kind_tests(path: Path) -> list[int]:
+    """Lines of ``path`` comparing an attribute named ``kind`` with a string literal."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            attribute = any(isinstance(s, ast.Attribute) and s.attr == "kind" for s in sides)
+            literal = any(isinstance(s, ast.Constant) and isinstance(s.value, str) for s in sides)
+            if attribute and literal:
+                found.append(node.lineno)
+    return found
+
+
+def test_the_member_spine_has_no_string_kinds() -> None:
+    """The storage of the members is a class (``jdml.layout.OneMember``, ``Stacked``,
+    ``Listed``), not a string tested by its users; ``Program`` forwards none of its layout's
+    members (its users ask ``program.layout``)."""
+    for module in ("layout", "program", "step"):
+        lines = _string_kind_tests(PACKAGE / f"{module}.py")
+        assert not lines, f"jdml/{module}.py compares a .kind with a string at lines {lines}"
+    tree = ast.parse((PACKAGE / "program.py").read_text())
+    [program] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Program"]
+    forwarding = []
+    for node in program.body:
+        if isinstance(node, ast.FunctionDef):
+            body = [n for n in node.body if not isinstance(n, ast.Expr)]  # past the docstring
+            text = ast.unparse(body[0]) if len(body) == 1 else ""
+            if text.startswith("return self.layout."):
+                forwarding.append(node.name)
+    assert not forwarding, f"Program forwards {forwarding} to its layout; use program.layout"
+
+
+def test_the_string_kind_finder_finds_one(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text('x = 1\nif self.kind == "single":\n    pass\n')
+    assert _string_kind_tests(probe) == [2]

@@ -317,6 +317,41 @@ def test_a_config_json_with_a_renamed_key_resumes_under_the_new_name():
     assert incompatible_keys(old, new, defaults=defaults) == ["cohort.size: 3 -> 1"]
 
 
+def test_a_dm2_config_json_of_the_cohort_section_loads_and_resumes_under_exchange_dm2():
+    """DM2's settings were in ``cohort``: a config.json of then is read with them under
+    ``exchange.dm2``, and resuming it with the same values sees no change, with others a change
+    named by the new key."""
+    from jdml.config import base_config, flatten_config, incompatible_keys, saved_config, to_json
+
+    old = json.loads(to_json(base_config()))
+    del old["exchange"]
+    old["cohort"].update(
+        {
+            "size": 3,
+            "mutual_weight": 5.0,
+            "warmup_epochs": 1.0,
+            "relation": "rkd",
+            "model_diversity": False,
+            "temporal_diversity": False,
+            "temporal_rate": 0.8,
+            "view_diversity": False,
+        }
+    )
+    loaded = saved_config(json.dumps(old))
+    dm2 = loaded.exchange.dm2
+    assert (dm2.mutual_weight, dm2.warmup_epochs, dm2.relation) == (5.0, 1.0, "rkd")
+    assert (dm2.model_diversity, dm2.temporal_diversity, dm2.view_diversity) == (False,) * 3
+    assert dm2.temporal_rate == 0.8 and "mutual_weight" not in loaded.cohort
+    validate(loaded)
+    new = json.loads(to_json(loaded))
+    defaults = flatten_config(json.loads(to_json(base_config())))
+    assert incompatible_keys(old, new, defaults=defaults) == []
+    new["exchange"]["dm2"]["mutual_weight"] = 20.0
+    assert incompatible_keys(old, new, defaults=defaults) == [
+        "exchange.dm2.mutual_weight: 5.0 -> 20.0"
+    ]
+
+
 def test_eval_devices_is_a_non_negative_int_that_does_not_block_resuming():
     """``parallel.eval_devices`` (where evaluation runs) defaults to 1, rejects negative values,
     and changing it, or reading a config.json written before it existed, allows resuming."""

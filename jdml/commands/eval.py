@@ -39,6 +39,7 @@ def main(argv: list[str]) -> None:
         for split, embeddings in out.get("embeddings", {}).items():
             rows.update({f"{label} {split} {name}": v for name, v in embeddings.items()})
         print(format_table(rows), flush=True)  # shown even if the results cannot be written
+        print("computed with: " + ", ".join(f"{k} {v}" for k, v in out["backends"].items()))
         print(f"results: {save_evaluation(_WORKDIR.value, out)}")
 
     run_cli(run)

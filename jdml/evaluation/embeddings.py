@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from jdml.backends import Backends
 from jdml.evaluation.kmeans import kmeans
 from jdml.evaluation.knn import DEFAULT_BLOCK_SIZE, DISTANCES, full_ranking_blocks, knn_blocks
 from jdml.evaluation.metrics import (
@@ -93,6 +94,7 @@ def _retrieval_requirements(
     distance: str,
     block_size: int,
     mesh: Mesh | None = None,
+    backends: Backends | None = None,
 ) -> dict[str, Any]:
     """The retrieval part of the requirements, one block of queries at a time.
 
@@ -113,6 +115,8 @@ def _retrieval_requirements(
       block_size: queries per search block.
       mesh: the devices of the kNN search (:func:`jdml.evaluation.sharded.sharded_knn`), or
         None for the default device. The complete ranking runs on the default device.
+      backends: the kNN selection (None: the environment's; a sharded search selects on the
+        devices).
 
     Returns:
       The keyword arguments ``query_values``, ``neighbour_labels`` and ``precision_sums`` of
@@ -124,6 +128,7 @@ def _retrieval_requirements(
     wanted = max((m.num_neighbours(class_sizes) for m in specs), default=0)
     num_neighbours = min(wanted, available)
     full_ranking = any(m.needs_full_ranking for m in specs)
+    selection = None if backends is None else backends.knn
     if full_ranking:
         blocks = full_ranking_blocks(
             queries,
@@ -133,9 +138,14 @@ def _retrieval_requirements(
             reference_ids=gallery_ids,
             distance=distance,
             block_size=block_size,
+            selection=selection,
         )
     elif num_neighbours > 0:
-        search = knn_blocks if mesh is None else functools.partial(sharded_knn_blocks, mesh=mesh)
+        search = (
+            functools.partial(knn_blocks, selection=selection)
+            if mesh is None
+            else functools.partial(sharded_knn_blocks, mesh=mesh)
+        )
         blocks = search(
             queries,
             queries if leave_one_out else gallery,
@@ -184,6 +194,7 @@ def _requirements(
     block_size: int,
     kmeans_init: str,
     mesh: Mesh | None = None,
+    backends: Backends | None = None,
 ) -> Requirements:
     """Computes each requirement of the metrics once.
 
@@ -203,6 +214,7 @@ def _requirements(
         :func:`jdml.evaluation.kmeans.kmeans`).
       mesh: the devices of the kNN search, the k-means and the SVD (``embeddings`` on the
         host; :mod:`jdml.evaluation.sharded`), or None for the default device.
+      backends: the kNN selection and the k-means assignment (None: the environment's).
 
     Returns:
       The shared :class:`Requirements`.
@@ -214,7 +226,9 @@ def _requirements(
     # a mesh, each device normalises its own rows for the k-means and the SVD).
     if mesh is None:
         points = l2_normalize(embeddings) if cosine else embeddings
-        cluster, spectrum_of = kmeans, singular_values
+        native = None if backends is None else backends.native_kmeans
+        cluster = functools.partial(kmeans, native=native)
+        spectrum_of = singular_values
     else:
         points = None
         cluster = functools.partial(sharded_kmeans, mesh=mesh, normalize=cosine)
@@ -229,6 +243,7 @@ def _requirements(
         distance=distance,
         block_size=block_size,
         mesh=mesh,
+        backends=backends,
     )
 
     assignments = None
@@ -278,6 +293,7 @@ def _gallery_requirements(
     distance: str,
     block_size: int,
     mesh: Mesh | None = None,
+    backends: Backends | None = None,
 ) -> Requirements:
     """The retrieval requirements of queries ranked against a separate gallery.
 
@@ -294,6 +310,7 @@ def _gallery_requirements(
       distance: "euclidean" or "cosine".
       block_size: queries per search block.
       mesh: the devices of the kNN search, or None for the default device.
+      backends: the kNN selection (None: the environment's).
 
     Returns:
       :class:`Requirements` with ``leave_one_out=False``.
@@ -312,6 +329,7 @@ def _gallery_requirements(
         distance=distance,
         block_size=block_size,
         mesh=mesh,
+        backends=backends,
     )
     return Requirements(
         labels=query_ids,
@@ -361,6 +379,7 @@ def evaluate_embeddings(
     gallery_labels: jax.Array | np.ndarray | None = None,
     devices: int = 1,
     per_query: Sequence[str] = (),
+    backends: Backends | None = None,
 ) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
     """Evaluates embeddings by retrieval, clustering and spectral statistics.
 
@@ -406,6 +425,8 @@ def evaluate_embeddings(
       per_query: retrieval metrics of ``metrics`` whose per-query values (one per query, in
         the queries' order; NaN for a query the metric leaves out) are returned too, among the
         vectors as ``<name>/query``; needs ``return_vectors``.
+      backends: the kNN selection and the k-means assignment (a run's
+        :class:`jdml.backends.Backends`); None: this process's environment's.
 
     Returns:
       {metric name: float} in the requested order; with ``return_vectors``, the pair
@@ -426,7 +447,7 @@ def evaluate_embeddings(
             stacklevel=2,
         )
         specs = [m for m in specs if not m.vector]
-    options = {"distance": distance, "block_size": block_size, "mesh": mesh}
+    options = {"distance": distance, "block_size": block_size, "mesh": mesh, "backends": backends}
     if gallery is None:
         whole = _requirements(
             specs, embeddings, labels, seed=seed, kmeans_init=kmeans_init, **options
@@ -518,6 +539,7 @@ def evaluate_heads(
     kmeans_init: str = "k-means++",
     evaluate: Callable[[jax.Array | np.ndarray], Any] | None = None,
     devices: int = 1,
+    backends: Backends | None = None,
 ) -> dict[str, dict[str, float]] | tuple[dict[str, dict[str, float]], dict[str, dict]]:
     """Multi-head evaluation: every head alone, then every weighted concatenation of heads.
 
@@ -534,7 +556,7 @@ def evaluate_heads(
       combinations: {combination name: {head: weight}}, e.g.
         ``{"disc0.5+others1": {"discriminative": 0.5, "selfsimilarity": 1, "shared": 1,
         "intra": 1}}``; each is :func:`combine_heads` of the named heads.
-      distance, seed, block_size, return_vectors, kmeans_init, devices: as in
+      distance, seed, block_size, return_vectors, kmeans_init, devices, backends: as in
         :func:`evaluate_embeddings`, used for every row.
       evaluate: evaluates one row's embeddings instead of :func:`evaluate_embeddings` with the
         options above (e.g. queries against a gallery).
@@ -569,6 +591,7 @@ def evaluate_heads(
                 return_vectors=return_vectors,
                 kmeans_init=kmeans_init,
                 devices=devices,
+                backends=backends,
             )
 
     outputs = {head: evaluate(embeddings[head]) for head in alone}

@@ -11,6 +11,7 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
+from jdml.backends import Backends
 from jdml.data.arrays import ImageSet, QueryGallery
 from jdml.data.pipeline import eval_batches
 from jdml.evaluation import per_query as pq
@@ -88,15 +89,21 @@ def split_metrics(
     return out
 
 
-def _options(cfg: ml_collections.ConfigDict, seed: int, devices: int = 1) -> dict[str, Any]:
+def _options(
+    cfg: ml_collections.ConfigDict,
+    seed: int,
+    devices: int = 1,
+    backends: Backends | None = None,
+) -> dict[str, Any]:
     """The evaluator's options from the ``eval`` config section: the distance, the k-means
     (``eval.kmeans``) and the seed of its initialisation (unused by the reference k-means),
-    and the devices it runs on.
+    the devices it runs on and the run's backends.
 
     Args:
       cfg: the ``eval`` config section.
       seed: the run's seed.
       devices: ``parallel.eval_devices`` (1: the default device, 0: every device).
+      backends: the run's kNN selection and k-means assignment (None: the environment's).
 
     Returns:
       Keyword arguments of :func:`jdml.evaluation.embeddings.evaluate_embeddings`.
@@ -106,6 +113,7 @@ def _options(cfg: ml_collections.ConfigDict, seed: int, devices: int = 1) -> dic
         "seed": seed,
         "kmeans_init": cfg.kmeans,
         "devices": int(devices),
+        "backends": backends,
     }
 
 
@@ -127,6 +135,7 @@ def evaluate_splits(
     full: Sequence[str] = (),
     devices: int = 1,
     on_embeddings: Callable[[str, ImageSet, np.ndarray], None] | None = None,
+    backends: Backends | None = None,
 ) -> tuple[
     dict[str, dict[str, float]],
     dict[str, dict[str, np.ndarray]],
@@ -140,6 +149,7 @@ def evaluate_splits(
     (``parallel.eval_devices``): the devices of the evaluation, see
     :func:`jdml.evaluation.embeddings.evaluate_embeddings`. ``on_embeddings(split, data,
     embeddings)`` sees ``head``'s embeddings of each split in ``full`` (e.g. to draw them).
+    ``backends``: the kNN selection and the k-means assignment (the run's).
 
     On the splits in ``full``, the per-query values of the metrics in ``eval.per_query`` of
     every evaluated head and combination, and the queries' classes, are among the split's
@@ -160,7 +170,7 @@ def evaluate_splits(
             metrics[name],
             return_vectors=True,
             per_query=queries,
-            **_options(cfg, seed, devices),
+            **_options(cfg, seed, devices, backends),
         )
         if queries:
             _name_queries(vectors[name], head, data, queries)
@@ -182,7 +192,7 @@ def evaluate_splits(
                 cfg.metrics,
                 return_vectors=True,
                 per_query=queries,
-                **_options(cfg, seed, devices),
+                **_options(cfg, seed, devices, backends),
             ),
             return_vectors=True,
         )

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from jdml.backends import Backends
 from jdml.errors import ConfigError
 from jdml.losses.decorrelation import Decorrelation
 from jdml.methods.checks import check_head_dims, check_phases
@@ -89,13 +90,19 @@ class Method:
       num_classes: number of training classes (sizes per-class loss parameters).
       bn_groups: row blocks of a batch normalised each with its own BatchNorm statistics (the
         devices of the data axis under per-device BatchNorm; ``jdml.layout.batch_norm_groups``).
+      backends: the convolutions the model runs (:class:`jdml.backends.Backends`); None: the
+        backbone reads ``$JDML_CONV`` when traced.
 
     Params tree: ``{"model", "loss" (main term), "aux_<term>" (metric terms' own loss params),
     "decorrelation" (the psi MLPs)}``, each an optimiser group with its own learning rate.
     """
 
     def __init__(
-        self, config: ml_collections.ConfigDict, num_classes: int, bn_groups: int = 1
+        self,
+        config: ml_collections.ConfigDict,
+        num_classes: int,
+        bn_groups: int = 1,
+        backends: Backends | None = None,
     ) -> None:
         self.config = config
         self.head = config.model.head
@@ -135,9 +142,14 @@ class Method:
             if config.model.pretrained
             else None
         )
-        self.train_model = build_model(config.model, train=True, heads=self.heads)
+        native = None if backends is None else backends.native_conv
+        self.train_model = build_model(
+            config.model, train=True, heads=self.heads, native_conv=native
+        )
         self.bn_groups = bn_groups
-        self.eval_model = build_model(config.model, train=False, heads=self.heads)
+        self.eval_model = build_model(
+            config.model, train=False, heads=self.heads, native_conv=native
+        )
         self.mean, self.std = input_normalization(config)
 
     def _phases(self, config: ml_collections.ConfigDict) -> tuple[tuple[str, ...] | None, ...]:

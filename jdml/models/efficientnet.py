@@ -75,6 +75,8 @@ class MBConv(nn.Module):
       dtype: computation dtype.
       depthwise_impl: the depthwise convolution's implementation (see
         :func:`jdml.nn.depthwise.depthwise_conv2d`; None: its backend-dependent default).
+      native_conv: oneDNN's convolutions on CPU (a run's :class:`jdml.backends.Backends`
+        ``conv``); None: this process's ``$JDML_CONV``.
     """
 
     out_channels: int
@@ -84,6 +86,7 @@ class MBConv(nn.Module):
     train_bn: bool = False
     dtype: jnp.dtype = jnp.float32
     depthwise_impl: Impl | None = None
+    native_conv: bool | None = None
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -92,13 +95,20 @@ class MBConv(nn.Module):
         # nn.Conv computes the same 1x1 and grouped convolutions, but slowly on XLA's CPU backend.
         y = x
         if self.expansion != 1:
-            y = PointwiseConv(hidden, self.dtype, name="expand_conv")(y)
+            y = PointwiseConv(hidden, self.dtype, native=self.native_conv, name="expand_conv")(y)
             y = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn0")(y))
         y = DepthwiseConv(
-            self.kernel, self.stride, self.dtype, self.depthwise_impl, name="depthwise_conv"
+            self.kernel,
+            self.stride,
+            self.dtype,
+            self.depthwise_impl,
+            native=self.native_conv,
+            name="depthwise_conv",
         )(y)
         y = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn1")(y))
-        y = PointwiseConv(self.out_channels, self.dtype, name="project_conv")(y)
+        y = PointwiseConv(
+            self.out_channels, self.dtype, native=self.native_conv, name="project_conv"
+        )(y)
         y = _batch_norm(self.train_bn, self.dtype, "bn2")(y)
         if self.stride == 1 and channels == self.out_channels:
             y = y + x
@@ -119,6 +129,7 @@ class EfficientNetLite0(nn.Module):
         backend, see :mod:`jdml.nn.depthwise`); the parameters are the same either way.
       frozen_stages: the gradient stops after the stem (0) or after that many of the 7 stages
         (see :mod:`jdml.models.freeze`); -1 lets it through everywhere.
+      native_conv: as :class:`MBConv`'s.
 
     Input: normalised images (B, H, W, 3): ``(x - MEAN) / STD`` for pixels x in [0, 1].
     """
@@ -129,6 +140,7 @@ class EfficientNetLite0(nn.Module):
     dtype: jnp.dtype = jnp.float32
     depthwise_impl: Impl | None = None
     frozen_stages: int = NOT_FROZEN
+    native_conv: bool | None = None
 
     #: Submodule names per stage, the stem first.
     STAGE_MODULES: ClassVar[tuple[tuple[str, ...], ...]] = _stage_modules()
@@ -137,7 +149,7 @@ class EfficientNetLite0(nn.Module):
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         x = x.astype(self.dtype)
         # nn.Conv's parameter; oneDNN's convolution on CPU (XLA's took 10x longer here).
-        x = Conv(STEM_CHANNELS, 3, 2, self.dtype, name="conv_stem")(x)
+        x = Conv(STEM_CHANNELS, 3, 2, self.dtype, native=self.native_conv, name="conv_stem")(x)
         x = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn0")(x))
         x = cut_after(x, 0, self.frozen_stages)
         index = 0
@@ -151,11 +163,12 @@ class EfficientNetLite0(nn.Module):
                     self.train_bn,
                     self.dtype,
                     self.depthwise_impl,
+                    self.native_conv,
                     name=f"blocks_{index}",
                 )(x)
                 index += 1
             x = cut_after(x, stage, self.frozen_stages)
-        x = PointwiseConv(HEAD_CHANNELS, self.dtype, name="conv_head")(x)
+        x = PointwiseConv(HEAD_CHANNELS, self.dtype, native=self.native_conv, name="conv_head")(x)
         x = nn.relu6(_batch_norm(self.train_bn, self.dtype, "bn1")(x))
         pooled = global_pool(x, self.pooling)
         if self.num_classes:

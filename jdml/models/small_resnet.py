@@ -50,19 +50,23 @@ class BasicBlock(nn.Module):
       strides: stride of the first convolution (and of the projection shortcut).
       train_bn: whether BatchNorm uses and updates batch statistics (training mode).
       dtype: computation dtype.
+      native_conv: oneDNN's convolutions on CPU (None: this process's ``$JDML_CONV``).
     """
 
     features: int
     strides: int = 1
     train_bn: bool = True
     dtype: jnp.dtype = jnp.float32
+    native_conv: bool | None = None
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         norm = lambda name: BatchNorm(  # noqa: E731
             use_running_average=not self.train_bn, momentum=0.9, dtype=self.dtype, name=name
         )
-        conv = lambda f, k, s, name: Conv(f, k, s, dtype=self.dtype, name=name)  # noqa: E731
+        conv = lambda f, k, s, name: Conv(  # noqa: E731
+            f, k, s, dtype=self.dtype, native=self.native_conv, name=name
+        )
         y = nn.relu(norm("bn1")(conv(self.features, 3, self.strides, "conv1")(x)))
         y = norm("bn2")(conv(self.features, 3, 1, "conv2")(y))
         if x.shape[-1] != self.features or self.strides != 1:
@@ -106,6 +110,8 @@ class SmallResNet(nn.Module):
       train_bn: BatchNorm in training mode (batch statistics) rather than frozen running stats.
       pooling: ``"avg"`` or ``"avg+max"`` (the sum of global average and max pooling).
       dtype: computation dtype (params stay float32).
+      native_conv: oneDNN's convolutions on CPU (a run's :class:`jdml.backends.Backends`
+        ``conv``); None: this process's ``$JDML_CONV``.
 
     Returns from ``__call__``: pooled features (B, stage_features[-1]).
     """
@@ -118,11 +124,19 @@ class SmallResNet(nn.Module):
     train_bn: bool = True
     pooling: str = "avg"
     dtype: jnp.dtype = jnp.float32
+    native_conv: bool | None = None
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         x = x.astype(self.dtype)
-        x = Conv(self.stem_features, 3, self.stem_strides, dtype=self.dtype, name="stem")(x)
+        x = Conv(
+            self.stem_features,
+            3,
+            self.stem_strides,
+            dtype=self.dtype,
+            native=self.native_conv,
+            name="stem",
+        )(x)
         x = nn.relu(
             BatchNorm(
                 use_running_average=not self.train_bn,
@@ -143,7 +157,9 @@ class SmallResNet(nn.Module):
                         "is very slow on XLA CPU and wasteful elsewhere: use larger images or "
                         "fewer/smaller stage strides (model.stage_strides)"
                     )
-                x = BasicBlock(feat, s, self.train_bn, self.dtype, name=f"stage{i}_block{j}")(x)
+                x = BasicBlock(
+                    feat, s, self.train_bn, self.dtype, self.native_conv, name=f"stage{i}_block{j}"
+                )(x)
         return POOLINGS.get(self.pooling)(x).astype(jnp.float32)
 
 

@@ -15,7 +15,7 @@ import contextlib
 import functools
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import jax
 
@@ -35,9 +35,11 @@ FALLBACKS = {
 INSTALL_HINT = "install a C++ compiler and oneDNN (Debian: apt-get install g++ libdnnl-dev)"
 
 
-def conv_mode(env: str = ENV) -> str:
-    """``$JDML_CONV`` (or another switch, ``env``), checked (see the module docstring)."""
-    mode = os.environ.get(env, "auto").strip().lower() or "auto"
+def conv_mode(env: str = ENV, environ: Mapping[str, str] | None = None) -> str:
+    """``$JDML_CONV`` (or another switch, ``env``) in ``environ`` (default ``os.environ``),
+    checked (see the module docstring)."""
+    environ = os.environ if environ is None else environ
+    mode = environ.get(env, "auto").strip().lower() or "auto"
     if mode not in MODES:
         raise ConfigError(f"{env}={mode!r} is not one of {', '.join(MODES)}: set {env}=auto")
     return mode
@@ -69,12 +71,16 @@ def _unavailable() -> str | None:
     return None
 
 
-def onednn_enabled(env: str = ENV) -> bool:
+def onednn_enabled(
+    env: str = ENV, environ: Mapping[str, str] | None = None, platform: str | None = None
+) -> bool:
     """Whether the native kernels of switch ``env`` run: CPU convolutions (``$JDML_CONV``, the
     default), the k-means assignment (``$JDML_KMEANS``) or the kNN selection (``$JDML_KNN``);
-    the switch's mode, the backend and whether the library builds decide."""
-    mode = conv_mode(env)
-    if mode == "xla" or jax.default_backend() != "cpu":
+    the switch's mode (in ``environ``, default ``os.environ``), the backend (``platform``,
+    default ``jax.default_backend()``) and whether the library builds decide. A run asks once,
+    through :func:`jdml.backends.resolve_backends`."""
+    mode = conv_mode(env, environ)
+    if mode == "xla" or (platform or jax.default_backend()) != "cpu":
         return False
     reason = _unavailable()
     if reason is None:

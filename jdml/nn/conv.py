@@ -146,7 +146,9 @@ def _onednn_bwd(
 onednn_conv.defvjp(_onednn_fwd, _onednn_bwd)
 
 
-def conv2d(x: jax.Array, kernel: jax.Array, stride: int = 1) -> jax.Array:
+def conv2d(
+    x: jax.Array, kernel: jax.Array, stride: int = 1, native: bool | None = None
+) -> jax.Array:
     """SAME, bias-free 2-D convolution of NHWC ``x`` with an HWIO ``kernel``.
 
     The values are XLA's convolution's; see the module docstring for how the gradients are
@@ -156,16 +158,18 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int = 1) -> jax.Array:
       x: (B, H, W, C_in) input.
       kernel: (k, k, C_in, C_out) kernel.
       stride: stride in both directions.
+      native: oneDNN's kernels where they apply (a run's :class:`jdml.backends.Backends`
+        ``conv``); None: this process's ``$JDML_CONV`` on the CPU backend.
 
     Returns:
       (B, ceil(H / stride), ceil(W / stride), C_out) output.
     """
     if kernel.shape[0] == kernel.shape[1] == 1:
-        return pointwise_conv(x, kernel, stride)
+        return pointwise_conv(x, kernel, stride, native)
     if (
         x.shape[-1] >= ONEDNN_MIN_CHANNELS
         and x.dtype == kernel.dtype == jnp.float32
-        and onednn_enabled()
+        and (onednn_enabled() if native is None else native)
     ):
         return onednn_conv(x, kernel, stride)
     out_positions = -(-x.shape[1] // stride) * -(-x.shape[2] // stride)
@@ -184,6 +188,7 @@ class Conv(nn.Module):
       strides: stride in both directions.
       dtype: computation dtype (the kernel stays float32).
       kernel_init: the kernel's initialiser (``nn.Conv``'s default).
+      native: as :func:`conv2d`.
     """
 
     features: int
@@ -191,9 +196,10 @@ class Conv(nn.Module):
     strides: int = 1
     dtype: jnp.dtype = jnp.float32
     kernel_init: Callable = nn.linear.default_kernel_init
+    native: bool | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         k = self.kernel_size
         kernel = self.param("kernel", self.kernel_init, (k, k, x.shape[-1], self.features))
-        return conv2d(x.astype(self.dtype), kernel.astype(self.dtype), self.strides)
+        return conv2d(x.astype(self.dtype), kernel.astype(self.dtype), self.strides, self.native)

@@ -20,10 +20,9 @@ up to float32 rounding, are used on CPU; GPU/TPU keep the library convolution.
   sum (``"shifted_autodiff"``) gives the same values but was 2.3x slower in a whole Lite0 train
   step on CPU (64 px, batch 112: 3.4 s against 1.5 s).
 
-``depthwise_conv2d(x, kernel, stride)`` chooses the implementation from ``IMPLEMENTATION``
-(``"auto"``: oneDNN's on the CPU backend where the library builds and ``$JDML_CONV`` allows it,
-else the shifted sum; XLA's grouped convolution on other backends), read at trace time;
-``impl=`` overrides it per call.
+``depthwise_conv2d(x, kernel, stride, impl, native)`` runs ``impl`` (default ``"auto"``:
+oneDNN's on the CPU backend with ``native``, a run's :class:`jdml.backends.Backends` ``conv``,
+else the shifted sum; XLA's grouped convolution on other backends), decided at trace time.
 """
 
 from __future__ import annotations
@@ -41,10 +40,6 @@ from jdml.nn.conv import onednn_conv
 from jdml.nn.padding import same_padding
 
 Impl = Literal["auto", "xla", "onednn", "shifted", "shifted_autodiff"]
-
-# "auto": "onednn" on CPU where the native library builds (float32), else "shifted" on CPU and
-# "xla" on other backends (decided when a function is traced).
-IMPLEMENTATION: Impl = "auto"
 
 
 def _windows(xp: jnp.ndarray, kernel_hw, out_hw, stride: int):
@@ -134,18 +129,23 @@ def _shifted_bwd(stride, residuals, g):
 _shifted.defvjp(_shifted_fwd, _shifted_bwd)
 
 
-def _auto(x: jnp.ndarray, kernel: jnp.ndarray) -> str:
-    """The implementation ``"auto"`` stands for: XLA's off the CPU backend; on it oneDNN's for
-    float32 where the native library builds (``$JDML_CONV``), else the shifted sum."""
+def _auto(x: jnp.ndarray, kernel: jnp.ndarray, native: bool | None = None) -> str:
+    """The implementation ``"auto"`` stands for (decided when a function is traced): XLA's off
+    the CPU backend; on it oneDNN's for float32 with ``native`` (None: where ``$JDML_CONV``
+    allows it and the native library builds), else the shifted sum."""
     if jax.default_backend() != "cpu":
         return "xla"
-    if x.dtype == kernel.dtype == jnp.float32 and onednn_enabled():
+    if x.dtype == kernel.dtype == jnp.float32 and (onednn_enabled() if native is None else native):
         return "onednn"
     return "shifted"
 
 
 def depthwise_conv2d(
-    x: jnp.ndarray, kernel: jnp.ndarray, stride: int = 1, impl: Impl | None = None
+    x: jnp.ndarray,
+    kernel: jnp.ndarray,
+    stride: int = 1,
+    impl: Impl | None = None,
+    native: bool | None = None,
 ) -> jnp.ndarray:
     """Depthwise convolution with TensorFlow "SAME" padding.
 
@@ -160,16 +160,18 @@ def depthwise_conv2d(
       impl: ``"xla"`` (grouped ``lax.conv_general_dilated``), ``"onednn"`` (oneDNN with the
         native kernel gradient; CPU backend, float32), ``"shifted"`` (the shifted sum with a
         hand-written shifted-sum backward), ``"shifted_autodiff"`` (the shifted sum,
-        differentiated by JAX) or ``"auto"``; None: the module's ``IMPLEMENTATION``.
+        differentiated by JAX) or ``"auto"`` (None: "auto").
+      native: for "auto", oneDNN's on CPU (a run's :class:`jdml.backends.Backends` ``conv``);
+        None: this process's ``$JDML_CONV``.
 
     Returns:
       (B, ceil(H / stride), ceil(W / stride), C).
     """
     if kernel.ndim != 4 or kernel.shape[2] != 1 or kernel.shape[3] != x.shape[-1]:
         raise ValueError(f"kernel {kernel.shape} is not a depthwise kernel for input {x.shape}")
-    impl = IMPLEMENTATION if impl is None else impl
+    impl = "auto" if impl is None else impl
     if impl == "auto":
-        impl = _auto(x, kernel)
+        impl = _auto(x, kernel, native)
     if impl == "xla":
         return lax.conv_general_dilated(
             x,
@@ -200,13 +202,15 @@ class DepthwiseConv(nn.Module):
       kernel_size: k (square).
       stride: spatial stride.
       dtype: computation dtype (the kernel is stored in float32).
-      impl: as :func:`depthwise_conv2d` (None: the module default).
+      impl: as :func:`depthwise_conv2d` (None: "auto").
+      native: as :func:`depthwise_conv2d`.
     """
 
     kernel_size: int
     stride: int = 1
     dtype: jnp.dtype = jnp.float32
     impl: Impl | None = None
+    native: bool | None = None
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -218,5 +222,5 @@ class DepthwiseConv(nn.Module):
             jnp.float32,
         )
         return depthwise_conv2d(
-            x.astype(self.dtype), kernel.astype(self.dtype), self.stride, self.impl
+            x.astype(self.dtype), kernel.astype(self.dtype), self.stride, self.impl, self.native
         )

@@ -40,9 +40,6 @@ from jdml.native.switches import onednn_enabled
 
 Form = Literal["auto", "matmul", "conv"]
 FORMS: tuple[Form, ...] = ("auto", "matmul", "conv")
-# "auto": the matrix product on the CPU backend, XLA's convolution on every other backend
-# (decided when a function is traced); "matmul" or "conv" force one form everywhere.
-FORM: Form = "auto"
 
 
 def _matmul_call(a: jax.Array, b: jax.Array, trans_a: bool, trans_b: bool) -> jax.Array:
@@ -71,25 +68,33 @@ def _matmul_bwd(
 onednn_matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
-def pointwise_form() -> Form:
-    """The form of the 1x1 convolutions traced now: ``FORM``, with "auto" resolved for the
-    default backend ("matmul" on CPU, "conv" elsewhere)."""
-    if FORM not in FORMS:
-        raise ValueError(f"unknown pointwise form {FORM!r}; expected one of {FORMS}")
-    if FORM != "auto":
-        return FORM
+def pointwise_form(form: Form = "auto") -> Form:
+    """The form of a 1x1 convolution traced now: ``form``, with "auto" resolved for the default
+    backend ("matmul" on CPU, "conv" elsewhere); "matmul" or "conv" force one form."""
+    if form not in FORMS:
+        raise ValueError(f"unknown pointwise form {form!r}; expected one of {FORMS}")
+    if form != "auto":
+        return form
     return "matmul" if jax.default_backend() == "cpu" else "conv"
 
 
-def pointwise_conv(x: jax.Array, kernel: jax.Array, stride: int = 1) -> jax.Array:
+def pointwise_conv(
+    x: jax.Array,
+    kernel: jax.Array,
+    stride: int = 1,
+    native: bool | None = None,
+    form: Form = "auto",
+) -> jax.Array:
     """The SAME 1x1 convolution of NHWC ``x`` with ``kernel`` (1, 1, C_in, C_out) and ``stride``:
     ``x[:, ::stride, ::stride] @ kernel`` over the channel axis (see the module docstring for
-    the form it takes on each backend).
+    the form it takes on each backend: ``form``, "auto" resolved by :func:`pointwise_form`).
+    ``native``: oneDNN's matrix product for float32 on CPU (a run's
+    :class:`jdml.backends.Backends` ``conv``); None: this process's ``$JDML_CONV``.
 
     Returns:
       (B, ceil(H / stride), ceil(W / stride), C_out).
     """
-    if pointwise_form() == "conv":
+    if pointwise_form(form) == "conv":
         return jax.lax.conv_general_dilated(
             x, kernel, (stride, stride), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
         )
@@ -97,7 +102,7 @@ def pointwise_conv(x: jax.Array, kernel: jax.Array, stride: int = 1) -> jax.Arra
         x = x[:, ::stride, ::stride, :]
     k = kernel.reshape(kernel.shape[-2], kernel.shape[-1])
     rows = x.reshape(-1, x.shape[-1])
-    if rows.dtype == k.dtype == jnp.float32 and onednn_enabled():
+    if rows.dtype == k.dtype == jnp.float32 and (onednn_enabled() if native is None else native):
         y = onednn_matmul(rows, k)
     else:
         y = rows @ k
@@ -111,13 +116,15 @@ class PointwiseConv(nn.Module):
       features: output channels.
       dtype: computation dtype (the kernel stays float32).
       kernel_init: the kernel's initialiser (``nn.Conv``'s default).
+      native: as :func:`pointwise_conv`.
     """
 
     features: int
     dtype: jnp.dtype = jnp.float32
     kernel_init: Callable = nn.linear.default_kernel_init
+    native: bool | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         kernel = self.param("kernel", self.kernel_init, (1, 1, x.shape[-1], self.features))
-        return pointwise_conv(x.astype(self.dtype), kernel.astype(self.dtype))
+        return pointwise_conv(x.astype(self.dtype), kernel.astype(self.dtype), 1, self.native)

@@ -185,7 +185,7 @@ def test_host_selection_over_memory_capped_blocks_and_row_pieces(
 ) -> None:
     """Blocks capped by HOST_BLOCK_BYTES (5 queries, the last one padded) and rows split into
     pieces of 2 over the threads give the brute-force neighbours."""
-    monkeypatch.setattr(search, "SELECTION", "host")
+    monkeypatch.setattr(search, "default_selection", lambda: "host")
     monkeypatch.setattr(host, "HOST_BLOCK_BYTES", 4 * len(points) * 5)
     monkeypatch.setattr(host, "HOST_PIECE_ELEMENTS", 2 * len(points))
     dist, idx = knn(points, points, 9, exclude_self=exclude_self)

@@ -218,12 +218,12 @@ def test_knn_with_the_native_selection_equals_the_others(
     on_device = jnp.asarray(x)  # NumPy arrays would take the direct search (compared below)
     results = {}
     for selection in ("native", "host", "xla"):
-        monkeypatch.setattr(search, "SELECTION", selection)
+        monkeypatch.setattr(search, "default_selection", lambda s=selection: s)
         found = knn(on_device, on_device, 300, exclude_self=exclude_self)
         results[selection] = [np.asarray(a) for a in found]
     np.testing.assert_array_equal(results["host"][1], results["xla"][1])
     assert_equal_up_to_rounding_ties(x, x, results["native"], results["xla"])
-    monkeypatch.setattr(search, "SELECTION", "native")
+    monkeypatch.setattr(search, "default_selection", lambda: "native")
     direct = knn(x, x, 300, exclude_self=exclude_self)
     assert_same_search(x, x, direct, results["native"])
 
@@ -236,7 +236,7 @@ def test_the_native_search_is_the_same_in_one_block_or_several(
     """Blocks of 64 queries (the biases from ``jdml_knn_bias``, the query offsets for the own
     index) give the neighbours and distances of one block (the biases computed inside
     ``jdml_knn_search``), bit for bit where sgemm rounds alike in every tile."""
-    monkeypatch.setattr(search, "SELECTION", "native")
+    monkeypatch.setattr(search, "default_selection", lambda: "native")
     rng = np.random.default_rng(7)
     x = rng.standard_normal((700, 24)).astype(np.float32)
     x[5] = x[600]  # an exact duplicate: kept as a neighbour at distance 0, ranked by index
@@ -291,7 +291,7 @@ def test_the_direct_search_of_numpy_arrays_is_the_jitted_search(
     oneDNN's sgemm sums the dot products in blocks that depend on the tile's shape, so routes
     that cut the queries differently agree up to float32 rounding, as they do at every width on
     CPUs whose sgemm rounds differently per tile shape (``sgemm_tiles_round_alike``)."""
-    monkeypatch.setattr(search, "SELECTION", "native")
+    monkeypatch.setattr(search, "default_selection", lambda: "native")
     rng = np.random.default_rng(queries + references + k)
     r = rng.standard_normal((references, dim)).astype(np.float32)
     if references > 3:
@@ -331,7 +331,7 @@ def test_numpy_arrays_give_numpy_results_on_every_path(monkeypatch: pytest.Monke
         ("native", "cosine"),
         ("xla", "euclidean"),
     ]:
-        monkeypatch.setattr(search, "SELECTION", selection)
+        monkeypatch.setattr(search, "default_selection", lambda s=selection: s)
         found = knn(x, x, 3, exclude_self=True, distance=distance)
         assert all(isinstance(a, np.ndarray) for a in found), (selection, distance)
         mixed = knn(jnp.asarray(x), x, 3, exclude_self=True, distance=distance)
@@ -340,7 +340,7 @@ def test_numpy_arrays_give_numpy_results_on_every_path(monkeypatch: pytest.Monke
 
 
 def test_the_direct_search_checks_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(search, "SELECTION", "native")
+    monkeypatch.setattr(search, "default_selection", lambda: "native")
     x = np.zeros((4, 2), np.float32)
     with pytest.raises(ValueError, match="k"):
         knn(x, x, 4, exclude_self=True)  # only 3 other points
@@ -351,7 +351,7 @@ def test_the_direct_search_checks_its_arguments(monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize("mode", ["xla", "onednn"])
 def test_the_switch_chooses_the_selection(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     monkeypatch.setenv(switches.KNN_ENV, mode)
-    assert (search._selection(5, 100) == "native") == (mode == "onednn")
+    assert (search._selection(5, 100, search.default_selection()) == "native") == (mode == "onednn")
 
 
 def test_an_unknown_switch_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:

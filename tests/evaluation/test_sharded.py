@@ -121,7 +121,7 @@ def test_knn_on_four_devices_equals_one_device(
     mesh, data, distance: str, exclude_self: bool, k: int
 ) -> None:
     """Queries = references (N = 301, 76 per device): k = 100 is more than a shard holds. (The
-    sharded search selects on device whatever ``SELECTION`` says; the one-device search's two
+    sharded search selects on device whatever the selection; the one-device search's two
     selections agree, ``tests/evaluation/test_evaluation.py``.)"""
     name, x = data
     one = knn(x, x, k, exclude_self=exclude_self, distance=distance, block_size=64)
@@ -149,7 +149,7 @@ def test_shards_of_whole_chunks_give_bit_identical_neighbours(
     """With at least one one-device chunk per device (chunks of 64: 5 chunks, 2 per device) the
     products have the one-device shapes: the distances of the chunked one-device search are
     reproduced bit for bit, on random points too."""
-    monkeypatch.setattr(search, "SELECTION", "xla")
+    monkeypatch.setattr(search, "default_selection", lambda: "xla")
     x = _random(np.random.default_rng(5))
     options = {"exclude_self": exclude_self, "distance": distance, "chunk_size": 64}
     d1, i1 = knn(x, x, 7, block_size=32, **options)

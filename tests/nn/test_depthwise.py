@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jdml.nn import depthwise
 from jdml.nn.depthwise import DepthwiseConv, depthwise_conv2d
 from jdml.nn.padding import same_padding
 
@@ -108,8 +107,7 @@ def test_auto_picks_onednn_on_cpu_the_shifted_sum_without_it_and_xla_elsewhere(m
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     depthwise_conv2d(x, kernel, 1, "auto")
     assert calls == [1]
-    monkeypatch.setattr(depthwise, "IMPLEMENTATION", "shifted")
-    depthwise_conv2d(x, kernel, 1)
+    depthwise_conv2d(x, kernel, 1, "shifted")
     assert calls == [1]
 
 

@@ -102,11 +102,10 @@ def test_flops_are_the_same_in_every_form(monkeypatch, stride):
     kernel = jnp.ones((1, 1, 6, 7), jnp.float32)
     counts = {}
     for form, mode in (("matmul", "xla"), ("matmul", "onednn"), ("conv", "xla")):
-        monkeypatch.setattr(pointwise, "FORM", form)
         monkeypatch.setenv("JDML_CONV", mode)
 
-        def loss(x, k):  # a new function for each form: traces are cached per function
-            return jnp.sum(pointwise_conv(x, k, stride) ** 2)
+        def loss(x, k, form=form):  # a new function for each form: traces are cached per function
+            return jnp.sum(pointwise_conv(x, k, stride, form=form) ** 2)
 
         counts[form, mode] = model_flops(jax.grad(loss, argnums=(0, 1)), x, kernel).flops
     rows = 3 * -(-4 // stride) * -(-5 // stride)
@@ -120,7 +119,6 @@ def test_flops_are_the_same_in_every_form(monkeypatch, stride):
 def test_both_forms_equal_the_strided_convolution(monkeypatch, form, shape, stride):
     """Either form, strided or not, is the SAME 1x1 convolution: an explicit float64 sum over the
     input channels of every ``stride``-th pixel, and XLA's convolution's gradients."""
-    monkeypatch.setattr(pointwise, "FORM", form)
     monkeypatch.setenv("JDML_CONV", "xla")
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.normal(size=shape), jnp.float32)
@@ -128,7 +126,7 @@ def test_both_forms_equal_the_strided_convolution(monkeypatch, form, shape, stri
     explicit = np.einsum(
         "bhwc,co->bhwo", np.asarray(x, np.float64)[:, ::stride, ::stride], np.asarray(kernel[0, 0])
     )
-    ours = pointwise_conv(x, kernel, stride)
+    ours = pointwise_conv(x, kernel, stride, form=form)
     assert ours.shape == (shape[0], -(-shape[1] // stride), -(-shape[2] // stride), 5)
     tol = matmul_tolerance()
     np.testing.assert_allclose(ours, explicit, rtol=tol, atol=tol)
@@ -139,7 +137,7 @@ def test_both_forms_equal_the_strided_convolution(monkeypatch, form, shape, stri
     weights = jnp.asarray(rng.normal(size=ours.shape), jnp.float32)
     grads = [
         jax.grad(lambda x, k, fn=fn: jnp.sum(weights * fn(x, k)), argnums=(0, 1))(x, kernel)
-        for fn in (conv, lambda x, k: pointwise_conv(x, k, stride))
+        for fn in (conv, lambda x, k: pointwise_conv(x, k, stride, form=form))
     ]
     for ref, got in zip(*grads, strict=True):
         np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
@@ -151,19 +149,17 @@ def test_auto_form_is_the_matmul_on_cpu_only(monkeypatch, backend, form):
     strided product's fusion aborted XLA's GPU compiler; an unknown form is a ValueError."""
     monkeypatch.setattr(pointwise.jax, "default_backend", lambda: backend)
     assert pointwise.pointwise_form() == form
-    monkeypatch.setattr(pointwise, "FORM", "matrix")
     with pytest.raises(ValueError, match="unknown pointwise form 'matrix'"):
-        pointwise.pointwise_form()
+        pointwise.pointwise_form("matrix")
 
 
 @pytest.mark.parametrize("form", ["matmul", "conv"])
 def test_the_compiled_step_holds_the_chosen_form(monkeypatch, form):
     """The strided 1x1 layer compiles to a dot on the pixels kept ("matmul") or to XLA's
     convolution ("conv")."""
-    monkeypatch.setattr(pointwise, "FORM", form)
     monkeypatch.setenv("JDML_CONV", "xla")
     x = jnp.ones((2, 8, 8, 4), jnp.float32)
     kernel = jnp.ones((1, 1, 4, 6), jnp.float32)
-    hlo = jax.jit(lambda x, k: pointwise_conv(x, k, 2)).lower(x, kernel).as_text()
+    hlo = jax.jit(lambda x, k: pointwise_conv(x, k, 2, form=form)).lower(x, kernel).as_text()
     assert ("convolution" in hlo) == (form == "conv")
     assert ("dot_general" in hlo) == (form == "matmul")

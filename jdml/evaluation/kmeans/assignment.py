@@ -50,15 +50,19 @@ MIN_BLOCK_ROWS = 64
 NATIVE_LLOYD_MAX_CLUSTERS = 64
 
 
-def native_enabled() -> bool:
-    """Whether this process's k-means runs the native assignment (``$JDML_KMEANS``, on CPU)."""
-    return onednn_enabled(KMEANS_ENV)
+def native_enabled(native: bool | None = None) -> bool:
+    """Whether the k-means runs the native assignment: ``native`` as a caller passes it (a run:
+    its :class:`jdml.backends.Backends`' ``kmeans``), else this process's ``$JDML_KMEANS`` on
+    the CPU backend."""
+    return onednn_enabled(KMEANS_ENV) if native is None else native
 
 
-def direct_enabled(x: Any) -> bool:
+def direct_enabled(x: Any, native: bool | None = None) -> bool:
     """Whether :func:`~jdml.evaluation.kmeans.kmeans` calls the native functions directly on
     ``x``: a host array, on the CPU backend, with the native k-means enabled."""
-    return not isinstance(x, jax.Array) and jax.default_backend() == "cpu" and native_enabled()
+    return (
+        not isinstance(x, jax.Array) and jax.default_backend() == "cpu" and native_enabled(native)
+    )
 
 
 class Bounds(NamedTuple):

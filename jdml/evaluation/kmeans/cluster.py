@@ -30,6 +30,7 @@ def kmeans(
     seed: int | None = None,
     block_size: int | None = None,
     init: str = "k-means++",
+    native: bool | None = None,
 ) -> KMeansResult:
     """k-means clustering: an initialisation, then ``num_iters`` Lloyd iterations.
 
@@ -49,6 +50,8 @@ def kmeans(
         drawn uniformly; much faster for large K, as the seeding costs K passes over the data)
         or "reference" (faiss's k-means as the Revisiting-DML evaluation runs it, see
         :func:`reference_kmeans`).
+      native: the native assignment on CPU (a run's :class:`jdml.backends.Backends`'
+        ``kmeans``); None: this process's ``$JDML_KMEANS``.
 
     Returns:
       A :class:`KMeansResult` with (K, D) centroids, (N,) assignments and the inertia.
@@ -64,6 +67,7 @@ def kmeans(
             num_iters=num_iters,
             seed=REFERENCE_SEED if seed is None else seed,
             block_size=block_size,
+            native=native,
         )
     seed = 0 if seed is None else seed
     initial = (
@@ -71,7 +75,7 @@ def kmeans(
         if init == "random"
         else np.zeros((num_clusters,), np.int32)
     )
-    if init == "random" and num_clusters <= NATIVE_LLOYD_MAX_CLUSTERS and direct_enabled(x):
+    if init == "random" and num_clusters <= NATIVE_LLOYD_MAX_CLUSTERS and direct_enabled(x, native):
         return KMeansResult(*native_kmeans.lloyd_host(x, initial, num_iters))
     result = jitted_kmeans(
         float32_on_device(x),
@@ -81,7 +85,7 @@ def kmeans(
         num_iters=num_iters,
         block_size=block_rows(x.shape[0], num_clusters, block_size),
         init=init,
-        use_native=native_enabled(),
+        use_native=native_enabled(native),
     )
     if from_host:  # NumPy in, NumPy out (and x may share the caller's memory: done with it)
         result = KMeansResult(*(np.asarray(v) for v in result))

@@ -171,6 +171,7 @@ def reference_kmeans(
     num_iters: int = DEFAULT_NUM_ITERS,
     seed: int = REFERENCE_SEED,
     block_size: int | None = None,
+    native: bool | None = None,
 ) -> KMeansResult:
     """k-means as faiss's ``Clustering`` computes it, then each point's nearest centroid.
 
@@ -199,12 +200,14 @@ def reference_kmeans(
       seed: faiss's clustering seed (its default 1234); the split always uses 1234, as faiss.
       block_size: points per block when computing assignments; None for blocks of about
         :func:`~jdml.evaluation.kmeans.assignment.assign_scores` distances.
+      native: the native assignment on CPU; None: this process's ``$JDML_KMEANS``.
 
     Returns:
       A :class:`KMeansResult` with (K, D) centroids, (N,) assignments and the inertia.
     """
     from_host = not isinstance(x, jax.Array)
-    direct = direct_enabled(x) and num_clusters <= NATIVE_LLOYD_MAX_CLUSTERS
+    native = native_enabled(native)
+    direct = direct_enabled(x, native) and num_clusters <= NATIVE_LLOYD_MAX_CLUSTERS
     # not through the host: a copy each way took 1-2 ms at 20,000 x 128
     points = np.ascontiguousarray(x, np.float32) if direct else float32_on_device(x)
     n = check_points(points, num_clusters)
@@ -228,7 +231,7 @@ def reference_kmeans(
                 jnp.int32(remaining),
                 num_points=n,
                 block_size=rows,
-                use_native=native_enabled(),
+                use_native=native,
             )
 
     # One call runs every update up to the next empty cluster (splits are made on the host),

@@ -196,6 +196,7 @@ def full_ranking_blocks(
     reference_ids: np.ndarray | None = None,
     distance: str = "euclidean",
     block_size: int = DEFAULT_BLOCK_SIZE,
+    selection: str | None = None,
 ) -> Iterator[RankedBlock]:
     """kNN plus the average-precision sums over the complete ranking of the references.
 
@@ -225,6 +226,9 @@ def full_ranking_blocks(
       reference_ids: (N,) integer class of every reference (with ``references``).
       distance: "euclidean" or "cosine".
       block_size: queries per block.
+      selection: the kNN selection (:func:`jdml.evaluation.knn.search.select_on_host` decides
+        whether the k nearest come from the host's copy of the distances); None: the
+        environment's.
 
     Returns:
       An iterator of :class:`RankedBlock`, covering the queries in order (the arguments are
@@ -266,7 +270,9 @@ def full_ranking_blocks(
     num_blocks = math.ceil(num_queries / block)
     padded = jnp.pad(x, ((0, num_blocks * block - num_queries), (0, 0)))
 
-    on_host = select_on_host(k, width)  # the k nearest from the host's copy of the distances
+    on_host = select_on_host(
+        k, width, selection
+    )  # the k nearest from the host's copy of the distances
 
     def dispatch(b: int) -> tuple[jax.Array, jax.Array, jax.Array]:
         return _full_ranking_block(
@@ -301,12 +307,13 @@ def knn_full_ranking(
     reference_ids: np.ndarray | None = None,
     distance: str = "euclidean",
     block_size: int = DEFAULT_BLOCK_SIZE,
+    selection: str | None = None,
 ) -> FullRanking:
     """:func:`full_ranking_blocks` for all queries at once.
 
     Args:
-      embeddings, class_ids, k, references, reference_ids, distance, block_size: as in
-        :func:`full_ranking_blocks`.
+      embeddings, class_ids, k, references, reference_ids, distance, block_size, selection:
+        as in :func:`full_ranking_blocks`.
 
     Returns:
       A :class:`FullRanking` with (Q, k) distances and indices and (Q,) precision sums.
@@ -320,6 +327,7 @@ def knn_full_ranking(
             reference_ids=reference_ids,
             distance=distance,
             block_size=block_size,
+            selection=selection,
         )
     )
     return FullRanking(

@@ -13,8 +13,9 @@ neighbours up to the rounding of the scores:
   ``$JDML_KNN`` allows it and the library builds); :func:`knn` of NumPy arrays with the
   Euclidean distance calls it directly on their memory, without JAX, as faiss is called.
 
-``$JDML_KNN=xla`` turns the native kernel off: then the host selection takes the blocks where
-it is faster than XLA's top-k (:func:`select_on_host`), XLA the others.
+The caller passes the selection (a run: its :class:`jdml.backends.Backends`' ``knn``, from
+``$JDML_KNN``); ``$JDML_KNN=xla`` turns the native kernel off: then the host selection takes the
+blocks where it is faster than XLA's top-k (:func:`select_on_host`), XLA the others.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdml.backends import KNN_SELECTIONS, resolve_backends
 from jdml.evaluation.knn import layout
 from jdml.evaluation.knn.host import host_blocks
 from jdml.evaluation.knn.layout import (
@@ -37,42 +39,39 @@ from jdml.evaluation.knn.onednn import direct_search, native_blocks
 from jdml.evaluation.knn.xla import xla_blocks
 from jdml.evaluation.points import as_float32
 from jdml.geometry import l2_normalize
-from jdml.native.switches import KNN_ENV, onednn_enabled
 
-# Where the k nearest are selected: "auto" (see ``_selection``), "native", "host" or "xla".
-SELECTION = "auto"
-SELECTIONS = ("auto", "native", "host", "xla")
 # Smallest k (self included) always selected on the host on the CPU backend.
 HOST_SELECTION_MIN_K = 64
 
 
-def _selection(k: int, width: int) -> str:
+def default_selection() -> str:
+    """The selection of this process's environment and backend (``$JDML_KNN``), for calls that
+    pass none; a run passes its :class:`jdml.backends.Backends`' ``knn``."""
+    return resolve_backends().knn
+
+
+def _selection(k: int, width: int, selection: str) -> str:
     """How :func:`knn` selects ``k`` of ``width`` references per query: "native", "host" or
-    "xla".
-
-    ``SELECTION`` "auto": on the CPU backend the native kernel where ``$JDML_KNN`` allows it
-    and the library builds (:func:`jdml.native.switches.onednn_enabled`), else as
-    ``select_on_host`` says; other backends "xla". Any other value forces that selection
-    (tests, benchmarks).
-    """
-    if SELECTION not in SELECTIONS:
-        raise ValueError(f"unknown selection {SELECTION!r}; expected one of {SELECTIONS}")
-    if SELECTION != "auto":
-        return SELECTION
-    if jax.default_backend() == "cpu" and onednn_enabled(KNN_ENV):
-        return "native"
-    return "host" if select_on_host(k, width) else "xla"
+    "xla". ``selection`` "auto" is the host or XLA as :func:`select_on_host` says; any other
+    value (:data:`jdml.backends.KNN_SELECTIONS`) is that selection."""
+    if selection not in KNN_SELECTIONS:
+        raise ValueError(f"unknown selection {selection!r}; expected one of {KNN_SELECTIONS}")
+    if selection != "auto":
+        return selection
+    return "host" if select_on_host(k, width, selection) else "xla"
 
 
-def select_on_host(k: int, width: int) -> bool:
+def select_on_host(k: int, width: int, selection: str | None = None) -> bool:
     """Whether :func:`knn` selects ``k`` of ``width`` references per query on the host.
 
-    ``SELECTION`` "auto": on the CPU backend only, from ``HOST_SELECTION_MIN_K`` on, and from
-    k = 2 on wherever the two-stage ``top_k`` does not apply (rows narrower than
-    ``k * GROUP_SIZE * 8``). "host" and "xla" force one or the other (tests, benchmarks).
+    ``selection`` "auto" (or "native", whose kernel has its own path where it applies): on the
+    CPU backend only, from ``HOST_SELECTION_MIN_K`` on, and from k = 2 on wherever the two-stage
+    ``top_k`` does not apply (rows narrower than ``k * GROUP_SIZE * 8``). "host" and "xla" force
+    one or the other; None: :func:`default_selection`.
     """
-    if SELECTION != "auto":
-        return SELECTION == "host"
+    selection = default_selection() if selection is None else selection
+    if selection in ("host", "xla"):
+        return selection == "host"
     if jax.default_backend() != "cpu":
         return False
     return k >= HOST_SELECTION_MIN_K or (k >= 2 and k * layout.GROUP_SIZE * 8 > width)
@@ -87,6 +86,7 @@ def knn_blocks(
     distance: str = "euclidean",
     block_size: int = DEFAULT_BLOCK_SIZE,
     chunk_size: int | None = None,
+    selection: str | None = None,
 ) -> Iterator[NeighbourBlock]:
     """:func:`knn`, one block of queries at a time, in query order.
 
@@ -95,8 +95,8 @@ def knn_blocks(
     reduces each block (e.g. to per-query metric values) never holds all (Q, k) neighbours.
 
     Args:
-      queries, references, k, exclude_self, distance, block_size, chunk_size: as in
-        :func:`knn`.
+      queries, references, k, exclude_self, distance, block_size, chunk_size, selection: as
+        in :func:`knn`.
 
     Returns:
       An iterator of :class:`NeighbourBlock`, covering the queries in order.
@@ -104,7 +104,10 @@ def knn_blocks(
     chunk_size = resolve_chunk_size(chunk_size)
     # copies: the caller may change its arrays while it holds the iterator
     queries, references = _placed(queries, references, _device_copy)
-    return _search_blocks(queries, references, k, exclude_self, distance, block_size, chunk_size)
+    selection = default_selection() if selection is None else selection
+    return _search_blocks(
+        queries, references, k, exclude_self, distance, block_size, chunk_size, selection
+    )
 
 
 def _device_copy(x: jax.Array | np.ndarray, slot: int) -> jax.Array:
@@ -133,6 +136,7 @@ def _search_blocks(
     distance: str,
     block_size: int,
     chunk_size: int,
+    selection: str,
 ) -> Iterator[NeighbourBlock]:
     """:func:`knn_blocks` on float32 queries and references that may be host arrays, which the
     search may read until its last block is computed (JAX shares a host array's memory where it
@@ -144,7 +148,7 @@ def _search_blocks(
         queries, references = l2_normalize(queries), l2_normalize(references)
         references = queries if same else references
     _, chunk = layout.chunk_layout(references.shape[0], chunk_size)
-    selection = _selection(k + int(exclude_self), chunk)
+    selection = _selection(k + int(exclude_self), chunk, selection)
     if selection == "native":
         return native_blocks(queries, references, k, exclude_self, distance, block_size)
     queries = jnp.asarray(queries)
@@ -163,6 +167,7 @@ def knn(
     distance: str = "euclidean",
     block_size: int = DEFAULT_BLOCK_SIZE,
     chunk_size: int | None = None,
+    selection: str | None = None,
 ) -> tuple[jax.Array, jax.Array] | tuple[np.ndarray, np.ndarray]:
     """Exact k nearest references of every query, blocked so no Q x N matrix is materialised.
 
@@ -183,6 +188,8 @@ def knn(
         :func:`~jdml.evaluation.knn.layout.block_scores` scores.
       chunk_size: largest number of references scored at once within a block (None: the
         backend's, see ``resolve_chunk_size``).
+      selection: what selects the k nearest (:data:`jdml.backends.KNN_SELECTIONS`; a run's
+        :class:`jdml.backends.Backends` ``knn``); None: :func:`default_selection`.
 
     Returns:
       distances (Q, k) float32, ascending per row, and indices (Q, k) int32 into ``references``;
@@ -194,6 +201,7 @@ def knn(
     # Host arrays may be shared rather than copied (see ``_search_blocks``), so the search is
     # waited for before returning.
     chunk_size = resolve_chunk_size(chunk_size)
+    selection = default_selection() if selection is None else selection
     host = [not isinstance(a, jax.Array) for a in (queries, references)]
     if all(host) and distance == "euclidean":
         check_search(
@@ -205,11 +213,13 @@ def knn(
             block_size,
             chunk_size,
         )
-        if _selection(k + int(exclude_self), np.shape(references)[0]) == "native":
+        if _selection(k + int(exclude_self), np.shape(references)[0], selection) == "native":
             return direct_search(queries, references, k, exclude_self)
     queries, references = _placed(queries, references, as_float32)
     blocks = list(
-        _search_blocks(queries, references, k, exclude_self, distance, block_size, chunk_size)
+        _search_blocks(
+            queries, references, k, exclude_self, distance, block_size, chunk_size, selection
+        )
     )
     if isinstance(blocks[0].distances, np.ndarray):
         found = (
