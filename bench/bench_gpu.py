@@ -56,7 +56,7 @@ import numpy as np
 
 from configs.revisiting import get_config
 from jdml.config import apply_overrides
-from jdml.program import make_train_step
+from jdml.program import one_member_step
 from jdml.run import Run
 from jdml.throughput import FlopCount, alternating_rounds, model_flops, throughput_line
 
@@ -123,7 +123,7 @@ def jdml_step(config) -> tuple[Callable[[], Any], Callable[[], FlopCount], np.nd
     its FLOP count, and the batch's images (NHWC) for the PyTorch side."""
     run = Run(config)
     batch = {k: jnp.asarray(v) for k, v in run.batch_maker()(0).items()}
-    step = make_train_step(run.method, run.tx)
+    step = one_member_step(run.method, run.tx)
     state = [jax.tree.map(jnp.copy, run.initial_state)]
 
     def call() -> Any:
@@ -438,12 +438,12 @@ def eval_section(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
 
 def sweep_section(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     """The evaluator's warm time at SOP's size under other block sizes: the kNN query blocks
-    (``knn.layout.BLOCK_SCORES`` scores per block) and the k-means assignment blocks
+    (``knn.blocks.BLOCK_SCORES`` scores per block) and the k-means assignment blocks
     (``kmeans.assignment.ASSIGN_SCORES``), to choose the accelerator defaults."""
     from jdml.evaluation import kmeans as kmeans_module
     from jdml.evaluation.embeddings import evaluate_embeddings
     from jdml.evaluation.kmeans import assignment
-    from jdml.evaluation.knn import layout as knn_module
+    from jdml.evaluation.knn import blocks as knn_module
 
     x, labels = sop_like(args.eval_points, args.eval_classes)
     record: dict[str, Any] = {"device": device_name(), "knn": {}, "kmeans": {}}

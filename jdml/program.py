@@ -39,10 +39,9 @@ from jdml.methods.ema_queue import push
 from jdml.methods.method import Method
 from jdml.optim import make_optimizer, per_member
 from jdml.state import TrainState
-from jdml.step import Members, StepFn, init_state
-from jdml.step import make_train_step as build_train_step
+from jdml.step import StepFn, StepPlan, init_state, jit_train_step
 
-__all__ = ["ENSEMBLE", "Program", "StepFn", "build_program", "make_train_step"]
+__all__ = ["ENSEMBLE", "Program", "StepFn", "build_program", "one_member_step"]
 
 ENSEMBLE = "ensemble"  # a cohort's concatenation of its members, for ``parse_embedding``
 
@@ -91,7 +90,7 @@ class Program:
         )
         self.size, self.names = self.layout.size, self.layout.names
         self.loop = "unroll" if self.heterogeneous or not self.cohort else cohort.member_loop
-        self.members_config = Members(
+        self.plan = StepPlan(
             layout=self.layout,
             methods=self.methods or (method,),
             exchange=exchange,
@@ -193,14 +192,14 @@ class Program:
         sampler_state: dict | None = None,
     ) -> TrainState:
         """The state at step 0 (``jdml.step.init_state``)."""
-        return init_state(self.members_config, tx, seed, sample, sampler_state)
+        return init_state(self.plan, tx, seed, sample, sampler_state)
 
     def make_train_step(
         self, tx: optax.GradientTransformation, state: TrainState, views: Any = None
     ) -> StepFn:
         """The jitted, state-donating step ``(state, batch) -> (state, metrics)``
-        (``jdml.step.make_train_step``); ``views``: the run's device views, made first."""
-        return build_train_step(self.members_config, tx, state, views)
+        (``jdml.step.jit_train_step``); ``views``: the run's device views, made first."""
+        return jit_train_step(self.plan, tx, state, views)
 
     def key_functions(self, head: str) -> tuple[Callable, Callable]:
         """For filling the DaNCE queues: ``keys(ema, batch_stats, images)`` of every member's
@@ -243,7 +242,7 @@ class Program:
         group's members embedded as the step runs them (``cohort.member_loop``)."""
         layout, out, index = self.layout, {}, 0
         groups = zip(
-            self.members_config.methods,
+            self.plan.methods,
             layout.split(params),
             layout.split(batch_stats),
             strict=True,
@@ -314,7 +313,7 @@ def build_program(
     return Program(config, method, steps_per_epoch, methods=methods)
 
 
-def make_train_step(method: Method, tx: optax.GradientTransformation) -> StepFn:
+def one_member_step(method: Method, tx: optax.GradientTransformation) -> StepFn:
     """The jitted, state-donating step of a one-member program of ``method`` (whatever its
     config's ``cohort.size``): the step of a plain run, e.g. on one member's slice of a cohort."""
     return Program(method.config, method, size=1).make_train_step(tx, None)

@@ -67,7 +67,7 @@ class Run:
         self.program = build_program(config, train.num_classes, self.steps_per_epoch, self.backends)
         self.method = self.program.method
         self.head = self.program.head
-        self.members = self.program.layout.members_drawn()
+        self.drawn_members = self.program.layout.members_drawn()
         self.tx = self.program.optimizer(self.steps_per_epoch, self.total_steps)
         # Two images shape the parameters as well as a batch does (the state is identical);
         # a whole batch would cost eager forward passes: 49 s instead of 17 s for ResNet-50
@@ -117,7 +117,7 @@ class Run:
             seed=self.config.seed,
             views=self.method.views,
             streams=self.method.streams,
-            members=self.members,
+            members=self.drawn_members,
             rows=self.program.layout.rows,
             views_on_device=self.device_views.host if self.device_views else None,
         )

@@ -44,7 +44,7 @@ _TEMPORAL_TAG = 0x7D  # folded into a member's step key for its temporal-diversi
 
 
 @dataclasses.dataclass(frozen=True)
-class Members:
+class StepPlan:
     """What the step trains: the layout, each group's method, and how the members interact.
 
     Attributes:
@@ -111,7 +111,7 @@ def concat(parts: list[jax.Array]) -> jax.Array:
 
 
 def init_state(
-    members: Members,
+    plan: StepPlan,
     tx: optax.GradientTransformation,
     seed: int,
     sample: np.ndarray,
@@ -125,16 +125,16 @@ def init_state(
     member (one backbone start, as a pretrained one would be), a member alone in its group
     (heterogeneous cohorts) its whole network.
     """
-    layout = members.layout
+    layout = plan.layout
     key = jax.random.PRNGKey(seed)
     images = jnp.asarray(sample)
     init_key, rng0 = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
     fields: dict[str, list[Any]] = {f: [] for f in MEMBER_FIELDS if f != "opt_state"}
     index = 0
-    for method, size in zip(members.methods, layout.group_sizes, strict=True):
+    for method, size in zip(plan.methods, layout.group_sizes, strict=True):
         first = index
         for i in range(index, index + size):
-            own = i > 0 and members.model_diversity
+            own = i > 0 and plan.model_diversity
             if i == first:
                 params, stats = method.init(
                     jax.random.fold_in(init_key, i) if own else init_key, images
@@ -152,7 +152,7 @@ def init_state(
             fields["batch_stats"].append(stats)
             fields["rng"].append(rng0 if i == 0 else jax.random.fold_in(rng0, i))
             method_state = method.init_method_state(params)
-            exchanged = members.exchange.init_state(params) if members.exchange else None
+            exchanged = plan.exchange.init_state(params) if plan.exchange else None
             if exchanged is not None:
                 method_state = {**method_state, EXCHANGE_STATE: exchanged}
             fields["method_state"].append(method_state)
@@ -231,7 +231,7 @@ class StepContext:
     """What every part of one step reads.
 
     Attributes:
-      members: what the step trains.
+      plan: what the step trains.
       state: the state the step starts from (its member fields in groups).
       keys: each group's (n_g,) step keys.
       rows: each group's rows of a (L_local, ...) array (:func:`_slices`).
@@ -243,7 +243,7 @@ class StepContext:
       peers: what the exchange needs of the other members.
     """
 
-    members: Members
+    plan: StepPlan
     state: TrainState
     keys: tuple[jax.Array, ...]
     rows: list[slice | None]
@@ -260,9 +260,9 @@ class StepContext:
         return sum(r.shape[0] for r in self.state.rng)
 
 
-def step_context(members: Members, state: TrainState, batch: dict[str, jax.Array]) -> StepContext:
+def step_context(plan: StepPlan, state: TrainState, batch: dict[str, jax.Array]) -> StepContext:
     """The :class:`StepContext` of one step of ``state`` on ``batch``."""
-    layout, exchange = members.layout, members.exchange
+    layout, exchange = plan.layout, plan.exchange
     sharded = layout.sharded
     gather = (lambda x: jax.lax.all_gather(x, AXIS, tiled=True)) if sharded else (lambda x: x)
     sizes = tuple(r.shape[0] for r in state.rng)
@@ -270,7 +270,7 @@ def step_context(members: Members, state: TrainState, batch: dict[str, jax.Array
     keys = tuple(jax.vmap(lambda r: jax.random.fold_in(r, state.step))(r) for r in state.rng)
     views = {k: v for k, v in batch.items() if k in VIEWS and layout.view_diversity}
     return StepContext(
-        members=members,
+        plan=plan,
         state=state,
         keys=keys,
         rows=_slices(sizes),
@@ -292,16 +292,16 @@ def members_loss(
     phase: tuple[str, ...] | None,
 ) -> tuple[jax.Array, MembersAux]:
     """The sum of the members' objectives in one phase, and the :class:`MembersAux`."""
-    members, exchange = ctx.members, ctx.members.exchange
+    plan, exchange = ctx.plan, ctx.plan.exchange
     group_losses, auxes = [], []
-    for g, method in enumerate(members.methods):
+    for g, method in enumerate(plan.methods):
 
         def member_loss(p_, s_, views_, key, method_state, method=method):
             return method.loss_fn(p_, s_, {**batch, **views_}, key, method_state, phase)
 
         loss, aux = over_members(
             member_loss,
-            members.loop,
+            plan.loop,
             params[g],
             stats[g],
             _take(ctx.views, ctx.rows[g]),
@@ -339,14 +339,14 @@ def phase_update(
     """One optimiser update of the phase's terms: the new params and optimiser state (the
     groups the phase does not train kept), its :class:`MembersAux`, and (L_local,) whether each
     member's objective, gradients and params are finite."""
-    methods = ctx.members.methods
+    methods = ctx.plan.methods
     batch = methods[0].phase_batch(ctx.shared, index)
     keys = ctx.keys
     if index:
         keys = tuple(jax.vmap(lambda k: jax.random.fold_in(k, index))(k) for k in keys)
     loss = functools.partial(members_loss, ctx, stats=stats, keys=keys, batch=batch, phase=phase)
     grads, aux = jax.grad(loss, has_aux=True)(params)
-    new_params, new_opt_state = ctx.members.layout.update(tx, grads, opt_state, params)
+    new_params, new_opt_state = ctx.plan.layout.update(tx, grads, opt_state, params)
     kept = [
         only_groups(
             method.phase_groups(phase), new_params[g], params[g], new_opt_state[g], opt_state[g]
@@ -373,7 +373,7 @@ def commit(
     first phase's outputs), the step counted."""
     state = ctx.state
     new_fields: dict[str, list[Any]] = {f: [] for f in MEMBER_FIELDS if f != "rng"}
-    for g, method in enumerate(ctx.members.methods):
+    for g, method in enumerate(ctx.plan.methods):
         mask = _take(apply, ctx.rows[g])
         method_state = jax.vmap(method.update_method_state, (0, 0, 0, None))(
             state.method_state[g], params[g], outputs[g], ctx.shared["labels"]
@@ -401,9 +401,9 @@ def step_metrics(
 ) -> dict[str, jax.Array]:
     """The step's metrics: each metric's mean over the members, the phases' losses summed, and
     the cohort's per-member losses and exchanged values (``first``: the first phase's)."""
-    exchange, gather = ctx.members.exchange, ctx.gather
+    exchange, gather = ctx.plan.exchange, ctx.gather
     out = {k: jnp.mean(gather(v)) for k, v in metrics.items()}
-    phases = len(ctx.members.methods[0].phases)
+    phases = len(ctx.plan.methods[0].phases)
     if phases > 1:
         out["loss"] = sum(out[f"phase{i}/loss"] for i in range(phases))
     if exchange is not None:
@@ -414,17 +414,17 @@ def step_metrics(
 
 
 def train_step(
-    members: Members,
+    plan: StepPlan,
     tx: optax.GradientTransformation,
     state: TrainState,
     batch: dict[str, jax.Array],
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One step of the members in ``state``, whose member fields are groups (``Layout.split``):
     this device's block of a sharded cohort inside ``shard_map``, or all members."""
-    ctx = step_context(members, state, batch)
-    phases = members.methods[0].phases
+    ctx = step_context(plan, state, batch)
+    phases = plan.methods[0].phases
     params, opt_state, stats = state.params, state.opt_state, state.batch_stats
-    ok, metrics, outputs = jnp.ones((ctx.local,), bool), {}, [{} for _ in members.methods]
+    ok, metrics, outputs = jnp.ones((ctx.local,), bool), {}, [{} for _ in plan.methods]
     auxes: list[MembersAux] = []
     for i, phase in enumerate(phases):
         params, opt_state, aux, finite = phase_update(ctx, tx, i, phase, params, opt_state, stats)
@@ -437,7 +437,7 @@ def train_step(
         auxes.append(aux)
     first = auxes[0]
     all_ok = jnp.all(ctx.gather(ok))
-    apply = all_ok & temporal_draws(members.probabilities, concat(list(ctx.keys)), ctx.offset)
+    apply = all_ok & temporal_draws(plan.probabilities, concat(list(ctx.keys)), ctx.offset)
     new_state = commit(ctx, params, opt_state, stats, outputs, apply, all_ok, first)
     return new_state, step_metrics(ctx, metrics, first, apply)
 
@@ -446,8 +446,8 @@ def train_step(
 PHOTO_SET = "photo_set"
 
 
-def make_train_step(
-    members: Members,
+def jit_train_step(
+    plan: StepPlan,
     tx: optax.GradientTransformation,
     state: TrainState | None,
     views: Any = None,
@@ -465,8 +465,8 @@ def make_train_step(
     are passed to every call as an argument (placed on the devices, or split over the mesh,
     when the views were built: nothing is copied).
     """
-    layout = members.layout
-    body: Callable = functools.partial(train_step, members, tx)
+    layout = plan.layout
+    body: Callable = functools.partial(train_step, plan, tx)
     if layout.sharded:
         specs = layout.state_specs(state)  # a one-member state has the stacked structure
         specs = specs.replace(**{f: (getattr(specs, f),) for f in MEMBER_FIELDS})

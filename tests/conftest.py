@@ -84,10 +84,10 @@ def glyph_data(glyph_cache_dir: Path) -> ImageArrays:
 def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """kNN query blocks of exactly the ``block_size`` a test passes, so that the tests' small
     sets still span several blocks (outside tests, blocks grow while they hold few scores:
-    ``jdml.evaluation.knn.layout.BLOCK_SCORES``)."""
-    from jdml.evaluation.knn import layout
+    ``jdml.evaluation.knn.blocks.BLOCK_SCORES``)."""
+    from jdml.evaluation.knn import blocks
 
-    monkeypatch.setattr(layout, "BLOCK_SCORES", 1)
+    monkeypatch.setattr(blocks, "BLOCK_SCORES", 1)
 
 
 @pytest.fixture(params=["xla", "host", "native"])

@@ -210,3 +210,67 @@ def test_the_string_kind_finder_finds_one(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text('x = 1\nif self.kind == "single":\n    pass\n')
     assert _string_kind_tests(probe) == [2]
+
+
+#: The packages and modules whose code computes a run's numbers.
+NUMERICS = ("nn", "models", "losses", "miners", "evaluation", "native", "step.py", "layout.py")
+
+
+def _switch_reads(path: Path) -> list[tuple[str, int]]:
+    """``(name, line)`` of each module-level str or bool constant of ``path`` that a function of
+    it uses as a choice: compares with a string (``MODE != "auto"``), takes as the default of
+    an argument left None (``impl = MODE if impl is None else impl``), or tests (``if FLAG:``).
+    A caller could set it on the module instead of passing a value."""
+    tree = ast.parse(path.read_text())
+    constants = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        value = getattr(node, "value", None)
+        if isinstance(value, ast.Constant) and isinstance(value.value, (str, bool)):
+            constants |= {t.id for t in targets if isinstance(t, ast.Name)}
+
+    def named(node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and node.id in constants
+
+    reads = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                literal = any(
+                    isinstance(s, ast.Constant) and isinstance(s.value, str) for s in sides
+                )
+                reads += [(s.id, node.lineno) for s in sides if named(s) and literal]
+            elif isinstance(node, ast.IfExp) and named(node.body):
+                reads.append((node.body.id, node.lineno))
+            elif isinstance(node, (ast.If, ast.While)) and named(node.test):
+                reads.append((node.test.id, node.lineno))
+    return reads
+
+
+def test_no_module_level_switch_chooses_the_numerics() -> None:
+    """The kNN selection, the convolutions and the k-means assignment a run computes with are
+    one frozen value (``jdml.backends.Backends``) passed down, not module globals that a
+    function reads when traced (such as the kNN ``SELECTION`` that tests used to set)."""
+    found = []
+    for entry in NUMERICS:
+        root = PACKAGE / entry
+        for path in [root] if root.suffix == ".py" else sorted(root.rglob("*.py")):
+            relative = str(path.relative_to(Path(REPO)))
+            found += [(relative, name, line) for name, line in _switch_reads(path)]
+    assert not found, f"module-level switches read by functions: {found}"
+
+
+def test_the_switch_finder_finds_one(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        'MODE = "auto"\nKEY = "k"\nLIMIT = 3\n\n'
+        "def f(impl=None, d={}):\n"
+        "    impl = MODE if impl is None else impl\n"
+        '    return impl != "auto" and MODE == "x" and d[KEY] and LIMIT\n'
+    )
+    assert sorted(_switch_reads(probe)) == [("MODE", 6), ("MODE", 7)]

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from jdml.backends import resolve_backends
 from jdml.checkpoint import Checkpoints
 from jdml.errors import NonFiniteLossError
 from jdml.evaluate_checkpoint import evaluate_checkpoint
@@ -75,6 +76,7 @@ def test_run_writes_results_and_compiles_once(full_run):
     assert [r["epoch"] for r in evals] == list(range(EPOCHS + 1))
     with open(os.path.join(workdir, "results.json")) as f:
         assert json.load(f)["final"]["step"] == summary["final"]["step"]
+    assert summary["backends"] == resolve_backends().record()  # what the run computed with
 
 
 def test_train_split_rho_and_spectrum_match_the_checkpoint(full_run, npz):
@@ -178,6 +180,7 @@ def test_eval_of_best_checkpoint_matches_training_record(full_run):
     for metric, value in summary["best"]["test"].items():
         assert out["results"]["test"][metric] == pytest.approx(value, abs=1e-6), metric
     assert os.path.exists(os.path.join(workdir, f"eval_best_step{out['step']}.json"))
+    assert out["backends"] == resolve_backends().record()
     train = evaluate_checkpoint(workdir, "best", ["train"])
     assert set(train["results"]["train"]) >= {"recall@1", "rho_spectrum@1"}
     assert len(train["spectra"]["train"]) == 16  # embed_dim singular values

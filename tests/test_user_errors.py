@@ -644,6 +644,7 @@ def test_eval_prints_its_results_before_writing_them(finished: Path, tmp_path: P
     proc = unchanged_after(copy, str(script))
     assert_refused(proc, "no space left", "eval.json")
     assert "recall@1" in proc.stdout
+    assert "computed with: platform cpu, conv " in proc.stdout  # jdml.backends.Backends
 
 
 # ----------------------------------------------------------------- 7. tracebacks for mistakes

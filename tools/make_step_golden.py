@@ -18,6 +18,7 @@ the record was made on (elsewhere: to 1e-5). Run it before a change that must ke
 numbers, commit the record, then make the change.
 
     python tools/make_step_golden.py [--out tests/golden/step/bitwise.npz]
+    python tools/make_step_golden.py --check   # this tree against the record: a table
 """
 
 from __future__ import annotations
@@ -80,10 +81,40 @@ def compute(name: str, npz: str) -> dict[str, np.ndarray]:
     return record
 
 
+def check(record: str) -> None:
+    """Prints, per run, how many of the record's arrays this tree reproduces bit for bit, and
+    the largest absolute difference of the others."""
+    with np.load(record) as f:
+        recorded = {k: f[k] for k in f.files}
+    print(f"record {record} (made on a CPU with AVX-512: {bool(recorded['cpu_avx512'])}; "
+          f"this one: {avx512()})")  # fmt: skip
+    print("run       arrays  bit-identical  max |difference|")
+    with tempfile.TemporaryDirectory() as scratch:
+        npz = make_npz(os.path.join(scratch, "tiny.npz"))
+        for name in RUNS:
+            want = {k.split(":", 1)[1]: v for k, v in recorded.items() if k.startswith(f"{name}:")}
+            now = compute(name, npz)
+            keys = sorted(set(want) | set(now))
+            same = sum(k in now and k in want and np.array_equal(now[k], want[k]) for k in keys)
+            worst = max(
+                (
+                    float(np.max(np.abs(now[k].astype(np.float64) - want[k])))
+                    for k in keys
+                    if k in now and k in want and now[k].size
+                ),
+                default=0.0,
+            )
+            print(f"{name:8s} {len(keys):7d} {same:14d}  {worst:.3g}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=OUT)
+    parser.add_argument("--check", action="store_true", help="compare with the record at --out")
     args = parser.parse_args()
+    if args.check:
+        check(args.out)
+        return
     arrays = {"cpu_avx512": np.asarray(avx512())}
     with tempfile.TemporaryDirectory() as scratch:
         npz = make_npz(os.path.join(scratch, "tiny.npz"))

@@ -94,7 +94,7 @@ from jdml.evaluation.kmeans import (
     reference_kmeans,
 )
 from jdml.evaluation.kmeans.assignment import block_rows
-from jdml.evaluation.knn.layout import (
+from jdml.evaluation.knn.blocks import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CHUNK_SIZE,
     INDEX_SENTINEL,

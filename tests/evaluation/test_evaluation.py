@@ -14,7 +14,7 @@ from jdml.errors import UnknownMetricError
 from jdml.evaluation import embeddings as evaluator
 from jdml.evaluation.embeddings import check_metric_names, evaluate_embeddings, format_table
 from jdml.evaluation.kmeans import assignment, kmeans
-from jdml.evaluation.knn import host, knn, knn_blocks, largest_k, layout, search, sortable_key, xla
+from jdml.evaluation.knn import blocks, host, knn, knn_blocks, largest_k, search, sortable_key, xla
 from jdml.evaluation.metrics import METRICS, Metric, Requirements, get_metric
 
 # ---------------------------------------------------------------------------------------------
@@ -200,11 +200,11 @@ def test_query_blocks_grow_while_they_hold_few_scores(
     selection: str, points: np.ndarray, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Outside the tests' ``small_blocks``: blocks hold up to BLOCK_SCORES scores."""
-    monkeypatch.setattr(layout, "BLOCK_SCORES", 2**22)
-    assert layout.query_block(1000, 1000, 512) == 1000
-    assert layout.query_block(50_000, 20_000, 512) == 512
-    assert layout.query_block(50_000, 2_000, 512) == 2**22 // 2_000
-    monkeypatch.setattr(layout, "BLOCK_SCORES", 6 * len(points))  # 6 queries per block
+    monkeypatch.setattr(blocks, "BLOCK_SCORES", 2**22)
+    assert blocks.query_block(1000, 1000, 512) == 1000
+    assert blocks.query_block(50_000, 20_000, 512) == 512
+    assert blocks.query_block(50_000, 2_000, 512) == 2**22 // 2_000
+    monkeypatch.setattr(blocks, "BLOCK_SCORES", 6 * len(points))  # 6 queries per block
     dist, idx = knn(points, points, 4, exclude_self=True, block_size=2)
     ref_dist, ref_idx = brute_force_knn(points, points, 4, True, "euclidean")
     np.testing.assert_array_equal(np.asarray(idx), ref_idx)

@@ -427,7 +427,9 @@ def test_config_kmeans_reaches_the_evaluator(
         seed=7,
     )
     # The reference k-means always runs with faiss's seed 1234 (None: the mode's default).
-    assert calls == [{"seed": None if mode == "reference" else 7, "init": mode}]
+    # No backends given: the assignment is the environment's (native=None).
+    want = {"native": None, "seed": None if mode == "reference" else 7, "init": mode}
+    assert calls == [want]
     direct = evaluate_embeddings(x, data.labels, config.eval.metrics, seed=7, kmeans_init=mode)
     assert scalars["test"] == pytest.approx(direct, abs=1e-12)
     if mode == "reference":

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jdml.errors import ConfigError
-from jdml.evaluation.knn import knn, layout, search
+from jdml.evaluation.knn import blocks, knn, search
 from jdml.native import build, switches
 from tests.helpers import sgemm_tiles_round_alike
 
@@ -243,7 +243,7 @@ def test_the_native_search_is_the_same_in_one_block_or_several(
     on_device = jnp.asarray(x)  # NumPy arrays would take the direct search, in one call
     options = {"exclude_self": exclude_self, "distance": distance}
     one = [np.asarray(a) for a in knn(on_device, on_device, 9, **options)]
-    monkeypatch.setattr(layout, "BLOCK_SCORES", 1)  # blocks of block_size queries
+    monkeypatch.setattr(blocks, "BLOCK_SCORES", 1)  # blocks of block_size queries
     several = [np.asarray(a) for a in knn(on_device, on_device, 9, block_size=64, **options)]
     assert_same_search(x, x, several, one, distance)
     direct = knn(x, x, 9, block_size=64, **options)  # the direct search for the Euclidean one
@@ -311,9 +311,9 @@ def test_the_direct_search_of_numpy_arrays_is_the_jitted_search(
     want = knn(jnp.asarray(q), jnp.asarray(r), k, exclude_self=exclude_self)
     assert all(isinstance(a, jax.Array) for a in want)
     assert_same(got, want)
-    monkeypatch.setattr(layout, "BLOCK_SCORES", 1)  # several jitted blocks
-    blocks = knn(jnp.asarray(q), jnp.asarray(r), k, exclude_self=exclude_self, block_size=64)
-    assert_same(got, blocks)
+    monkeypatch.setattr(blocks, "BLOCK_SCORES", 1)  # several jitted blocks
+    several = knn(jnp.asarray(q), jnp.asarray(r), k, exclude_self=exclude_self, block_size=64)
+    assert_same(got, several)
     if not exclude_self:  # float64 and a strided view: converted, then searched directly
         wide = np.zeros((queries, 2 * dim))
         wide[:, ::2] = q

@@ -14,7 +14,7 @@ import pytest
 
 from jdml.config import base_config, set_keys, validate
 from jdml.errors import ConfigError
-from jdml.exchanges import EXCHANGES, Exchange, Peers
+from jdml.exchanges import EXCHANGES, Exchange, Exchanged, MemberOutputs, Peers
 from jdml.exchanges.base import local_members
 from jdml.fileio import read_jsonl
 from jdml.geometry import l2_normalize
@@ -47,10 +47,10 @@ class Consistency(Exchange):
     def weight(self, step: jax.Array) -> jax.Array:
         return jnp.asarray(self.config.exchange.consistency.weight, jnp.float32)
 
-    def losses(self, embeddings: tuple[jax.Array, ...], peers: Peers) -> jax.Array:
-        z = local_members(embeddings, l2_normalize)  # (L_local, B, D)
+    def losses(self, outputs: MemberOutputs, peers: Peers) -> Exchanged:
+        z = local_members(outputs.embeddings, l2_normalize)  # (L_local, B, D)
         mean = jnp.mean(peers.gather(jax.lax.stop_gradient(z)), axis=0)
-        return jnp.mean(jnp.sum(jnp.square(z - mean), axis=-1), axis=-1)
+        return Exchanged(jnp.mean(jnp.sum(jnp.square(z - mean), axis=-1), axis=-1))
 
 
 # -- file 2: its config (would be configs/consistency.py) -----------------------------------------
@@ -64,8 +64,6 @@ def consistency_config(npz: str, size: int = 2, **overrides) -> ml_collections.C
         {
             "cohort.size": size,
             "cohort.exchange": "consistency",
-            "exchange.dm2.temporal_diversity": False,
-            "exchange.dm2.view_diversity": False,
             **overrides,
         },
     )

@@ -6,7 +6,7 @@ per module:
 
 * :mod:`~jdml.evaluation.knn.search`: the entry points :func:`knn` and :func:`knn_blocks`, and
   the choice of the back end that selects the k nearest of a block of queries;
-* :mod:`~jdml.evaluation.knn.layout`: how queries and references are cut into blocks and
+* :mod:`~jdml.evaluation.knn.blocks`: how queries and references are cut into blocks and
   chunks (the sizes tests and benchmarks tune), and the checks of a search's arguments;
 * :mod:`~jdml.evaluation.knn.xla`: the scores and XLA's exact top-k, the pure-XLA path that
   every backend can run (``$JDML_KNN=xla`` on CPU);
@@ -19,13 +19,13 @@ All back ends give the same neighbours up to the rounding of the scores, in (dis
 order. :mod:`jdml.evaluation.sharded` runs the same search over the devices of a mesh.
 """
 
-from jdml.evaluation.knn.host import largest_k, sortable_key
-from jdml.evaluation.knn.layout import (
+from jdml.evaluation.knn.blocks import (
     DEFAULT_BLOCK_SIZE,
     DISTANCES,
     NeighbourBlock,
     check_search,
 )
+from jdml.evaluation.knn.host import largest_k, sortable_key
 from jdml.evaluation.knn.ranking import (
     FullRanking,
     RankedBlock,

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdml.evaluation.knn.layout import NeighbourBlock, dispatched_ahead, query_block
+from jdml.evaluation.knn.blocks import NeighbourBlock, dispatched_ahead, query_block
 from jdml.evaluation.knn.xla import augmented_references, score_block
 
 # Largest (block, N) float32 score matrix of one host-selected block.

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdml.evaluation.knn.layout import NeighbourBlock, dispatched_ahead, query_block
+from jdml.evaluation.knn.blocks import NeighbourBlock, dispatched_ahead, query_block
 from jdml.native import knn as native_knn
 
 

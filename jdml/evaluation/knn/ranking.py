@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdml.evaluation.knn import layout
+from jdml.evaluation.knn import blocks
+from jdml.evaluation.knn.blocks import DEFAULT_BLOCK_SIZE, DISTANCES, dispatched_ahead
 from jdml.evaluation.knn.host import nearest_on_host
-from jdml.evaluation.knn.layout import DEFAULT_BLOCK_SIZE, DISTANCES, dispatched_ahead
 from jdml.evaluation.knn.search import select_on_host
 from jdml.evaluation.knn.xla import augmented_references, scores_to_distances, top_k
 from jdml.geometry import l2_normalize
@@ -261,7 +261,7 @@ def full_ranking_blocks(
         raise ValueError("block_size must be positive")
     if distance == "cosine":
         x, refs = l2_normalize(x), l2_normalize(refs)
-    width = layout.GROUP_SIZE * math.ceil(n / layout.GROUP_SIZE)
+    width = blocks.GROUP_SIZE * math.ceil(n / blocks.GROUP_SIZE)
     augmented = augmented_references(refs, num_chunks=1, chunk=width, distance=distance)[0]
     members = _class_members(reference_ids, class_ids)
 
@@ -284,7 +284,7 @@ def full_ranking_blocks(
             exclude_self=exclude_self,
         )
 
-    def blocks() -> Iterator[RankedBlock]:
+    def ranked() -> Iterator[RankedBlock]:
         for b, current in dispatched_ahead(dispatch, num_blocks):
             rows = np.arange(b * block, min((b + 1) * block, num_queries))
             full, top_d, top_i = (np.asarray(a)[: len(rows)] for a in current)
@@ -295,7 +295,7 @@ def full_ranking_blocks(
             del current, full
             yield RankedBlock(b * block, top_d, top_i, precision_sums_from_ranks(*ranks))
 
-    return blocks()
+    return ranked()
 
 
 def knn_full_ranking(
@@ -318,7 +318,7 @@ def knn_full_ranking(
     Returns:
       A :class:`FullRanking` with (Q, k) distances and indices and (Q,) precision sums.
     """
-    blocks = list(
+    parts = list(
         full_ranking_blocks(
             embeddings,
             class_ids,
@@ -331,7 +331,7 @@ def knn_full_ranking(
         )
     )
     return FullRanking(
-        np.concatenate([b.distances for b in blocks]),
-        np.concatenate([b.indices for b in blocks]),
-        np.concatenate([b.precision_sums for b in blocks]),
+        np.concatenate([b.distances for b in parts]),
+        np.concatenate([b.indices for b in parts]),
+        np.concatenate([b.precision_sums for b in parts]),
     )

@@ -1,7 +1,7 @@
 """The exact kNN search's entry points, :func:`knn` and :func:`knn_blocks`, and the choice of
 what selects the k nearest of a block of queries.
 
-The search compares every query to every reference, blocked (:mod:`jdml.evaluation.knn.layout`)
+The search compares every query to every reference, blocked (:mod:`jdml.evaluation.knn.blocks`)
 so that no Q x N matrix is formed. Three back ends select the k nearest of a block, with the same
 neighbours up to the rounding of the scores:
 
@@ -27,14 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdml.backends import KNN_SELECTIONS, resolve_backends
-from jdml.evaluation.knn import layout
-from jdml.evaluation.knn.host import host_blocks
-from jdml.evaluation.knn.layout import (
+from jdml.evaluation.knn import blocks
+from jdml.evaluation.knn.blocks import (
     DEFAULT_BLOCK_SIZE,
     NeighbourBlock,
     check_search,
     resolve_chunk_size,
 )
+from jdml.evaluation.knn.host import host_blocks
 from jdml.evaluation.knn.onednn import direct_search, native_blocks
 from jdml.evaluation.knn.xla import xla_blocks
 from jdml.evaluation.points import as_float32
@@ -74,7 +74,7 @@ def select_on_host(k: int, width: int, selection: str | None = None) -> bool:
         return selection == "host"
     if jax.default_backend() != "cpu":
         return False
-    return k >= HOST_SELECTION_MIN_K or (k >= 2 and k * layout.GROUP_SIZE * 8 > width)
+    return k >= HOST_SELECTION_MIN_K or (k >= 2 and k * blocks.GROUP_SIZE * 8 > width)
 
 
 def knn_blocks(
@@ -147,7 +147,7 @@ def _search_blocks(
     if distance == "cosine":
         queries, references = l2_normalize(queries), l2_normalize(references)
         references = queries if same else references
-    _, chunk = layout.chunk_layout(references.shape[0], chunk_size)
+    _, chunk = blocks.chunk_layout(references.shape[0], chunk_size)
     selection = _selection(k + int(exclude_self), chunk, selection)
     if selection == "native":
         return native_blocks(queries, references, k, exclude_self, distance, block_size)
@@ -185,7 +185,7 @@ def knn(
       distance: "euclidean" (L2 distance) or "cosine" (1 - cosine similarity).
       block_size: queries per block (the last block is zero-padded to this size); with few
         references, blocks hold more queries, up to
-        :func:`~jdml.evaluation.knn.layout.block_scores` scores.
+        :func:`~jdml.evaluation.knn.blocks.block_scores` scores.
       chunk_size: largest number of references scored at once within a block (None: the
         backend's, see ``resolve_chunk_size``).
       selection: what selects the k nearest (:data:`jdml.backends.KNN_SELECTIONS`; a run's
@@ -216,22 +216,22 @@ def knn(
         if _selection(k + int(exclude_self), np.shape(references)[0], selection) == "native":
             return direct_search(queries, references, k, exclude_self)
     queries, references = _placed(queries, references, as_float32)
-    blocks = list(
+    parts = list(
         _search_blocks(
             queries, references, k, exclude_self, distance, block_size, chunk_size, selection
         )
     )
-    if isinstance(blocks[0].distances, np.ndarray):
+    if isinstance(parts[0].distances, np.ndarray):
         found = (
-            jnp.asarray(np.concatenate([b.distances for b in blocks])),
-            jnp.asarray(np.concatenate([b.indices for b in blocks])),
+            jnp.asarray(np.concatenate([b.distances for b in parts])),
+            jnp.asarray(np.concatenate([b.indices for b in parts])),
         )
-    elif len(blocks) == 1:  # no concatenation to dispatch
-        found = blocks[0].distances, blocks[0].indices
+    elif len(parts) == 1:  # no concatenation to dispatch
+        found = parts[0].distances, parts[0].indices
     else:
         found = (
-            jnp.concatenate([b.distances for b in blocks]),
-            jnp.concatenate([b.indices for b in blocks]),
+            jnp.concatenate([b.distances for b in parts]),
+            jnp.concatenate([b.indices for b in parts]),
         )
     if all(host):
         return np.asarray(found[0]), np.asarray(found[1])

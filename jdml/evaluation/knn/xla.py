@@ -29,8 +29,8 @@ from collections.abc import Iterator
 import jax
 import jax.numpy as jnp
 
-from jdml.evaluation.knn import layout
-from jdml.evaluation.knn.layout import NeighbourBlock, dispatched_ahead, query_block
+from jdml.evaluation.knn import blocks
+from jdml.evaluation.knn.blocks import NeighbourBlock, dispatched_ahead, query_block
 
 # The ranking score is ``SCORE_SCALE * q.r + score_bias(r)`` (see the module docstring).
 SCORE_SCALE = {"euclidean": 2.0, "cosine": 1.0}
@@ -96,7 +96,7 @@ def top_k(scores: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
       values (B, k) descending and indices (B, k) int32 into the last axis.
     """
     block, width = scores.shape
-    g = layout.GROUP_SIZE
+    g = blocks.GROUP_SIZE
     if width % g or k * g * 8 > width:
         values, indices = jax.lax.top_k(scores, k)
         return values, indices.astype(jnp.int32)
@@ -198,7 +198,7 @@ def chunks_top_k(
 
     init = (
         jnp.full((block, wanted), -jnp.inf, jnp.float32),
-        jnp.full((block, wanted), layout.INDEX_SENTINEL, jnp.int32),
+        jnp.full((block, wanted), blocks.INDEX_SENTINEL, jnp.int32),
     )
     offsets = chunk * jnp.arange(num_chunks, dtype=jnp.int32)
     (values, indices), _ = jax.lax.scan(merge, init, (ref_chunks, offsets))
@@ -309,7 +309,7 @@ def xla_blocks(
     arrays; unit-norm rows for the cosine distance). The references are laid out at once, the
     blocks dispatched as the iterator is read."""
     num_queries, num_references = queries.shape[0], references.shape[0]
-    num_chunks, chunk = layout.chunk_layout(num_references, chunk_size)
+    num_chunks, chunk = blocks.chunk_layout(num_references, chunk_size)
     ref_chunks = augmented_references(
         references, num_chunks=num_chunks, chunk=chunk, distance=distance
     )
@@ -327,9 +327,9 @@ def xla_blocks(
             distance=distance,
         )
 
-    def blocks() -> Iterator[NeighbourBlock]:
+    def found() -> Iterator[NeighbourBlock]:
         for b, (d, i) in dispatched_ahead(dispatch, num_blocks):
             count = min(block, num_queries - b * block)
             yield NeighbourBlock(b * block, d[:count], i[:count])
 
-    return blocks()
+    return found()
