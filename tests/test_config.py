@@ -447,3 +447,14 @@ def test_temporal_rate_sets_each_members_update_probability():
     assert update_probabilities(4, True).tolist() == [1.0, 0.5, 0.25, 0.125]  # the paper's
     assert update_probabilities(3, True, 0.8).tolist() == pytest.approx([1.0, 0.8, 0.64])
     assert update_probabilities(3, False, 0.8).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_an_aux_term_may_not_take_the_exchange_states_name():
+    """A cohort's exchange keeps its per-member state under ``method_state["exchange"]``, so
+    no term of the method may be named ``exchange``."""
+    from jdml.config import metric_term
+
+    c = base_config()
+    c.aux.exchange = metric_term("triplet", "distance", head="extra", weight=1.0, dim=8)
+    with pytest.raises(ConfigError, match=r"aux\.exchange: the term name 'exchange' is reserved"):
+        validate(c)

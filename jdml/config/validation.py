@@ -25,7 +25,7 @@ from jdml.errors import ConfigError
 from jdml.evaluation.embeddings import check_metric_names, resolve_metrics
 from jdml.evaluation.kmeans import KMEANS_MODES
 from jdml.evaluation.knn import DISTANCES
-from jdml.exchanges import EXCHANGES
+from jdml.exchanges import EXCHANGE_STATE, EXCHANGES
 from jdml.keys import RENAMED_KEYS
 from jdml.losses import LOSSES
 from jdml.members import MEMBER_LOOPS, member_configs
@@ -601,6 +601,11 @@ def _validate_aux(c: ml_collections.ConfigDict) -> None:
     heads = {c.model.head}
     for name, t in c.aux.items():
         where = f"aux.{name}"  # its kind is known (checked first, in validate)
+        if name == EXCHANGE_STATE:  # a term's state would share the exchange's key
+            raise ConfigError(
+                f"aux.{name}: the term name {name!r} is reserved for a cohort's exchange "
+                "state; rename the term (e.g. aux.exchange_term)"
+            )
         TERMS.get(t.kind).validate(where, t)
         heads.add(t.head)
     check_head_dims(c)
