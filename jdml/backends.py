@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 import jax
 
-from jdml.native.switches import ENV, KMEANS_ENV, KNN_ENV, conv_mode, onednn_enabled
+from jdml.native.switches import ENV, KMEANS_ENV, KNN_ENV, onednn_enabled
 
 KNN_SELECTIONS = ("auto", "native", "host", "xla")
 
@@ -71,6 +71,16 @@ class Backends:
         return Backends(self.platform, "xla", "xla", "xla")
 
 
+def knn_selection(environ: Mapping[str, str] | None = None, platform: str | None = None) -> str:
+    """The kNN selection of ``$JDML_KNN`` (in ``environ``, default ``os.environ``) on ``platform``
+    (default ``jax.default_backend()``): "native" where the kernel runs, else "auto" on CPU and
+    "xla" elsewhere (the value is checked on every platform)."""
+    platform = jax.default_backend() if platform is None else platform
+    if onednn_enabled(KNN_ENV, environ=environ, platform=platform):  # checks the value
+        return "native"
+    return "auto" if platform == "cpu" else "xla"
+
+
 def resolve_backends(
     environ: Mapping[str, str] | None = None, platform: str | None = None
 ) -> Backends:
@@ -84,16 +94,12 @@ def resolve_backends(
     environ = os.environ if environ is None else environ
     platform = jax.default_backend() if platform is None else platform
 
-    def native(env: str) -> bool:
+    def native(env: str) -> bool:  # False off the CPU; the value is checked everywhere
         return onednn_enabled(env, environ=environ, platform=platform)
 
-    if platform != "cpu":  # XLA's ops; the switches' values are still checked
-        for env in (ENV, KNN_ENV, KMEANS_ENV):
-            conv_mode(env, environ)
-        return Backends(platform=platform, conv="xla", knn="xla", kmeans="xla")
     return Backends(
         platform=platform,
         conv="onednn" if native(ENV) else "xla",
-        knn="native" if native(KNN_ENV) else "auto",
+        knn=knn_selection(environ, platform),
         kmeans="onednn" if native(KMEANS_ENV) else "xla",
     )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
 import textwrap
+from collections.abc import Iterator
 from types import ModuleType
 
 import jax
@@ -270,3 +272,14 @@ def avx512() -> bool:
             return " avx512f" in cpuinfo.read()
     except OSError:
         return False
+
+
+@contextlib.contextmanager
+def registered(registry, name: str, obj: object, **facts: object) -> Iterator[object]:
+    """``obj`` registered in ``registry`` as ``name`` (with ``facts``, e.g. ``ranges=``) while
+    the block runs, and removed after it, also on failure: a plug-in defined by a test."""
+    registry.register(name, **facts)(obj)
+    try:
+        yield obj
+    finally:
+        registry.unregister(name)

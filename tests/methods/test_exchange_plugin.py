@@ -33,7 +33,7 @@ from jdml.geometry import l2_normalize
 from jdml.registry import NON_NEGATIVE, PROBABILITY, Range
 from jdml.run import Run
 from jdml.trainer import train_and_evaluate
-from tests.helpers import make_npz, restore_latest, tiny_config
+from tests.helpers import make_npz, registered, restore_latest, tiny_config
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 (fake) devices")
 
@@ -125,9 +125,8 @@ def kl_config(npz: str, size: int = 3, **overrides) -> ml_collections.ConfigDict
 
 @pytest.fixture(scope="module", autouse=True)
 def kl_exchange():
-    EXCHANGES.register("mutual_kl", ranges=RANGES)(AccuracyWeightedKL)
-    yield
-    EXCHANGES.unregister("mutual_kl")
+    with registered(EXCHANGES, "mutual_kl", AccuracyWeightedKL, ranges=RANGES):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from jdml.geometry import l2_normalize
 from jdml.registry import NON_NEGATIVE
 from jdml.run import Run
 from jdml.trainer import train_and_evaluate
-from tests.helpers import make_npz, tiny_config
+from tests.helpers import make_npz, registered, tiny_config
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 (fake) devices")
 
@@ -76,9 +76,8 @@ def consistency_config(npz: str, size: int = 2, **overrides) -> ml_collections.C
 
 @pytest.fixture(scope="module", autouse=True)
 def consistency_exchange():
-    EXCHANGES.register("consistency", ranges=RANGES)(Consistency)
-    yield
-    EXCHANGES.unregister("consistency")
+    with registered(EXCHANGES, "consistency", Consistency, ranges=RANGES):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -171,10 +170,7 @@ def test_a_registered_exchange_has_a_config_section_until_it_is_removed():
         def section(cls) -> dict[str, float]:
             return {"strength": 1.0}
 
-    EXCHANGES.register("probe")(Probe)
-    try:
+    with registered(EXCHANGES, "probe", Probe):
         assert base_config().exchange.probe.strength == 1.0
-    finally:
-        EXCHANGES.unregister("probe")
     assert "probe" not in base_config().exchange
     assert "probe" not in EXCHANGES

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdml.backends import KNN_SELECTIONS, resolve_backends
+from jdml.backends import KNN_SELECTIONS, knn_selection
 from jdml.evaluation.knn import blocks
 from jdml.evaluation.knn.blocks import (
     DEFAULT_BLOCK_SIZE,
@@ -47,7 +47,7 @@ HOST_SELECTION_MIN_K = 64
 def default_selection() -> str:
     """The selection of this process's environment and backend (``$JDML_KNN``), for calls that
     pass none; a run passes its :class:`jdml.backends.Backends`' ``knn``."""
-    return resolve_backends().knn
+    return knn_selection()
 
 
 def _selection(k: int, width: int, selection: str) -> str:
