@@ -15,6 +15,12 @@ It also measures the JAX libraries that could have done the pixel work, on the s
 * dm-pix's ``adjust_contrast``/``adjust_saturation``/``adjust_hue`` (float HSV, per-channel
   contrast means) against Pillow's with the same factor.
 
+``--blend`` checks the arithmetic of brightness, contrast and saturation (Pillow's
+``Image.blend``, ``d + f * (x - d)`` in float32) on all 65,536 (degenerate, pixel) level pairs
+against Pillow: ``jdml.data.device_views.blend`` and the plain form it replaced, which XLA on the
+CPU fuses into a multiply-add, for the factors where the exact value lands on an integer (0.6,
+1.2) and drawn ones.
+
 ``--cache`` measures what the decode cache's resolution costs instead: RandomResizedCrop views
 (224 px) cropped from each photo as the cache stores it (short side 256, the default, or 512),
 the box drawn on the original photo and mapped to the cached one, against the same view of the
@@ -24,6 +30,7 @@ views are softer.
 
     python bench/view_fidelity.py            # about two minutes on 2 CPU cores
     python bench/view_fidelity.py --views 64
+    python bench/view_fidelity.py --blend    # a few seconds
     python bench/view_fidelity.py --cache
 """
 
@@ -36,10 +43,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import skimage.data
+from PIL import Image
 
 from jdml.data import photo_augment as pa
 from jdml.data.device_pixels import Frames, host_canvases
-from jdml.data.device_views import hsv_tables, render, view_arrays, view_shape
+from jdml.data.device_views import blend, hsv_tables, render, view_arrays, view_shape
 from jdml.fileio import cache_root
 
 # The ViT recipe's views come last, so the earlier rows keep their seeds (the list index).
@@ -196,6 +204,38 @@ def cache_section(views: int) -> None:
             )
 
 
+def plain_blend(degenerate: jax.Array, pixels: jax.Array, factor: jax.Array) -> jax.Array:
+    """``d + f * (x - d)`` written as it reads (the device's blend before issue 78)."""
+    out = degenerate.astype(jnp.float32) + factor * (pixels - degenerate).astype(jnp.float32)
+    return jnp.clip(jnp.floor(out), 0, 255).astype(jnp.int32)
+
+
+def blend_section(drawn: int) -> None:
+    """Pixel pairs where each blend differs from Pillow's, per factor; the drawn factors (from
+    ColorJitter's ranges, 0 to 2) summed in one row."""
+    grid = np.meshgrid(np.arange(256, dtype=np.uint8), np.arange(256, dtype=np.uint8))
+    degenerate, pixels = (jnp.asarray(a, jnp.int32) for a in grid)
+    images = [Image.fromarray(a) for a in grid]
+    forms = {"plain d + f * (x - d)": jax.jit(plain_blend), "device_views.blend": jax.jit(blend)}
+    factors = np.random.default_rng(0).uniform(0.0, 2.0, drawn).astype(np.float32)
+    print(f"JAX {jax.__version__} on {jax.default_backend()}; all 65,536 level pairs a factor\n")
+    print("| factor | " + " | ".join(f"{name}: pairs off Pillow" for name in forms) + " |")
+    print("|---|" + "---|" * len(forms))
+    wrong = dict.fromkeys(forms, 0)
+    for factor in [0.6, 1.2, *factors]:
+        want = np.asarray(Image.blend(*images, float(factor)))
+        counts = {
+            name: int(np.sum(np.asarray(fn(degenerate, pixels, jnp.float32(factor))) != want))
+            for name, fn in forms.items()
+        }
+        if factor in (0.6, 1.2):
+            print(f"| {factor} | " + " | ".join(f"{n:,}" for n in counts.values()) + " |")
+        else:
+            wrong = {name: wrong[name] + n for name, n in counts.items()}
+    cells = " | ".join(f"{n:,} of {65536 * drawn:,}" for n in wrong.values())
+    print(f"| {drawn} drawn in [0, 2) (seed 0) | {cells} |")
+
+
 def row(label: str, diff: np.ndarray) -> str:
     return f"| {label} | {int(diff.max())} | {diff.mean():.4f} | {100 * np.mean(diff > 0):.3f} % |"
 
@@ -204,7 +244,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--views", type=int, default=48, help="views per augmentation and set")
     parser.add_argument("--cache", action="store_true", help="the decode cache's resolution")
+    parser.add_argument("--blend", action="store_true", help="the colour blend on every level pair")
+    parser.add_argument("--factors", type=int, default=200, help="--blend's drawn factors")
     args = parser.parse_args()
+    if args.blend:
+        blend_section(args.factors)
+        return
     if args.cache:
         cache_section(args.views)
         return

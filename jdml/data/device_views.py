@@ -16,9 +16,10 @@ does the pixel work in jitted code (:func:`render`), from uint8 pixels:
 * **Flip** reverses the order of the horizontal weights (free).
 * **Grayscale** is Pillow's integer luma ``(19595 R + 38470 G + 7471 B + 2^15) >> 16``.
 * **Brightness, contrast and saturation** are Pillow's ``Image.blend``: ``trunc(d + f * (x -
-  d))`` in float32, clipped when ``f > 1``, against black, the rounded mean luma, or the
-  photo's own luma; the float32 arithmetic is Pillow's (a fused multiply-add, which a GPU
-  compiler may form, can move a value that falls on an integer by one level).
+  d))`` in float32, the product rounded before the add, clipped when ``f > 1``, against black,
+  the rounded mean luma, or the photo's own luma. The product is formed from two exact ones
+  (:func:`blend`), so a fused multiply-add, which XLA forms on the CPU, cannot skip its
+  rounding: exact on every level pair (``python bench/view_fidelity.py --blend``).
 * **Hue** goes through Pillow's 8-bit HSV conversions, read from tables Pillow itself filled
   (:func:`hsv_tables`): exact.
 
@@ -214,11 +215,28 @@ def luma(pixels: jax.Array) -> jax.Array:
     return (r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16
 
 
+def _split_factor(factor: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A float32 factor as ``high + low``, exactly: ``high`` its top 12 significand bits,
+    ``low`` the other 12, so each times an integer of at most 8 bits is an exact float32."""
+    bits = jax.lax.bitcast_convert_type(factor.astype(jnp.float32), jnp.int32)
+    high = jax.lax.bitcast_convert_type(bits & jnp.int32(~0xFFF), jnp.float32)
+    return high, factor.astype(jnp.float32) - high
+
+
 def blend(degenerate: jax.Array, pixels: jax.Array, factor: jax.Array) -> jax.Array:
-    """Pillow's ``Image.blend(degenerate, image, factor)`` of int32 pixels: ``d + f * (x - d)``
-    in float32, truncated, clipped to 0..255 (int32)."""
+    """Pillow's ``Image.blend(degenerate, image, factor)`` of int32 pixels (0..255), exactly:
+    ``d + f * (x - d)`` in float32 with the product rounded before the add, truncated, clipped
+    to 0..255 (int32).
+
+    A compiler may fuse ``d + f * diff`` into a multiply-add that skips the product's rounding
+    (XLA does on the CPU), which moves a value that lands on an integer one level down. Here the
+    product is ``high * diff + low * diff`` (:func:`_split_factor`): both terms are exact, so
+    their sum is rounded once, to the float32 product, fused or not; the add of ``d`` then has
+    no multiply to fuse with."""
+    high, low = _split_factor(factor)
     diff = (pixels - degenerate).astype(jnp.float32)
-    out = degenerate.astype(jnp.float32) + factor.astype(jnp.float32) * diff
+    product = high * diff + low * diff
+    out = degenerate.astype(jnp.float32) + product
     return jnp.clip(jnp.floor(out), 0, 255).astype(jnp.int32)
 
 

@@ -24,7 +24,7 @@ from PIL import Image
 from jdml.config import set_keys, validate
 from jdml.data import photo_augment as pa
 from jdml.data.device_pixels import Frames, host_canvases, stored
-from jdml.data.device_views import hsv_tables, render, view_arrays, view_shape
+from jdml.data.device_views import blend, hsv_tables, render, view_arrays, view_shape
 from jdml.data.pipeline import input_pipeline
 from jdml.data.resample import pillow_taps, resample_reference
 from jdml.data.transforms import PIL_FILTERS
@@ -132,6 +132,33 @@ def test_fixed_boxes_with_their_edge_cases_equal_pillow():
     bicubic = [dataclasses.replace(p, filter="bicubic") for p in params]
     got = device_pixels(list(images), bicubic, 48, resize=200, colour=True, filter="bicubic")
     np.testing.assert_array_equal(got, pillow_pixels(images, bicubic))
+
+
+#: Blend factors where the exact ``d + f * (x - d)`` lands on an integer for some pixel pairs
+#: (a multiply-add fused without the product's rounding gave one level less: 361 of the 65,536
+#: pairs at 0.6, 1,547 at 1.2, on the CPU), and drawn ones, within ColorJitter's range and past 1.
+BLEND_FACTORS = (0.6, 1.2, *np.random.default_rng(78).uniform(0.0, 2.0, 4).round(6).tolist())
+
+
+@pytest.mark.parametrize("factor", BLEND_FACTORS)
+def test_blend_equals_pillow_on_every_pixel_pair(factor):
+    """``blend`` against ``Image.blend`` on all 65,536 (degenerate, pixel) level pairs."""
+    grid = np.meshgrid(np.arange(256, dtype=np.uint8), np.arange(256, dtype=np.uint8))
+    degenerate, pixels = (jnp.asarray(a, jnp.int32) for a in grid)
+    got = jax.jit(blend)(degenerate, pixels, jnp.float32(factor))
+    want = Image.blend(*(Image.fromarray(a) for a in grid), factor)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("factor", BLEND_FACTORS[:2])
+def test_colour_jitter_at_factors_that_land_on_integers_equals_pillow(factor):
+    """Brightness, contrast and saturation views of a photo of random colours (every level in
+    every channel) at the factors that hit the case."""
+    image = np.random.default_rng(0).integers(0, 256, (48, 48, 3), np.uint8)
+    view = pa.ViewParams((0, 0, 48, 48), (48, 48), (0, 0), 48)
+    params = [dataclasses.replace(view, jitter=((op, factor),)) for op in (0, 1, 2)]
+    got = device_pixels([image] * 3, params, 48, resize=48, colour=True)
+    np.testing.assert_array_equal(got, pillow_pixels([image] * 3, params))
 
 
 @pytest.mark.parametrize(("in_len", "out_len"), [(1, 5), (7, 7), (300, 224), (512, 48), (5, 640)])
