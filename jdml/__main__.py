@@ -42,7 +42,10 @@ def _count(least: int):
 
 def _report(args: argparse.Namespace) -> None:
     from jdml.report import report
+    from jdml.workdir import check_writable
 
+    if args.out:  # before the runs are read, as ``jdml look`` checks its folder
+        check_writable(args.out, "output folder (--out)")
     result = report(
         args.paths,
         args.out,
@@ -82,12 +85,26 @@ def _embed(args: argparse.Namespace) -> None:
     )
 
 
+def _check_query_files(index: str, queries: list[str]) -> None:
+    """Refuses a folder among the queries of ``jdml search`` (image files or one .npz),
+    naming what to give instead."""
+    from jdml.errors import DataError
+
+    for query in queries:
+        if os.path.isdir(query):
+            raise DataError(
+                f"query {query} is a folder, not an image file: give its images, e.g. jdml "
+                f"search {index} {os.path.join(query, '*.jpg')}, or an .npz of query images"
+            )
+
+
 def _search(args: argparse.Namespace) -> None:
     from jdml.fileio import check_output_path
     from jdml.inference import Index, collect_images, hits_table, load
 
     if args.json:
         check_output_path(args.json, "hits.json")  # before the search runs
+    _check_query_files(args.index, args.queries)
     index = Index.load(args.index)
     fingerprint = index.fingerprint
     model = load(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from jdml.errors import CheckpointError, ConfigError, UnknownNameError
 from jdml.keys import RENAMED_KEYS
@@ -210,9 +211,37 @@ def _read_config_file(argv: list[str], flag: str):
         spec.loader.exec_module(module)
         if not hasattr(module, "get_config"):
             return None, AttributeError("get_config")
-        return (module.get_config(arg) if arg else module.get_config()), None
+        config = module.get_config(arg) if arg else module.get_config()
     except Exception as e:  # the file's own failure, reported in one line
         return None, e
+    if not _is_config(config):
+        return None, NotAConfigError(type(config).__name__)
+    return config, None
+
+
+class NotAConfigError(TypeError):
+    """A config file's ``get_config`` returned something else than a ``ConfigDict`` (its
+    type's name is the message)."""
+
+
+def _is_config(value: object) -> bool:
+    """Whether ``value`` is an ``ml_collections.ConfigDict`` (frozen ones included)."""
+    import ml_collections
+
+    return isinstance(value, ml_collections.ConfigDict)
+
+
+def not_a_config(path: str, returned: str) -> str:
+    """The line for a config file whose ``get_config`` returned ``returned`` (a type's name)
+    instead of a ``ConfigDict``."""
+    what = (
+        "None (is its return statement missing?)" if returned == "NoneType" else (f"a {returned}")
+    )
+    return (
+        f"config file {path}: get_config() returned {what}, not an ml_collections.ConfigDict; "
+        "return one, e.g. ml_collections.ConfigDict({...}) or configs.revisiting.get_config() "
+        "with your changes (see configs/revisiting.py)"
+    )
 
 
 def _load_config_file(argv: list[str], flag: str):
@@ -232,6 +261,8 @@ def config_file_problem(argv: list[str], flag: str) -> str | None:
             f"config file {path} does not parse: line {error.lineno}: {error.msg}; fix the "
             "file (python -m py_compile shows the place)"
         )
+    if isinstance(error, NotAConfigError):
+        return not_a_config(path, str(error))
     if isinstance(error, AttributeError) and str(error) == "get_config":
         return (
             f"config file {path} defines no get_config(); a config file returns its "
@@ -316,6 +347,22 @@ def _missing_config_file(argv: list[str], flag: str = "config") -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _quiet_none_warning() -> Iterator[None]:
+    """Keeps ml_collections' warning about a ``get_config`` that returned None off the
+    terminal: the one ``error:`` line says it."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "get_config() returned None" not in record.getMessage()
+
+    absl = logging.getLogger("absl")
+    absl.addFilter(keep)
+    try:
+        yield
+    finally:
+        absl.removeFilter(keep)
+
+
 def flags_parser(config_flag_name: str = "config") -> Callable[[list[str]], list[str]]:
     """An ``absl.app.run`` flags parser that reports bad config overrides in one clear line."""
     from absl import flags
@@ -328,9 +375,18 @@ def flags_parser(config_flag_name: str = "config") -> Callable[[list[str]], list
             sys.exit(EXIT_USAGE)
         argv = resolved_config_argv(argv, config_flag_name)
         try:
-            return flags.FLAGS(argv)
+            with _quiet_none_warning():
+                rest = flags.FLAGS(argv)
+            value = flags.FLAGS[config_flag_name].value
+            if value is None or _is_config(value):
+                return rest
+            path = (_config_spec(argv, config_flag_name) or "").partition(":")[0]
+            print(f"error: {not_a_config(path, type(value).__name__)}", file=sys.stderr)
         except flags.Error as e:
-            print(f"error: {_config_file_error(str(e))}", file=sys.stderr)
+            problem = config_file_problem(argv, config_flag_name)
+            if not isinstance(_read_config_file(argv, config_flag_name)[1], NotAConfigError):
+                problem = _config_file_error(str(e))
+            print(f"error: {problem}", file=sys.stderr)
         except Exception as e:
             problem = config_file_problem(argv, config_flag_name)
             if problem is None and not isinstance(

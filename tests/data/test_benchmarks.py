@@ -191,7 +191,8 @@ def test_sop_count_message(tmp_path: Path) -> None:
         f"{folder / 'Ebay_train.txt'} lists 6 train images of 3 classes; the full Stanford "
         f"Online Products has 59,551 of 11,318; {folder / 'Ebay_test.txt'} lists 6 test images "
         "of 3 classes; the full Stanford Online Products has 60,502 of 11,316: is the copy "
-        "partial? pass verify_counts=False to use it anyway"
+        "partial? set --config.data.verify_counts=False to use it anyway (verify_counts=False "
+        "from Python)"
     )
 
 

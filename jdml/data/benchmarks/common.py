@@ -377,9 +377,13 @@ def check_counts(
                 f"the full {title} has {images:,} of {classes:,}"
             )
     if wrong:
-        raise DataError(
-            "; ".join(wrong) + ": is the copy partial? pass verify_counts=False to use it anyway"
-        )
+        raise DataError("; ".join(wrong) + f": is the copy partial? {USE_ANYWAY}")
+
+
+#: How to use a copy whose counts differ from the full dataset's, as a user types it.
+USE_ANYWAY = (
+    "set --config.data.verify_counts=False to use it anyway (verify_counts=False from Python)"
+)
 
 
 def check_files_exist(splits: dict[str, FileList], *, expected: str, shown: int = 3) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from jdml.data.benchmarks.common import (
     BENCHMARKS,
+    USE_ANYWAY,
     FileList,
     as_int,
     check_counts,
@@ -73,7 +74,7 @@ def _rows(index: Path, verify_counts: bool) -> dict[str, list[tuple[str, str]]]:
     if verify_counts and declared != listed:
         raise DataError(
             f"{index} declares {declared:,} images on its first line but lists {listed:,}: "
-            "is the file truncated? pass verify_counts=False to use it anyway"
+            f"is the file truncated? {USE_ANYWAY}"
         )
     return rows
 

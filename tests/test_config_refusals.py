@@ -1,0 +1,77 @@
+"""Config values and command arguments that a run would not use or cannot read: each ends in
+one ``error:`` line naming the value and a fix that works, exit status 2, and nothing written.
+
+In the style of ``tests/test_user_errors.py`` (whose helpers and tiny run these reuse): the
+commands run as subprocesses, as a user types them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests import test_user_errors as user_errors
+from tests.test_user_errors import assert_refused, cub_args, run, unchanged_after
+
+# The module fixtures of tests/test_user_errors.py: its tiny npz, its finished tiny run and its
+# tiny CUB-layout folder (built once for this module too).
+npz = user_errors.npz
+finished = user_errors.finished
+cub_tree = user_errors.cub_tree
+
+# ------------------------------------------------------------------ config files and arguments
+
+
+@pytest.mark.parametrize(
+    ("returned", "said"),
+    [("{'seed': 1}", "returned a dict"), ("None", "returned None (is its return statement")],
+)
+@pytest.mark.parametrize("override", [False, True])
+def test_a_get_config_that_returns_no_configdict_is_one_line(
+    tmp_path: Path, returned: str, said: str, override: bool
+) -> None:
+    """``get_config()`` returning a dict (was a 23-line ``AttributeError``) or None (was
+    blamed on "invalid command-line flags"), with or without a ``--config.*`` flag."""
+    path = tmp_path / "my_config.py"
+    path.write_text(f"def get_config(arg=''):\n    return {returned}\n")
+    flags = ["--config.seed=2"] if override else []
+    proc = run("train.py", "--config", str(path), *flags, "--workdir", str(tmp_path / "w"))
+    assert proc.returncode == 2
+    line = assert_refused(proc, f"config file {path}: get_config() {said}", "ConfigDict")
+    assert proc.stderr.strip() == line  # nothing else: no ml_collections warning
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_folder_as_a_search_query_is_named(finished: Path, npz: str, tmp_path: Path) -> None:
+    """``jdml search INDEX <folder>`` (was "fix or delete the file"): the folder is named, with
+    a command that searches its images."""
+    index = tmp_path / "index.npz"
+    assert run("-m", "jdml", "embed", str(finished), npz, "--out", str(index)).returncode == 0
+    queries = tmp_path / "queries"
+    queries.mkdir()
+    proc = unchanged_after(finished, "-m", "jdml", "search", str(index), str(queries))
+    assert proc.returncode == 2
+    assert_refused(proc, f"query {queries} is a folder, not an image file", f"{queries}/*.jpg")
+
+
+def test_report_out_on_a_file_is_named(finished: Path, tmp_path: Path) -> None:
+    """``jdml report RUN --out <existing file>`` (was "File exists"): named as ``jdml look``
+    names it; the file is kept."""
+    out = tmp_path / "report.txt"
+    out.write_text("mine")
+    proc = unchanged_after(finished, "-m", "jdml", "report", str(finished), "--out", str(out))
+    assert proc.returncode == 2
+    assert_refused(proc, f"--out) {out}: {out} is a file, not a folder; choose another path")
+    assert out.read_text() == "mine"
+
+
+def test_a_partial_benchmark_names_the_flag_that_uses_it(cub_tree: Path, tmp_path: Path) -> None:
+    """A partial copy names ``--config.data.verify_counts=False``, which then trains."""
+    workdir = tmp_path / "w"
+    args = [a for a in cub_args(cub_tree, workdir) if "verify_counts" not in a]
+    proc = run(*args)
+    line = assert_refused(proc, "is the copy partial? set --config.data.verify_counts=False")
+    assert not workdir.exists()
+    flag = line.split("set ", 1)[1].split()[0]
+    assert run(*args, flag).returncode == 0
