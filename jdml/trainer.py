@@ -33,7 +33,7 @@ from jdml.config import (
     to_json,
     validate,
 )
-from jdml.config.saved import unreadable_config
+from jdml.config.saved import resume_command, unreadable_config
 from jdml.config.validation import check_devices, check_profile_steps, profile_range
 from jdml.data.pipeline import input_pipeline, train_batches
 from jdml.distributed import barrier, exit_after_peer_failure, is_main_process, peer_failure
@@ -95,8 +95,7 @@ def check_workdir_config(
     raise ConfigError(
         f"workdir {workdir} holds a run with a different config ({'; '.join(diffs)}); resuming "
         "it with this config would mix two experiments. Use a new --workdir for the new config, "
-        f"or resume the old run with its stored config: python train.py --config {path} "
-        f"--workdir {workdir}"
+        f"or resume the old run with its stored config: {resume_command(path, workdir, old)}"
     )
 
 
@@ -245,8 +244,9 @@ def _train(
     ckpts = Checkpoints(workdir)
     stack.callback(ckpts.close)  # also when a save or a step fails
     state, resumed = run.initial_state, ckpts.latest.latest_step() is not None
+    meta: dict[str, Any] = {}
     if resumed:
-        state, _ = ckpts.restore("latest", state)
+        state, meta = ckpts.restore("latest", state)
         log.info("Resuming from the checkpoint at step %d in %s", int(state.step), workdir)
     start = int(state.step)
     # Records after the checkpoint resumed from (all of them without one, the untrained
@@ -266,6 +266,7 @@ def _train(
         state = run.prepare(state)
     train_step = run.make_train_step()
     loop = _Loop(run, train_step, writer, ckpts, evaluations, os.path.join(workdir, "profile"))
+    loop.pending = unlogged_from_meta(meta)  # the steps before the checkpoint not yet logged
     try:
         loop(state, start)
     except jax.errors.JaxRuntimeError as e:  # another process of the run may have died
@@ -414,7 +415,7 @@ class _Loop:
         if epoch_end and (step // spe % ec.every_epochs == 0 or step == total):
             self.evaluate(state, step // spe)
         if step % tc.checkpoint_every_steps == 0 or epoch_end or step == total:
-            self.ckpts.save(state, {"epoch": step / spe})
+            self.ckpts.save(state, {"epoch": step / spe, **unlogged_meta(self.pending)})
 
     def _log(self, state: TrainState, step: int) -> None:
         pending = jax.device_get(self.pending)
@@ -431,6 +432,27 @@ class _Loop:
         record = {"kind": "train", "step": step, "epoch": epoch, **means, "lr": lr, "img_s": ips}
         self.writer.write(record)
         self.bar.set_postfix(loss=f"{means['loss']:.4f}", img_s=f"{ips:.0f}")
+
+
+def unlogged_meta(pending: list[dict[str, Any]]) -> dict[str, Any]:
+    """The metrics of the steps since the last log point, for a checkpoint's JSON metadata
+    (each value with its dtype; a float of JSON reads back bit for bit): a run resumed from the
+    checkpoint logs the means of the same steps as an uninterrupted run."""
+    if not pending:
+        return {}
+    steps = jax.device_get(pending)
+    return {
+        "unlogged": [{k: [float(v), str(np.asarray(v).dtype)] for k, v in m.items()} for m in steps]
+    }
+
+
+def unlogged_from_meta(meta: dict[str, Any]) -> list[dict[str, np.ndarray]]:
+    """The per-step metrics :func:`unlogged_meta` stored (none in a checkpoint written before
+    they were stored, or at a log point)."""
+    return [
+        {k: np.asarray(v, dtype=jax.numpy.dtype(dtype)) for k, (v, dtype) in m.items()}
+        for m in meta.get("unlogged", [])
+    ]
 
 
 def _check_finite(
