@@ -7,12 +7,15 @@ commands run as subprocesses, as a user types them.
 
 from __future__ import annotations
 
+import json
+import shlex
+import shutil
 from pathlib import Path
 
 import pytest
 
 from tests import test_user_errors as user_errors
-from tests.test_user_errors import assert_refused, cub_args, run, unchanged_after
+from tests.test_user_errors import assert_refused, cub_args, run, train_args, unchanged_after
 
 # The module fixtures of tests/test_user_errors.py: its tiny npz, its finished tiny run and its
 # tiny CUB-layout folder (built once for this module too).
@@ -75,3 +78,28 @@ def test_a_partial_benchmark_names_the_flag_that_uses_it(cub_tree: Path, tmp_pat
     assert not workdir.exists()
     flag = line.split("set ", 1)[1].split()[0]
     assert run(*args, flag).returncode == 0
+
+
+# --------------------------------------------------------------------------- resuming a run
+
+
+def test_a_config_of_another_version_names_the_keys_to_remove(
+    npz: str, finished: Path, tmp_path: Path
+) -> None:
+    """A stored ``config.json`` with a key this version does not read is refused on resume;
+    the message names the key to remove (its suggested command alone was refused: "is not a
+    jdml config key"), and once it is removed, the command as printed resumes the run."""
+    copy = Path(shutil.copytree(finished, tmp_path / "run"))
+    stored = copy / "config.json"
+    saved = json.loads(stored.read_text())
+    saved["data"]["legacy_option"] = 1
+    stored.write_text(json.dumps(saved, indent=2))
+    proc = unchanged_after(copy, *train_args(npz, copy))
+    line = assert_refused(proc, "different config", f"remove data.legacy_option from {stored}")
+    del saved["data"]["legacy_option"]  # as the message says
+    stored.write_text(json.dumps(saved, indent=2))
+    command = shlex.split(line.split("then: ", 1)[1])
+    assert command[:2] == ["python", "train.py"]
+    proc = run(*command[1:])
+    assert proc.returncode == 0, proc.stderr + line
+    assert "results:" in proc.stdout

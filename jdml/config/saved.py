@@ -79,6 +79,30 @@ def saved_config(text: str, *, keep_unknown: bool = False) -> ml_collections.Con
     return ml_collections.ConfigDict(_tuples(merged))
 
 
+def unread_keys(saved: dict[str, Any]) -> list[str]:
+    """The dotted keys of a stored config (nested dicts, as ``config.json`` holds it) that this
+    version does not read (a run written by another version; renamed keys are read under their
+    new names): those :func:`saved_config` drops, and training from the file refuses."""
+    upgraded = upgrade(saved)
+    merged = _under(base_config().to_dict(), upgraded)
+    known = flatten_config(_known_only(merged, schema_leaves(merged)))
+    return sorted(k for k in flatten_config(upgraded) if k not in known)
+
+
+def resume_command(path: str, workdir: str, saved: dict[str, Any]) -> str:
+    """How to resume the run of ``workdir`` with its stored config ``path`` (holding
+    ``saved``): the command, after removing the keys this version does not read, if any (the
+    command refuses them, as any config file's)."""
+    command = f"python train.py --config {path} --workdir {workdir}"
+    stale = unread_keys(saved)
+    if not stale:
+        return command
+    return (
+        f"remove {', '.join(stale)} from {path} (written by another jdml version, which this one "
+        f"does not read), then: {command}"
+    )
+
+
 def _known_only(d: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``d`` without the keys that are not in ``schema`` (dotted keys) nor above one."""
     out = {}
