@@ -1,12 +1,15 @@
 """The decode cache of benchmark photos: its pixels, what it changes, and how it survives a changed
-photo, a corrupt one, a foreign file, a second process and a killed build."""
+photo, a corrupt one, a foreign file, a damaged or old cache, a second process and a killed
+build."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import pickle
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -154,6 +157,56 @@ def test_an_incomplete_cache_of_ours_is_rebuilt(files, tmp_path):
     path.write_bytes(whole[:-100])  # e.g. copied away and back, cut short
     cached = dc.open_cache(files, RESIZE, folder, threads=1)
     assert path.read_bytes() == whole and cached.decode(0).shape[2] == 3
+
+
+def _invert_pixels(data: bytearray, start: int) -> None:
+    data[start : start + 20_000] = bytes(255 - b for b in data[start : start + 20_000])
+
+
+def _swap_first_shape(data: bytearray, start: int) -> None:
+    assert struct.unpack_from("<2i", data, dc._HEADER_BYTES) == (36, 48)
+    struct.pack_into("<2i", data, dc._HEADER_BYTES, 48, 36)
+
+
+def _cut_short(data: bytearray, start: int) -> None:
+    del data[-1000:]
+
+
+def _version_1(data: bytearray, start: int) -> None:
+    """The same cache as version 1 wrote it: a 64-byte header without checksums."""
+    fields = struct.unpack_from("<8sIQI32sQ", data)[2:]
+    head = struct.pack("<8sIQI32sQ", b"JDMLDEC1", 1, *fields)
+    table = bytes(data[dc._HEADER_BYTES : dc._HEADER_BYTES + 8 * fields[0]])
+    data[:start] = (head + table).ljust(start, b"\0")
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (_invert_pixels, "fails its pixel checksum"),
+        (_swap_first_shape, "fails its header checksum (header or shape table)"),
+        (_cut_short, "is incomplete"),
+        (_version_1, "is of an older version (JDMLDEC1, without checksums)"),
+    ],
+)
+def test_a_damaged_or_old_cache_is_rebuilt_never_read(files, tmp_path, caplog, damage, why):
+    """20,000 inverted pixel bytes, a shape (36, 48) swapped to (48, 36), a cache cut short, or
+    one of version 1 (no checksums): rebuilt in its place, with a warning saying why."""
+    rng = np.random.default_rng(0)
+    for path in files.paths:  # 36 x 48 photos, kept as they are at 48 px: 62,208 pixel bytes
+        Image.fromarray(rng.integers(0, 256, (36, 48, 3), np.uint8)).save(path, format="JPEG")
+    folder = tmp_path / "cache"
+    path = Path(dc.open_cache(files, 48, folder, threads=1).file)
+    whole = bytearray(path.read_bytes())
+    damaged = whole.copy()
+    damage(damaged, dc._pixels_offset(len(files)))
+    path.write_bytes(damaged)
+    with caplog.at_level(logging.WARNING, logger="jdml"):
+        cached = dc.open_cache(files, 48, folder, threads=2)
+    assert f"The decode cache {path} {why}; building it again" in caplog.text
+    assert path.read_bytes() == whole
+    for i in range(len(files)):
+        np.testing.assert_array_equal(cached.decode(i), decode_image(files.paths[i]))
 
 
 def test_a_killed_build_leaves_no_cache_and_the_next_build_completes(files, tmp_path):

@@ -37,9 +37,20 @@ leaves no cache (its temporary is removed by a later build once it is stale), an
 building the same cache both end with a complete one. A file at the cache's name that this module
 did not write is never replaced.
 
-Layout: a 64-byte header (magic, version, count, resize, key, pixel bytes), the (count, 2) int32
-heights and widths, then, from the next 4096-byte boundary, every photo's (H, W, 3) pixels in
-order.
+Layout (version 2): a 128-byte header (magic, version, count, resize, key, pixel bytes, pixel
+digest, and at its end the header digest), the (count, 2) int32 heights and widths, then, from
+the next 4096-byte boundary, every photo's (H, W, 3) pixels in order.
+
+Checksums: the header digest (BLAKE2b, 16 bytes) covers the header before it and the shape
+table, and is checked at every open; the pixel digest is a BLAKE2b of every photo's CRC-32,
+computed by the decoding threads of a build and checked once at every open (the CRC-32s in
+``threads`` threads; a cache this process has just built is not hashed again), not per photo
+as it is read: a photo's CRC-32 costs about as much as a ``red`` view of it on the host, and one
+pass at the open is what checking per read would cost every epoch (``python
+bench/bench_decode_cache.py``; ``bench/results/cpu/decode-cache-checksum.txt``).
+A cache of ours (its magic) that is incomplete, fails either digest or is of version 1 (no
+checksums) is rebuilt in its place, with a warning naming why; a file whose magic is not ours
+is refused, never replaced.
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ import os
 import shutil
 import struct
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
@@ -66,12 +78,19 @@ from jdml.fileio import atomic_path, cache_root
 
 log = logging.getLogger("jdml")
 
-MAGIC = b"JDMLDEC1"
-VERSION = 1
+MAGIC = b"JDMLDEC2"
+VERSION = 2
+#: The magic every version of the cache starts with (version 1's is ``JDMLDEC1``): a file with it
+#: is ours, to rebuild when it is stale or damaged.
+_OURS = b"JDMLDEC"
+#: The version the keys (file names) hash: version 1's, so a version-1 cache is found and replaced.
+_KEY_VERSION = 1
 SUFFIX = ".jdml-decoded"
-# magic, version, count, resize, key (32 hex digits), pixel bytes: 64 bytes in all.
-_HEADER = struct.Struct("<8sIQI32sQ")
-_HEADER_BYTES = 64
+# magic, version, count, resize, key (32 hex digits), pixel bytes, pixel digest: 80 bytes; the
+# header digest fills the header's last 16 of 128 bytes.
+_HEADER = struct.Struct("<8sIQI32sQ16s")
+_HEADER_BYTES = 128
+_DIGEST_BYTES = 16
 _ALIGN = 4096
 #: Photos decoded per batch of the build (per decoding thread).
 _CHUNK = 32
@@ -93,7 +112,7 @@ def cache_key(files: FileList, resize: int) -> str:
     """
     # The bilinear caches keep the keys they had before the filter was a choice.
     filter = "" if files.filter == "bilinear" else f" {files.filter}"
-    header = f"v{VERSION} resize {resize}{filter} Pillow {PIL.__version__}\n"
+    header = f"v{_KEY_VERSION} resize {resize}{filter} Pillow {PIL.__version__}\n"
     digest = hashlib.sha256(header.encode())
     for path in files.paths:
         try:
@@ -124,6 +143,38 @@ def shrink(photo: np.ndarray, resize: int, filter: str = "bilinear") -> np.ndarr
 def _pixels_offset(count: int) -> int:
     end = _HEADER_BYTES + 8 * count
     return -(-end // _ALIGN) * _ALIGN
+
+
+def _digest(*parts: bytes | memoryview) -> bytes:
+    """A 16-byte BLAKE2b of ``parts`` in order."""
+    digest = hashlib.blake2b(digest_size=_DIGEST_BYTES)
+    for part in parts:
+        digest.update(part)
+    return digest.digest()
+
+
+def _header_digest(head: bytes, shapes: bytes) -> bytes:
+    """The digest of a header (all but its last 16 bytes, where the digest lies) and the shape
+    table."""
+    return _digest(head[: _HEADER_BYTES - _DIGEST_BYTES], shapes)
+
+
+def _crc(photo: np.ndarray | memoryview) -> int:
+    """The CRC-32 of a photo's pixels (zlib releases the GIL, so threads hash in parallel)."""
+    return zlib.crc32(photo)
+
+
+def _pixel_digest(crcs: np.ndarray) -> bytes:
+    """The pixel digest of a cache: a digest of its photos' CRC-32s in order."""
+    return _digest(np.asarray(crcs, "<u4").tobytes())
+
+
+def _stored_crcs(pixels: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, threads: int):
+    """Each stored photo's CRC-32, hashed in ``threads`` threads."""
+    view = memoryview(pixels)
+    spans = [(int(a), int(a + n)) for a, n in zip(offsets, sizes, strict=True)]
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        return np.fromiter(pool.map(lambda s: _crc(view[s[0] : s[1]]), spans), np.uint32)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -169,9 +220,20 @@ class CachedPhotos(Photos):
         return {k: v for k, v in self.__dict__.items() if k != "_map"}
 
 
-def read_cache(path: Path, key: str, files: FileList, resize: int) -> CachedPhotos | None:
-    """The cache at ``path`` of ``files`` (with ``key``), or None if there is none or it is not
-    complete.
+def read_cache(
+    path: Path, key: str, files: FileList, resize: int, threads: int = 1, *, pixels: bool = True
+) -> CachedPhotos | None:
+    """The cache at ``path`` of ``files`` (with ``key``), or None if there is none, or it is
+    incomplete, damaged or of an older version (logged: it is to be rebuilt).
+
+    Args:
+      path: the cache file.
+      key: its key (:func:`cache_key`).
+      files: the photos it holds.
+      resize: their short side.
+      threads: threads that check the pixel digest.
+      pixels: check the pixel digest (the header digest is always checked); False only for a
+        cache this process has just built, whose digest it computed from the decoded photos.
 
     Raises:
       DataError: if ``path`` exists but this module did not write it.
@@ -179,27 +241,26 @@ def read_cache(path: Path, key: str, files: FileList, resize: int) -> CachedPhot
     try:
         with open(path, "rb") as f:
             head = f.read(_HEADER_BYTES)
-            if not head.startswith(MAGIC):
+            if not head.startswith(_OURS):
                 raise DataError(
                     f"{path} exists but is not a jdml decode cache; move it away or set "
                     "--config.data.cache_dir to another folder"
                 )
-            if len(head) < _HEADER_BYTES:
-                return None
-            _, version, count, size, stored_key, pixel_bytes = _HEADER.unpack_from(head)
-            shapes = np.frombuffer(f.read(8 * count), np.int32).reshape(-1, 2).astype(np.int64)
+            table = f.read(8 * len(files))
     except FileNotFoundError:
         return None
-    expected = (VERSION, len(files), resize, key)
-    stored = (version, count, size, stored_key.decode("ascii", "replace"))
-    if stored != expected or len(shapes) != count:
+    damage = _damage(head, table, key, files, resize)
+    if damage:
+        log.warning("The decode cache %s %s; building it again", path, damage)
         return None
+    shapes = np.frombuffer(table, np.int32).reshape(-1, 2).astype(np.int64)
     sizes = shapes[:, 0] * shapes[:, 1] * 3
-    offsets = _pixels_offset(count) + np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    complete = _pixels_offset(count) + int(pixel_bytes) == path.stat().st_size
-    if int(sizes.sum()) != pixel_bytes or not complete:
+    offsets = _pixels_offset(len(files)) + np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    pixel_bytes, pixel_digest = _HEADER.unpack_from(head)[5:]
+    if _pixels_offset(len(files)) + pixel_bytes != path.stat().st_size:
+        log.warning("The decode cache %s is incomplete; building it again", path)
         return None
-    return CachedPhotos(
+    cached = CachedPhotos(
         labels=files.labels,
         class_names=files.class_names,
         source=f"{files.source} (decode cache {path})",
@@ -210,6 +271,30 @@ def read_cache(path: Path, key: str, files: FileList, resize: int) -> CachedPhot
         shapes=shapes,
         offsets=offsets.astype(np.int64),
     )
+    if pixels and _pixel_digest(_stored_crcs(cached._pixels(), offsets, sizes, threads)) != (
+        pixel_digest
+    ):
+        log.warning("The decode cache %s fails its pixel checksum; building it again", path)
+        return None
+    return cached
+
+
+def _damage(head: bytes, table: bytes, key: str, files: FileList, resize: int) -> str:
+    """Why a cache whose header is ``head`` and shape table ``table`` cannot be read as the
+    cache of ``files`` at ``resize`` with ``key`` ("" if it can, up to its pixels)."""
+    if len(head) < _HEADER_BYTES or len(table) < 8 * len(files):
+        return "is incomplete"
+    magic, version, count, size, stored_key, pixel_bytes, _ = _HEADER.unpack_from(head)
+    if magic != MAGIC or version != VERSION:
+        return f"is of an older version ({magic.decode('ascii', 'replace')}, without checksums)"
+    if _header_digest(head, table) != head[-_DIGEST_BYTES:]:
+        return "fails its header checksum (header or shape table)"
+    if (count, size, stored_key.decode("ascii", "replace")) != (len(files), resize, key):
+        return "is of other photos"  # a key collision of 128 bits, or a renamed file
+    shapes = np.frombuffer(table, np.int32).reshape(-1, 2).astype(np.int64)
+    if np.any(shapes <= 0) or int((shapes[:, 0] * shapes[:, 1] * 3).sum()) != pixel_bytes:
+        return "has a shape table that does not add up to its pixels"
+    return ""
 
 
 def _remove_stale_temporaries(path: Path) -> None:
@@ -249,8 +334,10 @@ def _check_space(folder: Path, files: FileList, resize: int) -> None:
         )
 
 
-def _decoded(path: str, resize: int, filter: str) -> np.ndarray:
-    return np.ascontiguousarray(shrink(decode_image(path), resize, filter))
+def _decoded(path: str, resize: int, filter: str) -> tuple[np.ndarray, int]:
+    """A photo as the cache stores it, and its CRC-32."""
+    photo = np.ascontiguousarray(shrink(decode_image(path), resize, filter))
+    return photo, _crc(photo)
 
 
 def build_cache(path: Path, key: str, files: FileList, resize: int, threads: int) -> None:
@@ -264,6 +351,7 @@ def build_cache(path: Path, key: str, files: FileList, resize: int, threads: int
     _check_space(path.parent, files, resize)
     start = _pixels_offset(len(files))
     shapes = np.zeros((len(files), 2), np.int32)
+    crcs = np.zeros(len(files), np.uint32)
     try:
         with atomic_path(path) as tmp, open(tmp, "r+b") as out:
             out.seek(start)
@@ -274,15 +362,15 @@ def build_cache(path: Path, key: str, files: FileList, resize: int, threads: int
                     decoded = pool.map(
                         _decoded, chunk, [resize] * len(chunk), [files.filter] * len(chunk)
                     )
-                    for k, photo in enumerate(decoded):
-                        shapes[first + k] = photo.shape[:2]
+                    for k, (photo, crc) in enumerate(decoded):
+                        shapes[first + k], crcs[first + k] = photo.shape[:2], crc
                         out.write(photo.tobytes())
             pixel_bytes = out.tell() - start
+            fields = (MAGIC, VERSION, len(files), resize, key.encode("ascii"), pixel_bytes)
+            head = _HEADER.pack(*fields, _pixel_digest(crcs)).ljust(_HEADER_BYTES, b"\0")
+            table = shapes.tobytes()
             out.seek(0)
-            header = (MAGIC, VERSION, len(files), resize, key.encode("ascii"), pixel_bytes)
-            out.write(_HEADER.pack(*header))
-            out.seek(_HEADER_BYTES)
-            out.write(shapes.tobytes())
+            out.write(head[:-_DIGEST_BYTES] + _header_digest(head, table) + table)
     except OSError as err:
         raise DataError(
             f"cannot write the decode cache {path}: {err}; free space or set "
@@ -293,14 +381,14 @@ def build_cache(path: Path, key: str, files: FileList, resize: int, threads: int
 def open_cache(
     files: FileList, resize: int, folder: str | os.PathLike[str] = "", threads: int = 1
 ) -> CachedPhotos:
-    """The decode cache of ``files`` at ``resize``: read if it exists and is complete, else built
-    (decoding with ``threads`` threads) and read.
+    """The decode cache of ``files`` at ``resize``: read if it exists, is complete and passes its
+    checksums, else built (decoding with ``threads`` threads) and read.
 
     Args:
       files: the photos.
       resize: the short side the photos are brought down to (``data.resize``).
       folder: the cache folder ("": :func:`default_folder`).
-      threads: decoding threads of a build.
+      threads: decoding threads of a build, hashing threads of the pixel check.
 
     Returns:
       The photos of ``files``, read from the cache.
@@ -311,14 +399,14 @@ def open_cache(
     """
     key = cache_key(files, resize)
     path = cache_file(files, resize, key, folder)
-    cached = read_cache(path, key, files, resize)
+    cached = read_cache(path, key, files, resize, threads)
     if cached is not None:
         return cached
     log.info("Decoding %d photos once into the decode cache %s", len(files), path)
     begin = time.perf_counter()
     build_cache(path, key, files, resize, threads)
     log.info("Decode cache written in %.1f s", time.perf_counter() - begin)
-    cached = read_cache(path, key, files, resize)
+    cached = read_cache(path, key, files, resize, pixels=False)  # their digest is the build's
     if cached is None:  # replaced by an incomplete file between the rename and the read
         raise DataError(f"the decode cache {path} changed while it was read; run again")
     return cached
