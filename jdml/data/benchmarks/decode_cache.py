@@ -169,12 +169,20 @@ def _pixel_digest(crcs: np.ndarray) -> bytes:
     return _digest(np.asarray(crcs, "<u4").tobytes())
 
 
-def _stored_crcs(pixels: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, threads: int):
-    """Each stored photo's CRC-32, hashed in ``threads`` threads."""
+def _stored_crcs(
+    pixels: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, threads: int
+) -> np.ndarray:
+    """Each stored photo's CRC-32 (uint32), hashed in ``threads`` threads, :data:`_CHUNK`
+    photos a task."""
     view = memoryview(pixels)
-    spans = [(int(a), int(a + n)) for a, n in zip(offsets, sizes, strict=True)]
+    spans = np.stack([offsets, offsets + sizes], axis=1).tolist()
+
+    def crcs(first: int) -> list[int]:
+        return [_crc(view[a:b]) for a, b in spans[first : first + _CHUNK]]
+
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        return np.fromiter(pool.map(lambda s: _crc(view[s[0] : s[1]]), spans), np.uint32)
+        chunks = pool.map(crcs, range(0, len(spans), _CHUNK))
+        return np.array([crc for chunk in chunks for crc in chunk], np.uint32)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
