@@ -6,11 +6,12 @@ as well as eagerly, at no cost to the compiled step: a wrong rank, dtype or batc
 Python error naming the argument, the shape expected and the shape given, instead of an error
 from deep inside the loss. Values are data: labels and mined tuples are checked in Python where
 they are concrete (eager calls, such as ``loss.init``). Inside a jitted function an out-of-range
-label of a loss with a parameter per class is never clamped silently: the loss's embeddings
-become NaN (:func:`poison_unless_classes`), so its value and the gradients into the network are
-NaN, which the trainer's non-finite guard (or any ``isfinite`` check in the caller's loop)
-reports; under ``jax.experimental.checkify.checkify`` it is also a reported error
-(``checkify.debug_check``, which costs nothing otherwise).
+label of a loss with a parameter per class, or a valid tuple indexing a row outside the batch
+(tuples mined on another batch), is never clamped silently: the loss's embeddings become NaN
+(:func:`poison_unless_inside`), so its value and the gradients into the network are NaN, which
+the trainer's non-finite guard (or any ``isfinite`` check in the caller's loop) reports; under
+``jax.experimental.checkify.checkify`` it is also a reported error (``checkify.debug_check``,
+which costs nothing otherwise).
 """
 
 from __future__ import annotations
@@ -98,7 +99,17 @@ def check_tuples(owner: str, tuples: Any, batch: int | None = None) -> None:
     for field in fields[:3]:
         if not jnp.issubdtype(getattr(tuples, field).dtype, jnp.integer):
             raise TypeError(f"{owner}: tuples.{field} must hold integer batch indices")
-    if batch is None or any(isinstance(getattr(tuples, f), jax.core.Tracer) for f in fields):
+    if batch is None:
+        return
+    if _traced(tuples):
+        index = _valid_indices(tuples)
+        checkify.debug_check(
+            _rows_inside(tuples, batch),
+            f"{owner}: the tuples index rows {{low}} to {{high}}, but the batch has {batch} rows: "
+            "mine the tuples on this batch (miner(key, embeddings, labels))",
+            low=jnp.min(index),
+            high=jnp.max(index),
+        )
         return
     valid = np.asarray(tuples.valid, bool)
     index = np.stack([np.asarray(getattr(tuples, f)) for f in fields[:3]])[:, valid]
@@ -131,11 +142,38 @@ def check_class_labels(owner: str, labels: jax.Array, num_classes: int) -> None:
         )
 
 
-def poison_unless_classes(labels: jax.Array, embeddings: jax.Array, num_classes: int) -> jax.Array:
-    """``embeddings`` unchanged if every traced label lies in ``[0, num_classes)``, else NaN
-    (see the module docstring: a per-class parameter is never read at a clamped index)."""
-    if not isinstance(labels, jax.core.Tracer):
-        return embeddings  # concrete labels were checked already
-    inside = jnp.all((labels >= 0) & (labels < num_classes))
+def _traced(tuples: Any) -> bool:
+    return any(isinstance(field, jax.core.Tracer) for field in tuples)
+
+
+def _rows_inside(tuples: Any, batch: int) -> jax.Array:
+    """True where every valid tuple indexes rows of ``[0, batch)`` (invalid ones are not read)."""
+    index = jnp.stack([tuples.anchors, tuples.positives, tuples.negatives])
+    return jnp.all(~tuples.valid | jnp.all((index >= 0) & (index < batch), axis=0))
+
+
+def _valid_indices(tuples: Any) -> jax.Array:
+    """The valid tuples' indices, the invalid ones replaced by the first valid tuple's anchor
+    (for the checkify message's lowest and highest row)."""
+    index = jnp.stack([tuples.anchors, tuples.positives, tuples.negatives])
+    fill = tuples.anchors[jnp.argmax(tuples.valid)]
+    return jnp.where(tuples.valid, index, fill)
+
+
+def poison_unless_inside(
+    embeddings: jax.Array, labels: jax.Array, tuples: Any, num_classes: int | None
+) -> jax.Array:
+    """``embeddings`` unchanged if every traced label lies in ``[0, num_classes)`` (for a loss
+    with a parameter per class, ``num_classes`` given) and every traced valid tuple indexes rows
+    of this batch, else NaN (see the module docstring: a per-class parameter or a batch row is
+    never read at a clamped index). Concrete labels and tuples were checked already."""
+    inside = []
+    if num_classes is not None and isinstance(labels, jax.core.Tracer):
+        inside.append(jnp.all((labels >= 0) & (labels < num_classes)))
+    if tuples is not None and _traced(tuples):
+        inside.append(_rows_inside(tuples, embeddings.shape[0]))
+    if not inside:
+        return embeddings
+    ok = inside[0] if len(inside) == 1 else jnp.logical_and(*inside)
     # Added, not selected: the NaN flows back into the gradients too (a select would zero them).
-    return embeddings + jnp.where(inside, 0.0, jnp.nan).astype(embeddings.dtype)
+    return embeddings + jnp.where(ok, 0.0, jnp.nan).astype(embeddings.dtype)

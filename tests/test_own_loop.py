@@ -206,3 +206,79 @@ def test_labels_outside_the_classes_make_a_traced_loss_nan(batch, transform: str
     bad, grads = fn(params, e, labels.at[..., 0].set(8))
     assert bool(jnp.all(jnp.isnan(bad)))
     assert bool(jnp.all(jnp.isnan(grads[1])))  # every embedding's gradient
+
+
+def _tuple_losses() -> list[str]:
+    import jdml.losses
+
+    return [n for n in jdml.losses.LOSSES.names() if jdml.losses.LOSSES.get(n).needs_miner]
+
+
+@pytest.mark.parametrize("name", _tuple_losses())
+def test_tuples_of_another_batch_make_a_traced_loss_nan(batch, name: str) -> None:
+    """Under ``jax.jit`` tuples mined on 32 rows and used on 16 (indices past the batch) are never
+    read at a clamped row: every loss that takes tuples gives a NaN value and NaN gradients into
+    the network, and ``checkify`` names the rows; tuples of this batch stay finite."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import checkify
+
+    import jdml.losses
+    import jdml.miners
+
+    _, _, _, e, labels, _, key = batch
+    cls = jdml.losses.LOSSES.get(name)
+    per_class = {"num_classes": 8} if "num_classes" in cls.__dataclass_fields__ else {}
+    loss = jdml.losses.get(name, **per_class)
+    miner = jdml.miners.get(cls.reference_miner)
+    other = miner(key, e, labels)  # mined on all 32 rows
+    own = miner(key, e[:16], labels[:16])
+    params = loss.init(key, e[:16], labels[:16], own)
+    step = jax.jit(jax.value_and_grad(lambda x, t: loss.apply(params, x, labels[:16], t)[0]))
+    value, grad = step(e[:16], own)
+    assert bool(jnp.isfinite(value)) and bool(jnp.all(jnp.isfinite(grad)))
+    value, grad = step(e[:16], other)
+    assert bool(jnp.isnan(value)) and bool(jnp.all(jnp.isnan(grad)))
+    error, _ = checkify.checkify(jax.jit(lambda x, t: loss.apply(params, x, labels[:16], t)))(
+        e[:16], other
+    )
+    with pytest.raises(checkify.JaxRuntimeError, match=r"but the batch has 16 rows"):
+        error.throw()
+
+
+def _integer_hyperparameters() -> list[tuple[str, str]]:
+    import dataclasses
+
+    import jdml.losses
+
+    return [
+        (name, f.name)
+        for name in jdml.losses.LOSSES.names()
+        for f in dataclasses.fields(jdml.losses.LOSSES.get(name))
+        if f.type in (int, "int")
+    ]
+
+
+@pytest.mark.parametrize(("name", "key"), _integer_hyperparameters())
+@pytest.mark.parametrize("value", [2.5, True, 0])
+def test_integer_hyperparameters_are_refused_at_get(name: str, key: str, value: object) -> None:
+    """``num_classes`` of every class-map loss and every other integer hyperparameter
+    (``sub_centers``, ``n_centroids``, ``num_bins``) must be an integer count: 2.5, True and 0
+    are refused at ``get`` instead of crashing inside JAX at ``init``."""
+    import jdml.losses
+
+    cls = jdml.losses.LOSSES.get(name)
+    hparams = {"num_classes": 4} if "num_classes" in cls.__dataclass_fields__ else {}
+    hparams[key] = value
+    message = {2.5: "must be an integer", True: "must be a number", 0: "must be at least"}[value]
+    jdml.losses.get(name, **{**hparams, key: 4})  # a count is accepted
+    with pytest.raises(ValueError, match=rf"loss '{name}': {key}={value!r} {message}"):
+        jdml.losses.get(name, **hparams)
+
+
+def test_a_switch_must_be_true_or_false() -> None:
+    import jdml.losses
+
+    with pytest.raises(ValueError, match=r"loss 'ntxent': slot_pairs=1 must be True or False"):
+        jdml.losses.get("ntxent", slot_pairs=1)
+    assert jdml.losses.get("ntxent", slot_pairs=True).slot_pairs is True

@@ -31,7 +31,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jdml.checks import check_batch, check_class_labels, check_tuples, poison_unless_classes
+from jdml.checks import check_batch, check_class_labels, check_tuples, poison_unless_inside
 from jdml.miners.base import MINERS, Tuples
 from jdml.registry import Range, Registry
 
@@ -81,8 +81,10 @@ class Loss(nn.Module):
             ) -> LossOutput:
                 check_loss_inputs(self, embeddings, labels, tuples)
                 num_classes = getattr(self, "num_classes", None)
-                if isinstance(num_classes, int) and num_classes > 0:
-                    embeddings = poison_unless_classes(labels, embeddings, num_classes)
+                per_class = isinstance(num_classes, int) and num_classes > 0
+                embeddings = poison_unless_inside(
+                    embeddings, labels, tuples, num_classes if per_class else None
+                )
                 return call(self, embeddings, labels, tuples, *args, **kw)
 
             cls.__call__ = checked  # type: ignore[method-assign]
@@ -112,7 +114,8 @@ def register_loss(cls: LossT) -> LossT:
     """Class decorator registering a loss under its ``loss_name``.
 
     Raises:
-      ValueError: if ``param_lr`` or ``param_ranges`` name no field of the class, or if
+      ValueError: if ``param_lr`` or ``param_ranges`` name no field of the class, an ``int``
+        field has no integer range in ``param_ranges``, or if
         ``reference_miner`` is given without ``needs_miner`` (or missing with it, or not among
         ``allowed_miners``).
     """
@@ -122,6 +125,11 @@ def register_loss(cls: LossT) -> LossT:
     unknown = set(cls.param_ranges) - fields
     if unknown:
         raise ValueError(f"{cls.__name__}.param_ranges names no field: {sorted(unknown)}")
+    uncounted = [
+        f for f in _fields_of_type(cls, int) if not getattr(cls.param_ranges.get(f), "integer", 0)
+    ]
+    if uncounted:
+        raise ValueError(f"{cls.__name__}.param_ranges needs an integer Range for {uncounted}")
     if cls.needs_miner != bool(cls.reference_miner) or (
         cls.allowed_miners is not None
         and cls.needs_miner
@@ -133,6 +141,11 @@ def register_loss(cls: LossT) -> LossT:
         )
     LOSSES.register(cls.loss_name, ranges=cls.param_ranges)(cls)
     return cls
+
+
+def _fields_of_type(cls: type[Loss], kind: type) -> list[str]:
+    """The hyperparameter fields of ``cls`` annotated as exactly ``kind`` (``int``, ``bool``)."""
+    return [f.name for f in dataclasses.fields(cls) if f.type in (kind, kind.__name__)]
 
 
 def get(name: str, **hparams: Any) -> Loss:
@@ -152,7 +165,8 @@ def get(name: str, **hparams: Any) -> Loss:
     Raises:
       UnknownNameError: for an unregistered name (the message lists the known losses).
       TypeError: for a hyperparameter the loss does not take (the message lists those it does).
-      ValueError: for a value outside the hyperparameter's range.
+      ValueError: for a value outside the hyperparameter's range (integer hyperparameters, such
+        as ``num_classes``, must be integers of at least 1), or a switch not True or False.
     """
     cls = LOSSES.get(name)
     fields = sorted(f.name for f in dataclasses.fields(cls) if f.name not in ("parent", "name"))
@@ -166,6 +180,9 @@ def get(name: str, **hparams: Any) -> Loss:
                 problem = allowed.problem(value)
                 if problem:
                     raise ValueError(f"loss {name!r}: {key}={hparams[key]!r} {problem}")
+    for key in _fields_of_type(cls, bool):
+        if key in hparams and not isinstance(hparams[key], bool):
+            raise ValueError(f"loss {name!r}: {key}={hparams[key]!r} must be True or False")
     return cls(**hparams)
 
 

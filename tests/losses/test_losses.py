@@ -306,3 +306,17 @@ def test_register_loss_checks_param_lr():
     with pytest.raises(ValueError, match="param_lr"):
         register_loss(Bad)
     assert "bad" not in LOSSES
+
+
+def test_register_loss_needs_an_integer_range_for_an_int_field():
+    """An ``int`` hyperparameter is declared with an integer ``Range`` (so ``jdml.losses.get``
+    refuses 2.5, True and out-of-range counts): a loss without one is refused at registration."""
+
+    class Uncounted(Loss):
+        loss_name: ClassVar[str] = "uncounted"
+        _: dataclasses.KW_ONLY
+        num_classes: int
+
+    with pytest.raises(ValueError, match=r"integer Range for \['num_classes'\]"):
+        register_loss(Uncounted)
+    assert "uncounted" not in LOSSES
