@@ -191,6 +191,13 @@ def _keys(path: Any) -> tuple[str, ...]:
     return tuple(str(getattr(k, "key", k)) for k in path)
 
 
+def param_names(params: Any) -> set[str]:
+    """Every dict key on the paths of ``params``' leaves: the names an ``optim.no_decay`` rule
+    and a frozen module may give."""
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {key for path, _ in leaves for key in _keys(path)}
+
+
 def scale_by_path(scale: Callable[[tuple[str, ...]], float]) -> optax.GradientTransformation:
     """Multiplies each leaf's update by ``scale`` of its path of dict keys (a constant)."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -23,6 +24,9 @@ from jdml.data.loading import load_splits
 from jdml.data.pipeline import TrainBatch, host_cores, training_photos
 from jdml.errors import ConfigError
 from jdml.evaluation.splits import embed_split, evaluate_splits, split_metrics
+from jdml.members import member_configs
+from jdml.models.embedding import frozen_backbone_modules
+from jdml.optim import param_names
 from jdml.program import StepFn, build_program
 from jdml.samplers import SAMPLERS
 from jdml.samplers.memory import empty_sampler_state
@@ -82,6 +86,11 @@ class Run:
         self.initial_state = self.program.init_state(self.tx, config.seed, sample, placeholders)
         self.embed_fn = self.program.make_embed_fn()
         self.eval_config = self.program.eval_config
+
+    def check_parameter_names(self) -> None:
+        """Before a run writes anything: every parameter a config value names exists in the
+        built model (:func:`check_parameter_names`)."""
+        check_parameter_names(self.config, self.initial_state.params)
 
     def check_photos(self) -> None:
         """Before a run writes anything: every photo file of every split ends as a complete
@@ -209,3 +218,50 @@ class Run:
             on_embeddings=on_embeddings,
             backends=self.backends,
         )
+
+
+def check_parameter_names(config: ml_collections.ConfigDict, params: Any) -> None:
+    """Every name of a parameter that ``config`` gives matches a dict key on the paths of
+    ``params`` (the built model's): the names of ``optim.no_decay`` (``"1d"`` names none) and the
+    backbone modules that ``model.frozen_stages`` freezes (each member's, in a heterogeneous
+    cohort). A name that matches nothing would change nothing, silently.
+
+    Raises:
+      ConfigError: naming the value, the nearest parameter names and a value that works.
+    """
+    names = param_names(params)
+    rules = tuple(config.optim.no_decay)
+    for rule in rules:
+        if rule == "1d" or rule in names:
+            continue
+        close = difflib.get_close_matches(rule, names, n=3, cutoff=0.6)
+        fixed = tuple(close[0] if r == rule else r for r in rules if close or r != rule)
+        raise ConfigError(
+            f"optim.no_decay has {rule!r}, which names no parameter of this model; the nearest "
+            f"parameter names: {', '.join(close or nearest_names(rule, names))}"
+            f"{'' if close else ', none close: drop it'}. Use e.g. "
+            f"--config.optim.no_decay={tuple_flag(fixed)}"
+        )
+    members = member_configs(config) if config.cohort.members else [config]
+    for member in members:
+        frozen = frozen_backbone_modules(member.model)
+        missing = sorted(frozen - names)
+        if missing:
+            raise ConfigError(
+                f"model.frozen_stages={member.model.frozen_stages} freezes backbone modules "
+                f"{', '.join(missing)} of {member.model.backbone!r}, which its parameters do not "
+                f"have (the nearest: {', '.join(nearest_names(missing[0], names))}); use "
+                "--config.model.frozen_stages=-1 (the backbone declares stages it does not build)"
+            )
+
+
+def nearest_names(name: str, names: set[str], n: int = 3) -> list[str]:
+    """The ``n`` names of ``names`` most similar to ``name`` (difflib's ratio), however far."""
+    return difflib.get_close_matches(name, names, n=n, cutoff=0.0)
+
+
+def tuple_flag(values: Sequence[str]) -> str:
+    """A tuple of strings as a ``--config.`` flag's value: ``('1d','cls_token')``, ``()``."""
+    if len(values) == 1:
+        return f"({values[0]!r},)"
+    return "(" + ",".join(repr(v) for v in values) + ")"

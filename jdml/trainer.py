@@ -199,6 +199,7 @@ def train_and_evaluate(
         check_profile_steps(
             config.profile_steps, run.total_steps, max(saved_steps(workdir), default=0)
         )
+        run.check_parameter_names()  # optim.no_decay's names, the frozen modules: exist
         run.check_photos()  # a truncated photo or an unwritable decode cache: named now
         if claim is not None:
             claim.keep()

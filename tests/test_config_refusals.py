@@ -103,3 +103,38 @@ def test_a_config_of_another_version_names_the_keys_to_remove(
     proc = run(*command[1:])
     assert proc.returncode == 0, proc.stderr + line
     assert "results:" in proc.stdout
+
+
+# --------------------------------------------------------------------------- parameter names
+
+
+def test_a_no_decay_name_of_no_parameter_names_the_nearest(npz: str, tmp_path: Path) -> None:
+    """``optim.no_decay=('1d','stem_bm')`` (a misspelt ``stem_bn``) used to train with the
+    name matching nothing; it stops before the workdir exists, naming the nearest parameter
+    names and a flag that trains."""
+    workdir = tmp_path / "w"
+    proc = run(*train_args(npz, workdir, "--config.optim.no_decay=('1d','stem_bm')"))
+    assert proc.returncode == 2
+    line = assert_refused(proc, "optim.no_decay has 'stem_bm'", "nearest parameter names: stem_bn")
+    assert not workdir.exists()
+    flag = line.split("Use e.g. ", 1)[1]
+    assert flag == "--config.optim.no_decay=('1d','stem_bn')"
+    assert run(*train_args(npz, workdir, flag)).returncode == 0
+
+
+def test_a_misspelt_cls_token_is_named_on_a_vit(npz: str) -> None:
+    """The issue's ``optim.no_decay=('1d','cls_tokn')`` on a ViT (whose ``cls_token`` kept its
+    weight decay): refused, naming ``cls_token``; the right names and the frozen patch
+    embedding pass."""
+    from jdml.config import set_keys
+    from jdml.errors import ConfigError
+    from jdml.run import Run
+    from tests.helpers import tiny_config
+
+    vit = {"model.backbone": "vit", "model.vit_patch": 8, "model.vit_dim": 24}
+    c = tiny_config(npz, **vit, **{"model.vit_depth": 1, "model.vit_heads": 2})
+    set_keys(c, {"optim.no_decay": ("1d", "cls_tokn"), "model.frozen_stages": 0})
+    with pytest.raises(ConfigError, match=r"nearest parameter names: cls_token\. Use e\.g\. "):
+        Run(c).check_parameter_names()
+    set_keys(c, {"optim.no_decay": ("1d", "cls_token", "pos_embed")})
+    Run(c).check_parameter_names()
