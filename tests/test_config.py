@@ -43,6 +43,7 @@ def test_default_config_is_valid_and_round_trips():
         ),
         ("eval.per_query", ("recall@3",), "not a retrieval metric"),
         ("optim.no_decay", ("1d", "no-such"), "optim.no_decay has 'no-such'; give '1d'"),
+        ("optim.layer_decay_grouping", "beit", "grouping='beit'; choose one of: mae, timm"),
     ],
 )
 def test_unknown_names_are_rejected(key, value, pattern):

@@ -10,6 +10,7 @@ import optax
 import pytest
 
 from jdml.optim import Group, lr_multiplier, make_optimizer
+from tests.helpers import REPO, load_script
 
 
 def _cfg(**kw) -> ml_collections.ConfigDict:
@@ -172,3 +173,48 @@ def test_layer_decay_scales_each_layers_whole_update():
         for key in path:
             got = got[key]
         np.testing.assert_allclose(np.asarray(got), value, rtol=1e-5, atol=1e-6, err_msg=path)
+
+
+# The cases of tests/golden/optim/layer_decay.json (tools/make_layer_decay_fixture.py): a timm
+# ViT without a classifier, and the same with one (``_head``), which stands for jdml's heads.
+LAYER_DECAY_CASES = ("vit_small", "depth2", "depth4_reg2")
+
+
+@pytest.fixture(scope="module")
+def layer_decay():
+    return load_script("tools/layer_decay_table.py")
+
+
+@pytest.mark.parametrize("case", LAYER_DECAY_CASES)
+def test_timm_grouping_is_timms_layer_decay(layer_decay, case):
+    """``optim.layer_decay_grouping=timm``: every parameter of a ViT (ViT-S/16 at 0.65, two
+    blocks at 0.5, four blocks with registers at 0.75) at the factor
+    ``timm.optim.param_groups_layer_decay`` gives the same timm ViT without a classifier."""
+    recorded = layer_decay.load_cases()[case]
+    assert layer_decay.jdml_scales(recorded, "timm") == recorded["timm"]
+
+
+@pytest.mark.parametrize("case", [c for c in LAYER_DECAY_CASES if "reg" not in c])
+def test_mae_grouping_is_maes_layer_decay(layer_decay, case):
+    """``optim.layer_decay_grouping=mae``: every parameter at the factor of MAE's
+    ``param_groups_lrd`` (BEiT's layers), the heads at the rate; with a classifier inside its
+    model, timm's factors are the same but the final norm's, which is ``decay`` times less."""
+    for name in (case, f"{case}_head"):
+        recorded = layer_decay.load_cases()[name]
+        assert layer_decay.jdml_scales(recorded, "mae") == recorded["mae"], name
+    ours = layer_decay.jdml_scales(recorded, "mae")
+    norm = {n for n in ours if n.startswith("norm.")}
+    assert norm and {n: ours[n] * recorded["decay"] for n in norm} == {
+        n: recorded["timm"][n] for n in norm
+    }
+    assert {n: s for n, s in ours.items() if n not in norm} == {
+        n: s for n, s in recorded["timm"].items() if n not in norm
+    }
+
+
+def test_the_layer_decay_table_is_what_its_command_prints(layer_decay):
+    """docs/usage.md's layer-decay table is what ``python tools/layer_decay_table.py`` prints."""
+    tool = load_script("tools/update_claim_tables.py")
+    with open(f"{REPO}/docs/usage.md") as f:
+        blocks = dict(tool.generated_blocks(f.read()))
+    assert blocks["python tools/layer_decay_table.py"] == tool.generated_text(layer_decay.table())

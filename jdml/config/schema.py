@@ -177,10 +177,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.clip_norm = 0.0
     c.optim.no_decay = ()
     c.optim.backbone_lr_multiplier = 1.0
-    # Layer-wise learning-rate decay of backbones that declare their layers (the ViTs): layer l
-    # of L + 1 learns at layer_decay^(L - l) times the rate (BEiT's; 0.65-0.75 in ViT
-    # fine-tuning recipes); 1 is off.
+    # Layer-wise learning-rate decay of backbones that declare their layers (the ViTs): group g
+    # of G + 1 learns at layer_decay^(G - g) times the rate (BEiT's; 0.65-0.75 in ViT
+    # fine-tuning recipes); 1 is off. The groups: "mae" (BEiT's and MAE's: the stem, each
+    # block, the final norm at the full rate) or "timm" (timm's param_groups_layer_decay of a
+    # backbone without classifier: the final norm with the last block, at the full rate).
     c.optim.layer_decay = 1.0
+    c.optim.layer_decay_grouping = "mae"
 
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = 112

@@ -35,7 +35,12 @@ from jdml.methods.terms import TERMS
 from jdml.methods.terms.metric import check_sections
 from jdml.miners import MINERS
 from jdml.models import BACKBONES, INPUT_NORMALIZATIONS, MODEL_DTYPES, POOLINGS
-from jdml.models.embedding import HEAD_INITS, frozen_backbone_modules, layer_scales
+from jdml.models.embedding import (
+    HEAD_INITS,
+    LAYER_GROUPINGS,
+    frozen_backbone_modules,
+    layer_scales,
+)
 from jdml.models.pretrained.backbones import CONVERTERS, weight_path
 from jdml.nn.batch_norm import BATCH_NORM_MODES
 from jdml.optim import OPTIMIZERS, SCHEDULES
@@ -241,11 +246,17 @@ def _validate_model(model: ml_collections.ConfigDict, channels: int) -> None:
 
 
 def _validate_layer_decay(c: ml_collections.ConfigDict) -> None:
-    """``optim.layer_decay`` below 1 needs a backbone that declares its layers."""
+    """``optim.layer_decay_grouping`` is a known grouping, and ``optim.layer_decay`` below 1
+    needs a backbone that declares its layers."""
+    if c.optim.layer_decay_grouping not in LAYER_GROUPINGS:
+        raise ConfigError(
+            f"optim.layer_decay_grouping={c.optim.layer_decay_grouping!r}; choose one of: "
+            + ", ".join(LAYER_GROUPINGS)
+        )
     if c.optim.layer_decay == 1.0:
         return
     try:
-        layer_scales(c.model, c.optim.layer_decay)
+        layer_scales(c.model, c.optim.layer_decay, c.optim.layer_decay_grouping)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -254,11 +254,13 @@ class Method:
         return lambda path: path[:2] == ("model", "backbone") and len(path) > 2 and path[2] in names
 
     def layer_lr_scales(self) -> Callable[[tuple[str, ...]], float] | None:
-        """``optim.layer_decay``: params path -> the factor of its learning rate (None: 1)."""
+        """``optim.layer_decay`` grouped by ``optim.layer_decay_grouping``: params path -> the
+        factor of its learning rate (None: 1)."""
         decay = float(self.config.optim.get("layer_decay", 1.0))
         if decay == 1.0:
             return None
-        scales = layer_scales(self.config.model, decay)
+        grouping = self.config.optim.get("layer_decay_grouping", "mae")
+        scales = layer_scales(self.config.model, decay, grouping)
 
         def scale(path: tuple[str, ...]) -> float:
             backbone = path[:2] == ("model", "backbone") and len(path) > 2

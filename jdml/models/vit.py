@@ -210,7 +210,8 @@ class VisionTransformer(nn.Module):
     @property
     def LAYERS(self) -> tuple[tuple[str, ...], ...]:  # the layer-decay protocol's name
         """The parameters by depth, for ``optim.layer_decay``: the patch embedding with the
-        tokens and positions, each block, then the final norm (timm's grouping of a ViT)."""
+        tokens and positions, each block, then the final norm (BEiT's and MAE's layers of a
+        ViT; ``optim.layer_decay_grouping=timm`` puts the final norm with the last block)."""
         stem = ("patch_embed_proj", "cls_token", "pos_embed", "reg_token")
         return (stem, *((f"blocks_{i}",) for i in range(self.arch.depth)), ("norm",))
 

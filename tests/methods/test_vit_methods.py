@@ -120,3 +120,15 @@ def test_layer_decay_gives_each_depth_its_rate(npz):
         )
         for a, b in zip(moved, plain, strict=True):
             np.testing.assert_allclose(a, factor * b, rtol=2e-3, atol=1e-9, err_msg=name)
+
+
+def test_timm_grouping_reaches_the_method(npz):
+    """``optim.layer_decay_grouping=timm`` on the two-block ViT at 0.5: the final norm joins
+    block 1's group at the rate, so the stem learns at 0.25 and block 0 at 0.5."""
+    vit = {**VIT, "model.vit_depth": 2, "optim.name": "adamw"}
+    timm = {"optim.layer_decay": 0.5, "optim.layer_decay_grouping": "timm"}
+    scale = Run(tiny_config(npz, **vit, **timm)).program.method.layer_lr_scales()
+    expected = {"patch_embed_proj": 0.25, "cls_token": 0.25, "pos_embed": 0.25,
+                "blocks_0": 0.5, "blocks_1": 1.0, "norm": 1.0}  # fmt: skip
+    assert {name: scale(("model", "backbone", name)) for name in expected} == expected
+    assert scale(("model", "head_discriminative", "kernel")) == 1.0
