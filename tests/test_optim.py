@@ -199,16 +199,15 @@ def test_mae_grouping_is_maes_layer_decay(layer_decay, case):
     """``optim.layer_decay_grouping=mae``: every parameter at the factor of MAE's
     ``param_groups_lrd`` (BEiT's layers), the heads at the rate; with a classifier inside its
     model, timm's factors are the same but the final norm's, which is ``decay`` times less."""
+    cases = layer_decay.load_cases()
     for name in (case, f"{case}_head"):
-        recorded = layer_decay.load_cases()[name]
-        assert layer_decay.jdml_scales(recorded, "mae") == recorded["mae"], name
-    ours = layer_decay.jdml_scales(recorded, "mae")
+        assert layer_decay.jdml_scales(cases[name], "mae") == cases[name]["mae"], name
+    head = cases[f"{case}_head"]
+    ours, timm = layer_decay.jdml_scales(head, "mae"), head["timm"]
     norm = {n for n in ours if n.startswith("norm.")}
-    assert norm and {n: ours[n] * recorded["decay"] for n in norm} == {
-        n: recorded["timm"][n] for n in norm
-    }
+    assert norm and {n: ours[n] * head["decay"] for n in norm} == {n: timm[n] for n in norm}
     assert {n: s for n, s in ours.items() if n not in norm} == {
-        n: s for n, s in recorded["timm"].items() if n not in norm
+        n: s for n, s in timm.items() if n not in norm
     }
 
 
