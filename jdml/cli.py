@@ -16,6 +16,7 @@ EXIT_USAGE = 2
 def known_errors() -> tuple[type[BaseException], ...]:
     from jdml.errors import (
         DataError,
+        NonFiniteEmbeddingError,
         NonFiniteLossError,
         OutputPathError,
         WeightFileError,
@@ -29,6 +30,7 @@ def known_errors() -> tuple[type[BaseException], ...]:
         CheckpointError,
         UnknownNameError,
         NonFiniteLossError,
+        NonFiniteEmbeddingError,
         OutputPathError,
         WorkdirError,
         WeightFileError,
@@ -377,7 +379,8 @@ def flags_parser(config_flag_name: str = "config") -> Callable[[list[str]], list
         try:
             with _quiet_none_warning():
                 rest = flags.FLAGS(argv)
-            value = flags.FLAGS[config_flag_name].value
+            # eval.py has no config flag: nothing of it to check
+            value = flags.FLAGS[config_flag_name].value if config_flag_name in flags.FLAGS else None
             if value is None or _is_config(value):
                 return rest
             path = (_config_spec(argv, config_flag_name) or "").partition(":")[0]

@@ -64,6 +64,16 @@ class NonFiniteLossError(FloatingPointError):
     """Training produced a NaN/inf loss or gradient; the message says when and what to try."""
 
 
+class NonFiniteEmbeddingError(FloatingPointError):
+    """Embeddings to evaluate, index or search hold NaN/inf; the message says how many, of
+    which split or head, and what to check. ``found``: e.g. ``3 of 60 'main' embeddings of
+    split 'test' are not finite (NaN or inf)``, the message without its advice."""
+
+    def __init__(self, found: str, fix: str) -> None:
+        super().__init__(f"{found}: {fix}")
+        self.found = found
+
+
 class ReportError(ValueError):
     """The runs cannot be reported (none found, unreadable, or without evaluations)."""
 

@@ -49,7 +49,7 @@ from jdml.data.sources import (
 )
 from jdml.data.transforms import eval_view
 from jdml.errors import CheckpointError, DataError, IndexFileError, IndexMismatchError
-from jdml.evaluation.embeddings import combine_heads
+from jdml.evaluation.embeddings import check_finite, combine_heads
 from jdml.evaluation.knn import knn
 from jdml.evaluation.splits import embed_split
 from jdml.fileio import atomic_path, check_output_path
@@ -348,10 +348,18 @@ class Model:
         )
 
     def select(self, embeddings: dict[str, np.ndarray]) -> np.ndarray:
-        """The model's embedding (``self.embedding``) from all of the run's embeddings."""
+        """The model's embedding (``self.embedding``) from all of the run's embeddings.
+
+        Raises:
+          NonFiniteEmbeddingError: rows of it hold NaN or inf (counted in the message).
+        """
         if self._combine is None:
-            return embeddings[self.embedding]
-        return np.asarray(combine_heads(embeddings, self._combine))
+            out = embeddings[self.embedding]
+        else:
+            out = np.asarray(combine_heads(embeddings, self._combine))
+        where = f"{self.workdir}, checkpoint {self._checkpoint} (step {int(self.step)})"
+        check_finite(out, f"{self.embedding!r} embeddings of {where}")
+        return out
 
     def embed(
         self,
@@ -538,6 +546,8 @@ class Index:
                 f"queries of shape {queries.shape} do not match the index's "
                 f"{self.embeddings.shape[1]}-dimensional embeddings"
             )
+        check_finite(self.embeddings, "embeddings of this index")
+        check_finite(queries, "query embeddings")
         k = min(k, len(self))
         distances, indices = knn(
             queries, self.embeddings, k, exclude_self=False, distance=self.distance

@@ -37,7 +37,12 @@ from jdml.config.saved import resume_command, unreadable_config
 from jdml.config.validation import check_devices, check_profile_steps, profile_range
 from jdml.data.pipeline import input_pipeline, train_batches
 from jdml.distributed import barrier, exit_after_peer_failure, is_main_process, peer_failure
-from jdml.errors import ConfigError, NonFiniteLossError, raise_if_stopped
+from jdml.errors import (
+    ConfigError,
+    NonFiniteEmbeddingError,
+    NonFiniteLossError,
+    raise_if_stopped,
+)
 from jdml.evaluations import Evaluations
 from jdml.fileio import atomic_write
 from jdml.metric_writer import MetricWriter
@@ -263,7 +268,7 @@ def _train(
     _log_start(config, run)
     if start == 0:
         if config.eval.at_start:
-            evaluations(state, 0)
+            _evaluate_finite(evaluations, state, 0, config, workdir)
         state = run.prepare(state)
     train_step = run.make_train_step()
     loop = _Loop(run, train_step, writer, ckpts, evaluations, os.path.join(workdir, "profile"))
@@ -414,7 +419,7 @@ class _Loop:
         if step % tc.log_every_steps == 0 or epoch_end or step == total:
             self._log(state, step)
         if epoch_end and (step // spe % ec.every_epochs == 0 or step == total):
-            self.evaluate(state, step // spe)
+            _evaluate_finite(self.evaluate, state, step // spe, self.run.config, self.ckpts.workdir)
         if step % tc.checkpoint_every_steps == 0 or epoch_end or step == total:
             self.ckpts.save(state, {"epoch": step / spe, **unlogged_meta(self.pending)})
 
@@ -465,16 +470,49 @@ def _check_finite(
     bad = int(state.nonfinite)
     if not bad:
         return
+    raise NonFiniteLossError(
+        f"the loss or its gradient was NaN/inf in {bad} step(s) up to step {step}; those "
+        f"updates were skipped and no checkpoint was written after them. {_retry(config, workdir)}"
+    )
+
+
+def _evaluate_finite(
+    evaluate: Callable[[TrainState, int], None],
+    state: TrainState,
+    epoch: int,
+    config: ml_collections.ConfigDict,
+    workdir: str,
+) -> None:
+    """``evaluate(state, epoch)``; embeddings that are not finite stop the run by the rule of a
+    non-finite loss (:func:`_check_finite`): one line, no checkpoint of this step, and a command
+    that trains again (the untrained model's: its weights or the data are to blame)."""
+    try:
+        evaluate(state, epoch)
+    except NonFiniteEmbeddingError as e:
+        step = int(state.step)
+        if step == 0:
+            raise NonFiniteLossError(
+                f"at the evaluation of the untrained model, {e.found}: check the weights "
+                "file of model.pretrained and the data for corrupt images"
+            ) from None
+        raise NonFiniteLossError(
+            f"at the evaluation of step {step}, {e.found}; no checkpoint was written for this "
+            f"step. {_retry(config, workdir)}"
+        ) from None
+
+
+def _retry(config: ml_collections.ConfigDict, workdir: str) -> str:
+    """What to do after non-finite training: check the data, or the command that trains the
+    same config in a new workdir with a tenth of the learning rate (the seed and the learning
+    rate change the experiment, so this workdir refuses them)."""
     lr = float(config.optim.lr) / 10
     fresh = f"{workdir.rstrip(os.sep)}-lr{lr:g}"
     count = 2
     while os.path.exists(fresh):
         fresh, count = f"{workdir.rstrip(os.sep)}-lr{lr:g}-{count}", count + 1
     stored = os.path.join(workdir, "config.json")
-    raise NonFiniteLossError(
-        f"the loss or its gradient was NaN/inf in {bad} step(s) up to step {step}; those "
-        "updates were skipped and no checkpoint was written after them. Check the data for "
-        "corrupt images, or train again with a lower learning rate in a new workdir (this one "
-        f"keeps its config): python train.py --config {shlex.quote(stored)} --workdir "
-        f"{shlex.quote(fresh)} --config.optim.lr={lr:g}"
+    return (
+        "Check the data for corrupt images, or train again with a lower learning rate in a new "
+        f"workdir (this one keeps its config): python train.py --config {shlex.quote(stored)} "
+        f"--workdir {shlex.quote(fresh)} --config.optim.lr={lr:g}"
     )

@@ -261,3 +261,21 @@ def test_embed_refuses_images_it_would_misread(model, test_split, make, message)
         model.embed(make(images))
     with pytest.raises(DataError, match="no images to embed"):
         model.embed([])
+
+
+def test_embed_takes_jax_arrays_as_arrays(model, test_split):
+    """A JAX array (the natural input in one's own loop) is images, not a list of file names:
+    the same embeddings as the NumPy array, the same dtype rules, and ``#<i>`` names in an
+    index."""
+    import jax.numpy as jnp
+
+    from jdml.errors import DataError
+
+    images = test_split.images[:4]
+    want = model.embed(images)
+    np.testing.assert_array_equal(model.embed(jnp.asarray(images)), want)
+    floats = jnp.asarray(images, jnp.float32) / 255.0
+    np.testing.assert_array_equal(model.embed(floats), model.embed(np.asarray(floats)))
+    with pytest.raises(DataError, match=r"span \[0, 255\]"):
+        model.embed(jnp.asarray(images, jnp.float32))
+    assert model.index(jnp.asarray(images)).names == ("#0", "#1", "#2", "#3")

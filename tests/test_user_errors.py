@@ -1103,6 +1103,102 @@ def test_a_nan_stop_names_a_command_that_runs(npz: str, tmp_path: Path) -> None:
     assert json.loads((fresh / "config.json").read_text())["optim"]["lr"] == 1e37
 
 
+def test_embeddings_that_are_not_finite_are_counted_not_an_index_error() -> None:
+    """A NaN or inf row reaches neither the kNN (it used to fail on ``reference_ids[INT32_MAX]``)
+    nor a search: one error counting the rows, of the embeddings, the gallery or the index."""
+    from jdml.errors import NonFiniteEmbeddingError
+    from jdml.evaluation.embeddings import evaluate_embeddings
+    from jdml.inference import Index
+
+    rng = np.random.default_rng(0)
+    embeddings, labels = rng.normal(size=(40, 8)).astype(np.float32), np.repeat(np.arange(10), 4)
+    broken = embeddings.copy()
+    broken[3, 2], broken[7, 0] = np.nan, np.inf
+    with pytest.raises(NonFiniteEmbeddingError, match=r"^2 of 40 embeddings are not finite"):
+        evaluate_embeddings(broken, labels, ["recall@1", "map@r"])
+    with pytest.raises(NonFiniteEmbeddingError, match=r"^2 of 40 gallery embeddings"):
+        evaluate_embeddings(
+            embeddings[:5], labels[:5], ["recall@1"], gallery=broken, gallery_labels=labels
+        )
+    index = Index(broken, labels, tuple(map(str, range(40))), fingerprint={})
+    with pytest.raises(NonFiniteEmbeddingError, match=r"^2 of 40 embeddings of this index"):
+        index.search(embeddings[:2])
+
+
+NAN_AT_EVALUATION = """
+import os, runpy, sys
+
+import numpy as np
+
+import jdml.evaluation.splits as splits
+
+embed, calls = splits.embed_split, []
+
+
+def patched(*args, **kwargs):  # the NAN_AT-th split embedded gets a NaN row
+    out = embed(*args, **kwargs)
+    calls.append(1)
+    if len(calls) == int(os.environ["NAN_AT"]):
+        for emb in out.values():
+            emb[1] = np.nan
+    return out
+
+
+splits.embed_split = patched
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_an_evaluation_that_meets_nan_stops_the_run_as_a_nan_loss_does(
+    npz: str, tmp_path: Path
+) -> None:
+    """The embeddings of the step-3 evaluation hold a NaN row (the splits embedded at step 0
+    are the first two): the run stops in the one line of a NaN loss, naming the split and the
+    count, with the command that trains again; no checkpoint of step 3, no record of it."""
+    workdir = tmp_path / "nan-eval"
+    script = tmp_path / "nan_at.py"
+    script.write_text(NAN_AT_EVALUATION)
+    proc = run(str(script), *train_args(npz, workdir)[1:], env={"NAN_AT": "3"})
+    line = assert_refused(
+        proc, "at the evaluation of step 3, 1 of ", "split 'test' are not finite (NaN or inf)"
+    )
+    assert "python train.py" in line and "--config.optim.lr=" in line
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [2]
+    records = [json.loads(r) for r in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert not [r for r in records if r["kind"] == "eval" and r["step"] == 3]
+
+
+def test_a_checkpoint_with_nan_parameters_is_one_line_in_eval_and_embed(
+    npz: str, finished: Path, tmp_path: Path
+) -> None:
+    """A checkpoint whose parameters are NaN: ``eval.py`` and ``jdml embed`` end in one line
+    counting the embeddings that are not finite, and write no result or index."""
+    import jax
+
+    from jdml.checkpoint import Checkpoints
+    from jdml.evaluate_checkpoint import load_config
+    from jdml.run import Run
+
+    copy = Path(shutil.copytree(finished, tmp_path / "run"))
+    ckpts = Checkpoints(str(copy))
+    try:
+        state, meta = ckpts.restore("latest", Run(load_config(str(copy))).initial_state)
+        shutil.rmtree(copy / "checkpoints" / str(int(state.step)))
+        ckpts.reload()
+        nan = jax.tree_util.tree_map(lambda x: x * np.nan, state.params)
+        ckpts.save(state.replace(params=nan), meta)
+    finally:
+        ckpts.close()
+    evaluated = unchanged_after(copy, "eval.py", "--workdir", str(copy), "--checkpoint", "latest")
+    assert_refused(evaluated, "embeddings of split 'test' are not finite (NaN or inf)")
+    index = tmp_path / "index.npz"
+    args = ["-m", "jdml", "embed", str(copy), npz, "--checkpoint", "latest", "--out", str(index)]
+    embedded = unchanged_after(copy, *args)
+    assert_refused(embedded, "embeddings of", "are not finite (NaN or inf)")
+    assert not index.exists()
+
+
 def test_an_eval_result_path_taken_by_a_folder_is_named_before_evaluating(
     finished: Path, tmp_path: Path
 ) -> None:

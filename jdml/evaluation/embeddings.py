@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jdml.backends import Backends
+from jdml.errors import NonFiniteEmbeddingError
 from jdml.evaluation.kmeans import kmeans
 from jdml.evaluation.knn import DEFAULT_BLOCK_SIZE, DISTANCES, full_ranking_blocks, knn_blocks
 from jdml.evaluation.metrics import (
@@ -340,15 +341,42 @@ def _gallery_requirements(
     )
 
 
+@jax.jit
+def _nonfinite_rows(embeddings: jax.Array) -> jax.Array:
+    return jnp.sum(~jnp.all(jnp.isfinite(embeddings), axis=-1))
+
+
+NONFINITE_FIX = (
+    "the model's parameters or its input hold NaN/inf (an overflow in training, a damaged "
+    "checkpoint or weights file); retrieval needs finite embeddings"
+)
+
+
+def check_finite(
+    embeddings: jax.Array | np.ndarray, what: str = "embeddings", fix: str = NONFINITE_FIX
+) -> None:
+    """Raises :class:`NonFiniteEmbeddingError` if rows of (N, D) ``embeddings`` hold NaN or inf,
+    naming how many, ``what`` they are and ``fix``: one reduction where the array lives (a
+    device array stays on its device; one integer reaches the host)."""
+    if isinstance(embeddings, np.ndarray):
+        bad = int(np.sum(~np.all(np.isfinite(embeddings), axis=-1)))
+    else:
+        bad = int(_nonfinite_rows(embeddings))
+    if bad:
+        found = f"{bad} of {len(embeddings)} {what} are not finite (NaN or inf)"
+        raise NonFiniteEmbeddingError(found, fix)
+
+
 def _check_inputs(
     embeddings: jax.Array | np.ndarray,
     labels: jax.Array | np.ndarray,
     distance: str,
     minimum: int = 2,
     on_host: bool = False,
+    what: str = "embeddings",
 ) -> tuple[jax.Array | np.ndarray, np.ndarray]:
-    """Validated (N, D) float32 embeddings (on the default device, or ``on_host``) and (N,)
-    labels, N >= ``minimum``."""
+    """Validated (N, D) float32 finite embeddings (on the default device, or ``on_host``) and
+    (N,) labels, N >= ``minimum``; ``what`` names the embeddings in a refusal."""
     if distance not in DISTANCES:
         raise ValueError(f"unknown distance {distance!r}; expected one of {DISTANCES}")
     if on_host:
@@ -362,6 +390,7 @@ def _check_inputs(
         )
     if embeddings.shape[0] < minimum:
         raise ValueError(f"retrieval evaluation needs at least {minimum} samples")
+    check_finite(embeddings, what)
     return embeddings, labels
 
 
@@ -431,6 +460,10 @@ def evaluate_embeddings(
     Returns:
       {metric name: float} in the requested order; with ``return_vectors``, the pair
       ({name: float}, {name: 1-D array}).
+
+    Raises:
+      NonFiniteEmbeddingError: rows of the embeddings or the gallery hold NaN or inf (the
+        message counts them).
     """
     specs = resolve_metrics(metrics)
     _check_per_query(specs, per_query, return_vectors)
@@ -456,7 +489,9 @@ def evaluate_embeddings(
     else:
         if gallery_labels is None:
             raise ValueError("a gallery needs its gallery_labels")
-        gallery, gallery_labels = _check_inputs(gallery, gallery_labels, distance, 1, on_host)
+        gallery, gallery_labels = _check_inputs(
+            gallery, gallery_labels, distance, 1, on_host, "gallery embeddings"
+        )
         if gallery.shape[1] != embeddings.shape[1]:
             raise ValueError(
                 f"queries have {embeddings.shape[1]} dimensions but the gallery "

@@ -15,7 +15,7 @@ from jdml.backends import Backends
 from jdml.data.arrays import ImageSet, QueryGallery
 from jdml.data.pipeline import eval_batches
 from jdml.evaluation import per_query as pq
-from jdml.evaluation.embeddings import evaluate_embeddings, evaluate_heads
+from jdml.evaluation.embeddings import check_finite, evaluate_embeddings, evaluate_heads
 
 EmbedFn = Callable[[Any, Any, jax.Array], dict[str, jax.Array]]
 
@@ -158,11 +158,18 @@ def evaluate_splits(
     Returns:
       ``({split: {metric: value}}, {split: {vector metric: 1-D array}},
       {split: {head or combination: {metric: value}}})``.
+
+    Raises:
+      NonFiniteEmbeddingError: an evaluated head's embeddings of a split hold NaN or inf (the
+        message names the head and the split and counts the rows).
     """
     scalars, vectors, extra = {}, {}, {}
     kept = tuple(cfg.get("per_query", ()))
     for name, data in splits.items():
         embeddings = embed_split(embed_fn, params, batch_stats, data, cfg.batch_size)
+        evaluated = [head, *(cfg.heads if name in full else ())]
+        for h in dict.fromkeys(evaluated):
+            check_finite(embeddings[h], f"{h!r} embeddings of split {name!r}")
         queries = kept if name in full else ()
         scalars[name], vectors[name] = evaluate_split(
             embeddings[head],
