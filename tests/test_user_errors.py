@@ -18,6 +18,7 @@ import sys
 import textwrap
 import time
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -177,23 +178,49 @@ def test_two_trainings_started_together_on_a_new_workdir_train_once(
     after the first (no waiting for a lock file): exactly one trains, the other is refused in
     one line, and every record is written once."""
     workdir = tmp_path / "new" / "run"
+    _assert_one_trains(_started_together(train_args(npz, workdir), (0.0, offset)), workdir)
+
+
+def _started_together(
+    args: list[str], delays: Sequence[float]
+) -> list[subprocess.CompletedProcess]:
+    """``python <args>`` started once per delay (each that many seconds after the one before),
+    all at work at once; their results when all have ended."""
     procs = []
-    for delay in (0.0, offset):
+    for delay in delays:
         time.sleep(delay)
-        procs.append(start(*train_args(npz, workdir)))
+        procs.append(start(*args))
     done = []
     for proc in procs:
         out, err = proc.communicate(timeout=TIMEOUT)
         done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
+def _assert_one_trains(done: list[subprocess.CompletedProcess], workdir: Path) -> None:
+    """Exactly one of ``done`` trained; each other one is refused in the one line of a workdir
+    in use; every record of ``workdir`` is written once, and one TensorBoard file at most."""
     trained = [proc for proc in done if proc.returncode == 0]
     assert len(trained) == 1, [proc.stderr[-2000:] for proc in done]
-    (refused,) = [proc for proc in done if proc.returncode != 0]
-    assert_refused(refused, "in use by another training process")
+    for refused in [proc for proc in done if proc.returncode != 0]:
+        assert_refused(refused, "in use by another training process")
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     keys = [(r["kind"], r["step"], r.get("split"), r.get("embedding")) for r in records]
     assert len(keys) == len(set(keys)), "metrics.jsonl holds a record twice"
     boards = list(workdir.rglob("events.out.tfevents.*"))
     assert len(boards) <= 1, boards
+
+
+def test_fifteen_trainings_started_together_on_a_new_workdir_train_once(
+    npz: str, tmp_path: Path
+) -> None:
+    """Fifteen ``train.py`` started at once on a workdir that does not exist yet (a one-epoch
+    run): one trains, the fourteen others are refused in one line, every record written once."""
+    workdir = tmp_path / "new" / "run"
+    args = train_args(npz, workdir, "--config.train.epochs=1")
+    done = _started_together(args, [0.0] * 15)
+    _assert_one_trains(done, workdir)
+    assert sum(proc.returncode == 2 for proc in done) == 14
 
 
 # ----------------------------------------------------------------- 3. the fixes we print work
