@@ -5,7 +5,8 @@ of any method exchanging relation matrices, with model, temporal and view divers
 
 The argument after ':' is a comma-separated list of key=value:
 
-* ``size=<L>``: the cohort size (default 4; 1 trains one model);
+* ``size=<L>``: the cohort size (default 4; 1 trains one model, with the exchange's keys at
+  their defaults: it exchanges nothing);
 * ``diversity=<set>``: the paper's Table 1 rows: ``independent`` (lambda = 0: members trained
   side by side without exchanging anything, each with its own init and augmentations), ``md``,
   ``md+td``, ``md+vd``, ``md+td+vd`` (DM2, the default);
@@ -71,11 +72,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     with c.unlocked():
         if method == "revisiting":  # the paper's section 4.2 settings (configs/datasets.py)
             set_keys(c, chosen.dm2)
-        set_keys(c, chosen.dm2_any_method)
+        # A single model (size=1) exchanges nothing: its exchange.dm2 keys keep their defaults
+        # (a run refuses keys it does not use, jdml.config.usage).
+        exchange = size > 1
+        settings = chosen.dm2_any_method.items()
+        set_keys(c, {k: v for k, v in settings if exchange or not k.startswith("exchange.")})
         c.cohort.size = size
-        c.exchange.dm2.mutual_weight = c.exchange.dm2.mutual_weight if mutual else 0.0
-        c.exchange.dm2.model_diversity = model
-        c.exchange.dm2.temporal_diversity = temporal
-        c.exchange.dm2.view_diversity = view
+        if exchange:
+            c.exchange.dm2.mutual_weight = c.exchange.dm2.mutual_weight if mutual else 0.0
+            c.exchange.dm2.model_diversity = model
+            c.exchange.dm2.temporal_diversity = temporal
+            c.exchange.dm2.view_diversity = view
     c.lock()
     return c

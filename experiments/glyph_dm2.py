@@ -58,7 +58,8 @@ def _config(
 ) -> ml_collections.ConfigDict:
     c = get_config(f"diversity={diversity},size={size}")
     with c.unlocked():
-        if mutual_weight is not None and c.exchange.dm2.mutual_weight:  # independent rows keep 0
+        # independent rows keep 0; a single model (size 1) exchanges nothing
+        if mutual_weight is not None and size > 1 and c.exchange.dm2.mutual_weight:
             c.exchange.dm2.mutual_weight = mutual_weight
         for key, value in SMALL_MEMBER.items():
             section, name = key.split(".")

@@ -34,6 +34,7 @@ from jdml.config import (
     validate,
 )
 from jdml.config.saved import resume_command, unreadable_config
+from jdml.config.usage import check_unused_keys
 from jdml.config.validation import check_devices, check_profile_steps, profile_range
 from jdml.data.pipeline import input_pipeline, train_batches
 from jdml.distributed import barrier, exit_after_peer_failure, is_main_process, peer_failure
@@ -205,6 +206,8 @@ def train_and_evaluate(
             config.profile_steps, run.total_steps, max(saved_steps(workdir), default=0)
         )
         run.check_parameter_names()  # optim.no_decay's names, the frozen modules: exist
+        if not has_checkpoints(workdir):  # keys it does not use; a resumed run goes on as it was
+            check_unused_keys(config)
         run.check_photos()  # a truncated photo or an unwritable decode cache: named now
         if claim is not None:
             claim.keep()

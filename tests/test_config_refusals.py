@@ -138,3 +138,59 @@ def test_a_misspelt_cls_token_is_named_on_a_vit(npz: str) -> None:
         Run(c).check_parameter_names()
     set_keys(c, {"optim.no_decay": ("1d", "cls_token", "pos_embed")})
     Run(c).check_parameter_names()
+
+
+# ------------------------------------------------------------------------ keys a run does not use
+
+
+@pytest.mark.parametrize(
+    ("flag", "fragments"),
+    [
+        (
+            "--config.model.vit_attention=cudnn",
+            ["model.vit_attention='cudnn' is set, but this run does not use it", "'small_resnet'"],
+        ),
+        (
+            "--config.exchange.dm2.mutual_weight=5",
+            ["exchange.dm2.mutual_weight=5.0 is set", "a single model (cohort.size=1)"],
+        ),
+        (
+            "--config.data.tfds_name=mnist",
+            ["data.tfds_name='mnist' is set", "data.name in (tfds)", "'npz'"],
+        ),
+    ],
+)
+def test_a_key_the_run_does_not_use_is_refused(
+    npz: str, tmp_path: Path, flag: str, fragments: list[str]
+) -> None:
+    """A backbone's key on another backbone (``model.vit_attention=cudnn`` on the CNN), an
+    exchange's on a single model, a dataset loader's on another dataset: each used to train
+    without a word; refused before the workdir exists (the rule of ``jdml.config.usage``)."""
+    workdir = tmp_path / "w"
+    proc = run(*train_args(npz, workdir, flag))
+    assert proc.returncode == 2
+    line = assert_refused(proc, *fragments, "Set it back to its default (--config.")
+    assert not workdir.exists()
+    if "mutual_weight" in flag:  # the fix it names trains
+        fix = line.split("default (", 1)[1].split(")", 1)[0]
+        assert fix == "--config.exchange.dm2.mutual_weight=20.0"
+        assert run(*train_args(npz, workdir, flag, fix, "--config.train.epochs=1")).returncode == 0
+
+
+def test_the_presets_set_no_key_their_run_does_not_use() -> None:
+    """Every method config with every data preset, DM2 as one model and as a cohort, and the
+    recipes: no key set away from its default that the run does not use."""
+    import importlib
+
+    from jdml.config.usage import unused_keys
+
+    specs = [(m, f"data={d}") for m in ("revisiting", "diva", "sharing") for d in PRESET_DATA]
+    specs += [("dm2", f"size={s},data={d}") for s in (1, 4) for d in PRESET_DATA]
+    specs += [("dm2", "size=1,method=diva"), ("dm2", "size=1,diversity=independent")]
+    specs += [("recipes", f"data={d}") for d in ("cub200", "sop")]
+    for module, arg in specs:
+        c = importlib.import_module(f"configs.{module}").get_config(arg)
+        assert not list(unused_keys(c)), (module, arg)
+
+
+PRESET_DATA = ("glyphs", "emoji", "npz", "cub200", "cars196", "sop", "inshop")
