@@ -73,7 +73,11 @@ def _shapes_only(specs: list) -> dict[str, np.ndarray]:
 
 def write_safetensors(path: str, arrays: Mapping[str, np.ndarray]) -> None:
     """Writes ``arrays`` in the safetensors layout: u64 header size, JSON header, raw bytes."""
-    codes = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64"}
+    codes = {
+        np.dtype(t): code
+        for t, code in [(np.float32, "F32"), (np.float16, "F16"), (np.int64, "I64"),
+                        (np.int32, "I32"), (np.int8, "I8"), (np.uint8, "U8"), (np.bool_, "BOOL")]
+    }  # fmt: skip
     header, blobs, offset = {}, [], 0
     for key in sorted(arrays):
         a = np.ascontiguousarray(arrays[key], dtype=arrays[key].dtype.newbyteorder("<"))

@@ -89,6 +89,27 @@ def test_a_missing_or_unexpected_key_is_named():
         _fill(PLAIN, load_weights(os.path.join(DATA, "dinov2_reg_original.safetensors")))
 
 
+def test_a_tensor_that_is_not_finite_float_weights_is_named():
+    """Every tensor the model reads must be finite floats (float16 is converted): NaN, inf,
+    integer or boolean values are refused naming the tensor; an integer buffer the model does
+    not read (BatchNorm's ``num_batches_tracked``) stays allowed."""
+    from jdml.errors import WeightFileError
+
+    state = load_weights(os.path.join(DATA, "plain.safetensors"))
+    _fill(PLAIN, {k: v.astype(np.float16) for k, v in state.items()})
+    _fill(PLAIN, {**state, "norm.num_batches_tracked": np.array(7, np.int64)})
+    cases = {
+        "pos_embed": (np.full_like(state["pos_embed"], np.inf), "holds 408 NaN or inf"),
+        "cls_token": (state["cls_token"] > 0, "holds bool values where the model holds floats"),
+        "norm.weight": (np.ones(24, np.int32), "holds int32 values where the model holds floats"),
+    }
+    for key, (value, message) in cases.items():
+        with pytest.raises(
+            WeightFileError, match=rf"w\.pth: 1 tensor.*{key} \(for params/.*{message}"
+        ):
+            _fill(PLAIN, {**state, key: value})
+
+
 def test_an_input_that_is_not_whole_patches_is_refused():
     model = VisionTransformer(PLAIN)
     with pytest.raises(ValueError, match="multiple of 8"):

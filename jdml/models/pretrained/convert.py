@@ -4,7 +4,9 @@ A converter names, for every leaf of the Flax ``params`` and ``batch_stats`` tre
 tensor it comes from and how its layout changes (convolution kernels OIHW -> HWIO, linear weights
 (out, in) -> (in, out)). :func:`fill` walks the Flax tree that ``init`` produced, so a missing
 tensor, a shape mismatch and a tensor nobody used are all caught, each with a message naming the
-weight file's key and the Flax path.
+weight file's key and the Flax path. Every tensor the model reads must be finite floating point:
+one holding NaN or inf, or integer or boolean values where the model holds floats (a quantised
+int8 file), is refused, naming it, before the model is built (so before a run writes anything).
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
-from jdml.errors import WeightMismatchError
+from jdml.errors import WeightFileError, WeightMismatchError
 from jdml.registry import Registry
 
 # (flax collection, path inside it) -> (torch key, transform) or None for "keep the init value".
@@ -95,6 +98,17 @@ def _copy(tree: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _copy(v) if isinstance(v, Mapping) else v for k, v in tree.items()}
 
 
+def weight_problem(raw: np.ndarray, target_dtype: Any) -> str | None:
+    """Why ``raw`` cannot fill a leaf of ``target_dtype``, or None: integer or boolean values
+    where the model holds floats, or NaN or inf values (counted)."""
+    if not jnp.issubdtype(target_dtype, jnp.floating):
+        return None
+    if not jnp.issubdtype(raw.dtype, jnp.floating):
+        return f"holds {raw.dtype} values where the model holds floats"
+    bad = raw.size - int(np.count_nonzero(np.isfinite(raw.astype(np.float32, copy=False))))
+    return f"holds {bad} NaN or inf value(s) of {raw.size}" if bad else None
+
+
 def fill(
     variables: Mapping[str, Any],
     state_dict: Mapping[str, np.ndarray],
@@ -116,10 +130,12 @@ def fill(
 
     Raises:
       WeightMismatchError: for missing keys, shape mismatches and unused tensors.
+      WeightFileError: for a tensor the model reads that holds NaN or inf, or integer or
+        boolean values where the model holds floats (:func:`weight_problem`).
     """
     out = {name: _copy(tree) for name, tree in variables.items()}
     used: set[str] = set()
-    missing, wrong = [], []
+    missing, wrong, damaged = [], [], []
     for collection, tree in variables.items():
         for path in _paths(tree):
             found = rule(collection, path)
@@ -133,6 +149,10 @@ def fill(
             used.add(key)
             raw = np.asarray(state_dict[key])
             target = _get(tree, path)
+            problem = weight_problem(raw, target.dtype)
+            if problem:
+                damaged.append(f"{key} (for {flax_name}) {problem}")
+                continue
             try:
                 fitted = _takes_shape(transform)
                 value = transform(raw, tuple(target.shape)) if fitted else transform(raw)
@@ -151,6 +171,12 @@ def fill(
         for k in state_dict
         if k not in used and not ignore(k) and not k.endswith("num_batches_tracked")
     )
+    if damaged:
+        raise WeightFileError(
+            f"{source}: {len(damaged)} tensor(s) are not finite float weights: "
+            f"{', '.join(damaged[:6])}. The file is damaged or quantised: give the original "
+            "float weights (float32, float16 or bfloat16) in model.pretrained"
+        )
     problems = []
     if missing:
         problems.append(f"{len(missing)} missing: {', '.join(missing[:6])}")
