@@ -885,76 +885,6 @@ def test_grayscale_data_with_rgb_pretrained_backbone(npz: str, tmp_path: Path) -
     np.testing.assert_array_equal(rgb[..., 0], rgb[..., 2])
 
 
-# ----------------------------------------------------------- 11b. damaged or quantised weights
-
-VIT_WEIGHTS = Path(REPO, "tests", "golden", "backbones", "vit")
-TINY_VIT = [
-    "--config.model.backbone=vit",
-    "--config.model.vit_patch=8",
-    "--config.model.vit_dim=24",
-    "--config.model.vit_depth=2",
-    "--config.model.vit_heads=2",
-    "--config.data.channels=3",
-    "--config.data.image_size=32",
-]  # the shape of the golden ViT files (tools/make_vit_golden.py)
-
-
-def _damaged_vit_file(tmp_path: Path, case: str) -> Path:
-    """The golden ViT weights with one kind of damage, in the format of ``case``'s suffix."""
-    from jdml.models.pretrained.torch_io import load_weights
-    from tests.models.test_backbones import write_safetensors
-
-    state = load_weights(VIT_WEIGHTS / "plain.safetensors")
-    path = tmp_path / case
-    if case == "pos_embed_inf.pth":  # the storage of pos_embed (1, 17, 24), all inf
-        with zipfile.ZipFile(VIT_WEIGHTS / "plain.pth") as src, zipfile.ZipFile(path, "w") as out:
-            for info in src.infolist():
-                data = src.read(info)
-                if info.filename == "plain/data/1":
-                    data = np.full(len(data) // 4, np.inf, np.float32).tobytes()
-                out.writestr(info, data)
-        return path
-    fc1 = state["blocks.0.mlp.fc1.weight"]
-    if case == "nan.safetensors":  # one NaN in a block's weight, the class token NaN
-        state["blocks.0.mlp.fc1.weight"] = np.where(
-            np.arange(fc1.size).reshape(fc1.shape) == 7, np.nan, fc1
-        )
-        state["cls_token"] = np.full_like(state["cls_token"], np.nan)
-    else:  # int8.safetensors: a quantised tensor
-        state["blocks.0.mlp.fc1.weight"] = np.round(fc1 * 100).astype(np.int8)
-    write_safetensors(str(path), state)
-    return path
-
-
-NAN_FC1 = "blocks.0.mlp.fc1.weight (for params/blocks_0/mlp_fc1/kernel) holds 1 NaN"
-NAN_CLS = "cls_token (for params/cls_token) holds 24 NaN or inf value(s) of 24"
-INT8 = "blocks.0.mlp.fc1.weight (for params/blocks_0/mlp_fc1/kernel) holds int8 values"
-
-
-@pytest.mark.parametrize(
-    ("case", "fragments"),
-    [
-        ("nan.safetensors", ["2 tensor(s) are not finite float weights", NAN_FC1, NAN_CLS]),
-        ("pos_embed_inf.pth", ["pos_embed (for params/pos_embed) holds 408 NaN or inf value(s)"]),
-        ("int8.safetensors", [INT8, "where the model holds floats"]),
-    ],
-)
-def test_damaged_or_quantised_weights_are_refused_before_the_workdir(
-    npz: str, tmp_path: Path, case: str, fragments: list[str]
-) -> None:
-    """ViT weights holding NaN or inf, or integers, are refused when the file is read, naming
-    each tensor, before a fresh workdir is made (not 45 lines later in the kNN)."""
-    weights = _damaged_vit_file(tmp_path, case)
-    args = [
-        "train.py", "--config", "configs/revisiting.py:data=npz", f"--config.data.path={npz}",
-        "--config.data.val_fraction=0.0", "--config.train.batch_size=16", *TINY_VIT,
-        f"--config.model.pretrained={weights}",
-        "--workdir", str(tmp_path / "w"),
-    ]  # fmt: skip
-    assert_refused(run(*args), str(weights), *fragments, "give the original float weights")
-    assert not (tmp_path / "w").exists()
-
-
 # ----------------------------------------------------------------- 9. a kill at any moment
 
 KILLER = """
@@ -1014,6 +944,18 @@ if point == "commit":  # inside orbax: the files are written, the rename that co
         return await rename(src, dst)
 
     async_path.rename = patched_rename
+
+if point == "weights":  # inside the weight file's reader, its nth tensor read, the file open
+    import jdml.models.pretrained.torch_io as torch_io
+
+    from_bytes = torch_io.from_bytes
+
+    def patched_from_bytes(*args, **kwargs):
+        if count("tensor"):
+            die()
+        return from_bytes(*args, **kwargs)
+
+    torch_io.from_bytes = patched_from_bytes
 
 sys.argv = ["train.py", *sys.argv[1:]]
 runpy.run_path("train.py", run_name="__main__")
@@ -1107,7 +1049,7 @@ def test_a_stop_between_log_points_resumes_to_the_uninterrupted_metrics(
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
     args = train_args(npz, workdir, *BETWEEN_LOGS)
-    # The sixth save (best 0, 1, 2, 3, best 3, 4, 5): latest 5, steps 4-5 not yet logged.
+    # The sixth save (1, 2, 3, best 3, 4, 5): latest 5, steps 4-5 not yet logged.
     env = {"KILL_AT": "after_save:6", "KILL_SIGNAL": signame}
     stopped = run(str(script), *args[1:], env=env)
     assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [4, 5]
@@ -1122,6 +1064,107 @@ def test_a_stop_between_log_points_resumes_to_the_uninterrupted_metrics(
     resumed = run(*command)
     assert resumed.returncode == 0, resumed.stderr
     assert _metrics(workdir) == _metrics(finished_between_logs)
+
+
+def _stopped_and_resumed(
+    args: list[str], env: dict[str, str], signame: str, *fragments: str
+) -> subprocess.CompletedProcess:
+    """``args`` (a ``train.py`` command) run under ``KILLER`` with ``env``, stopped by
+    ``signame`` (SIGINT or SIGTERM) in one line holding ``fragments``, exit 128 + the signal;
+    then the command that line prints, run as printed: its result."""
+    import shlex
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "killer.py"
+        script.write_text(KILLER)
+        stopped = run(str(script), *args[1:], env={**env, "KILL_SIGNAL": signame})
+    assert stopped.returncode == 128 + getattr(signal, signame), stopped.stderr
+    line = assert_refused(stopped, "stopped by", *fragments)
+    command = shlex.split(line.split("Resume with the same command: ", 1)[1])
+    assert command[:2] == ["python", "train.py"] and command[2:] == args[1:]
+    return run(*command[1:])
+
+
+# A tiny ViT (patch 8, width 24, depth 2) with timm's weights of the same shape
+# (tests/golden/backbones/vit/plain.safetensors, tools/make_vit_golden.py).
+VIT = [
+    "--config.model.backbone=vit",
+    "--config.model.vit_patch=8",
+    "--config.model.vit_dim=24",
+    "--config.model.vit_depth=2",
+    "--config.model.vit_heads=2",
+    "--config.model.pretrained=tests/golden/backbones/vit/plain.safetensors",
+    "--config.data.channels=3",
+]
+
+
+def vit_args(npz: str, workdir: Path) -> list[str]:
+    """``train.py`` on the tiny npz with the tiny pretrained ViT (the small ResNet's keys out)."""
+    small_resnet = ("--config.model.stem_", "--config.model.stage_")
+    return [a for a in train_args(npz, workdir, *VIT) if not a.startswith(small_resnet)]
+
+
+@pytest.fixture(scope="module")
+def finished_vit(npz: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    workdir = tmp_path_factory.mktemp("runs") / "vit"
+    proc = run(*vit_args(npz, workdir))
+    assert proc.returncode == 0, proc.stderr
+    return workdir
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_stop_while_vit_weights_load_resumes_to_the_uninterrupted_run(
+    npz: str, finished_vit: Path, tmp_path: Path, signame: str
+) -> None:
+    """SIGINT or SIGTERM while the ViT's weight file is read (the signal sent from inside the
+    reader, at its fifth tensor): one line, exit 130 or 143; the printed command trains the run
+    to the uninterrupted one's records and results."""
+    workdir = tmp_path / "vit"
+    env = {"KILL_AT": "weights:5"}
+    resumed = _stopped_and_resumed(
+        vit_args(npz, workdir), env, signame, "no checkpoint was saved yet"
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert _metrics(workdir) == _metrics(finished_vit)
+    results = json.loads((workdir / "results.json").read_text())
+    assert results == json.loads((finished_vit / "results.json").read_text())
+
+
+def device_view_args(cub: Path, workdir: Path, cache: Path) -> list[str]:
+    """Two epochs of two steps with the training views made on the device (the decode cache
+    gives the photos' sizes); a log point per epoch, a checkpoint per step."""
+    return cub_args(
+        cub,
+        workdir,
+        "--config.data.views=device",
+        "--config.data.decode_cache=True",
+        f"--config.data.cache_dir={cache}",
+        "--config.train.epochs=2",
+        "--config.train.log_every_steps=2",
+        "--config.train.checkpoint_every_steps=1",
+    )
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_stop_during_device_view_training_resumes_to_the_uninterrupted_run(
+    cub_tree: Path, tmp_path: Path, signame: str
+) -> None:
+    """SIGINT or SIGTERM during device-view training, just after the checkpoint of step 3
+    (the saves: 1, 2, best 2, 3; step 3 not yet logged): one line, exit 130 or 143; the printed
+    command resumes to the uninterrupted run's records and results."""
+    cache = tmp_path / "cache"
+    whole = tmp_path / "whole"
+    assert run(*device_view_args(cub_tree, whole, cache)).returncode == 0
+    workdir = tmp_path / "stopped"
+    args = device_view_args(cub_tree, workdir, cache)
+    env = {"KILL_AT": "after_save:4"}
+    resumed = _stopped_and_resumed(args, env, signame, "its newest checkpoint is step 3")
+    assert resumed.returncode == 0, resumed.stderr
+    assert _metrics(workdir) == _metrics(whole)
+    results = json.loads((workdir / "results.json").read_text())
+    expected = json.loads((whole / "results.json").read_text())
+    assert results == expected
 
 
 # ------------------------------------------------------------------ sizes that do not fit memory
