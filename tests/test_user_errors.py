@@ -885,6 +885,76 @@ def test_grayscale_data_with_rgb_pretrained_backbone(npz: str, tmp_path: Path) -
     np.testing.assert_array_equal(rgb[..., 0], rgb[..., 2])
 
 
+# ----------------------------------------------------------- 11b. damaged or quantised weights
+
+VIT_WEIGHTS = Path(REPO, "tests", "golden", "backbones", "vit")
+TINY_VIT = [
+    "--config.model.backbone=vit",
+    "--config.model.vit_patch=8",
+    "--config.model.vit_dim=24",
+    "--config.model.vit_depth=2",
+    "--config.model.vit_heads=2",
+    "--config.data.channels=3",
+    "--config.data.image_size=32",
+]  # the shape of the golden ViT files (tools/make_vit_golden.py)
+
+
+def _damaged_vit_file(tmp_path: Path, case: str) -> Path:
+    """The golden ViT weights with one kind of damage, in the format of ``case``'s suffix."""
+    from jdml.models.pretrained.torch_io import load_weights
+    from tests.models.test_backbones import write_safetensors
+
+    state = load_weights(VIT_WEIGHTS / "plain.safetensors")
+    path = tmp_path / case
+    if case == "pos_embed_inf.pth":  # the storage of pos_embed (1, 17, 24), all inf
+        with zipfile.ZipFile(VIT_WEIGHTS / "plain.pth") as src, zipfile.ZipFile(path, "w") as out:
+            for info in src.infolist():
+                data = src.read(info)
+                if info.filename == "plain/data/1":
+                    data = np.full(len(data) // 4, np.inf, np.float32).tobytes()
+                out.writestr(info, data)
+        return path
+    fc1 = state["blocks.0.mlp.fc1.weight"]
+    if case == "nan.safetensors":  # one NaN in a block's weight, the class token NaN
+        state["blocks.0.mlp.fc1.weight"] = np.where(
+            np.arange(fc1.size).reshape(fc1.shape) == 7, np.nan, fc1
+        )
+        state["cls_token"] = np.full_like(state["cls_token"], np.nan)
+    else:  # int8.safetensors: a quantised tensor
+        state["blocks.0.mlp.fc1.weight"] = np.round(fc1 * 100).astype(np.int8)
+    write_safetensors(str(path), state)
+    return path
+
+
+NAN_FC1 = "blocks.0.mlp.fc1.weight (for params/blocks_0/mlp_fc1/kernel) holds 1 NaN"
+NAN_CLS = "cls_token (for params/cls_token) holds 24 NaN or inf value(s) of 24"
+INT8 = "blocks.0.mlp.fc1.weight (for params/blocks_0/mlp_fc1/kernel) holds int8 values"
+
+
+@pytest.mark.parametrize(
+    ("case", "fragments"),
+    [
+        ("nan.safetensors", ["2 tensor(s) are not finite float weights", NAN_FC1, NAN_CLS]),
+        ("pos_embed_inf.pth", ["pos_embed (for params/pos_embed) holds 408 NaN or inf value(s)"]),
+        ("int8.safetensors", [INT8, "where the model holds floats"]),
+    ],
+)
+def test_damaged_or_quantised_weights_are_refused_before_the_workdir(
+    npz: str, tmp_path: Path, case: str, fragments: list[str]
+) -> None:
+    """ViT weights holding NaN or inf, or integers, are refused when the file is read, naming
+    each tensor, before a fresh workdir is made (not 45 lines later in the kNN)."""
+    weights = _damaged_vit_file(tmp_path, case)
+    args = [
+        "train.py", "--config", "configs/revisiting.py:data=npz", f"--config.data.path={npz}",
+        "--config.data.val_fraction=0.0", "--config.train.batch_size=16", *TINY_VIT,
+        f"--config.model.pretrained={weights}",
+        "--workdir", str(tmp_path / "w"),
+    ]  # fmt: skip
+    assert_refused(run(*args), str(weights), *fragments, "give the original float weights")
+    assert not (tmp_path / "w").exists()
+
+
 # ----------------------------------------------------------------- 9. a kill at any moment
 
 KILLER = """
