@@ -94,6 +94,14 @@ def main() -> None:
             arrays[f"{name}:grad_params"] = loss_fn.proxies.grad.numpy()
         elif weights == "W":
             arrays[f"{name}:grad_params"] = loss_fn.W.grad.numpy().T
+    # A batch of one class (no negative pair anywhere): pytorch-metric-learning's SupConLoss
+    # computes only when the batch holds a positive and a negative pair, so it gives 0 and no
+    # gradient where the paper's formula (jdml's) gives its positive value.
+    emb = torch.tensor(x, requires_grad=True)
+    value = losses.SupConLoss(**LOSSES["supcon"][1])(emb, torch.zeros(BATCH, dtype=torch.long))
+    value.backward()
+    arrays["supcon_one_class:loss"] = value.detach().numpy()
+    arrays["supcon_one_class:grad_x"] = emb.grad.numpy()
     # Every target angle is below pi - m, where pytorch-metric-learning's ArcFace switches to
     # cos(theta) - m sin(m) and jdml keeps the paper's cos(theta + m).
     z = x / np.linalg.norm(x, axis=1, keepdims=True)

@@ -50,7 +50,10 @@ class SupConLoss(Loss):
 
     and the loss is the mean of loss_i over the anchors with at least one positive (the paper's
     batches hold two views of every image, so every anchor has one). The paper's code scales the
-    loss by tau / base_tau, 1 at its defaults; that factor is left out.
+    loss by tau / base_tau, 1 at its defaults; that factor is left out. A batch of one class
+    keeps this value (each anchor's softmax over the other B - 1 samples), where
+    pytorch-metric-learning's SupConLoss gives 0 and no gradient (it computes only when the batch
+    holds a negative pair); with any negative in the batch the two agree.
 
     Attributes:
       temperature: tau (0.1, the paper's).

@@ -216,6 +216,22 @@ def test_losses_match_pytorch_metric_learning(fixture, name):
         np.testing.assert_allclose(g_w, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
+def test_supcon_on_one_class_keeps_the_papers_value_where_pml_gives_zero(fixture):
+    """A batch of one class has no negative pair: pytorch-metric-learning's SupConLoss then
+    gives 0 and no gradient (it computes only when the batch holds a positive and a negative
+    pair), while jdml keeps the paper's formula, equal to float64 NumPy, with its gradient (the
+    one difference docs/usage.md's losses table states)."""
+    one_class = np.zeros(len(fixture["x"]), int)
+    assert float(fixture["supcon_one_class:loss"]) == 0.0
+    assert not np.any(fixture["supcon_one_class:grad_x"])
+    value, g_x, _ = _jdml("supcon", fixture["x"], one_class)
+    assert value == pytest.approx(np_supcon(fixture["x"], one_class), rel=1e-5)
+    assert value > np.log(len(one_class) - 1)  # the denominator's sum holds B - 1 terms
+    np.testing.assert_allclose(
+        g_x, _numeric_grad(lambda v: np_supcon(v, one_class), fixture["x"]), rtol=2e-4, atol=1e-5
+    )
+
+
 def test_circle_matches_numpy_with_constant_weights():
     # Small gamma keeps every exponent moderate, so the finite differences are exact enough.
     kwargs = {"gamma": 4.0}
