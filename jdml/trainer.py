@@ -451,8 +451,15 @@ def unlogged_meta(pending: list[dict[str, Any]]) -> dict[str, Any]:
         return {}
     steps = jax.device_get(pending)
     return {
-        "unlogged": [{k: [float(v), str(np.asarray(v).dtype)] for k, v in m.items()} for m in steps]
+        "unlogged": [
+            {k: [_exact(v), str(np.asarray(v).dtype)] for k, v in m.items()} for m in steps
+        ]
     }
+
+
+def _exact(value: Any) -> float | list:
+    """A metric's value as JSON numbers (float64: every float32, bfloat16 or int32 exactly)."""
+    return np.asarray(value, np.float64).tolist()
 
 
 def unlogged_from_meta(meta: dict[str, Any]) -> list[dict[str, np.ndarray]]:

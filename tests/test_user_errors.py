@@ -1156,17 +1156,8 @@ def _stopped_and_resumed(
     return run(*command[1:])
 
 
-# A tiny ViT (patch 8, width 24, depth 2) with timm's weights of the same shape
-# (tests/golden/backbones/vit/plain.safetensors, tools/make_vit_golden.py).
-VIT = [
-    "--config.model.backbone=vit",
-    "--config.model.vit_patch=8",
-    "--config.model.vit_dim=24",
-    "--config.model.vit_depth=2",
-    "--config.model.vit_heads=2",
-    "--config.model.pretrained=tests/golden/backbones/vit/plain.safetensors",
-    "--config.data.channels=3",
-]
+# The tiny ViT with timm's weights of its shape (tools/make_vit_golden.py).
+VIT = [*TINY_VIT, f"--config.model.pretrained={VIT_WEIGHTS / 'plain.safetensors'}"]
 
 
 def vit_args(npz: str, workdir: Path) -> list[str]:
