@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jdml.losses.base import Loss, LossOutput, register_loss
 from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, unit_class_map
 from jdml.miners.base import Tuples
-from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
+from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 # The reference's lower clamp of the cosines (it zeroes every negative cosine).
 REFERENCE_COS_MIN = 1e-10
@@ -99,7 +99,6 @@ class ArcFaceLoss(Loss):
     needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "class_lr_multiplier"
     param_ranges: ClassVar[dict[str, Range]] = {
-        "num_classes": COUNT,
         "class_lr_multiplier": NON_NEGATIVE,
         "eps": POSITIVE,
         "margin": NON_NEGATIVE,

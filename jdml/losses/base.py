@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from jdml.checks import check_batch, check_class_labels, check_tuples, poison_unless_inside
 from jdml.miners.base import MINERS, Tuples
-from jdml.registry import Range, Registry
+from jdml.registry import COUNT, Range, Registry
 
 LossOutput = tuple[jax.Array, dict[str, jax.Array]]
 """(scalar float32 loss, {metric name: scalar}) with a fixed set of metric names per loss."""
@@ -107,6 +107,10 @@ def check_loss_inputs(
 
 LOSSES: Registry[type[Loss]] = Registry("loss")
 
+# The fields the method fills in (never config keys, so not in ``param_ranges``), with the values
+# ``get`` accepts for them in one's own loop.
+METHOD_FILLED: Mapping[str, Range] = {"num_classes": COUNT}
+
 LossT = TypeVar("LossT", bound=type[Loss])
 
 
@@ -115,7 +119,7 @@ def register_loss(cls: LossT) -> LossT:
 
     Raises:
       ValueError: if ``param_lr`` or ``param_ranges`` name no field of the class, an ``int``
-        field has no integer range in ``param_ranges``, or if
+        field (other than ``num_classes``) has no integer range in ``param_ranges``, or if
         ``reference_miner`` is given without ``needs_miner`` (or missing with it, or not among
         ``allowed_miners``).
     """
@@ -126,7 +130,9 @@ def register_loss(cls: LossT) -> LossT:
     if unknown:
         raise ValueError(f"{cls.__name__}.param_ranges names no field: {sorted(unknown)}")
     uncounted = [
-        f for f in _fields_of_type(cls, int) if not getattr(cls.param_ranges.get(f), "integer", 0)
+        f
+        for f in _fields_of_type(cls, int)
+        if f not in METHOD_FILLED and not getattr(cls.param_ranges.get(f), "integer", False)
     ]
     if uncounted:
         raise ValueError(f"{cls.__name__}.param_ranges needs an integer Range for {uncounted}")
@@ -173,7 +179,8 @@ def get(name: str, **hparams: Any) -> Loss:
     unknown = sorted(set(hparams) - set(fields))
     if unknown:
         raise TypeError(f"loss {name!r} takes no {unknown}; its hyperparameters: {fields}")
-    for key, allowed in LOSSES.ranges(name).items():
+    filled = {k: METHOD_FILLED[k] for k in fields if k in METHOD_FILLED}
+    for key, allowed in {**filled, **LOSSES.ranges(name)}.items():
         if key in hparams:
             values = hparams[key] if isinstance(hparams[key], tuple | list) else (hparams[key],)
             for value in values:

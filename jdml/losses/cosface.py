@@ -14,7 +14,7 @@ from jdml.geometry import l2_normalize
 from jdml.losses.base import Loss, LossOutput, register_loss
 from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, unit_class_map
 from jdml.miners.base import Tuples
-from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
+from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 
 @register_loss
@@ -46,7 +46,6 @@ class CosFaceLoss(Loss):
     param_lr: ClassVar[str | None] = "class_lr_multiplier"
     param_lr_is_multiplier: ClassVar[bool] = True
     param_ranges: ClassVar[dict[str, Range]] = {
-        "num_classes": COUNT,
         "class_lr_multiplier": NON_NEGATIVE,
         "margin": NON_NEGATIVE,
         "scale": POSITIVE,

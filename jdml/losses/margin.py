@@ -31,7 +31,7 @@ from jdml.losses.base import (
     valid_fraction,
 )
 from jdml.miners.base import Tuples
-from jdml.registry import COUNT, NON_NEGATIVE, Range
+from jdml.registry import NON_NEGATIVE, Range
 
 
 def active_term_count(pos: jax.Array, neg: jax.Array) -> jax.Array:
@@ -120,7 +120,6 @@ class MarginLoss(Loss):
     reference_miner: ClassVar[str] = "distance"
     param_lr: ClassVar[str | None] = "beta_lr"
     param_ranges: ClassVar[dict[str, Range]] = {
-        "num_classes": COUNT,
         "margin": NON_NEGATIVE,
         "beta": NON_NEGATIVE,
         "beta_lr": NON_NEGATIVE,

@@ -16,7 +16,7 @@ from jdml.losses.base import Loss, LossOutput, register_loss, safe_divide
 from jdml.losses.npair import log1p_sum_exp
 from jdml.losses.softmax import batch_accuracy
 from jdml.miners.base import Tuples
-from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
+from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 
 def fan_out_normal(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
@@ -57,7 +57,6 @@ class ProxyAnchorLoss(Loss):
     param_lr: ClassVar[str | None] = "proxy_lr_multiplier"
     param_lr_is_multiplier: ClassVar[bool] = True
     param_ranges: ClassVar[dict[str, Range]] = {
-        "num_classes": COUNT,
         "alpha": POSITIVE,
         "margin": NON_NEGATIVE,
         "proxy_lr_multiplier": NON_NEGATIVE,

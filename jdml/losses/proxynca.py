@@ -13,7 +13,7 @@ from jdml.geometry import l2_normalize
 from jdml.losses.base import Loss, LossOutput, register_loss
 from jdml.losses.softmax import batch_accuracy
 from jdml.miners.base import Tuples
-from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
+from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 
 def proxy_squared_distances(x: jax.Array, proxies: jax.Array, scale: float) -> jax.Array:
@@ -66,7 +66,6 @@ class ProxyNCALoss(Loss):
     needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "proxy_lr_multiplier"
     param_ranges: ClassVar[dict[str, Range]] = {
-        "num_classes": COUNT,
         "proxy_lr_multiplier": NON_NEGATIVE,
         "scale": POSITIVE,
     }

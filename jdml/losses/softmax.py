@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jdml.geometry import l2_normalize
 from jdml.losses.base import Loss, LossOutput, register_loss
 from jdml.miners.base import Tuples
-from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
+from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 
 def symmetric_uniform(bound: float) -> nn.initializers.Initializer:
@@ -109,7 +109,6 @@ class NormSoftmaxLoss(Loss):
     needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "class_lr_multiplier"
     param_ranges: ClassVar[dict[str, Range]] = {
-        "num_classes": COUNT,
         "class_lr_multiplier": NON_NEGATIVE,
         "temperature": POSITIVE,
     }

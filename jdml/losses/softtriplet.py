@@ -119,7 +119,6 @@ class SoftTripleLoss(Loss):
     needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "centroid_lr_multiplier"
     param_ranges: ClassVar[dict[str, Range]] = {
-        "num_classes": COUNT,
         "centroid_lr_multiplier": NON_NEGATIVE,
         "gamma": POSITIVE,
         "lam": POSITIVE,

@@ -53,7 +53,6 @@ class SubCenterArcFaceLoss(Loss):
     param_lr: ClassVar[str | None] = "class_lr_multiplier"
     param_lr_is_multiplier: ClassVar[bool] = True
     param_ranges: ClassVar[dict[str, Range]] = {
-        "num_classes": COUNT,
         "class_lr_multiplier": NON_NEGATIVE,
         "eps": POSITIVE,
         "margin": NON_NEGATIVE,

@@ -310,13 +310,15 @@ def test_register_loss_checks_param_lr():
 
 def test_register_loss_needs_an_integer_range_for_an_int_field():
     """An ``int`` hyperparameter is declared with an integer ``Range`` (so ``jdml.losses.get``
-    refuses 2.5, True and out-of-range counts): a loss without one is refused at registration."""
+    and the config refuse 2.5, True and out-of-range counts): a loss without one is refused at
+    registration."""
 
     class Uncounted(Loss):
         loss_name: ClassVar[str] = "uncounted"
         _: dataclasses.KW_ONLY
-        num_classes: int
+        num_classes: int  # filled in by the method: checked by get as a count
+        num_parts: int = 2
 
-    with pytest.raises(ValueError, match=r"integer Range for \['num_classes'\]"):
+    with pytest.raises(ValueError, match=r"integer Range for \['num_parts'\]"):
         register_loss(Uncounted)
     assert "uncounted" not in LOSSES
