@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
+
+import numpy as np
 
 from jdml.errors import UnknownNameError
 
@@ -17,7 +20,8 @@ _NO_FACTS: Mapping[str, Any] = MappingProxyType({})
 @dataclasses.dataclass(frozen=True)
 class Range:
     """The values a numeric setting accepts: ``low <= x <= high`` (``low < x`` with
-    ``open_low``), integers only with ``integer``; every value must be finite."""
+    ``open_low``), integers only with ``integer`` (Python's or NumPy's, never a bool); every
+    value must be finite."""
 
     low: float | None = None
     high: float | None = None
@@ -26,9 +30,9 @@ class Range:
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is refused (e.g. "must be at least 1"), or None if it is accepted."""
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
             return "must be a number"
-        if self.integer and not isinstance(value, int):
+        if self.integer and not isinstance(value, numbers.Integral):
             return "must be an integer"
         if not math.isfinite(value):
             return "must be finite"

@@ -264,14 +264,18 @@ def _integer_hyperparameters() -> list[tuple[str, str]]:
 def test_integer_hyperparameters_are_refused_at_get(name: str, key: str, value: object) -> None:
     """``num_classes`` of every class-map loss and every other integer hyperparameter
     (``sub_centers``, ``n_centroids``, ``num_bins``) must be an integer count: 2.5, True and 0
-    are refused at ``get`` instead of crashing inside JAX at ``init``."""
+    are refused at ``get`` instead of crashing inside JAX at ``init``; a NumPy integer is taken
+    as Python's."""
+    import numpy as np
+
     import jdml.losses
 
     cls = jdml.losses.LOSSES.get(name)
     hparams = {"num_classes": 4} if "num_classes" in cls.__dataclass_fields__ else {}
     hparams[key] = value
     message = {2.5: "must be an integer", True: "must be a number", 0: "must be at least"}[value]
-    jdml.losses.get(name, **{**hparams, key: 4})  # a count is accepted
+    assert getattr(jdml.losses.get(name, **{**hparams, key: 4}), key) == 4  # a count is accepted
+    assert type(getattr(jdml.losses.get(name, **{**hparams, key: np.int64(4)}), key)) is int
     with pytest.raises(ValueError, match=rf"loss '{name}': {key}={value!r} {message}"):
         jdml.losses.get(name, **hparams)
 

@@ -190,7 +190,8 @@ def get(name: str, **hparams: Any) -> Loss:
     for key in _fields_of_type(cls, bool):
         if key in hparams and not isinstance(hparams[key], bool):
             raise ValueError(f"loss {name!r}: {key}={hparams[key]!r} must be True or False")
-    return cls(**hparams)
+    counts = {k: int(hparams[k]) for k in _fields_of_type(cls, int) if k in hparams}
+    return cls(**{**hparams, **counts})  # NumPy integers as Python's (the checks read int)
 
 
 def compatible_miners(loss_name: str) -> list[str]:
