@@ -150,6 +150,12 @@ def collect_images(
     return Collection(files, None, files)
 
 
+def _is_array(images: Any) -> bool:
+    """Whether ``images`` is an array (NumPy, a ``jax.Array``, anything with ``__array__``)
+    rather than a sequence of file names."""
+    return isinstance(images, np.ndarray) or hasattr(images, "__array__")
+
+
 def _existing(path: str) -> Path:
     if not os.path.exists(path):
         raise DataError(f"{path} does not exist")
@@ -370,13 +376,14 @@ class Model:
         """The model's embedding (``self.embedding``) of images or image files, float32 (N, D).
 
         Args:
-          images: (N, H, W, C) uint8 or [0, 1] float images at the input size, or file paths
-            (read batch by batch, so a large folder never sits in memory whole).
+          images: (N, H, W, C) uint8 or [0, 1] float images at the input size (a NumPy or JAX
+            array, or any object with ``__array__``), or file paths (read batch by batch, so a
+            large folder never sits in memory whole).
           batch_size: images per jitted call.
           progress: show a progress bar (files only).
         """
-        if isinstance(images, np.ndarray):
-            return self.select(self.embed_all(images, batch_size))
+        if _is_array(images):
+            return self.select(self.embed_all(np.asarray(images), batch_size))
         files = [str(p) for p in images]
         if not files:
             raise DataError("no images to embed (an empty list); pass at least one file")
@@ -456,7 +463,7 @@ class Model:
         if names is None:
             names = (
                 [f"#{i}" for i in range(len(images))]
-                if isinstance(images, np.ndarray)
+                if _is_array(images)
                 else [str(p) for p in images]
             )
         embeddings = self.embed(images, batch_size, progress)
