@@ -347,8 +347,9 @@ def _nonfinite_rows(embeddings: jax.Array) -> jax.Array:
 
 
 NONFINITE_FIX = (
-    "the model's parameters or its input hold NaN/inf (an overflow in training, a damaged "
-    "checkpoint or weights file); retrieval needs finite embeddings"
+    "retrieval needs finite embeddings. The model's parameters overflowed in training or were "
+    "read from a damaged file, or the input holds NaN/inf: use another checkpoint (--checkpoint "
+    "best, latest or a step number) or weights file, or check the input"
 )
 
 
