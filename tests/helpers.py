@@ -62,17 +62,48 @@ def skip_off_cpu(what: str) -> None:
         pytest.skip(f"{what} runs on the CPU backend only")
 
 
+def _cpuinfo() -> str:
+    """The text of /proc/cpuinfo ('' where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            return cpuinfo.read()
+    except OSError:
+        return ""
+
+
+def cpu_kind() -> str:
+    """This CPU's vendor and widest vector extension, as ``GenuineIntel avx512`` or
+    ``AuthenticAMD avx2``. XLA's and oneDNN's CPU kernels round alike only within one kind:
+    a record made on an Intel Xeon with AVX-512 differs from an AMD EPYC with AVX-512 in the
+    last bit of some gradients (measured: the angular loss's, 3e-8 apart), so bit-for-bit
+    records are compared exactly only on a CPU of the kind that made them."""
+    info = _cpuinfo()
+    vendor = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in info.splitlines()
+            if line.startswith("vendor_id")
+        ),
+        "unknown",
+    )
+    return f"{vendor} {'avx512' if ' avx512f' in info else 'avx2'}"
+
+
+def recorded_cpu_kind(record: np.lib.npyio.NpzFile) -> str:
+    """The CPU kind a bit-for-bit record was made on: its ``cpu_kind``, or for a record of
+    before that key, the Intel Xeon (or a CPU without AVX-512) its ``cpu_avx512`` flag names."""
+    if "cpu_kind" in record.files:
+        return str(record["cpu_kind"])
+    return "GenuineIntel avx512" if bool(record["cpu_avx512"]) else "unknown avx2"
+
+
 def sgemm_tiles_round_alike() -> bool:
     """Whether oneDNN's sgemm rounds a dot product the same in every tile shape the native
     kernels use (jdml/native/gemm.h), so that searches cut into tiles differently agree bit for
     bit: measured on CPUs with AVX-512 (Intel Xeon). On CPUs with AVX2 only (measured on an AMD
     EPYC) sgemm's kernels for tiles of other shapes sum in other orders, and the same product
     differs by about one float32 ulp; results then agree up to that rounding."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
-            return " avx512f" in cpuinfo.read()
-    except OSError:
-        return False
+    return " avx512f" in _cpuinfo()
 
 
 # One residual stage: the train step of two stages took ~1.7x the CPU time to compile (the
@@ -262,16 +293,6 @@ def load_script(relative: str, name: str | None = None):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def avx512() -> bool:
-    """Whether this CPU has AVX-512, which changes how XLA's CPU kernels round (bit-for-bit
-    records are compared exactly only on a CPU of the same kind)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
-            return " avx512f" in cpuinfo.read()
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jdml.losses import LOSSES
 from jdml.miners import MINERS
-from tests.helpers import avx512
+from tests.helpers import cpu_kind
 
 BATCH, DIM, CLASSES = 24, 16, 6
 OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "golden", "losses", "bitwise.npz")
@@ -83,7 +83,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=OUT)
     args = parser.parse_args()
-    arrays = {"cpu_avx512": np.asarray(avx512())}
+    arrays = {"cpu_kind": np.asarray(cpu_kind())}
     for name in LOSSES.names():
         for key, value in compute(name).items():
             arrays[f"{name}:{key}"] = value

@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jdml.run import Run
-from tests.helpers import avx512, make_npz, tiny_config
+from tests.helpers import cpu_kind, make_npz, recorded_cpu_kind, tiny_config
 
 STEPS = 4
 OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "golden", "step", "bitwise.npz")
@@ -85,9 +85,9 @@ def check(record: str) -> None:
     """Prints, per run, how many of the record's arrays this tree reproduces bit for bit, and
     the largest absolute difference of the others."""
     with np.load(record) as f:
-        recorded = {k: f[k] for k in f.files}
-    print(f"record {record} (made on a CPU with AVX-512: {bool(recorded['cpu_avx512'])}; "
-          f"this one: {avx512()})")  # fmt: skip
+        made_on = recorded_cpu_kind(f)
+        recorded = {k: f[k] for k in f.files if ":" in k}
+    print(f"record {record} (made on a CPU of kind {made_on}; this one: {cpu_kind()})")
     print("run       arrays  bit-identical  max |difference|")
     with tempfile.TemporaryDirectory() as scratch:
         npz = make_npz(os.path.join(scratch, "tiny.npz"))
@@ -115,7 +115,7 @@ def main() -> None:
     if args.check:
         check(args.out)
         return
-    arrays = {"cpu_avx512": np.asarray(avx512())}
+    arrays = {"cpu_kind": np.asarray(cpu_kind())}
     with tempfile.TemporaryDirectory() as scratch:
         npz = make_npz(os.path.join(scratch, "tiny.npz"))
         for name in RUNS:
