@@ -9,7 +9,9 @@
 #   forms    compile the glyph default's train step and evaluation pass with the forms of the
 #            1x1 convolutions in $FORMS (default: matmul, the form that aborted XLA on a GPU;
 #            the default form runs in every other step), each in its own process
-#   tests    the suite's accelerator tests and the tests whose tolerances follow the backend
+#   tests    the suite's accelerator tests and the tests whose tolerances follow the backend;
+#            the device views' colour blend against Pillow on every level pair, the own-loop
+#            rules under jit (NaN for labels and tuples outside the batch), the step's record
 #   quick    the README's quick start (train, then evaluate), timed
 #   pipeline bench/bench_pipeline.py --quick with the automatic sizes (and torchvision's loader)
 #   bench    bench/bench_gpu.py (step, eval, train), its JSON in $OUT
@@ -52,13 +54,14 @@ import sys
 import jax, jax.numpy as jnp, numpy as np
 from configs.revisiting import get_config
 from jdml.nn import pointwise
-from jdml.program import make_train_step
 from jdml.run import Run
 
-pointwise.FORM = sys.argv[1]
+# The form is an argument of the 1x1 convolutions, "auto" by default: force it for this process.
+forced, resolve = sys.argv[1], pointwise.pointwise_form
+pointwise.pointwise_form = lambda form="auto": resolve(forced)
 run = Run(get_config())
 batch = {k: jnp.asarray(v) for k, v in run.batch_maker()(0).items()}
-state, metrics = make_train_step(run.method, run.tx)(jax.tree.map(jnp.copy, run.initial_state), batch)
+state, metrics = run.make_train_step()(jax.tree.map(jnp.copy, run.initial_state), batch)
 out = run.embed_fn(state.params, state.batch_stats, run.splits["test"].eval_images(np.arange(500)))
 print("form", sys.argv[1], "compiled and ran: loss", float(metrics["loss"]))
 EOF
@@ -69,7 +72,8 @@ EOF
       timeout 420 python3 -m pytest -q -rs -p no:cacheprovider -n 8 -m "gpu or not slow" \
         ${TESTS:-tests/test_accelerator.py tests/nn/test_conv.py tests/nn/test_pointwise.py \
         tests/test_throughput.py tests/evaluation/test_backend_blocks.py \
-        tests/evaluation/test_evaluation.py} > "$OUT/tests.log" 2>&1
+        tests/evaluation/test_evaluation.py tests/data/test_device_views.py \
+        tests/test_own_loop.py tests/test_step_golden.py} > "$OUT/tests.log" 2>&1
       echo "tests: exit $?"; tail -15 "$OUT/tests.log"
       ;;
     quick)
