@@ -279,3 +279,12 @@ def test_embed_takes_jax_arrays_as_arrays(model, test_split):
     with pytest.raises(DataError, match=r"span \[0, 255\]"):
         model.embed(jnp.asarray(images, jnp.float32))
     assert model.index(jnp.asarray(images)).names == ("#0", "#1", "#2", "#3")
+
+
+def test_a_folder_among_the_files_to_embed_is_named_as_one(model, tmp_path):
+    """``Model.embed([a folder])`` says that it is a folder and what to give instead, never
+    "fix or delete the file"."""
+    from jdml.errors import DataError
+
+    with pytest.raises(DataError, match=r"is a folder, not an image file: give the image files"):
+        model.embed([str(tmp_path)])

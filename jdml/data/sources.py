@@ -31,6 +31,7 @@ raises :class:`DataError` with a message naming the problem and the fix.
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -226,7 +227,12 @@ def square_image(file: Path | str | BinaryIO, size: int, channels: int) -> np.nd
 
 def read_image(file: Path | str, size: int, channels: int, hint: str = "") -> np.ndarray:
     """Decodes one image file (EXIF orientation applied) into the (size, size, channels) square;
-    errors name the file (and end with ``hint``)."""
+    errors name the file (and end with ``hint``); a folder is named as one."""
+    if isinstance(file, str | Path) and os.path.isdir(file):
+        raise DataError(
+            f"{file} is a folder, not an image file: give the image files in it, e.g. "
+            f"{os.path.join(file, '*.jpg')}"
+        )
     try:
         return square_image(file, size, channels)
     except DECODE_ERRORS as err:
