@@ -11,7 +11,10 @@ and, on the run directories that training writes:
 * ``jdml search INDEX QUERY...``: the nearest neighbours of query images in an index;
 * ``jdml look RUN``: retrieval grid, embedding map, training curves and ``report.html``;
 * ``jdml data fetch emoji``: fetch the pinned emoji packages and build the emoji dataset;
-* ``jdml data check PATH``: unreadable files, single-image classes and copies across classes.
+* ``jdml data check PATH``: unreadable files, single-image classes and copies across classes;
+* ``jdml study run STUDY --dir DIR``: a fair comparison of methods (tune on validation with
+  one budget for every row, seeds over Pocock's looks, test once), resumable;
+* ``jdml study report DIR``: the claims (paired intervals, Holm), the rows and the amendments.
 """
 
 from __future__ import annotations
@@ -228,6 +231,40 @@ def _data_check(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+def _study_run(args: argparse.Namespace) -> None:
+    import shlex
+
+    from jdml.study import executor as ex
+    from jdml.study import runner, spec
+    from jdml.study.runner import StudyError
+
+    study = spec.load(args.study)
+    if args.executor == "ray":
+        if not args.address:
+            raise StudyError("--executor ray needs --address: the cluster's (e.g. auto, or host:6379)")
+        executor = ex.RayTasks(args.address, args.slots, args.cpus_per_run, args.gpus_per_run)
+    else:
+        executor = ex.Local(args.slots)
+    command = shlex.join(["jdml", "study", "run", *sys.argv[2:]]) if args.record_command else ""
+    previous = ex.stop_on_sigterm()
+    try:
+        runner.run(study, args.dir, executor, echo=lambda s: print(s, flush=True), command=command,
+                   storage=args.storage)  # fmt: skip
+    finally:
+        executor.close()
+        import signal
+
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _study_report(args: argparse.Namespace) -> None:
+    from jdml.study.report import report
+
+    out = report(args.dir, args.out)
+    print(out["markdown"])
+    print("wrote " + ", ".join(out["files"]))
+
+
 def _model_arguments(p: argparse.ArgumentParser, checkpoint_default: str | None) -> None:
     p.add_argument(
         "--checkpoint",
@@ -379,6 +416,39 @@ def parser() -> argparse.ArgumentParser:
     )
     chk.add_argument("--json", help="also write the full report (every group) here")
     chk.set_defaults(func=_data_check)
+
+    st = sub.add_parser(
+        "study",
+        help="a fair comparison of methods: tune, seeds, test once, claims with Holm",
+        description="Runs a study file (rows, data, selection split, one tuning budget per row, "
+        "looks of seeds, pre-registered claims) into a folder, and reports it from its records.",
+    )
+    phases = st.add_subparsers(dest="action", required=True)
+    sr = phases.add_parser("run", help="run or resume a study into --dir")
+    sr.add_argument("study", help="a study file (its get_study() returns a jdml.study.Study)")
+    sr.add_argument("--dir", required=True, help="the study's folder (runs, records, ledger)")
+    sr.add_argument("--executor", choices=("local", "ray"), default="local")
+    sr.add_argument(
+        "--slots", type=_count(1), default=1, help="runs at once (local: each on its share of "
+        "the cores and of the accelerator's memory; ray: tasks submitted at once)"
+    )
+    sr.add_argument("--address", help="ray: the cluster's address (auto, or host:port)")
+    sr.add_argument("--cpus-per-run", type=float, default=1.0, help="ray: CPUs of each run")
+    sr.add_argument(
+        "--gpus-per-run", type=float, default=0.0, help="ray: GPUs of each run (0.25: four share one)"
+    )
+    sr.add_argument(
+        "--storage", help="Optuna's storage URL (default the journal file DIR/optuna.journal)"
+    )
+    sr.add_argument(
+        "--no-record-command", dest="record_command", action="store_false",
+        help="leave the command out of study.json (the report shows it by default)",
+    )
+    sr.set_defaults(func=_study_run)
+    rp = phases.add_parser("report", help="the claims, rows and amendments of a study folder")
+    rp.add_argument("dir", help="a study folder written by jdml study run")
+    rp.add_argument("--out", help="output folder (default DIR/report)")
+    rp.set_defaults(func=_study_report)
     return p
 
 
@@ -390,6 +460,7 @@ def main(argv: list[str] | None = None) -> None:
     from jdml.allocator import reexec_with_tcmalloc
     from jdml.cli import run_cli
     from jdml.errors import IndexFileError, IndexMismatchError, ReportError
+    from jdml.study.runner import StudyError
 
     if argv is None:  # as a program: under tcmalloc where installed (jdml.allocator)
         reexec_with_tcmalloc()
@@ -400,7 +471,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    run_cli(lambda: args.func(args), extra=(ReportError, IndexFileError, IndexMismatchError))
+    run_cli(lambda: args.func(args), extra=(ReportError, IndexFileError, IndexMismatchError, StudyError))
 
 
 if __name__ == "__main__":

@@ -98,6 +98,12 @@ def base_config() -> ml_collections.ConfigDict:
     # as the reference code of the papers does (its published numbers were selected that way).
     c.data.val_fraction = 0.15
     c.data.split_seed = 0
+    # Cross-validation over the training classes (k >= 2): they are cut into k class-disjoint
+    # folds by data.split_seed and fold data.val_fold is the validation split (val_fraction is
+    # then not read); 0: one hold-out of val_fraction. `jdml study` scores a candidate by its
+    # mean over the folds (A Metric Learning Reality Check's protocol).
+    c.data.val_folds = 0
+    c.data.val_fold = 0
     c.data.augment = "affine"  # one of jdml.data.augment.AUGMENTATIONS
     c.data.mean = 0.5
     c.data.std = 0.5

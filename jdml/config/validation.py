@@ -62,6 +62,8 @@ NUMERIC_KEYS: dict[str, Range] = {
     "data.channels": Range(1, 3, integer=True),
     "data.val_fraction": Range(0, 0.95),
     "data.split_seed": _NON_NEGATIVE_INT,
+    "data.val_folds": _NON_NEGATIVE_INT,
+    "data.val_fold": _NON_NEGATIVE_INT,
     "data.mean": Range(),
     "data.std": _POSITIVE,
     "data.num_threads": AUTO_SIZE,
@@ -466,6 +468,27 @@ def check_schema(c: ml_collections.ConfigDict) -> None:
         )
 
 
+def _validate_folds(data: ml_collections.ConfigDict) -> None:
+    """``data.val_folds`` is 0 (one hold-out) or at least 2, and ``data.val_fold`` one of its
+    folds."""
+    folds, fold = data.val_folds, data.val_fold
+    if folds == 1:
+        raise ConfigError(
+            "data.val_folds=1 holds every training class out; set it to 0 (one hold-out of "
+            "data.val_fraction) or to 2 or more class-disjoint folds"
+        )
+    if folds and not 0 <= fold < folds:
+        raise ConfigError(
+            f"data.val_fold={fold} is not one of the {folds} folds; set --config.data.val_fold "
+            f"to 0..{folds - 1}"
+        )
+    if not folds and fold:
+        raise ConfigError(
+            f"data.val_fold={fold} is set, but data.val_folds=0 (one hold-out, no folds); set "
+            "--config.data.val_folds=k (k >= 2) or leave data.val_fold at 0"
+        )
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
     """Checks the combination of choices before anything runs; raises ``ConfigError``."""
     check_schema(c)
@@ -500,6 +523,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
             + ", ".join(sorted([*DATASETS.names(), *BENCHMARKS.names()]))
         )
     _validate_source(c.data)
+    _validate_folds(c.data)
     check_sections("", c.loss, c.miner)  # the main term's loss and miner
     _validate_numbers(c)
     _validate_pipeline(c.data)

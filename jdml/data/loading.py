@@ -79,7 +79,7 @@ def _array_splits(cfg: ml_collections.ConfigDict) -> dict[str, ImageSet]:
         skip_unreadable=cfg.skip_unreadable,
         **loader_options(cfg),
     )
-    return split_by_class(data, val_fraction=cfg.val_fraction, seed=cfg.split_seed)
+    return split_by_class(data, **_validation(cfg))
 
 
 def _benchmark_splits(cfg: ml_collections.ConfigDict) -> dict[str, ImageSet]:
@@ -96,4 +96,15 @@ def _benchmark_splits(cfg: ml_collections.ConfigDict) -> dict[str, ImageSet]:
         query, gallery = sized.pop("query"), sized.pop("gallery")
         source = query.source.replace("(query)", "(query against gallery)")
         sized["test"] = QueryGallery(query, gallery, source=source)
-    return hold_out_validation(sized, val_fraction=cfg.val_fraction, seed=cfg.split_seed)
+    return hold_out_validation(sized, **_validation(cfg))
+
+
+def _validation(cfg: ml_collections.ConfigDict) -> dict[str, object]:
+    """How the validation classes are chosen: a hold-out of ``data.val_fraction`` or fold
+    ``data.val_fold`` of ``data.val_folds``, by ``data.split_seed``."""
+    return {
+        "val_fraction": cfg.val_fraction,
+        "seed": cfg.split_seed,
+        "folds": cfg.val_folds,
+        "fold": cfg.val_fold,
+    }

@@ -1,0 +1,525 @@
+"""``jdml study run STUDY --dir DIR``: tune on validation, train the seeds, test once.
+
+The phases:
+
+1. **tune**: each row's search (:mod:`jdml.study.search`) tries ``budget`` candidates, each
+   trained at the study's tuning seed and scored on validation only (the best epoch's
+   metric; the mean over the folds with ``Folds(k)``); the best candidate of each row (ties:
+   the earliest, the row's own values first) is selected and written to the ledger. With
+   ``budget=1`` the row's own values are selected without a tuning run.
+2. **register**: just before the first run that evaluates the test classes starts, the
+   pre-registration (claims, family, effects, looks, stopping rule) is frozen in the ledger.
+3. **looks**: every row trains the first look's seeds with its selected values; each run's
+   checkpoint is selected on validation and only that checkpoint is evaluated on the test
+   classes, once, with its per-query hits kept. At the end of each look the stopping rule
+   (:func:`jdml.study.claims.decide`) says which claims go on; their rows train the next
+   look's seeds.
+
+A rerun resumes: a run with a record is skipped, a killed run resumes from its checkpoint, a
+candidate killed while running is run again with its values, and the looks' decisions are
+read back from the ledger. One driver runs a folder at a time (a lock in ``DIR``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from jdml.errors import ConfigError, WorkdirInUseError
+from jdml.fileio import atomic_write, sha256_file
+from jdml.study import claims as cl
+from jdml.study import ledger
+from jdml.study import records as rec
+from jdml.study import search
+from jdml.study.executor import Done, Executor, Task
+from jdml.study.spec import (
+    Folds,
+    Row,
+    Study,
+    build_config,
+    describe,
+    digest,
+    first_candidate,
+    registration,
+)
+
+Echo = Callable[[str], None]
+
+
+class StudyError(RuntimeError):
+    """A study that cannot go on as asked (the message names the fix)."""
+
+
+@dataclasses.dataclass
+class _Context:
+    study: Study
+    directory: str
+    executor: Executor
+    echo: Echo
+    commit: str
+    data_sha256: str | None
+    storage: str | None = None
+    failed: list[str] = dataclasses.field(default_factory=list)
+
+
+# -- configs and tasks ---------------------------------------------------------------------------
+
+
+def config_digest(config: Any) -> str:
+    """The digest of a run's config up to its seed and what does not change results (the
+    records of one row at different seeds share it)."""
+    from jdml.config import RESUMABLE_CHANGES, flatten_config
+
+    flat = flatten_config(config.to_dict())
+    skip = {"seed", *RESUMABLE_CHANGES}
+    return digest({k: v for k, v in flat.items() if k not in skip})
+
+
+def data_checksum(config: Any) -> str | None:
+    """The sha256 of the data a config reads, where one file holds it: the emoji set's npz
+    (from its manifest) or ``data.path`` when it is a file; None otherwise."""
+    if config.data.name == "emoji":
+        from jdml.data.emoji import cache_paths
+
+        try:
+            with open(cache_paths(config.data.cache_dir or None)[1]) as f:
+                return json.load(f).get("npz_sha256")
+        except (OSError, ValueError):
+            return None
+    path = str(config.data.path or "")
+    return sha256_file(path) if path and os.path.isfile(path) else None
+
+
+def tune_config(study: Study, row: Row, values: dict[str, Any], fold: int | None):
+    """A tuning run's config: the candidate's values, the study's tuning keys, its tuning
+    seed, validation only (the test classes are never evaluated)."""
+    from jdml.keys import set_keys
+
+    c = build_config(study, row, values)
+    with c.unlocked():
+        set_keys(c, dict(study.tune))
+        c.seed = study.tune_seed
+        c.train.progress_bar = False
+        c.eval.splits = ()
+        c.eval.selected_splits = ()
+        c.eval.per_query = ()
+        if fold is not None:
+            c.data.val_folds = study.selection.folds()
+            c.data.val_fold = fold
+    return c
+
+
+def seed_config(study: Study, row: Row, values: dict[str, Any], seed: int):
+    """A seed run's config: the selected values, validation selects the checkpoint and only
+    that checkpoint is evaluated on the test classes, its per-query hits kept."""
+    c = build_config(study, row, values)
+    with c.unlocked():
+        c.seed = seed
+        c.train.progress_bar = False
+        c.eval.splits = ()
+        c.eval.selected_splits = ("test",)
+        c.eval.per_query = (study.metric,)
+    return c
+
+
+def _check_validation(row: Row, config: Any) -> None:
+    if config.data.val_fraction <= 0 and not config.data.val_folds:
+        raise ConfigError(
+            f"row {row.name!r} holds no validation classes out (data.val_fraction=0), so its "
+            "checkpoints and candidates would be chosen on the test classes; set data.val_fraction "
+            "> 0 in the study's data (e.g. 0.15) or use selection=Folds(k)"
+        )
+
+
+def _task(
+    ctx: _Context, name: str, kind: str, row: str, config: Any, workdir: str, record: str, **extra
+) -> Task:
+    """Writes the task file of one run and returns its task."""
+    from jdml.config.saved import to_json
+
+    payload = {
+        "name": name,
+        "kind": kind,
+        "row": row,
+        "seed": int(config.seed),
+        "epochs": int(config.train.epochs),
+        "config": to_json(config),
+        "config_sha256": config_digest(config),
+        "workdir": os.path.abspath(workdir),
+        "record": os.path.abspath(record),
+        "metric": ctx.study.metric,
+        "metrics": list(ctx.study.metrics),
+        "commit": ctx.commit,
+        "data_sha256": ctx.data_sha256,
+        "trial": None,
+        "fold": None,
+        "settings": {},
+        **extra,
+    }
+    slug = name.replace(" ", "-")
+    task_file = os.path.join(ctx.directory, "tasks", slug + ".json")
+    atomic_write(task_file, json.dumps(payload, indent=1) + "\n")
+    return Task(name, os.path.abspath(task_file), os.path.join(ctx.directory, "logs", slug + ".log"))
+
+
+def _drive(ctx: _Context, next_task: Callable[[], Task | None], on_done: Callable[[Done], None]):
+    """Keeps the executor's slots full with ``next_task()`` until it has none and every run
+    has ended; ``on_done`` sees each run that ends."""
+    exhausted = False
+    while True:
+        while not exhausted and ctx.executor.running() < ctx.executor.slots:
+            task = next_task()
+            if task is None:
+                exhausted = True
+                break
+            ctx.echo(f"== {task.name} (log {task.log})")
+            ctx.executor.submit(task)
+        if ctx.executor.running() == 0:
+            if exhausted:
+                return
+            continue
+        for done in ctx.executor.wait():
+            if done.code:
+                ctx.failed.append(done.task.name)
+                ctx.echo(
+                    f"error: {done.task.name} exited with {done.code} after {done.seconds:.0f} s; "
+                    f"see {done.task.log}"
+                )
+            else:
+                ctx.echo(f"   {done.last_line} ({done.seconds:.0f} s)")
+            on_done(done)
+
+
+# -- phase 1: tuning ------------------------------------------------------------------------------
+
+
+def selections(directory: str) -> dict[str, dict[str, Any]]:
+    """The rows' selected candidates, from the ledger (row -> its ``selected`` event)."""
+    return {e["row"]: e for e in ledger.events(directory) if e.get("event") == "selected"}
+
+
+def candidate_score(directory: str, row: str, trial: int, folds: int) -> float | None:
+    """A candidate's validation score: its best-epoch metric, the mean over the folds; None
+    until every fold has its record."""
+    values = []
+    for fold in range(folds) if folds > 1 else (None,):
+        record = rec.read(rec.tune_record_path(directory, row, trial, fold))
+        if record is None:
+            return None
+        values.append(next(v for k, v in record["best"].items() if k != "epoch"))
+    return float(sum(values) / len(values))
+
+
+def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
+    """Phase 1; returns every row's selected candidate (row -> its values)."""
+    study, directory = ctx.study, ctx.directory
+    chosen = selections(directory)
+    todo = [r for r in study.rows if r.name not in chosen]
+    if study.budget == 1:
+        for row in todo:
+            event = {"event": "selected", "row": row.name, "values": first_candidate(study, row)}
+            chosen[row.name] = ledger.append(directory, {**event, "trial": None, "score": None})
+    if not todo or study.budget == 1:
+        return {k: v["values"] for k, v in chosen.items()}
+    store = search.storage(directory, ctx.storage)
+    states = search.state_names()
+    folds = study.selection.folds() if isinstance(study.selection, Folds) else 1
+    optuna_studies, queue, waiting = {}, [], {}  # waiting: (row, trial) -> folds left
+    for row in todo:
+        s = search.open_row(store, row.name, study.sampler, study.search_seed, row.space)
+        optuna_studies[row.name] = s
+        if not s.trials:  # the row's own values first
+            s.enqueue_trial(search.encode_values(row.space, first_candidate(study, row)))
+        for t in s.trials:  # candidates a killed driver left running: again, same values
+            if t.state == states.RUNNING:
+                values = search.decode_params(row.space, t.params)
+                queue += _candidate_tasks(ctx, row, t.number, values, folds, waiting)
+
+    def used(row: Row) -> int:
+        live = (states.COMPLETE, states.RUNNING, states.FAIL, states.PRUNED)
+        return sum(t.state in live for t in optuna_studies[row.name].trials)
+
+    def next_task() -> Task | None:
+        while not queue:
+            open_rows = [r for r in todo if used(r) < study.budget]
+            if not open_rows:
+                return None
+            row = min(open_rows, key=used)  # the rows' searches advance side by side
+            trial = optuna_studies[row.name].ask()
+            values = search.suggest(trial, row.space)
+            queue.extend(_candidate_tasks(ctx, row, trial.number, values, folds, waiting))
+        return queue.pop(0)
+
+    def on_done(done: Done) -> None:
+        task = json.load(open(done.task.task_file))
+        key = (task["row"], task["trial"])
+        s = optuna_studies[task["row"]]
+        if done.code or not os.path.exists(task["record"]):
+            if key in waiting:
+                del waiting[key]
+                s.tell(task["trial"], state=states.FAIL, skip_if_finished=True)
+            return
+        if key not in waiting:
+            return
+        waiting[key] -= 1
+        if waiting[key] == 0:
+            del waiting[key]
+            score = candidate_score(directory, task["row"], task["trial"], folds)
+            s.tell(task["trial"], score, skip_if_finished=True)
+
+    _drive(ctx, next_task, on_done)
+    for row in todo:
+        trials = [t for t in optuna_studies[row.name].trials if t.state == states.COMPLETE]
+        if used(row) < study.budget or any(
+            t.state == states.RUNNING for t in optuna_studies[row.name].trials
+        ):
+            continue  # runs failed: the next run tries again
+        if not trials:
+            raise StudyError(
+                f"every candidate of row {row.name!r} failed; see its logs in "
+                f"{os.path.join(directory, 'logs')} and fix the row or its space"
+            )
+        best = max(trials, key=lambda t: (t.value, -t.number))
+        event = {
+            "event": "selected",
+            "row": row.name,
+            "trial": best.number,
+            "values": search.decode_params(row.space, best.params),
+            "score": best.value,
+            "tried": used(row),
+            "failed": sum(t.state == states.FAIL for t in optuna_studies[row.name].trials),
+        }
+        chosen[row.name] = ledger.append(directory, event)
+        ctx.echo(f"{row.name}: selected candidate {best.number} {event['values']} "
+                 f"(validation {study.metric} {100 * best.value:.2f})")  # fmt: skip
+    return {k: v["values"] for k, v in chosen.items()}
+
+
+def _candidate_tasks(
+    ctx: _Context, row: Row, trial: int, values: dict[str, Any], folds: int, waiting: dict
+) -> list[Task]:
+    """The runs of one candidate (one per fold) that have no record; a candidate whose
+    runs are all recorded is scored at once."""
+    tasks, left = [], 0
+    for fold in range(folds) if folds > 1 else (None,):
+        record = rec.tune_record_path(ctx.directory, row.name, trial, fold)
+        if os.path.exists(record):
+            continue
+        left += 1
+        c = tune_config(ctx.study, row, values, fold)
+        where = rec.tune_run_dir(ctx.directory, row.name, trial, fold)
+        name = f"tune {row.name} {rec.tune_name(trial, fold)}"
+        settings = json.loads(json.dumps(values, default=list))
+        tasks.append(
+            _task(ctx, name, "tune", row.name, c, where, record,
+                  trial=trial, fold=fold, settings=settings)  # fmt: skip
+        )
+    waiting[(row.name, trial)] = left
+    if not left:  # every fold recorded before a kill: the caller tells the score
+        waiting[(row.name, trial)] = 1
+        tasks = []
+        ctx.echo(f"   tune {row.name} trial{trial}: recorded already")
+        _tell_recorded(ctx, row, trial, folds)
+    return tasks
+
+
+def _tell_recorded(ctx: _Context, row: Row, trial: int, folds: int) -> None:
+    s = search.open_row(
+        search.storage(ctx.directory, ctx.storage), row.name, ctx.study.sampler, ctx.study.search_seed, row.space
+    )
+    score = candidate_score(ctx.directory, row.name, trial, folds)
+    s.tell(trial, score, skip_if_finished=True)
+
+
+# -- phase 3: the looks ---------------------------------------------------------------------------
+
+
+def _seed_tasks(ctx: _Context, rows: list[Row], seeds: range, selected: dict) -> Iterator[Task]:
+    for row in rows:
+        for seed in seeds:
+            record = rec.seed_record_path(ctx.directory, row.name, seed)
+            if os.path.exists(record):
+                continue
+            values = selected[row.name]
+            c = seed_config(ctx.study, row, values, seed)
+            where = rec.seed_run_dir(ctx.directory, row.name, seed)
+            settings = json.loads(json.dumps(values, default=list))
+            yield _task(ctx, f"{row.name} seed {seed}", "seed", row.name, c, where, record,
+                        settings=settings)  # fmt: skip
+
+
+def stop_looks(directory: str) -> dict[str, int]:
+    """claim text -> the look it stopped at, from the ledger."""
+    out = {}
+    for look, event in sorted(ledger.look_decisions(directory).items()):
+        for text in event.get("stop", []):
+            out.setdefault(text, look)
+    return out
+
+
+def claim_readings(
+    reg: dict[str, Any],
+    configs: dict[str, dict[str, Any]],
+    by_row: dict[str, dict[int, dict[str, Any]]],
+    stopped: dict[str, int],
+    at: int | None = None,
+) -> dict[str, cl.Reading]:
+    """Every claim's reading from the records (``reg``: a registration; ``configs``: the
+    rows' flattened configs). A claim that stopped is read at its look; one still going at
+    the furthest look its rows complete, or at look ``at`` if given."""
+    level = cl.look_level(reg["looks"], reg["alpha"])
+    out = {}
+    for claim in reg["claims"]:
+        a, b = (
+            cl.values(by_row.get(r, {}), reg["metric"], cl.embedding_name(configs[r], claim["concat"]))
+            for r in (claim["row"], claim["base"])
+        )
+        reading = cl.read(a, b, reg["looks"], level, stopped.get(claim["text"]) or at)
+        if reading is not None:
+            out[claim["text"]] = reading
+    return out
+
+
+def _look(ctx: _Context, look: int, rows: list[Row], selected: dict) -> list[str]:
+    """Trains look ``look``'s seeds of ``rows``; returns the claims that go on (the ledger's
+    decision, made now if this look has none yet)."""
+    study = ctx.study
+    seeds = range(study.looks[look - 1])
+    tasks = _seed_tasks(ctx, rows, seeds, selected)
+    first = next(tasks, None)
+    if first is not None or rec.seed_records(ctx.directory):
+        ledger.freeze(ctx.directory, registration(study))
+    pending = iter([first] if first else [])
+    chained = (t for part in (pending, tasks) for t in part)
+    _drive(ctx, lambda: next(chained, None), lambda done: None)
+    decided = ledger.look_decisions(ctx.directory).get(look)
+    if decided is not None:
+        return list(decided.get("go_on", []))
+    from jdml.config import flatten_config
+
+    configs = {r.name: flatten_config(build_config(study, r).to_dict()) for r in study.rows}
+    by_row = rec.seed_records(ctx.directory)
+    stopped = stop_looks(ctx.directory)
+    reg = registration(study)
+    readings = claim_readings(reg, configs, by_row, stopped, at=look)
+    going = [c.text for c in study.claims if c.text not in stopped]
+    missing = [t for t in going if t not in readings or readings[t].look != look]
+    if missing:
+        raise StudyError(
+            f"look {look} is incomplete: claim(s) {missing} lack seed records (runs failed); run "
+            "the study again to retry them"
+        )
+    family = {c.text for c in study.claims if c.family}
+    level = cl.look_level(study.looks, study.alpha)
+    stop, go_on = cl.decide(readings, family, stopped, look, study.looks, level)
+    ledger.append(ctx.directory, {"event": "look", "look": look, "stop": stop, "go_on": go_on})
+    ctx.echo(f"look {look}: {len(stop)} claim(s) stop, {len(go_on)} go on")
+    return go_on
+
+
+# -- the whole run -------------------------------------------------------------------------------
+
+
+def _check_records(ctx: _Context, digests: dict[str, str]) -> None:
+    """Refuses records trained with another config of their row than the study's now."""
+    for row, by_seed in rec.seed_records(ctx.directory).items():
+        for seed, record in by_seed.items():
+            if row in digests and record.get("config_sha256") not in (None, digests[row]):
+                raise StudyError(
+                    f"row {row!r}'s config has changed since {rec.seed_record_path(ctx.directory, row, seed)} "
+                    "was trained; give the changed row another name, or run the study in another "
+                    "--dir (records are never replaced)"
+                )
+
+
+def run(
+    study: Study,
+    directory: str,
+    executor: Executor,
+    *,
+    echo: Echo = print,
+    command: str = "",
+    storage: str | None = None,
+) -> dict[str, Any]:
+    """Runs (or resumes) every phase of ``study`` in ``directory`` on ``executor``.
+
+    Returns:
+      A summary: the selected values per row, the seeds recorded per row, the runs that
+      failed.
+
+    Raises:
+      StudyError: another driver holds the folder, a row's config changed under its
+        records, a look cannot be completed (failed runs: run again), or runs failed.
+      ConfigError: a row's config is invalid (nothing is trained).
+    """
+    from jdml.config import flatten_config
+    from jdml.config.validation import validate
+    from jdml.workdir import run_lock
+
+    os.makedirs(directory, exist_ok=True)
+    try:
+        lock = run_lock(directory)
+        lock.__enter__()
+    except WorkdirInUseError as e:
+        raise StudyError(
+            f"study folder {directory} is in use by another `jdml study run` ({e}); wait for it "
+            "or stop it, then run again"
+        ) from None
+    try:
+        configs, digests = {}, {}
+        for row in study.rows:
+            c = seed_config(study, row, first_candidate(study, row), 0)
+            try:
+                validate(c)
+            except ConfigError as e:
+                raise ConfigError(f"row {row.name!r}: {e}") from None
+            _check_validation(row, c)
+            configs[row.name] = flatten_config(c.to_dict())
+            digests[row.name] = config_digest(c)
+        payload = describe(study, configs)
+        payload["command"] = command
+        atomic_write(os.path.join(directory, "study.json"), json.dumps(payload, indent=1) + "\n")
+        seen = sum(len(v) for v in rec.seed_records(directory).values())
+        amended = ledger.amend_if_changed(directory, registration(study), seen)
+        if amended:
+            echo(
+                f"amendment: the study's {', '.join(amended['changed'])} changed after "
+                f"{seen} test result(s); the report lists it"
+            )
+        first = seed_config(study, study.rows[0], first_candidate(study, study.rows[0]), 0)
+        ctx = _Context(
+            study, directory, executor, echo, rec.commit(), data_checksum(first), storage
+        )
+        _check_records(ctx, digests)
+        start = time.perf_counter()
+        selected = _tune(ctx)
+        if len(selected) < len(study.rows):
+            raise StudyError(
+                f"{len(ctx.failed)} tuning run(s) failed ({', '.join(ctx.failed)}); see their logs "
+                "and run the study again to retry them"
+            )
+        rows = list(study.rows)
+        for look in range(1, len(study.looks) + 1):
+            go_on = _look(ctx, look, rows, selected)
+            if not go_on:
+                break
+            wanted = {n for c in study.claims if c.text in go_on for n in (c.row, c.base)}
+            rows = [r for r in study.rows if r.name in wanted]
+        if ctx.failed:
+            raise StudyError(
+                f"{len(ctx.failed)} run(s) failed ({', '.join(ctx.failed)}); see their logs and "
+                "run the study again to retry them"
+            )
+        by_row = rec.seed_records(directory)
+        echo(f"study done in {time.perf_counter() - start:.0f} s; report: jdml study report {directory}")
+        return {
+            "selected": selected,
+            "seeds": {r: sorted(v) for r, v in by_row.items()},
+            "failed": ctx.failed,
+        }
+    finally:
+        lock.__exit__(None, None, None)
