@@ -241,11 +241,23 @@ def _study_run(args: argparse.Namespace) -> None:
     study = spec.load(args.study)
     if args.executor == "ray":
         if not args.address:
-            raise StudyError("--executor ray needs --address: the cluster's (e.g. auto, or host:6379)")
+            raise StudyError(
+                "--executor ray needs --address: the cluster's (e.g. auto, or host:6379)"
+            )
         executor = ex.RayTasks(args.address, args.slots, args.cpus_per_run, args.gpus_per_run)
     else:
         executor = ex.Local(args.slots)
-    command = shlex.join(["jdml", "study", "run", *sys.argv[2:]]) if args.record_command else ""
+    command = ""
+    if args.record_command:
+        argv = ["jdml", "study", "run", args.study, "--dir", args.dir]
+        if args.executor == "ray":
+            argv += ["--executor", "ray", "--address", args.address]
+            argv += [
+                f"--cpus-per-run={args.cpus_per_run:g}",
+                f"--gpus-per-run={args.gpus_per_run:g}",
+            ]
+        argv += [f"--slots={args.slots}"] + ([f"--storage={args.storage}"] if args.storage else [])
+        command = shlex.join(argv)
     previous = ex.stop_on_sigterm()
     try:
         runner.run(study, args.dir, executor, echo=lambda s: print(s, flush=True), command=command,
@@ -429,19 +441,27 @@ def parser() -> argparse.ArgumentParser:
     sr.add_argument("--dir", required=True, help="the study's folder (runs, records, ledger)")
     sr.add_argument("--executor", choices=("local", "ray"), default="local")
     sr.add_argument(
-        "--slots", type=_count(1), default=1, help="runs at once (local: each on its share of "
-        "the cores and of the accelerator's memory; ray: tasks submitted at once)"
+        "--slots",
+        type=_count(1),
+        default=1,
+        help="runs at once (local: each on its share of "
+        "the cores and of the accelerator's memory; ray: tasks submitted at once)",
     )
     sr.add_argument("--address", help="ray: the cluster's address (auto, or host:port)")
     sr.add_argument("--cpus-per-run", type=float, default=1.0, help="ray: CPUs of each run")
     sr.add_argument(
-        "--gpus-per-run", type=float, default=0.0, help="ray: GPUs of each run (0.25: four share one)"
+        "--gpus-per-run",
+        type=float,
+        default=0.0,
+        help="ray: GPUs of each run (0.25: four share one)",
     )
     sr.add_argument(
         "--storage", help="Optuna's storage URL (default the journal file DIR/optuna.journal)"
     )
     sr.add_argument(
-        "--no-record-command", dest="record_command", action="store_false",
+        "--no-record-command",
+        dest="record_command",
+        action="store_false",
         help="leave the command out of study.json (the report shows it by default)",
     )
     sr.set_defaults(func=_study_run)
@@ -471,7 +491,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    run_cli(lambda: args.func(args), extra=(ReportError, IndexFileError, IndexMismatchError, StudyError))
+    run_cli(
+        lambda: args.func(args), extra=(ReportError, IndexFileError, IndexMismatchError, StudyError)
+    )
 
 
 if __name__ == "__main__":

@@ -304,3 +304,20 @@ def registered(registry, name: str, obj: object, **facts: object) -> Iterator[ob
         yield obj
     finally:
         registry.unregister(name)
+
+
+def make_digits_npz(path: str, size: int = 16) -> str:
+    """Writes scikit-learn's handwritten digits (1,797 images of 10 classes, 8 x 8 at 17 grey
+    levels) as an npz of ``size`` x ``size`` uint8 images: a real dataset small enough for a
+    study of several runs in a test."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    scale = size // 8
+    images = np.kron(digits.images, np.ones((scale, scale))) * (255.0 / 16.0)
+    np.savez(
+        path,
+        images=np.clip(images, 0, 255).astype(np.uint8)[..., None],
+        labels=digits.target.astype(np.int64),
+    )
+    return path

@@ -4,8 +4,8 @@ The classes, sorted by label index, are cut in two: the first ``floor(C / 2)`` a
 training, the rest for testing. Optionally a random part of the training classes is held
 out as a validation split (also unseen during training), or, for cross-validation, one of ``k``
 class-disjoint folds of them (*A Metric Learning Reality Check*, Musgrave et al., ECCV 2020:
-each fold's classes are validation once, and a candidate is scored by its mean over the folds). Every split is relabelled to
-contiguous labels ``0..K-1`` and keeps its class names.
+each fold's classes are validation once, and a candidate is scored by its mean over the
+folds). Every split is relabelled to contiguous labels ``0..K-1`` and keeps its class names.
 """
 
 from __future__ import annotations

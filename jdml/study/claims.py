@@ -112,7 +112,9 @@ def read(
     return Reading(paired([a[s] for s in seeds], [b[s] for s in seeds], INTERIM_LEVEL), 0)
 
 
-def holm_verdicts(readings: Mapping[str, Reading], family: set[str], level: float) -> dict[str, str]:
+def holm_verdicts(
+    readings: Mapping[str, Reading], family: set[str], level: float
+) -> dict[str, str]:
     """The verdict of each claim of ``family`` that has a reading at a look, under Holm's
     correction across them at the error ``1 - level``: a rejected claim keeps the sign of its
     mean ("reproduces" / "does not reproduce"); any other is "not resolved"."""

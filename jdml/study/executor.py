@@ -185,6 +185,12 @@ class Local:
 def _ray_run(argv: Sequence[str], log: str, fraction: float) -> int:
     """The body of a Ray task: the run as a process of this Ray worker (it dies with it),
     given ``fraction`` of the accelerator Ray assigned (``CUDA_VISIBLE_DEVICES``)."""
+    import ray
+
+    os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
+    with open(log, "a") as f:  # which node ran (or retried) it, for the log's reader
+        node = ray.get_runtime_context().get_node_id()
+        f.write(f"ray: node {node}, worker pid {os.getpid()}\n")
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if 0 < fraction < 1:

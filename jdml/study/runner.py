@@ -32,9 +32,8 @@ from typing import Any
 from jdml.errors import ConfigError, WorkdirInUseError
 from jdml.fileio import atomic_write, sha256_file
 from jdml.study import claims as cl
-from jdml.study import ledger
+from jdml.study import ledger, search
 from jdml.study import records as rec
-from jdml.study import search
 from jdml.study.executor import Done, Executor, Task
 from jdml.study.spec import (
     Folds,
@@ -70,12 +69,13 @@ class _Context:
 
 
 def config_digest(config: Any) -> str:
-    """The digest of a run's config up to its seed and what does not change results (the
-    records of one row at different seeds share it)."""
+    """The digest of a run's config up to its seed, where its data are kept (the records hold
+    the data's checksum) and what does not change results: the records of one row at
+    different seeds share it."""
     from jdml.config import RESUMABLE_CHANGES, flatten_config
 
     flat = flatten_config(config.to_dict())
-    skip = {"seed", *RESUMABLE_CHANGES}
+    skip = {"seed", "data.path", "data.cache_dir", *RESUMABLE_CHANGES}
     return digest({k: v for k, v in flat.items() if k not in skip})
 
 
@@ -158,12 +158,15 @@ def _task(
         "trial": None,
         "fold": None,
         "settings": {},
+        "xla_cache": os.path.abspath(os.path.join(ctx.directory, "xla_cache")),
         **extra,
     }
     slug = name.replace(" ", "-")
     task_file = os.path.join(ctx.directory, "tasks", slug + ".json")
     atomic_write(task_file, json.dumps(payload, indent=1) + "\n")
-    return Task(name, os.path.abspath(task_file), os.path.join(ctx.directory, "logs", slug + ".log"))
+    return Task(
+        name, os.path.abspath(task_file), os.path.join(ctx.directory, "logs", slug + ".log")
+    )
 
 
 def _drive(ctx: _Context, next_task: Callable[[], Task | None], on_done: Callable[[Done], None]):
@@ -255,7 +258,8 @@ def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
         return queue.pop(0)
 
     def on_done(done: Done) -> None:
-        task = json.load(open(done.task.task_file))
+        with open(done.task.task_file) as f:
+            task = json.load(f)
         key = (task["row"], task["trial"])
         s = optuna_studies[task["row"]]
         if done.code or not os.path.exists(task["record"]):
@@ -315,8 +319,18 @@ def _candidate_tasks(
         name = f"tune {row.name} {rec.tune_name(trial, fold)}"
         settings = json.loads(json.dumps(values, default=list))
         tasks.append(
-            _task(ctx, name, "tune", row.name, c, where, record,
-                  trial=trial, fold=fold, settings=settings)  # fmt: skip
+            _task(
+                ctx,
+                name,
+                "tune",
+                row.name,
+                c,
+                where,
+                record,
+                trial=trial,
+                fold=fold,
+                settings=settings,
+            )
         )
     waiting[(row.name, trial)] = left
     if not left:  # every fold recorded before a kill: the caller tells the score
@@ -329,7 +343,11 @@ def _candidate_tasks(
 
 def _tell_recorded(ctx: _Context, row: Row, trial: int, folds: int) -> None:
     s = search.open_row(
-        search.storage(ctx.directory, ctx.storage), row.name, ctx.study.sampler, ctx.study.search_seed, row.space
+        search.storage(ctx.directory, ctx.storage),
+        row.name,
+        ctx.study.sampler,
+        ctx.study.search_seed,
+        row.space,
     )
     score = candidate_score(ctx.directory, row.name, trial, folds)
     s.tell(trial, score, skip_if_finished=True)
@@ -375,7 +393,9 @@ def claim_readings(
     out = {}
     for claim in reg["claims"]:
         a, b = (
-            cl.values(by_row.get(r, {}), reg["metric"], cl.embedding_name(configs[r], claim["concat"]))
+            cl.values(
+                by_row.get(r, {}), reg["metric"], cl.embedding_name(configs[r], claim["concat"])
+            )
             for r in (claim["row"], claim["base"])
         )
         reading = cl.read(a, b, reg["looks"], level, stopped.get(claim["text"]) or at)
@@ -429,10 +449,11 @@ def _check_records(ctx: _Context, digests: dict[str, str]) -> None:
     for row, by_seed in rec.seed_records(ctx.directory).items():
         for seed, record in by_seed.items():
             if row in digests and record.get("config_sha256") not in (None, digests[row]):
+                path = rec.seed_record_path(ctx.directory, row, seed)
                 raise StudyError(
-                    f"row {row!r}'s config has changed since {rec.seed_record_path(ctx.directory, row, seed)} "
-                    "was trained; give the changed row another name, or run the study in another "
-                    "--dir (records are never replaced)"
+                    f"row {row!r}'s config has changed since {path} was trained; give the "
+                    "changed row another name, or run the study in another --dir (records are "
+                    "never replaced)"
                 )
 
 
@@ -515,7 +536,8 @@ def run(
                 "run the study again to retry them"
             )
         by_row = rec.seed_records(directory)
-        echo(f"study done in {time.perf_counter() - start:.0f} s; report: jdml study report {directory}")
+        took = time.perf_counter() - start
+        echo(f"study done in {took:.0f} s; report: jdml study report {directory}")
         return {
             "selected": selected,
             "seeds": {r: sorted(v) for r, v in by_row.items()},

@@ -86,9 +86,7 @@ def sampler(kind: str, seed: int, space: Mapping[str, Float | Int | Choice]):
     return optuna.samplers.RandomSampler(seed=seed)
 
 
-def open_row(
-    store: Any, row: str, kind: str, seed: int, space: Mapping[str, Float | Int | Choice]
-):
+def open_row(store: Any, row: str, kind: str, seed: int, space: Mapping[str, Float | Int | Choice]):
     """The row's Optuna study (created on first use)."""
     optuna = _optuna()
     return optuna.create_study(

@@ -252,8 +252,10 @@ def check(study: Study) -> None:
         for key, dim in row.space.items():
             _check_dimension(row.name, key, dim)
     looks = tuple(study.looks)
-    if not looks or any(not isinstance(n, int) or n < 2 for n in looks) or list(looks) != sorted(
-        set(looks)
+    if (
+        not looks
+        or any(not isinstance(n, int) or n < 2 for n in looks)
+        or list(looks) != sorted(set(looks))
     ):
         raise ConfigError(
             f"looks={looks!r}: give the seeds of each look, increasing, at least 2, e.g. (5, 10)"
@@ -313,8 +315,8 @@ def load(path: str, arg: str = "") -> Study:
       ConfigError: the file is missing, does not load or define ``get_study``, or the study
         does not pass :func:`check`.
     """
-    if not arg and ":" in os.path.basename(path):
-        path, _, arg = path.rpartition(":")
+    if not arg and not os.path.isfile(path) and ":" in path:
+        path, _, arg = path.partition(":")
     if not os.path.isfile(path):
         raise ConfigError(
             f"study file {path} does not exist; give a Python file whose get_study() returns "
@@ -440,8 +442,10 @@ def describe(study: Study, configs: Mapping[str, Mapping[str, Any]]) -> dict[str
             {
                 "name": r.name,
                 "label": r.title,
-                "space": {k: {"kind": type(d).__name__, **dataclasses.asdict(d)}
-                          for k, d in r.space.items()},  # fmt: skip
+                "space": {
+                    k: {"kind": type(d).__name__, **dataclasses.asdict(d)}
+                    for k, d in r.space.items()
+                },
                 "config": configs.get(r.name, {}),
             }
             for r in study.rows

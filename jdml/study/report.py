@@ -1,0 +1,385 @@
+"""``jdml study report DIR``: a study's page, generated from its records and ledger only.
+
+The page (``DIR/report/report.md``) holds, in this order:
+
+1. **the claims**: each claim's paired difference in the test metric over the seeds of the
+   look it stopped at (or its rows' furthest complete look; "before look 1" readings are
+   interim and decide nothing), its interval at the look's level, its own verdict, its verdict
+   under Holm's correction across the family, the reading against the paper's effect, and the
+   class bootstrap (an interval over seeds and test classes from the kept per-query hits,
+   :func:`jdml.statistics.two_way_bootstrap`);
+2. **the rows**: the selected hyperparameters, the tuning budget spent (candidates tried,
+   failed, the selected one's validation score) and the test metrics, mean ± sample std;
+3. **the amendments**: every change of the pre-registration after it was frozen, with how
+   many test results existed then;
+4. the commands that ran the study and made the page.
+
+``claims.png`` is the forest plot of the claims, ``validation_curves.png`` the seed runs'
+validation curves (mean and band over seeds per row), ``report.json`` the same data as the
+page. Nothing in ``DIR`` is executed: ``study.json`` describes the study as data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from jdml.errors import ReportError
+from jdml.evaluation.per_query import paired_differences
+from jdml.fileio import atomic_write
+from jdml.statistics import Paired, mean_std, two_way_bootstrap
+from jdml.study import claims as cl
+from jdml.study import ledger
+from jdml.study import records as rec
+from jdml.study.runner import claim_readings, selections, stop_looks
+
+VERDICT_COLOURS = {
+    "reproduces": "#1a9641",
+    "does not reproduce": "#d7191c",
+    "not resolved": "#888888",
+}
+
+
+def against_paper(d: Paired, effect: float | None) -> str:
+    """The reading against the paper's effect (metric points): an interval wholly below it is
+    **smaller than reported**; any other is **not below it** (some reported effect is still
+    within reach, not that the paper's is confirmed). It can hold together with "not
+    resolved": an interval around 0 that ends below the effect rules the effect out."""
+    if effect is None or d.n < 2:
+        return "-"
+    return "smaller than reported" if 100 * d.high < effect else "not below it"
+
+
+def load(directory: str) -> dict[str, Any]:
+    """A study folder's description (``study.json``), checked to be one."""
+    path = os.path.join(directory, "study.json")
+    try:
+        with open(path) as f:
+            study = json.load(f)
+    except FileNotFoundError:
+        raise ReportError(
+            f"{directory} is not a study folder (no study.json); give the --dir of a `jdml "
+            "study run`"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise ReportError(f"{path} is unreadable ({e}); run `jdml study run` again") from None
+    if not isinstance(study, dict) or "registration" not in study:
+        raise ReportError(f"{path} is not a study description; run `jdml study run` again")
+    return study
+
+
+def class_bootstrap(
+    claim: Mapping[str, Any],
+    reading: cl.Reading,
+    by_row: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    configs: Mapping[str, Mapping[str, Any]],
+    metric: str,
+) -> Paired | None:
+    """The claim's interval over seeds and test classes at its reading's level, or None when
+    a record of its seeds lacks the per-query hits."""
+    n = reading.difference.n
+    blocks = []
+    for row in (claim["row"], claim["base"]):
+        found = {s: r["per_query"]["test"] for s, r in by_row.get(row, {}).items()
+                 if "test" in r.get("per_query", {})}  # fmt: skip
+        blocks.append(found)
+    seeds = sorted(set(blocks[0]) & set(blocks[1]))[:n] if reading.interim else list(range(n))
+    if len(seeds) < n or any(s not in b for b in blocks for s in seeds):
+        return None
+    names = tuple(
+        cl.embedding_name(configs[r], claim["concat"]) for r in (claim["row"], claim["base"])
+    )
+    try:
+        hits, classes, _ = paired_differences(
+            {s: blocks[0][s] for s in seeds}, {s: blocks[1][s] for s in seeds}, names, metric
+        )
+    except ValueError:
+        return None
+    return two_way_bootstrap(hits, classes, reading.difference.level)
+
+
+def _claims(study: dict, by_row: dict, configs: dict, directory: str) -> list[dict[str, Any]]:
+    reg = study["registration"]
+    readings = claim_readings(reg, configs, by_row, stop_looks(directory))
+    family = {c["text"] for c in reg["claims"] if c["family"]}
+    level = cl.look_level(reg["looks"], reg["alpha"])
+    corrected = cl.holm_verdicts(readings, family, level)
+    labels = {r["name"]: r["label"] for r in study["rows"]}
+    out = []
+    for claim in reg["claims"]:
+        reading = readings.get(claim["text"])
+        entry: dict[str, Any] = {**claim, "labels": [labels[claim["row"]], labels[claim["base"]]]}
+        if reading is not None:
+            d = reading.difference
+            boot = class_bootstrap(claim, reading, by_row, configs, reg["metric"])
+            holm_verdict = corrected.get(claim["text"])
+            entry.update(
+                seeds=d.n,
+                mean=d.mean,
+                low=d.low,
+                high=d.high,
+                level=d.level,
+                look=reading.look,
+                where=reading.where(len(reg["looks"])),
+                verdict=d.verdict(),
+                holm=holm_verdict,
+                against_paper=against_paper(d, claim["effect"]),
+                bootstrap=None
+                if boot is None
+                else {"low": boot.low, "high": boot.high, "verdict": boot.verdict()},
+            )
+        out.append(entry)
+    return out
+
+
+def _cell(mean: float, low: float, high: float, n: int) -> str:
+    return Paired(mean, low, high, n).cell()
+
+
+def _claims_table(claims: list[dict[str, Any]], metric: str, family: int) -> str:
+    lines = [
+        f"| claim | rows compared | seeds | Δ {metric} [CI] | CI level, look | verdict "
+        f"| Holm verdict ({family} claims) | paper's effect | against the paper's effect "
+        "| bootstrap over seeds and classes |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in claims:
+        compared = f"{c['labels'][0]} - {c['labels'][1]}" + (
+            " (concatenation)" if c["concat"] else ""
+        )
+        paper = "-" if c["effect"] is None else f"{c['effect']:+.2f}" + (
+            f" ({c['source']})" if c["source"] else "")  # fmt: skip
+        if "mean" not in c:
+            lines.append(
+                f"| {c['text']} | {compared} | 0 | - | no seeds yet | - | - | {paper} | - | - |"
+            )
+            continue
+        holm = (
+            f"**{c['holm']}**"
+            if c["holm"]
+            else ("- (interim)" if c["look"] == 0 else "- (not in the family)")
+        )
+        boot = "-" if c["bootstrap"] is None else (
+            f"[{100 * c['bootstrap']['low']:+.2f}, {100 * c['bootstrap']['high']:+.2f}] "
+            f"{c['bootstrap']['verdict']}")  # fmt: skip
+        lines.append(
+            f"| {c['text']} | {compared} | {c['seeds']} | "
+            f"{_cell(c['mean'], c['low'], c['high'], c['seeds'])} | {c['where']} | "
+            f"**{c['verdict']}** | {holm} | {paper} | {c['against_paper']} | {boot} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _rows(study: dict, by_row: dict, directory: str) -> list[dict[str, Any]]:
+    chosen = selections(directory)
+    out = []
+    for row in study["rows"]:
+        records = by_row.get(row["name"], {})
+        tests = [r["results"]["test"] for _, r in sorted(records.items())]
+        metrics = {}
+        for m in study["metrics"]:
+            values = [t[m] for t in tests if m in t]
+            if values:
+                mean, std = mean_std(values)
+                metrics[m] = {"mean": mean, "std": std, "values": values}
+        picked = chosen.get(row["name"], {})
+        out.append(
+            {
+                "name": row["name"],
+                "label": row["label"],
+                "seeds": sorted(records),
+                "selected": picked.get("values"),
+                "trial": picked.get("trial"),
+                "tried": picked.get("tried", 0 if picked.get("trial") is None else None),
+                "failed": picked.get("failed", 0),
+                "score": picked.get("score"),
+                "epochs": sorted({r["meta"].get("epoch") for r in records.values()}),
+                "test": metrics,
+            }
+        )
+    return out
+
+
+def _value(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _rows_table(rows: list[dict[str, Any]], study: dict) -> str:
+    metrics = study["metrics"]
+    header = ["row", "seeds", "selected values", "candidates tried (failed)", "selected val score",
+              *(f"test {m}" for m in metrics)]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        values = "-" if r["selected"] is None else (", ".join(
+            f"{k}={_value(v)}" for k, v in r["selected"].items()) or "(none)")  # fmt: skip
+        tried = (
+            "-"
+            if r["selected"] is None
+            else (
+                "0 (budget 1: its own values)"
+                if not r["tried"]
+                else f"{r['tried']} ({r['failed']})"
+            )
+        )
+        score = "-" if r["score"] is None else f"{100 * r['score']:.2f}"
+        cells = [r["label"], str(len(r["seeds"])), values, tried, score]
+        for m in metrics:
+            found = r["test"].get(m)
+            if found is None:
+                cells.append("-")
+            elif len(found["values"]) > 1:
+                cells.append(f"{100 * found['mean']:.2f} ± {100 * found['std']:.2f}")
+            else:
+                cells.append(f"{100 * found['mean']:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _amendments_text(events: list[dict[str, Any]]) -> str:
+    if not events:
+        return (
+            "None: the pre-registration in force is the one frozen at the first test evaluation.\n"
+        )
+    lines = []
+    for i, e in enumerate(events, 1):
+        lines.append(
+            f"{i}. {e['time']}: {', '.join(e['changed'])} changed after {e['tests_seen']} test "
+            f"result(s) had been recorded (registration sha256 {e['sha256'][:12]})."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def forest_plot(claims: list[dict[str, Any]], metric: str, path: str) -> bool:
+    """The claims' paired differences and intervals, one line each, coloured by their Holm
+    verdict (their own outside the family); False if no claim has a reading."""
+    from jdml.visualize.figure import figure, save_png
+
+    shown = [c for c in claims if "mean" in c]
+    if not shown:
+        return False
+    with figure(900, int(42 * len(shown) + 140), layout="constrained") as fig:
+        ax = fig.add_subplot()
+        for y, c in enumerate(reversed(shown)):
+            colour = VERDICT_COLOURS[c["holm"] or c["verdict"]]
+            if c["seeds"] > 1:
+                ax.plot([100 * c["low"], 100 * c["high"]], [y, y], color=colour, lw=2)
+            ax.plot(100 * c["mean"], y, "o", color=colour)
+            if c["effect"] is not None:
+                ax.plot(c["effect"], y, "|", color="black", ms=10)
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_yticks(range(len(shown)), [c["text"] for c in reversed(shown)], fontsize=8)
+        ax.set_xlabel(f"Δ test {metric}, points (paired over seeds; |: the paper's effect)")
+        handles = [
+            ax.plot([], [], color=col, marker="o", lw=2, label=v)[0]
+            for v, col in VERDICT_COLOURS.items()
+        ]
+        fig.legend(handles=handles, fontsize=8, loc="outside right upper", title="Holm verdict",
+                   title_fontsize=8)  # fmt: skip
+        save_png(fig, path)
+    return True
+
+
+def validation_plot(study: dict, by_row: dict, path: str) -> bool:
+    """Each row's validation curve of its seed runs (mean and std band over seeds)."""
+    from jdml.visualize.curves import curves_with_bands
+
+    metric = study["registration"]["metric"]
+    series = []
+    for row in study["rows"]:
+        curves = [r.get("val_curve", []) for _, r in sorted(by_row.get(row["name"], {}).items())]
+        epochs = sorted({p["epoch"] for c in curves for p in c if p.get("epoch") is not None})
+        table = [{p["epoch"]: p.get(metric) for p in c} for c in curves]
+        full = [e for e in epochs if all(isinstance(t.get(e), int | float) for t in table)]
+        if not full or not table:
+            continue
+        values = np.array([[100 * t[e] for e in full] for t in table], np.float64)
+        series.append((row["label"], np.array(full, np.float64), values))
+    return curves_with_bands(series, path, xlabel="epoch", ylabel=f"validation {metric} (%)")
+
+
+def report(directory: str, out: str | None = None) -> dict[str, Any]:
+    """Writes the study's page, plots and JSON to ``out`` (default ``DIR/report``).
+
+    Returns:
+      ``{"markdown": the page, "files": the files written, "data": the JSON's content}``.
+
+    Raises:
+      ReportError: ``directory`` is not a study folder.
+    """
+    from jdml.workdir import check_writable
+
+    study = load(directory)
+    out = out or os.path.join(directory, "report")
+    check_writable(out, "output folder (--out)")
+    by_row = rec.seed_records(directory)
+    configs = {r["name"]: r["config"] for r in study["rows"]}
+    reg = study["registration"]
+    claims = _claims(study, by_row, configs, directory)
+    rows = _rows(study, by_row, directory)
+    amendments = ledger.amendments(directory)
+    frozen = next((e for e in ledger.events(directory) if e.get("event") == "registered"), None)
+    family = sum(1 for c in claims if c.get("holm"))
+    files = []
+    plot = os.path.join(out, "claims.png")
+    if forest_plot(claims, reg["metric"], plot):
+        files.append(plot)
+    curves = os.path.join(out, "validation_curves.png")
+    if validation_plot(study, by_row, curves):
+        files.append(curves)
+    level = cl.look_level(reg["looks"], reg["alpha"])
+    run_command = study.get("command") or f"jdml study run STUDY --dir {directory}"
+    report_command = f"jdml study report {directory}" + (
+        f" --out {out}" if out != os.path.join(directory, "report") else ""
+    )
+    registered = (
+        f"frozen at {frozen['time']} (sha256 {frozen['sha256'][:12]})"
+        if frozen
+        else "not frozen yet (no test evaluation)"
+    )
+    page = (
+        f"# {study['name']}\n\n"
+        f"Generated from the records in `{directory}` by `{report_command}`; the runs by "
+        f"`{run_command}`.\n\n"
+        f"## Claims\n\n"
+        + _claims_table(claims, reg["metric"], family)
+        + f"\nTest classes (unseen), points; Δ: the per-seed paired difference, mean and "
+        f"Student-t interval at the looks' level {100 * level:.2f} % (Pocock, "
+        f"{len(reg['looks'])} look(s) of {', '.join(map(str, reg['looks']))} seeds, alpha "
+        f"{reg['alpha']:g}); Holm: across the family at the same error. Pre-registration "
+        f"{registered}.\n\n"
+        + (
+            "![the claims' paired differences and intervals](claims.png)\n\n"
+            if plot in files
+            else ""
+        )
+        + "## Rows\n\n"
+        + _rows_table(rows, study)
+        + f"\nEvery row searched with the same budget: {study['budget']} candidate(s) "
+        f"({study['sampler']} sampler), scored on "
+        + (
+            "one validation hold-out"
+            if study["selection"]["folds"] == 1
+            else f"the mean over {study['selection']['folds']} class-disjoint folds"
+        )
+        + f" at seed {study['tune_seed']}; test: mean ± sample std over seeds.\n\n"
+        + ("![validation curves](validation_curves.png)\n\n" if curves in files else "")
+        + "## Amendments\n\n"
+        + _amendments_text(amendments)
+    )
+    data = {
+        "study": study["name"],
+        "registration": reg,
+        "registered": frozen,
+        "claims": claims,
+        "rows": rows,
+        "amendments": amendments,
+        "commands": {"run": run_command, "report": report_command},
+    }
+    md, js = os.path.join(out, "report.md"), os.path.join(out, "report.json")
+    atomic_write(md, page)
+    atomic_write(js, json.dumps(data, indent=1, default=float) + "\n")
+    return {"markdown": page, "files": [md, js, *files], "data": data}

@@ -1,0 +1,286 @@
+"""``jdml.study`` without training: the study file's checks, the Holm-aware stopping rule, the
+ledger's pre-registration and amendments, records written once, and the report's numbers on
+hand-made records against a computation written out here."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from jdml.errors import ConfigError
+from jdml.statistics import pocock_level
+from jdml.study import Choice, Claim, Float, Folds, Row, Study, ledger, spec
+from jdml.study import claims as cl
+from jdml.study import records as rec
+
+DATA = {"data.name": "npz", "data.path": "x.npz"}
+
+
+def _study(**changes) -> Study:
+    base = dict(
+        name="s",
+        rows=(
+            Row("a", "revisiting", space={"optim.lr": Float(1e-4, 1e-2, log=True)}),
+            Row("b", "revisiting", space={"optim.lr": Choice((1e-3, 2e-3))}),
+        ),
+        data=DATA,
+        claims=(Claim("a beats b", "a", "b"),),
+    )
+    return Study(**{**base, **changes})
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"rows": ()}, "has no rows"),
+        ({"rows": (Row("a b", "revisiting", space={"x": Choice((1,))}),)}, "letters, digits"),
+        ({"rows": (Row("a", "r", space={"x": Choice((1,))}),) * 2}, "declared twice"),
+        ({"data": {"model.embed_dim": 3}}, r"data\.\* keys only"),
+        ({"budget": 0}, "at least 1"),
+        ({"rows": (Row("a", "revisiting"), Row("b", "revisiting"))}, "has no search space"),
+        ({"looks": (5, 3)}, "increasing"),
+        ({"looks": (1,)}, "at least 2"),
+        ({"alpha": 0.7}, "alpha"),
+        ({"sampler": "cmaes"}, "choose one of: random, tpe, grid"),
+        ({"metric": "f1"}, "not among metrics"),
+        ({"selection": Folds(1)}, "at least 2 folds"),
+        ({"claims": (Claim("x", "a", "c"),)}, "names row 'c'"),
+        ({"claims": (Claim("x", "a", "a"),)}, "with itself"),
+        ({"claims": (Claim("x", "a", "b"), Claim("x", "b", "a"))}, "declared twice"),
+        ({"claims": (Claim("x", "a", "b", effect=math.nan),)}, "finite"),
+    ],
+)
+def test_a_study_that_cannot_run_is_refused_with_its_fix(changes, match):
+    with pytest.raises(ConfigError, match=match):
+        spec.check(_study(**changes))
+
+
+@pytest.mark.parametrize(
+    "dim, match",
+    [(Float(1.0, 1.0), "low < high"), (Float(0.0, 1.0, log=True), "low > 0"),
+     (Choice(()), "no values"), ((1, 2), "give Float")],
+)  # fmt: skip
+def test_a_bad_dimension_is_refused(dim, match):
+    rows = (Row("a", "revisiting", space={"optim.lr": dim}), Row("b", "r", space={"x": Int1}))
+    with pytest.raises(ConfigError, match=match):
+        spec.check(_study(rows=rows, claims=()))
+
+
+Int1 = Choice((1,))
+
+
+def test_a_study_file_that_is_missing_or_wrong_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        spec.load(str(tmp_path / "none.py"))
+    bad = tmp_path / "bad.py"
+    bad.write_text("def get_study(:\n")
+    with pytest.raises(ConfigError, match="does not parse: line 1"):
+        spec.load(str(bad))
+    other = tmp_path / "other.py"
+    other.write_text("def get_study():\n    return {'rows': ()}\n")
+    with pytest.raises(ConfigError, match=r"returned a dict, not a jdml\.study\.Study"):
+        spec.load(str(other))
+
+
+def test_the_first_candidate_is_the_rows_own_values():
+    study = _study(
+        rows=(
+            Row(
+                "a",
+                "revisiting",
+                space={"optim.lr": Choice((5e-4, 1e-3)), "model.embed_dim": Choice((64, 128))},
+            ),
+            Row("b", "revisiting", space={"optim.lr": Float(1e-2, 1e-1)}),
+        )
+    )
+    from configs.revisiting import get_config
+
+    preset = get_config()
+    first = spec.first_candidate(study, study.rows[0])
+    assert first["optim.lr"] == (preset.optim.lr if preset.optim.lr in (5e-4, 1e-3) else 5e-4)
+    assert first["model.embed_dim"] == (
+        preset.model.embed_dim if preset.model.embed_dim in (64, 128) else 64
+    )
+    assert spec.first_candidate(study, study.rows[1]) == {"optim.lr": 1e-2}  # clipped into range
+
+
+# -- the stopping rule ---------------------------------------------------------------------------
+
+
+def _values_with_p(p: float, n: int, level: float) -> tuple[dict, dict]:
+    """Two rows whose n paired differences have the two-sided t-test p-value ``p``."""
+    z = np.linspace(-1.0, 1.0, n)
+    z = z / z.std(ddof=1)  # sample std 1
+    t = stats.t.isf(p / 2, n - 1)
+    d = t / math.sqrt(n) + z
+    return {s: 0.5 + 0.01 * d[s] for s in range(n)}, {s: 0.5 for s in range(n)}
+
+
+def test_a_claim_clearing_its_own_interval_but_not_holms_goes_on():
+    looks = (5, 10)
+    level = pocock_level(2)
+    alpha = 1 - level  # 0.0294 at each look
+    readings = {}
+    for name, p in (("A", 0.02), ("B", 0.5), ("C", 0.6)):
+        a, b = _values_with_p(p, 5, level)
+        readings[name] = cl.read(a, b, looks, level, None)
+    assert readings["A"].difference.p_value() == pytest.approx(0.02, rel=1e-6)
+    assert readings["A"].difference.verdict() == "reproduces"  # 0.02 < 0.0294
+    corrected = cl.holm_verdicts(readings, {"A", "B", "C"}, level)
+    assert alpha / 3 < 0.02 and corrected["A"] == "not resolved"  # Holm's first bound: alpha / 3
+    stop, go_on = cl.decide(readings, {"A", "B", "C"}, {}, 1, looks, level)
+    assert stop == [] and go_on == ["A", "B", "C"]
+    # Alone in its family (or outside it), the same claim stops at look 1.
+    assert cl.decide({"A": readings["A"]}, {"A"}, {}, 1, looks, level) == (["A"], [])
+    assert cl.decide(readings, {"B", "C"}, {}, 1, looks, level) == (["A"], ["B", "C"])
+    # With B settled far beyond Holm's bound, A's bound loosens to alpha / 2 (still > 0.02?
+    # no: 0.0147 < 0.02), so it goes on; at the last look everything stops.
+    a, b = _values_with_p(1e-6, 5, level)
+    readings["B"] = cl.read(a, b, looks, level, None)
+    stop, go_on = cl.decide(readings, {"A", "B", "C"}, {}, 1, looks, level)
+    assert stop == ["B"] and go_on == ["A", "C"]
+    stop, go_on = cl.decide(readings, {"A", "B", "C"}, {"B": 1}, 2, looks, level)
+    assert stop == ["A", "C"] and go_on == []
+
+
+def test_a_claim_is_read_at_the_look_it_stopped_at():
+    looks, level = (3, 6), pocock_level(2)
+    a = {s: 0.6 + 0.01 * s for s in range(6)}
+    b = {s: 0.5 + 0.02 * (s % 2) for s in range(6)}
+    stopped = cl.read(a, b, looks, level, 1)
+    going = cl.read(a, b, looks, level, None)
+    assert (stopped.look, stopped.difference.n) == (1, 3)
+    assert (going.look, going.difference.n) == (2, 6)
+    interim = cl.read({0: 0.6, 1: 0.7}, {0: 0.5, 1: 0.5}, looks, level, None)
+    assert interim.interim and interim.difference.level == 0.95 and interim.difference.n == 2
+    assert interim.where(2) == "95 %, before look 1"
+    assert cl.read({}, {0: 1.0}, looks, level, None) is None
+
+
+# -- ledger and records --------------------------------------------------------------------------
+
+
+def test_an_amendment_after_test_results_is_recorded_with_the_results_seen(tmp_path):
+    d = str(tmp_path)
+    first = spec.registration(_study())
+    assert ledger.amend_if_changed(d, first, 0) is None  # nothing frozen: no amendment
+    ledger.freeze(d, first)
+    assert ledger.freeze(d, spec.registration(_study(alpha=0.1)))["registration"] == json.loads(
+        json.dumps(first)
+    )  # a second freeze keeps the first
+    assert ledger.amend_if_changed(d, first, 3) is None
+    changed = spec.registration(_study(claims=(Claim("a beats b", "a", "b", effect=2.0),)))
+    event = ledger.amend_if_changed(d, changed, 4)
+    assert event["changed"] == ["claims"] and event["tests_seen"] == 4
+    assert ledger.amend_if_changed(d, changed, 5) is None  # the amendment is now in force
+    assert [e["tests_seen"] for e in ledger.amendments(d)] == [4]
+
+
+def test_a_record_is_written_once(tmp_path):
+    path = str(tmp_path / "records" / "a" / "seed0.json")
+    assert rec.write_once(path, {"seed": 0})
+    assert not rec.write_once(path, {"seed": 99})
+    assert rec.read(path) == {"seed": 0}
+    assert os.listdir(os.path.dirname(path)) == ["seed0.json"]  # no temporary file left
+    with open(path, "w") as f:
+        f.write("{cut")
+    with pytest.raises(ValueError, match=r"unreadable.*move it away"):
+        rec.read(path)
+
+
+# -- the report on hand-made records -----------------------------------------------------------
+
+
+def _record(row: str, seed: int, r1: float, hits: np.ndarray | None, classes: np.ndarray):
+    from jdml.evaluation import per_query
+
+    record = {
+        "row": row,
+        "seed": seed,
+        "meta": {"epoch": 2},
+        "results": {"test": {"recall@1": r1, "map@r": r1 / 2}},
+        "val_curve": [{"epoch": 1, "recall@1": 0.5}, {"epoch": 2, "recall@1": 0.6 + seed / 100}],
+    }
+    if hits is not None:
+        record["per_query"] = {"test": per_query.pack(
+            {per_query.vector_key("embed", "recall@1"): hits, per_query.classes_key(): classes},
+            "embed")}  # fmt: skip
+    return record
+
+
+def test_the_report_equals_a_computation_by_hand(tmp_path):
+    from jdml.study.report import report
+
+    d = str(tmp_path / "study")
+    study = _study(
+        looks=(3,),
+        claims=(
+            Claim("a beats b", "a", "b", effect=5.0, source="Tab. 1"),
+            Claim("b beats a", "b", "a", family=False),
+        ),
+    )
+    configs = {r.name: {"cohort.size": 1} for r in study.rows}
+    os.makedirs(d)
+    with open(os.path.join(d, "study.json"), "w") as f:
+        json.dump(spec.describe(study, configs), f)
+    ledger.append(d, {"event": "selected", "row": "a", "trial": 1, "values": {"optim.lr": 2e-3},
+                      "score": 0.61, "tried": 4, "failed": 1})  # fmt: skip
+    ledger.append(d, {"event": "selected", "row": "b", "trial": 0, "values": {"optim.lr": 1e-3},
+                      "score": 0.55, "tried": 4, "failed": 0})  # fmt: skip
+    ledger.freeze(d, spec.registration(study))
+    rng = np.random.default_rng(0)
+    classes = np.repeat(np.arange(5), 4)
+    a_r1, b_r1 = [0.62, 0.60, 0.65], [0.55, 0.58, 0.56]
+    for s in range(3):
+        rec.write_once(
+            rec.seed_record_path(d, "a", s),
+            _record("a", s, a_r1[s], (rng.random(20) < 0.6).astype(float), classes),
+        )
+        rec.write_once(
+            rec.seed_record_path(d, "b", s),
+            _record("b", s, b_r1[s], (rng.random(20) < 0.5).astype(float), classes),
+        )
+    ledger.amend_if_changed(d, spec.registration(dataclasses.replace(study, alpha=0.1)), 6)
+    out = report(d)
+    data = out["data"]
+    diffs = np.array(a_r1) - np.array(b_r1)
+    mean, sd = diffs.mean(), diffs.std(ddof=1)
+    half = stats.t.ppf(0.975, 2) * sd / math.sqrt(3)  # one look: 95 %
+    claim = data["claims"][0]
+    assert claim["mean"] == pytest.approx(mean)
+    assert (claim["low"], claim["high"]) == pytest.approx((mean - half, mean + half))
+    assert claim["verdict"] == ("reproduces" if mean - half > 0 else "not resolved")
+    p = 2 * stats.t.sf(mean / (sd / math.sqrt(3)), 2)
+    assert claim["holm"] == ("reproduces" if p <= 0.05 else "not resolved")  # a family of one
+    assert claim["against_paper"] == (
+        "smaller than reported" if 100 * (mean + half) < 5.0 else "not below it"
+    )
+    assert claim["bootstrap"] is not None
+    assert data["claims"][1]["holm"] is None and data["claims"][1]["mean"] == pytest.approx(-mean)
+    rows = {r["name"]: r for r in data["rows"]}
+    assert rows["a"]["selected"] == {"optim.lr": 2e-3} and rows["a"]["tried"] == 4
+    assert rows["a"]["test"]["recall@1"]["mean"] == pytest.approx(np.mean(a_r1))
+    assert rows["a"]["test"]["recall@1"]["std"] == pytest.approx(np.std(a_r1, ddof=1))
+    page = out["markdown"]
+    assert page.index("## Claims") < page.index("## Rows") < page.index("## Amendments")
+    assert "alpha changed after 6 test result(s)" in page
+    assert f"{100 * mean:+.2f} [{100 * (mean - half):+.2f}, {100 * (mean + half):+.2f}]" in page
+    assert "jdml study report" in page and "jdml study run" in page
+    assert {os.path.basename(f) for f in out["files"]} == {
+        "report.md", "report.json", "claims.png", "validation_curves.png"}  # fmt: skip
+    with open(os.path.join(d, "report", "report.json")) as f:
+        assert json.load(f)["claims"][0]["mean"] == pytest.approx(mean)
+
+
+def test_the_report_of_a_folder_that_is_not_a_study_is_one_line(tmp_path):
+    from jdml.errors import ReportError
+    from jdml.study.report import report
+
+    with pytest.raises(ReportError, match="not a study folder"):
+        report(str(tmp_path))
