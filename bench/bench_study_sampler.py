@@ -69,7 +69,7 @@ def regret(kind: str, budget: int, two: bool, draw: int) -> float:
         lr, margin = values["optim.lr"], values.get("loss.margin", 0.0)
         truth = true_score(lr, margin, best, two)
         observed = truth + NOISE * rng.standard_normal()
-        study.tell(trial, observed)
+        search.tell(study, trial, observed)
         picked.append((observed, truth))
     selected_truth = max(picked)[1]
     return -selected_truth  # the best true score in the space is 0

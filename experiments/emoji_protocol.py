@@ -34,7 +34,7 @@ whose record was trained on other data or with other settings is trained again.
 of the tables (their keys, e.g. ``dm2-3-independent``), for a check that cannot afford them all.
 
 ``--jobs N`` trains N runs at once, each a process of its own on 1/N of the cores and of the
-accelerator's memory (``experiments/parallel.py``), its output in ``<out>/<row>/seed<k>.log``;
+accelerator's memory (``jdml.study.executor.Local``), its output in ``<out>/<row>/seed<k>.log``;
 the tables follow when every run has ended. On a lent GPU one run leaves most of the device
 idle. On 2 CPU cores, two one-core runs of the Sharing class-only row (3 epochs) took 21.5 s
 per epoch each against 12.5 s for one two-core run: 1.16x the throughput in the steady state,
@@ -81,8 +81,6 @@ from jdml.run import Run
 from jdml.samplers import SAMPLERS as SAMPLER_REGISTRY
 from jdml.statistics import Paired, mean_std, paired
 from jdml.trainer import atomic_write, train_and_evaluate
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # experiments/parallel.py
 
 METRICS = ("recall@1", "map@r", "nmi")
 DATA = "data=emoji"
@@ -983,7 +981,7 @@ def train_in_parallel(
     """Trains the runs of ``order`` (``training_order``) that have no record, ``args.jobs`` at
     a time, each in a process of its own (this script, for one row and seed); returns the
     (row, seed) pairs that failed, which are then left out of the tables."""
-    from parallel import Job, run_jobs  # experiments/parallel.py
+    from jdml.study.executor import Task, run_all
 
     common = [
         f"--epochs={args.epochs}",
@@ -1001,9 +999,10 @@ def train_in_parallel(
         for seed in args.seeds:
             if load_record(args, row, seed):
                 continue
-            job = Job(
+            job = Task(
                 name=f"{row} seed {seed}",
-                argv=(
+                task_file="",
+                command=(
                     sys.executable,
                     os.path.abspath(__file__),
                     f"--tables={name}",
@@ -1018,7 +1017,7 @@ def train_in_parallel(
             pairs[job.name] = (row, seed)
     if jobs:
         print(f"{len(jobs)} run(s) to train, {args.jobs} at a time", flush=True)
-    failed = run_jobs(jobs, args.jobs, echo=lambda line: print(line, flush=True))
+    failed = run_all(jobs, args.jobs, echo=lambda line: print(line, flush=True))
     return [pairs[name] for name in failed]
 
 

@@ -15,7 +15,7 @@
 # not reused), interrupted ones continue from their last checkpoint. EPOCHS sets the headline
 # budget (default 45), TUNE_EPOCHS the tuning budget (default 20), JOBS how many runs train at
 # once (default 1; each on its share of the cores and of the accelerator's memory, see
-# experiments/parallel.py: 2 on 2 CPU cores gave 1.16-1.29x the throughput of 1). RESULTS / OUT
+# jdml.study.executor.Local: 2 on 2 CPU cores gave 1.16-1.29x the throughput of 1). RESULTS / OUT
 # / TUNE_RESULTS may point elsewhere (e.g. a worktree pinned at one commit with the records
 # landing in the main checkout).
 #

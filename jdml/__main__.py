@@ -257,11 +257,19 @@ def _study_run(args: argparse.Namespace) -> None:
                 f"--gpus-per-run={args.gpus_per_run:g}",
             ]
         argv += [f"--slots={args.slots}"] + ([f"--storage={args.storage}"] if args.storage else [])
+        argv += [] if args.xla_cache else ["--no-xla-cache"]
         command = shlex.join(argv)
     previous = ex.stop_on_sigterm()
     try:
-        runner.run(study, args.dir, executor, echo=lambda s: print(s, flush=True), command=command,
-                   storage=args.storage)  # fmt: skip
+        runner.run(
+            study,
+            args.dir,
+            executor,
+            echo=lambda s: print(s, flush=True),
+            command=command,
+            storage=args.storage,
+            xla_cache=args.xla_cache,
+        )
     finally:
         executor.close()
         import signal
@@ -457,6 +465,13 @@ def parser() -> argparse.ArgumentParser:
     )
     sr.add_argument(
         "--storage", help="Optuna's storage URL (default the journal file DIR/optuna.journal)"
+    )
+    sr.add_argument(
+        "--no-xla-cache",
+        dest="xla_cache",
+        action="store_false",
+        help="compile every run's programs anew (default: the runs share XLA's compiled "
+        "programs in DIR/xla_cache)",
     )
     sr.add_argument(
         "--no-record-command",

@@ -14,7 +14,7 @@ scheduler of its own beyond the host's slots: across machines it is Ray's.
   fraction lets small runs share a GPU, each then given that fraction of its memory), on an
   existing cluster (``address``). A task whose node dies is retried by Ray on another node
   (``max_retries``), and the run resumes from its checkpoint: the study's folder must be on a
-  filesystem every node sees.
+  filesystem every node sees, and every node needs the same jdml installed.
 
 A run's process dies with the process that started it (``PR_SET_PDEATHSIG`` on Linux), so a
 driver or a Ray worker killed with ``kill -9`` leaves no run training on its own.
@@ -28,20 +28,22 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """One run: its name for the progress lines, its task file and its log."""
+    """One run: its name for the progress lines, its task file and its log (or, with
+    ``command``, any command: its argv)."""
 
     name: str
     task_file: str
     log: str
+    command: tuple[str, ...] = ()
 
     def argv(self) -> tuple[str, ...]:
-        return (sys.executable, "-m", "jdml.study.worker", self.task_file)
+        return self.command or (sys.executable, "-m", "jdml.study.worker", self.task_file)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,14 +234,9 @@ class RayTasks:
                 configure_logging=False,
                 **dict(init or {}),
             )
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         remote = ray.remote(_ray_run)
         self._remote = remote.options(
-            num_cpus=cpus,
-            num_gpus=gpus,
-            max_retries=max_retries,
-            retry_exceptions=False,
-            runtime_env={"env_vars": {"PYTHONPATH": _pythonpath(root)}},
+            num_cpus=cpus, num_gpus=gpus, max_retries=max_retries, retry_exceptions=False
         )
         self.fraction = gpus
         self._running: dict[Any, tuple[Task, float]] = {}
@@ -273,11 +270,62 @@ class RayTasks:
         self._running.clear()
 
 
-def _pythonpath(root: str) -> str:
-    """jdml's checkout first (a worker on another node imports the same jdml), then the
-    caller's path."""
-    parts = [root, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
-    return os.pathsep.join(dict.fromkeys(parts))
+def drive(
+    executor: Executor,
+    next_task: Callable[[], Task | None],
+    on_done: Callable[[Done], None] = lambda done: None,
+    echo: Callable[[str], None] = print,
+) -> list[str]:
+    """Keeps ``executor``'s slots full with ``next_task()`` until it has none and every run has
+    ended; ``on_done`` sees each run that ends. Echoes a line when a run starts and one when it
+    ends (an ``error:`` line naming its log if it failed).
+
+    Returns:
+      The names of the runs that failed, in the order they ended.
+    """
+    failed: list[str] = []
+    exhausted = False
+    while True:
+        while not exhausted and executor.running() < executor.slots:
+            task = next_task()
+            if task is None:
+                exhausted = True
+                break
+            echo(f"== {task.name} (log {task.log})")
+            executor.submit(task)
+        if executor.running() == 0:
+            if exhausted:
+                return failed
+            continue
+        for done in executor.wait():
+            if done.code:
+                failed.append(done.task.name)
+                echo(
+                    f"error: {done.task.name} exited with {done.code} after {done.seconds:.0f} "
+                    f"s; see {done.task.log}"
+                )
+            else:
+                echo(f"   {done.task.name}: {done.seconds:.0f} s; {done.last_line}")
+            on_done(done)
+
+
+def run_all(
+    tasks: Sequence[Task], slots: int, echo: Callable[[str], None] = print, **local: Any
+) -> list[str]:
+    """Runs ``tasks`` in their order on :class:`Local` ``slots`` (``local``: its other
+    arguments); terminates the running ones if this process is interrupted or terminated.
+
+    Returns:
+      The names of the tasks that exited non-zero, in the order they ended.
+    """
+    executor = Local(slots, **local)
+    pending = iter(tasks)
+    previous = stop_on_sigterm()
+    try:
+        return drive(executor, lambda: next(pending, None), echo=echo)
+    finally:
+        executor.close()
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stop_on_sigterm() -> Any:

@@ -34,7 +34,7 @@ from jdml.fileio import atomic_write, sha256_file
 from jdml.study import claims as cl
 from jdml.study import ledger, search
 from jdml.study import records as rec
-from jdml.study.executor import Done, Executor, Task
+from jdml.study.executor import Done, Executor, Task, drive
 from jdml.study.spec import (
     Folds,
     Row,
@@ -62,6 +62,7 @@ class _Context:
     commit: str
     data_sha256: str | None
     storage: str | None = None
+    xla_cache: bool = True
     failed: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -135,6 +136,15 @@ def _check_validation(row: Row, config: Any) -> None:
         )
 
 
+def _check_data(row: Row, config: Any) -> None:
+    path = str(config.data.path or "")
+    if path and not os.path.exists(path):
+        raise ConfigError(
+            f"row {row.name!r}: data.path {path} does not exist; give the study's data the "
+            "path of your image folder or .npz"
+        )
+
+
 def _task(
     ctx: _Context, name: str, kind: str, row: str, config: Any, workdir: str, record: str, **extra
 ) -> Task:
@@ -158,7 +168,9 @@ def _task(
         "trial": None,
         "fold": None,
         "settings": {},
-        "xla_cache": os.path.abspath(os.path.join(ctx.directory, "xla_cache")),
+        "xla_cache": os.path.abspath(os.path.join(ctx.directory, "xla_cache"))
+        if ctx.xla_cache
+        else None,
         **extra,
     }
     slug = name.replace(" ", "-")
@@ -170,31 +182,8 @@ def _task(
 
 
 def _drive(ctx: _Context, next_task: Callable[[], Task | None], on_done: Callable[[Done], None]):
-    """Keeps the executor's slots full with ``next_task()`` until it has none and every run
-    has ended; ``on_done`` sees each run that ends."""
-    exhausted = False
-    while True:
-        while not exhausted and ctx.executor.running() < ctx.executor.slots:
-            task = next_task()
-            if task is None:
-                exhausted = True
-                break
-            ctx.echo(f"== {task.name} (log {task.log})")
-            ctx.executor.submit(task)
-        if ctx.executor.running() == 0:
-            if exhausted:
-                return
-            continue
-        for done in ctx.executor.wait():
-            if done.code:
-                ctx.failed.append(done.task.name)
-                ctx.echo(
-                    f"error: {done.task.name} exited with {done.code} after {done.seconds:.0f} s; "
-                    f"see {done.task.log}"
-                )
-            else:
-                ctx.echo(f"   {done.last_line} ({done.seconds:.0f} s)")
-            on_done(done)
+    """:func:`jdml.study.executor.drive` on the study's executor, its failures counted."""
+    ctx.failed += drive(ctx.executor, next_task, on_done, ctx.echo)
 
 
 # -- phase 1: tuning ------------------------------------------------------------------------------
@@ -235,7 +224,7 @@ def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
     for row in todo:
         s = search.open_row(store, row.name, study.sampler, study.search_seed, row.space)
         optuna_studies[row.name] = s
-        if not s.trials:  # the row's own values first
+        if not s.trials and study.sampler != "grid":  # the row's own values first
             s.enqueue_trial(search.encode_values(row.space, first_candidate(study, row)))
         for t in s.trials:  # candidates a killed driver left running: again, same values
             if t.state == states.RUNNING:
@@ -265,7 +254,7 @@ def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
         if done.code or not os.path.exists(task["record"]):
             if key in waiting:
                 del waiting[key]
-                s.tell(task["trial"], state=states.FAIL, skip_if_finished=True)
+                search.tell(s, task["trial"], failed=True)
             return
         if key not in waiting:
             return
@@ -273,7 +262,7 @@ def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
         if waiting[key] == 0:
             del waiting[key]
             score = candidate_score(directory, task["row"], task["trial"], folds)
-            s.tell(task["trial"], score, skip_if_finished=True)
+            search.tell(s, task["trial"], score)
 
     _drive(ctx, next_task, on_done)
     for row in todo:
@@ -350,7 +339,7 @@ def _tell_recorded(ctx: _Context, row: Row, trial: int, folds: int) -> None:
         row.space,
     )
     score = candidate_score(ctx.directory, row.name, trial, folds)
-    s.tell(trial, score, skip_if_finished=True)
+    search.tell(s, trial, score)
 
 
 # -- phase 3: the looks ---------------------------------------------------------------------------
@@ -465,6 +454,7 @@ def run(
     echo: Echo = print,
     command: str = "",
     storage: str | None = None,
+    xla_cache: bool = True,
 ) -> dict[str, Any]:
     """Runs (or resumes) every phase of ``study`` in ``directory`` on ``executor``.
 
@@ -476,11 +466,35 @@ def run(
       StudyError: another driver holds the folder, a row's config changed under its
         records, a look cannot be completed (failed runs: run again), or runs failed.
       ConfigError: a row's config is invalid (nothing is trained).
+
+    Args:
+      study: the study (:func:`jdml.study.spec.load`).
+      directory: its folder (created; a rerun resumes).
+      executor: where the runs execute (:mod:`jdml.study.executor`).
+      echo: where the progress lines go.
+      command: the command line that ran it, shown by the report.
+      storage: Optuna's storage URL (default the journal file in ``directory``).
+      xla_cache: share XLA's compiled programs between the runs (``directory/xla_cache``).
     """
     from jdml.config import flatten_config
     from jdml.config.validation import validate
     from jdml.workdir import run_lock
 
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise StudyError(
+            f"--dir {directory} is a file; give a folder for the study (new or its own)"
+        )
+    configs, digests = {}, {}
+    for row in study.rows:  # every row's config checked before the folder is made
+        c = seed_config(study, row, first_candidate(study, row), 0)
+        try:
+            validate(c)
+        except ConfigError as e:
+            raise ConfigError(f"row {row.name!r}: {e}") from None
+        _check_validation(row, c)
+        _check_data(row, c)
+        configs[row.name] = flatten_config(c.to_dict())
+        digests[row.name] = config_digest(c)
     os.makedirs(directory, exist_ok=True)
     try:
         lock = run_lock(directory)
@@ -491,16 +505,6 @@ def run(
             "or stop it, then run again"
         ) from None
     try:
-        configs, digests = {}, {}
-        for row in study.rows:
-            c = seed_config(study, row, first_candidate(study, row), 0)
-            try:
-                validate(c)
-            except ConfigError as e:
-                raise ConfigError(f"row {row.name!r}: {e}") from None
-            _check_validation(row, c)
-            configs[row.name] = flatten_config(c.to_dict())
-            digests[row.name] = config_digest(c)
         payload = describe(study, configs)
         payload["command"] = command
         atomic_write(os.path.join(directory, "study.json"), json.dumps(payload, indent=1) + "\n")
@@ -513,7 +517,7 @@ def run(
             )
         first = seed_config(study, study.rows[0], first_candidate(study, study.rows[0]), 0)
         ctx = _Context(
-            study, directory, executor, echo, rec.commit(), data_checksum(first), storage
+            study, directory, executor, echo, rec.commit(), data_checksum(first), storage, xla_cache
         )
         _check_records(ctx, digests)
         start = time.perf_counter()

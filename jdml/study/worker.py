@@ -116,7 +116,7 @@ def run(task_file: str) -> str:
     to print."""
     task = read_task(task_file)
     if os.path.exists(task["record"]):
-        return f"{task['name']}: recorded already ({task['record']})"
+        return f"recorded already ({task['record']})"
     if not finished(task["workdir"], task["kind"]):
         share_compilations(task.get("xla_cache"))
 
@@ -134,7 +134,7 @@ def run(task_file: str) -> str:
     else:
         value = record["results"].get("test", {}).get(task["metric"], math.nan)
         said = f"test {task['metric']} {100 * value:.2f} (epoch {record['meta'].get('epoch')})"
-    return f"{task['name']}: {said}" + ("" if wrote else " (recorded by another process)")
+    return said + ("" if wrote else " (recorded by another process)")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -284,3 +284,91 @@ def test_the_report_of_a_folder_that_is_not_a_study_is_one_line(tmp_path):
 
     with pytest.raises(ReportError, match="not a study folder"):
         report(str(tmp_path))
+
+
+# -- the selection split ---------------------------------------------------------------------------
+
+
+def test_class_folds_cover_every_training_class_once():
+    from jdml.data.splits import class_folds
+
+    train = np.arange(10, 21)
+    folds = class_folds(train, 3, seed=4)
+    assert [len(f) for f in folds] == [4, 4, 3]
+    assert sorted(np.concatenate(folds).tolist()) == train.tolist()
+    assert all(np.all(np.diff(f) > 0) for f in folds)
+    assert [f.tolist() for f in class_folds(train, 3, seed=4)] == [f.tolist() for f in folds]
+
+
+def test_a_fold_is_the_validation_split_and_the_rest_trains():
+    from jdml.data.arrays import ImageArrays
+    from jdml.data.splits import class_folds, class_halves, split_by_class
+
+    labels = np.repeat(np.arange(16), 3)
+    data = ImageArrays(np.zeros((48, 4, 4, 1), np.uint8), labels, tuple(map(str, range(16))))
+    train, _ = class_halves(labels)
+    for fold, held in enumerate(class_folds(train, 2, seed=0)):
+        splits = split_by_class(data, seed=0, folds=2, fold=fold)
+        assert sorted(splits["val"].class_names) == sorted(str(c) for c in held)
+        assert set(splits["train"].class_names) == {str(c) for c in train} - {str(c) for c in held}
+
+
+@pytest.mark.parametrize(
+    "folds, fold, match",
+    [(1, 0, "holds every training class out"), (3, 3, "not one of the 3 folds"),
+     (0, 1, "data.val_folds=0")],
+)  # fmt: skip
+def test_a_fold_that_does_not_exist_is_refused(folds, fold, match):
+    from configs.revisiting import get_config
+    from jdml.config.validation import validate
+
+    c = get_config()
+    c.data.val_folds, c.data.val_fold = folds, fold
+    with pytest.raises(ConfigError, match=match):
+        validate(c)
+
+
+def test_too_few_classes_for_the_folds_name_the_fix():
+    from jdml.data.splits import class_folds
+    from jdml.errors import DataError
+
+    with pytest.raises(DataError, match="at most 2"):
+        class_folds(np.arange(5), 3, seed=0)
+
+
+def test_a_tuning_run_of_a_fold_validates_on_that_fold_and_never_tests():
+    from jdml.study.runner import seed_config, tune_config
+
+    study = _study(selection=Folds(3), tune={"train.epochs": 2})
+    c = tune_config(study, study.rows[0], {"optim.lr": 1e-3}, fold=2)
+    assert (c.data.val_folds, c.data.val_fold, c.train.epochs) == (3, 2, 2)
+    assert tuple(c.eval.selected_splits) == () and tuple(c.eval.splits) == ()
+    s = seed_config(study, study.rows[0], {"optim.lr": 1e-3}, seed=4)
+    assert (s.seed, tuple(s.eval.selected_splits), tuple(s.eval.per_query)) == (
+        4, ("test",), ("recall@1",))  # fmt: skip
+    assert s.data.val_folds == 0 and s.optim.lr == 1e-3
+
+
+def test_a_grid_smaller_than_the_budget_is_refused():
+    rows = (
+        Row("a", "revisiting", space={"optim.lr": Choice((1e-3, 2e-3))}),
+        Row("b", "revisiting", space={"optim.lr": Float(1e-3, 1e-2)}),
+    )
+    with pytest.raises(ConfigError, match="fewer than the budget 4"):
+        spec.check(_study(rows=rows, sampler="grid"))
+    with pytest.raises(ConfigError, match="needs Choice spaces"):
+        spec.check(_study(rows=rows, sampler="grid", budget=2))
+
+
+def test_a_database_url_holds_the_search(tmp_path):
+    from jdml.study import search
+
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    space = {"optim.lr": Float(1e-4, 1e-2, log=True), "k": Choice(((1, 2), "x"))}
+    s = search.open_row(search.storage(str(tmp_path), url), "a", "tpe", 0, space)
+    trial = s.ask()
+    values = search.suggest(trial, space)
+    search.tell(s, trial.number, 0.5)
+    again = search.open_row(search.storage(str(tmp_path), url), "a", "tpe", 0, space)
+    assert search.decode_params(space, again.trials[0].params) == values
+    assert not os.path.exists(tmp_path / search.JOURNAL)

@@ -1,4 +1,4 @@
-"""``experiments/parallel.py``: several runs side by side, each on its share of the cores.
+"""``jdml.study.executor.Local``: several runs side by side, each on its share of the cores.
 
 The jobs here are small Python commands that record when they ran, on which cores and with
 which memory fraction, so that the scheduling is checked without training anything.
@@ -16,14 +16,9 @@ import time
 
 import pytest
 
-from tests.helpers import load_experiment
+from jdml.study import executor as parallel
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def parallel():
-    return load_experiment("parallel")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize(
@@ -37,12 +32,12 @@ def parallel():
         (list(range(16)), 8, [(2 * i, 2 * i + 1) for i in range(8)]),
     ],
 )
-def test_core_shares_are_contiguous_and_even(parallel, cores, shares, slots):
+def test_core_shares_are_contiguous_and_even(cores, shares, slots):
     assert parallel.core_shares(cores, slots) == shares
 
 
 @pytest.mark.parametrize("cores, slots", [([], 1), ([0, 1], 0)])
-def test_core_shares_reject_no_cores_or_slots(parallel, cores, slots):
+def test_core_shares_reject_no_cores_or_slots(cores, slots):
     with pytest.raises(ValueError, match="at least one core and one slot"):
         parallel.core_shares(cores, slots)
 
@@ -63,17 +58,17 @@ _PROBE = textwrap.dedent(
 )
 
 
-def _job(parallel, tmp_path, name: str, seconds: float, code: int = 0):
+def _job(tmp_path, name: str, seconds: float, code: int = 0):
     out = str(tmp_path / f"{name}.json")
     argv = (sys.executable, "-c", _PROBE, out, str(seconds), str(code))
-    return parallel.Job(name, argv, str(tmp_path / "logs" / f"{name}.log")), out
+    return parallel.Task(name, "", str(tmp_path / "logs" / f"{name}.log"), argv), out
 
 
-def test_jobs_run_at_most_slots_at_a_time_on_their_own_cores(parallel, tmp_path, monkeypatch):
+def test_jobs_run_at_most_slots_at_a_time_on_their_own_cores(tmp_path, monkeypatch):
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
-    jobs = [_job(parallel, tmp_path, f"j{i}", 0.6, code=3 if i == 1 else 0) for i in range(4)]
+    jobs = [_job(tmp_path, f"j{i}", 0.6, code=3 if i == 1 else 0) for i in range(4)]
     lines = []
-    failed = parallel.run_jobs([j for j, _ in jobs], 2, poll_s=0.05, echo=lines.append)
+    failed = parallel.run_all([j for j, _ in jobs], 2, poll_s=0.05, echo=lines.append)
     assert failed == ["j1"]
     runs = []
     for job, out in jobs:
@@ -96,10 +91,10 @@ def test_jobs_run_at_most_slots_at_a_time_on_their_own_cores(parallel, tmp_path,
     assert sum(line.startswith("== ") for line in lines) == 4
 
 
-def test_a_set_memory_fraction_is_kept(parallel, tmp_path, monkeypatch):
+def test_a_set_memory_fraction_is_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.2")
-    job, out = _job(parallel, tmp_path, "only", 0.0)
-    assert parallel.run_jobs([job], 3, poll_s=0.05, echo=lambda _: None) == []
+    job, out = _job(tmp_path, "only", 0.0)
+    assert parallel.run_all([job], 3, poll_s=0.05, echo=lambda _: None) == []
     with open(out) as f:
         assert json.load(f)["fraction"] == "0.2"
 
@@ -115,11 +110,11 @@ def test_terminating_the_runner_terminates_its_jobs(tmp_path):
     runner = textwrap.dedent(
         f"""
         import sys
-        sys.path.insert(0, {os.path.join(ROOT, "experiments")!r})
-        from parallel import Job, run_jobs
+        sys.path.insert(0, {ROOT!r})
+        from jdml.study.executor import Task, run_all
         argv = (sys.executable, "-c", {sleeper!r})
-        jobs = [Job(f"s{{i}}", argv, {str(tmp_path)!r} + f"/s{{i}}.log") for i in range(3)]
-        run_jobs(jobs, 2, poll_s=0.05)
+        jobs = [Task(f"s{{i}}", "", {str(tmp_path)!r} + f"/s{{i}}.log", argv) for i in range(3)]
+        run_all(jobs, 2, poll_s=0.05)
         """
     )
     process = subprocess.Popen([sys.executable, "-c", runner])
