@@ -340,36 +340,32 @@ def report(directory: str, out: str | None = None) -> dict[str, Any]:
         if frozen
         else "not frozen yet (no test evaluation)"
     )
-    page = (
-        f"# {study['name']}\n\n"
-        f"Generated from the records in `{directory}` by `{report_command}`; the runs by "
-        f"`{run_command}`.\n\n"
-        f"## Claims\n\n"
-        + _claims_table(claims, reg["metric"], family)
-        + f"\nTest classes (unseen), points; Δ: the per-seed paired difference, mean and "
-        f"Student-t interval at the looks' level {100 * level:.2f} % (Pocock, "
-        f"{len(reg['looks'])} look(s) of {', '.join(map(str, reg['looks']))} seeds, alpha "
-        f"{reg['alpha']:g}); Holm: across the family at the same error. Pre-registration "
-        f"{registered}.\n\n"
-        + (
-            "![the claims' paired differences and intervals](claims.png)\n\n"
-            if plot in files
-            else ""
-        )
-        + "## Rows\n\n"
-        + _rows_table(rows, study)
-        + f"\nEvery row searched with the same budget: {study['budget']} candidate(s) "
-        f"({study['sampler']} sampler), scored on "
-        + (
-            "one validation hold-out"
-            if study["selection"]["folds"] == 1
-            else f"the mean over {study['selection']['folds']} class-disjoint folds"
-        )
-        + f" at seed {study['tune_seed']}; test: mean ± sample std over seeds.\n\n"
-        + ("![validation curves](validation_curves.png)\n\n" if curves in files else "")
-        + "## Amendments\n\n"
-        + _amendments_text(amendments)
+    selection = (
+        "one validation hold-out"
+        if study["selection"]["folds"] == 1
+        else f"the mean over {study['selection']['folds']} class-disjoint folds"
     )
+    commands = f"Commands: `{report_command}`, from the runs of `{run_command}`."
+    parts = [
+        f"# {study['name']}\n\n",
+        f"Generated from the records in `{directory}`; every table by `{report_command}`.\n\n",
+        "## Claims\n\n",
+        _claims_table(claims, reg["metric"], family),
+        f"\nTest classes (unseen), points; Δ: the per-seed paired difference, mean and Student-t "
+        f"interval at the looks' level {100 * level:.2f} % (Pocock, {len(reg['looks'])} look(s) "
+        f"of {', '.join(map(str, reg['looks']))} seeds, alpha {reg['alpha']:g}); Holm: across "
+        f"the family at the same error. Pre-registration {registered}. {commands}\n\n",
+        "![the claims' paired differences and intervals](claims.png)\n\n" if plot in files else "",
+        "## Rows\n\n",
+        _rows_table(rows, study),
+        f"\nEvery row searched with the same budget: {study['budget']} candidate(s) "
+        f"({study['sampler']} sampler), scored on {selection} at seed {study['tune_seed']}; "
+        f"test: mean ± sample std over seeds. {commands}\n\n",
+        "![validation curves](validation_curves.png)\n\n" if curves in files else "",
+        "## Amendments\n\n",
+        _amendments_text(amendments),
+    ]
+    page = "".join(parts)
     data = {
         "study": study["name"],
         "registration": reg,

@@ -232,8 +232,21 @@ def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
                 queue += _candidate_tasks(ctx, row, t.number, values, folds, waiting)
 
     def used(row: Row) -> int:
-        live = (states.COMPLETE, states.RUNNING, states.FAIL, states.PRUNED)
+        live = (states.COMPLETE, states.RUNNING, states.FAIL)
         return sum(t.state in live for t in optuna_studies[row.name].trials)
+
+    def ask(row: Row) -> tuple[Any, dict[str, Any]]:
+        """A new candidate; one whose values a candidate of the row already has (a small
+        space of choices) is dropped (``PRUNED``, not counted) while others remain."""
+        s = optuna_studies[row.name]
+        tried = [t.params for t in s.trials if t.state != states.PRUNED and t.params]
+        for _ in range(100):
+            trial = s.ask()
+            values = search.suggest(trial, row.space)
+            if trial.params not in tried:
+                break
+            s.tell(trial.number, state=states.PRUNED)
+        return trial, values
 
     def next_task() -> Task | None:
         while not queue:
@@ -241,8 +254,7 @@ def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
             if not open_rows:
                 return None
             row = min(open_rows, key=used)  # the rows' searches advance side by side
-            trial = optuna_studies[row.name].ask()
-            values = search.suggest(trial, row.space)
+            trial, values = ask(row)
             queue.extend(_candidate_tasks(ctx, row, trial.number, values, folds, waiting))
         return queue.pop(0)
 
@@ -433,11 +445,16 @@ def _look(ctx: _Context, look: int, rows: list[Row], selected: dict) -> list[str
 # -- the whole run -------------------------------------------------------------------------------
 
 
-def _check_records(ctx: _Context, digests: dict[str, str]) -> None:
-    """Refuses records trained with another config of their row than the study's now."""
+def _check_records(ctx: _Context, selected: dict[str, dict[str, Any]]) -> None:
+    """Refuses seed records trained with another config of their row than the study's now
+    (with the row's selected values)."""
     for row, by_seed in rec.seed_records(ctx.directory).items():
+        if row not in selected:
+            continue
+        config = seed_config(ctx.study, ctx.study.row(row), selected[row], 0)
+        digest_now = config_digest(config)
         for seed, record in by_seed.items():
-            if row in digests and record.get("config_sha256") not in (None, digests[row]):
+            if record.get("config_sha256") not in (None, digest_now):
                 path = rec.seed_record_path(ctx.directory, row, seed)
                 raise StudyError(
                     f"row {row!r}'s config has changed since {path} was trained; give the "
@@ -484,7 +501,7 @@ def run(
         raise StudyError(
             f"--dir {directory} is a file; give a folder for the study (new or its own)"
         )
-    configs, digests = {}, {}
+    configs = {}
     for row in study.rows:  # every row's config checked before the folder is made
         c = seed_config(study, row, first_candidate(study, row), 0)
         try:
@@ -494,7 +511,6 @@ def run(
         _check_validation(row, c)
         _check_data(row, c)
         configs[row.name] = flatten_config(c.to_dict())
-        digests[row.name] = config_digest(c)
     os.makedirs(directory, exist_ok=True)
     try:
         lock = run_lock(directory)
@@ -519,7 +535,6 @@ def run(
         ctx = _Context(
             study, directory, executor, echo, rec.commit(), data_checksum(first), storage, xla_cache
         )
-        _check_records(ctx, digests)
         start = time.perf_counter()
         selected = _tune(ctx)
         if len(selected) < len(study.rows):
@@ -527,6 +542,7 @@ def run(
                 f"{len(ctx.failed)} tuning run(s) failed ({', '.join(ctx.failed)}); see their logs "
                 "and run the study again to retry them"
             )
+        _check_records(ctx, selected)
         rows = list(study.rows)
         for look in range(1, len(study.looks) + 1):
             go_on = _look(ctx, look, rows, selected)

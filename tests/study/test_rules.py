@@ -372,3 +372,111 @@ def test_a_database_url_holds_the_search(tmp_path):
     again = search.open_row(search.storage(str(tmp_path), url), "a", "tpe", 0, space)
     assert search.decode_params(space, again.trials[0].params) == values
     assert not os.path.exists(tmp_path / search.JOURNAL)
+
+
+# -- the runner's phases, with runs that write their records at once ------------------------------
+
+
+class _Instant:
+    """An executor whose runs end at once with a record made from ``score(row, seed, values)``
+    (the phases' logic without training)."""
+
+    slots = 2
+
+    def __init__(self, score):
+        self.score, self.done, self.started = score, [], []
+
+    def submit(self, task):
+        from jdml.study.executor import Done
+
+        with open(task.task_file) as f:
+            t = json.load(f)
+        self.started.append(task.name)
+        value = self.score(t["row"], t["seed"] if t["kind"] == "seed" else None, t["settings"])
+        common = {
+            "row": t["row"],
+            "seed": t["seed"],
+            "settings": t["settings"],
+            "config_sha256": t["config_sha256"],
+            "val_curve": [{"epoch": 1, "recall@1": value}],
+        }
+        if t["kind"] == "tune":
+            record = {**common, "trial": t["trial"], "fold": t["fold"],
+                      "best": {"recall@1": value, "epoch": 1}}  # fmt: skip
+        else:
+            record = {**common, "meta": {"epoch": 1}, "results": {"test": {"recall@1": value}}}
+        rec.write_once(t["record"], record)
+        self.done.append(Done(task, 0, "ok", 0.0))
+
+    def running(self):
+        return len(self.done)
+
+    def wait(self):
+        out, self.done = self.done, []
+        return out
+
+    def close(self):
+        pass
+
+
+def test_the_looks_train_only_the_rows_of_the_claims_that_go_on(tmp_path):
+    from jdml.study.runner import run
+    from tests.helpers import make_npz
+
+    npz = make_npz(str(tmp_path / "d.npz"))
+    lr = Choice((1e-3, 2e-3))
+    study = Study(
+        name="looks",
+        rows=tuple(Row(n, "revisiting", space={"optim.lr": lr}) for n in ("good", "base", "same")),
+        data={"data.name": "npz", "data.path": npz},
+        budget=2,
+        looks=(3, 6),
+        claims=(Claim("good beats base", "good", "base"), Claim("same beats base", "same", "base")),
+    )
+    noise = [0.004, -0.003, 0.001, 0.002, -0.004, 0.0]
+
+    def score(row, seed, settings):
+        if seed is None:  # tuning: the larger rate is better on validation
+            return 0.5 + 100 * settings["optim.lr"]
+        return {"good": 0.6, "base": 0.5, "same": 0.5}[row] + noise[seed] * (row != "base")
+
+    executor = _Instant(score)
+    out = run(study, str(tmp_path / "s"), executor, echo=lambda _: None)
+    assert out["selected"] == {r: {"optim.lr": 2e-3} for r in ("good", "base", "same")}
+    assert out["seeds"] == {"good": [0, 1, 2], "base": list(range(6)), "same": list(range(6))}
+    looks = ledger.look_decisions(str(tmp_path / "s"))
+    assert looks[1]["stop"] == ["good beats base"] and looks[1]["go_on"] == ["same beats base"]
+    assert looks[2]["stop"] == ["same beats base"] and looks[2]["go_on"] == []
+    tunes = [n for n in executor.started if n.startswith("tune")]
+    assert len(tunes) == 6  # 2 candidates x 3 rows: the same budget
+    # Run again: everything is recorded, nothing starts, the ledger gains nothing.
+    before = ledger.events(str(tmp_path / "s"))
+    again = _Instant(score)
+    run(study, str(tmp_path / "s"), again, echo=lambda _: None)
+    assert again.started == [] and ledger.events(str(tmp_path / "s")) == before
+    # A changed claim after the test results is an amendment, counted.
+    changed = dataclasses.replace(study, claims=(*study.claims, Claim("x", "good", "same")))
+    run(changed, str(tmp_path / "s"), _Instant(score), echo=lambda _: None)
+    [amendment] = ledger.amendments(str(tmp_path / "s"))
+    assert amendment["changed"] == ["claims"] and amendment["tests_seen"] == 15
+    # A row whose config changed under its records is refused, and nothing is replaced.
+    from jdml.study.runner import StudyError
+
+    rows = (dataclasses.replace(study.rows[0], overrides={"model.embed_dim": 8}), *study.rows[1:])
+    with pytest.raises(StudyError, match="'good''s config has changed since"):
+        run(dataclasses.replace(changed, rows=rows), str(tmp_path / "s"), _Instant(score),
+            echo=lambda _: None)  # fmt: skip
+    assert rec.read(rec.seed_record_path(str(tmp_path / "s"), "good", 0))["results"]["test"][
+        "recall@1"] == pytest.approx(0.604)  # fmt: skip
+
+
+def test_a_candidates_score_is_its_mean_over_the_folds(tmp_path):
+    from jdml.study.runner import candidate_score
+
+    d = str(tmp_path)
+    for fold, value in enumerate((0.5, 0.7, 0.9)):
+        rec.write_once(
+            rec.tune_record_path(d, "a", 4, fold), {"best": {"recall@1": value, "epoch": 2}}
+        )
+    assert candidate_score(d, "a", 4, 3) == pytest.approx(0.7)
+    assert candidate_score(d, "a", 5, 3) is None
