@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -229,7 +230,12 @@ def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
         for t in s.trials:  # candidates a killed driver left running: again, same values
             if t.state == states.RUNNING:
                 values = search.decode_params(row.space, t.params)
-                queue += _candidate_tasks(ctx, row, t.number, values, folds, waiting)
+                tasks = _candidate_tasks(ctx, row, t.number, values, folds, waiting)
+                if tasks is None:  # every fold recorded before the kill: scored now
+                    score = candidate_score(directory, row.name, t.number, folds)
+                    diverged = not math.isfinite(score)
+                    search.tell(s, t.number, None if diverged else score, failed=diverged)
+                queue += tasks or []
 
     def used(row: Row) -> int:
         live = (states.COMPLETE, states.RUNNING, states.FAIL)
@@ -255,7 +261,7 @@ def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
                 return None
             row = min(open_rows, key=used)  # the rows' searches advance side by side
             trial, values = ask(row)
-            queue.extend(_candidate_tasks(ctx, row, trial.number, values, folds, waiting))
+            queue.extend(_candidate_tasks(ctx, row, trial.number, values, folds, waiting) or [])
         return queue.pop(0)
 
     def on_done(done: Done) -> None:
@@ -264,9 +270,9 @@ def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
         key = (task["row"], task["trial"])
         s = optuna_studies[task["row"]]
         if done.code or not os.path.exists(task["record"]):
-            if key in waiting:
-                del waiting[key]
-                search.tell(s, task["trial"], failed=True)
+            # A crash, not a result: the candidate stays RUNNING, and the next run of the study
+            # runs it again with its values (resuming its runs) instead of spending the budget.
+            waiting.pop(key, None)
             return
         if key not in waiting:
             return
@@ -274,7 +280,8 @@ def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
         if waiting[key] == 0:
             del waiting[key]
             score = candidate_score(directory, task["row"], task["trial"], folds)
-            search.tell(s, task["trial"], score)
+            diverged = score is None or not math.isfinite(score)
+            search.tell(s, task["trial"], None if diverged else score, failed=diverged)
 
     _drive(ctx, next_task, on_done)
     for row in todo:
@@ -285,8 +292,9 @@ def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
             continue  # runs failed: the next run tries again
         if not trials:
             raise StudyError(
-                f"every candidate of row {row.name!r} failed; see its logs in "
-                f"{os.path.join(directory, 'logs')} and fix the row or its space"
+                f"every candidate of row {row.name!r} diverged (a loss or embedding not "
+                f"finite); see its logs in {os.path.join(directory, 'logs')} and narrow its "
+                "space (e.g. lower learning rates)"
             )
         best = max(trials, key=lambda t: (t.value, -t.number))
         event = {
@@ -297,6 +305,7 @@ def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
             "score": best.value,
             "tried": used(row),
             "failed": sum(t.state == states.FAIL for t in optuna_studies[row.name].trials),
+            # FAIL: diverged (counted in the budget); a crashed candidate stays RUNNING
         }
         chosen[row.name] = ledger.append(directory, event)
         ctx.echo(f"{row.name}: selected candidate {best.number} {event['values']} "
@@ -306,52 +315,24 @@ def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
 
 def _candidate_tasks(
     ctx: _Context, row: Row, trial: int, values: dict[str, Any], folds: int, waiting: dict
-) -> list[Task]:
-    """The runs of one candidate (one per fold) that have no record; a candidate whose
-    runs are all recorded is scored at once."""
-    tasks, left = [], 0
+) -> list[Task] | None:
+    """The runs of one candidate (one per fold) that have no record, counted in
+    ``waiting``; None when every one is recorded (a driver killed before it scored them)."""
+    tasks = []
     for fold in range(folds) if folds > 1 else (None,):
         record = rec.tune_record_path(ctx.directory, row.name, trial, fold)
         if os.path.exists(record):
             continue
-        left += 1
         c = tune_config(ctx.study, row, values, fold)
         where = rec.tune_run_dir(ctx.directory, row.name, trial, fold)
         name = f"tune {row.name} {rec.tune_name(trial, fold)}"
         settings = json.loads(json.dumps(values, default=list))
-        tasks.append(
-            _task(
-                ctx,
-                name,
-                "tune",
-                row.name,
-                c,
-                where,
-                record,
-                trial=trial,
-                fold=fold,
-                settings=settings,
-            )
-        )
-    waiting[(row.name, trial)] = left
-    if not left:  # every fold recorded before a kill: the caller tells the score
-        waiting[(row.name, trial)] = 1
-        tasks = []
-        ctx.echo(f"   tune {row.name} trial{trial}: recorded already")
-        _tell_recorded(ctx, row, trial, folds)
+        extra = {"trial": trial, "fold": fold, "settings": settings}
+        tasks.append(_task(ctx, name, "tune", row.name, c, where, record, **extra))
+    if not tasks:
+        return None
+    waiting[(row.name, trial)] = len(tasks)
     return tasks
-
-
-def _tell_recorded(ctx: _Context, row: Row, trial: int, folds: int) -> None:
-    s = search.open_row(
-        search.storage(ctx.directory, ctx.storage),
-        row.name,
-        ctx.study.sampler,
-        ctx.study.search_seed,
-        row.space,
-    )
-    score = candidate_score(ctx.directory, row.name, trial, folds)
-    search.tell(s, trial, score)
 
 
 # -- phase 3: the looks ---------------------------------------------------------------------------

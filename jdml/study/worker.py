@@ -117,16 +117,26 @@ def run(task_file: str) -> str:
     task = read_task(task_file)
     if os.path.exists(task["record"]):
         return f"recorded already ({task['record']})"
+    diverged = None
     if not finished(task["workdir"], task["kind"]):
         share_compilations(task.get("xla_cache"))
 
         from jdml.config.saved import from_json
+        from jdml.errors import NonFiniteEmbeddingError, NonFiniteLossError
         from jdml.trainer import train_and_evaluate
 
-        train_and_evaluate(from_json(task["config"]), task["workdir"])
+        try:
+            train_and_evaluate(from_json(task["config"]), task["workdir"])
+        except (NonFiniteLossError, NonFiniteEmbeddingError) as e:
+            if task["kind"] != "tune":
+                raise
+            diverged = str(e).splitlines()[0]  # a candidate's result: its values diverge
     import jax
 
     record = build_record(task, jax.devices()[0].device_kind)
+    if diverged is not None:
+        record["best"] = {task["metric"]: math.nan, "epoch": 0}
+        record["diverged"] = diverged
     wrote = rec.write_once(task["record"], record)
     if task["kind"] == "tune":
         value, epoch = record["best"][task["metric"]], record["best"]["epoch"]

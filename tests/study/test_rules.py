@@ -480,3 +480,55 @@ def test_a_candidates_score_is_its_mean_over_the_folds(tmp_path):
         )
     assert candidate_score(d, "a", 4, 3) == pytest.approx(0.7)
     assert candidate_score(d, "a", 5, 3) is None
+
+
+def test_a_diverged_candidate_is_spent_and_a_crashed_one_runs_again(tmp_path):
+    from jdml.study.executor import Done
+    from jdml.study.runner import StudyError, run
+    from tests.helpers import make_npz
+
+    npz = make_npz(str(tmp_path / "d.npz"))
+    lr = Choice((1e-3, 2e-3))
+    study = Study(
+        name="failures",
+        rows=(
+            Row("a", "revisiting", space={"optim.lr": lr}),
+            Row("b", "revisiting", space={"optim.lr": lr}),
+        ),
+        data={"data.name": "npz", "data.path": npz},
+        budget=2,
+        looks=(2,),
+    )
+
+    def score(row, seed, settings):  # row a diverges at the larger rate
+        return math.nan if row == "a" and settings.get("optim.lr") == 2e-3 else 0.5
+
+    class Crashing(_Instant):
+        """Row b's second candidate crashes once (no record, a non-zero exit)."""
+
+        crashed = False
+
+        def submit(self, task):
+            if task.name == "tune b trial1" and not Crashing.crashed:
+                Crashing.crashed = True
+                self.started.append(task.name)
+                self.done.append(Done(task, 1, "error: killed", 0.0))
+                return
+            super().submit(task)
+
+    d = str(tmp_path / "s")
+    with pytest.raises(StudyError, match="1 tuning run\\(s\\) failed \\(tune b trial1\\)"):
+        run(study, d, Crashing(score), echo=lambda _: None)
+    assert set(selections_of(d)) == {"a"}  # b waits for its crashed candidate
+    assert selections_of(d)["a"]["failed"] == 1 and selections_of(d)["a"]["values"] == {
+        "optim.lr": 1e-3}  # fmt: skip
+    again = Crashing(score)
+    run(study, d, again, echo=lambda _: None)
+    assert again.started[0] == "tune b trial1"  # the same candidate, its values kept
+    assert selections_of(d)["b"]["tried"] == 2 and selections_of(d)["b"]["failed"] == 0
+
+
+def selections_of(directory: str) -> dict:
+    from jdml.study.runner import selections
+
+    return selections(directory)
