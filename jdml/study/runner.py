@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from jdml.errors import ConfigError, WorkdirInUseError
-from jdml.fileio import atomic_write, sha256_file
+from jdml.fileio import atomic_write
 from jdml.study import claims as cl
 from jdml.study import ledger, search
 from jdml.study import records as rec
@@ -61,7 +61,6 @@ class _Context:
     executor: Executor
     echo: Echo
     commit: str
-    data_sha256: str | None
     storage: str | None = None
     xla_cache: bool = True
     failed: list[str] = dataclasses.field(default_factory=list)
@@ -79,21 +78,6 @@ def config_digest(config: Any) -> str:
     flat = flatten_config(config.to_dict())
     skip = {"seed", "data.path", "data.cache_dir", *RESUMABLE_CHANGES}
     return digest({k: v for k, v in flat.items() if k not in skip})
-
-
-def data_checksum(config: Any) -> str | None:
-    """The sha256 of the data a config reads, where one file holds it: the emoji set's npz
-    (from its manifest) or ``data.path`` when it is a file; None otherwise."""
-    if config.data.name == "emoji":
-        from jdml.data.emoji import cache_paths
-
-        try:
-            with open(cache_paths(config.data.cache_dir or None)[1]) as f:
-                return json.load(f).get("npz_sha256")
-        except (OSError, ValueError):
-            return None
-    path = str(config.data.path or "")
-    return sha256_file(path) if path and os.path.isfile(path) else None
 
 
 def tune_config(study: Study, row: Row, values: dict[str, Any], fold: int | None):
@@ -165,7 +149,6 @@ def _task(
         "metric": ctx.study.metric,
         "metrics": list(ctx.study.metrics),
         "commit": ctx.commit,
-        "data_sha256": ctx.data_sha256,
         "trial": None,
         "fold": None,
         "settings": {},
@@ -512,10 +495,7 @@ def run(
                 f"amendment: the study's {', '.join(amended['changed'])} changed after "
                 f"{seen} test result(s); the report lists it"
             )
-        first = seed_config(study, study.rows[0], first_candidate(study, study.rows[0]), 0)
-        ctx = _Context(
-            study, directory, executor, echo, rec.commit(), data_checksum(first), storage, xla_cache
-        )
+        ctx = _Context(study, directory, executor, echo, rec.commit(), storage, xla_cache)
         start = time.perf_counter()
         selected = _tune(ctx)
         if len(selected) < len(study.rows):

@@ -59,6 +59,40 @@ def best_validation(curve: list[dict[str, Any]], metric: str) -> tuple[float, in
     return float(value), int(epoch)
 
 
+def data_checksum(config: Any) -> str | None:
+    """The sha256 of the data a config reads, where one file holds it: the emoji set's or
+    the glyphs' arrays (from their manifests) or ``data.path`` when it is a file; None
+    otherwise (an image folder)."""
+    if config.data.name == "glyphs":
+        from jdml.data.glyphs import _cache_paths
+
+        try:
+            with open(_cache_paths(config.data.cache_dir or None, config.data.image_size)[1]) as f:
+                return json.load(f).get("arrays_sha256")
+        except (OSError, ValueError):
+            return None
+    if config.data.name == "emoji":
+        from jdml.data.emoji import cache_paths
+
+        try:
+            with open(cache_paths(config.data.cache_dir or None)[1]) as f:
+                return json.load(f).get("npz_sha256")
+        except (OSError, ValueError):
+            return None
+    path = str(config.data.path or "")
+    if not path or not os.path.isfile(path):
+        return None
+    from jdml.fileio import sha256_file
+
+    return sha256_file(path)
+
+
+def _config(task: dict[str, Any]) -> Any:
+    from jdml.config.saved import from_json
+
+    return from_json(task["config"])
+
+
 def build_record(task: dict[str, Any], device: str) -> dict[str, Any]:
     """The run's record from its folder (see :mod:`jdml.study.records`)."""
     workdir, metrics = task["workdir"], task["metrics"]
@@ -68,7 +102,7 @@ def build_record(task: dict[str, Any], device: str) -> dict[str, Any]:
         "seed": task["seed"],
         "epochs": task["epochs"],
         "commit": task["commit"],
-        "data_sha256": task["data_sha256"],
+        "data_sha256": data_checksum(_config(task)),
         "device": device,
         "settings": task["settings"],
         "config_sha256": task["config_sha256"],

@@ -90,7 +90,7 @@ def test_the_study_and_its_report_equal_a_computation_by_hand(undisturbed):
             seed_record = records[f"records/{row}/seed{seed}.json"]
             assert seed_record["settings"] == best["settings"]
             assert "test" in seed_record["per_query"]  # the per-query hits are kept
-            assert seed_record["data_sha256"] and seed_record["commit" if False else "row"] == row
+            assert seed_record["data_sha256"] and seed_record["row"] == row
     # The claim by hand: triplet - margin over seeds 0 and 1, 95 % (one look).
     r1 = {row: [records[f"records/{row}/seed{s}.json"]["results"]["test"]["recall@1"]
                 for s in (0, 1)] for row in ("margin", "triplet")}  # fmt: skip
