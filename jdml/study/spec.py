@@ -31,7 +31,7 @@ import inspect
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ml_collections
@@ -491,19 +491,3 @@ def describe(study: Study, configs: Mapping[str, Mapping[str, Any]]) -> dict[str
         "metrics": list(study.metrics),
         "registration": registration(study),
     }
-
-
-def space_of(described_row: Mapping[str, Any]) -> dict[str, Float | Int | Choice]:
-    """A described row's space (:func:`describe`) as dimensions again."""
-    kinds = {"Float": Float, "Int": Int, "Choice": Choice}
-    out = {}
-    for key, d in described_row["space"].items():
-        fields = {k: v for k, v in d.items() if k != "kind"}
-        if d["kind"] == "Choice":
-            fields["values"] = tuple(fields["values"])
-        out[key] = kinds[d["kind"]](**fields)
-    return out
-
-
-def names(rows: Sequence[Row]) -> list[str]:
-    return [r.name for r in rows]
