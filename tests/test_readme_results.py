@@ -20,7 +20,6 @@ import json
 import math
 import os
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -308,16 +307,15 @@ def test_every_row_builds_its_config_with_the_selected_settings(protocol):
 def test_parallel_jobs_train_each_missing_run_once(protocol, monkeypatch, tmp_path):
     """``--jobs``: one process per (row, seed) without a record, a row shared by two tables
     (the margin baseline of protocol and rho) once, each with the arguments of the call."""
-    import types
+    from jdml.study import executor
 
     started = []
 
-    def run_jobs(jobs, slots, echo):
+    def run_all(jobs, slots, echo):
         started.extend(jobs)
         return ["R-margin seed 99"]  # one failed: left out of the tables
 
-    fake = types.SimpleNamespace(Job=lambda **kw: types.SimpleNamespace(**kw), run_jobs=run_jobs)
-    monkeypatch.setitem(sys.modules, "parallel", fake)
+    monkeypatch.setattr(executor, "run_all", run_all)
     tune = os.path.join(ROOT, "experiments", "results", "emoji-v2-tune-20")
     protocol.use_selected(tune, 20)
     try:
@@ -341,7 +339,7 @@ def test_parallel_jobs_train_each_missing_run_once(protocol, monkeypatch, tmp_pa
         protocol.SETTINGS.clear()
     assert [j.name for j in started] == ["margin seed 99", "R-margin seed 99"]
     assert failed == [("R-margin", 99)]
-    argv = started[1].argv
+    argv = started[1].command
     assert argv[2:6] == ("--tables=rho", "--rows=R-margin", "--seeds", "99")
     assert {"--tuned", "--no-report", f"--out={tmp_path}", "--epochs=45"} <= set(argv)
     assert started[0].log == os.path.join(str(tmp_path), "margin", "seed99.log")
