@@ -234,9 +234,9 @@ def _data_check(args: argparse.Namespace) -> None:
 def _study_run(args: argparse.Namespace) -> None:
     import shlex
 
+    from jdml.errors import StudyError
     from jdml.study import executor as ex
     from jdml.study import runner, spec
-    from jdml.study.runner import StudyError
 
     study = spec.load(args.study)
     if args.executor == "ray":
@@ -494,8 +494,7 @@ FLAG_COMMANDS = ("train", "eval")
 def main(argv: list[str] | None = None) -> None:
     from jdml.allocator import reexec_with_tcmalloc
     from jdml.cli import run_cli
-    from jdml.errors import IndexFileError, IndexMismatchError, ReportError
-    from jdml.study.runner import StudyError
+    from jdml.errors import IndexFileError, IndexMismatchError, ReportError, StudyError
 
     if argv is None:  # as a program: under tcmalloc where installed (jdml.allocator)
         reexec_with_tcmalloc()

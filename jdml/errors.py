@@ -155,3 +155,8 @@ def raise_if_stopped() -> None:
     signum = stop_requested()
     if signum is not None:
         raise Stopped(signum)
+
+
+class StudyError(RuntimeError):
+    """A study (``jdml study``) that cannot go on as asked: its folder in use, a row changed
+    under its records, failed runs to retry; the message names the fix."""

@@ -206,7 +206,7 @@ class RayTasks:
     most ``slots`` submitted at once (the cluster queues what its resources cannot run yet).
 
     Raises:
-      ImportError: Ray is not installed (``pip install 'jdml[study]'``).
+      StudyError: Ray is not installed (``pip install 'jdml[study]'``).
     """
 
     def __init__(
@@ -221,7 +221,9 @@ class RayTasks:
         try:
             import ray
         except ImportError:
-            raise ImportError(
+            from jdml.errors import StudyError
+
+            raise StudyError(
                 "the ray executor needs Ray: pip install 'jdml[study]' (or pip install ray)"
             ) from None
         self.ray = ray

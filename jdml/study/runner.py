@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from jdml.errors import ConfigError, WorkdirInUseError
+from jdml.errors import ConfigError, StudyError, WorkdirInUseError
 from jdml.fileio import atomic_write
 from jdml.study import claims as cl
 from jdml.study import ledger, search
@@ -48,10 +48,6 @@ from jdml.study.spec import (
 )
 
 Echo = Callable[[str], None]
-
-
-class StudyError(RuntimeError):
-    """A study that cannot go on as asked (the message names the fix)."""
 
 
 @dataclasses.dataclass

@@ -39,7 +39,9 @@ def _optuna():
     try:
         import optuna
     except ImportError:
-        raise ImportError(
+        from jdml.errors import StudyError
+
+        raise StudyError(
             "jdml study needs Optuna: pip install 'jdml[study]' (or pip install optuna)"
         ) from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
