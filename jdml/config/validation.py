@@ -523,9 +523,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
             + ", ".join(sorted([*DATASETS.names(), *BENCHMARKS.names()]))
         )
     _validate_source(c.data)
-    _validate_folds(c.data)
     check_sections("", c.loss, c.miner)  # the main term's loss and miner
     _validate_numbers(c)
+    _validate_folds(c.data)  # after the numbers: each is a count, then the pair agrees
     _validate_pipeline(c.data)
     bs, spc = c.train.batch_size, c.sampler.samples_per_class
     if spc > bs // 2:
