@@ -73,16 +73,19 @@ def test_the_study_and_its_report_equal_a_computation_by_hand(undisturbed):
     from jdml.study.report import report
 
     records = _records(undisturbed)
-    assert sorted(records) == [
-        "records/margin/seed0.json", "records/margin/seed1.json",
-        "records/triplet/seed0.json", "records/triplet/seed1.json",
-        "records/tune/margin/trial0.json", "records/tune/margin/trial1.json",
-        "records/tune/triplet/trial0.json", "records/tune/triplet/trial1.json",
-    ]  # fmt: skip
-    # The selection by hand: each row's candidate with the best validation Recall@1 (ties: the
-    # first), and its values are what its seeds trained with.
+    seeds = [f"records/{row}/seed{s}.json" for row in ("margin", "triplet") for s in (0, 1)]
+    assert sorted(r for r in records if "/tune/" not in r) == seeds
+    # The selection by hand: each row's 2 candidates (numbered by Optuna: a repeat of a value
+    # already tried is dropped, its number skipped), the one with the best validation Recall@1
+    # (ties: the earlier), and its values are what the row's seeds trained with.
     for row in ("margin", "triplet"):
-        tune = [records[f"records/tune/{row}/trial{t}.json"] for t in (0, 1)]
+        names = sorted(
+            (r for r in records if r.startswith(f"records/tune/{row}/")),
+            key=lambda r: int(r.rsplit("trial", 1)[1].removesuffix(".json")),
+        )
+        assert len(names) == 2  # the budget
+        tune = [records[n] for n in names]
+        assert tune[0]["settings"] != tune[1]["settings"]
         scores = [t["best"]["recall@1"] for t in tune]
         assert scores == [max(p["recall@1"] for p in t["val_curve"] if p["epoch"]) for t in tune]
         best = tune[int(np.argmax(scores))]  # argmax: the first of equal scores
@@ -143,7 +146,7 @@ def test_a_driver_killed_and_run_again_trains_no_run_twice(digits, undisturbed, 
     assert _alive(directory) == []  # the runs died with their driver
     before = set(_records(directory))
     assert {r for r in before if "/tune/" in r} == {
-        f"records/tune/{row}/trial{t}.json" for row in ("margin", "triplet") for t in (0, 1)
+        r for r in _records(undisturbed) if "/tune/" in r
     }
     process = _run(digits, directory, "--slots=2", stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out, _ = process.communicate(timeout=900)
@@ -164,7 +167,7 @@ def test_a_driver_killed_and_run_again_trains_no_run_twice(digits, undisturbed, 
 
     for row in ("margin", "triplet"):  # no candidate asked twice
         s = optuna.load_study(study_name=row, storage=search.storage(directory))
-        assert [t.state.name for t in s.trials] == ["COMPLETE", "COMPLETE"]
+        assert [t.state.name for t in s.trials if t.state.name != "PRUNED"] == ["COMPLETE"] * 2
 
 
 def test_the_study_on_a_ray_cluster_survives_a_node_killed_mid_run(digits, undisturbed, tmp_path):
@@ -222,15 +225,15 @@ def test_the_study_on_a_ray_cluster_survives_a_node_killed_mid_run(digits, undis
 
 
 def _assert_equal_but_deep_ranks(found: dict, expected: dict) -> None:
-    """The records are equal, but for MAP@R to float32's rounding: its ranks reach a class's
-    size (here about 180 neighbours), where distances tie within a rounding, and XLA orders
-    those by the cores a run sees (one pinned core in a local slot, the host's two in a Ray
+    """The records are equal, but for MAP@R to 1e-4: its ranks reach a class's size (here
+    about 180 neighbours), where distances tie within float32's rounding, and XLA orders those
+    by the cores a run sees (one pinned core in a local slot, the host's two in a Ray
     worker; a local run of one slot on both cores equals the Ray run to the bit)."""
     assert found.keys() == expected.keys()
     for name, record in found.items():
         want = expected[name]
         for values, wanted in _map_at_r(record, want):
-            assert values == pytest.approx(wanted, rel=1e-5), name
+            assert values == pytest.approx(wanted, rel=1e-4), name
         assert _without_map_at_r(record) == _without_map_at_r(want), name
 
 
