@@ -54,7 +54,6 @@ import glob
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -80,6 +79,7 @@ from jdml.report import load_run, plot_spectra, summarize_group
 from jdml.run import Run
 from jdml.samplers import SAMPLERS as SAMPLER_REGISTRY
 from jdml.statistics import Paired, mean_std, paired
+from jdml.study.records import commit
 from jdml.trainer import atomic_write, train_and_evaluate
 
 METRICS = ("recall@1", "map@r", "nmi")
@@ -502,23 +502,6 @@ def data_sha256() -> str | None:
             return json.load(f).get("npz_sha256")
     except (OSError, ValueError):
         return None
-
-
-def commit() -> str:
-    """The commit the runs are trained at, with ``+dirty`` if the tree has local changes."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        head = subprocess.run(
-            ["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return "unknown"
-    return (head or "unknown") + ("+dirty" if dirty else "")
 
 
 def write_record(args: argparse.Namespace, row: str, seed: int, workdir: str) -> dict:
