@@ -278,8 +278,11 @@ def _study_run(args: argparse.Namespace) -> None:
 
 
 def _study_report(args: argparse.Namespace) -> None:
-    from jdml.study.report import report
+    from jdml.study.report import part, report
 
+    if args.print:
+        print(part(args.dir, args.print), end="")
+        return
     out = report(args.dir, args.out)
     print(out["markdown"])
     print("wrote " + ", ".join(out["files"]))
@@ -483,6 +486,14 @@ def parser() -> argparse.ArgumentParser:
     rp = phases.add_parser("report", help="the claims, rows and amendments of a study folder")
     rp.add_argument("dir", help="a study folder written by jdml study run")
     rp.add_argument("--out", help="output folder (default DIR/report)")
+    rp.add_argument(
+        "--print",
+        metavar="PART",
+        help="print one part of the page to stdout and write nothing: claims (the table, with "
+        "what Holm's correction changes and the claims smaller than their paper's effect), "
+        "readings (one paragraph per paper), seeds-needed, design, classes (the class "
+        "bootstrap), or budget:N (whether the last N epochs still add on validation)",
+    )
     rp.set_defaults(func=_study_report)
     return p
 

@@ -32,8 +32,8 @@ from jdml.errors import ReportError
 from jdml.evaluation.per_query import paired_differences
 from jdml.fileio import atomic_write
 from jdml.statistics import Paired, mean_std, two_way_bootstrap
+from jdml.study import baselines, ledger, tables
 from jdml.study import claims as cl
-from jdml.study import ledger
 from jdml.study import records as rec
 from jdml.study.runner import claim_readings, selections, stop_looks
 
@@ -78,9 +78,13 @@ def class_bootstrap(
     by_row: Mapping[str, Mapping[int, Mapping[str, Any]]],
     configs: Mapping[str, Mapping[str, Any]],
     metric: str,
-) -> Paired | None:
-    """The claim's interval over seeds and test classes at its reading's level, or None when
-    a record of its seeds lacks the per-query hits."""
+) -> tuple[Paired, Paired] | None:
+    """The claim's bootstrap intervals over seeds alone and over seeds and test classes
+    (:func:`jdml.statistics.two_way_bootstrap`), at its reading's level and over its seeds, or
+    None when a record of those seeds lacks the per-query hits or the claim is against a fixed
+    baseline."""
+    if claim.get("fixed"):
+        return None
     n = reading.difference.n
     blocks = []
     for row in (claim["row"], claim["base"]):
@@ -99,79 +103,95 @@ def class_bootstrap(
         )
     except ValueError:
         return None
-    return two_way_bootstrap(hits, classes, reading.difference.level)
+    level = reading.difference.level
+    return (
+        two_way_bootstrap(hits, classes, level, over_classes=False),
+        two_way_bootstrap(hits, classes, level),
+    )
 
 
-def _claims(study: dict, by_row: dict, configs: dict, directory: str) -> list[dict[str, Any]]:
+def _seeds_of(reading: cl.Reading, a: Mapping[int, float], b: Mapping[int, float]) -> list[int]:
+    """The seeds a reading is over (a look's first seeds; before look 1, those both rows have)."""
+    if reading.interim:
+        return sorted(set(a) & set(b))[: reading.difference.n]
+    return list(range(reading.difference.n))
+
+
+def _compared(
+    claim: Mapping[str, Any],
+    labels: Mapping[str, str],
+    configs: Mapping[str, Mapping[str, Any]],
+    fixed: Mapping[str, Mapping[str, Any]],
+) -> str:
+    """The rows a claim compares and the embedding it reads of them."""
+    if claim.get("fixed"):
+        name = fixed.get(claim["fixed"], {}).get("label") or baselines.FIXED[claim["fixed"]]
+        return f"{labels[claim['row']]} - {name.split(' (')[0]}"
+    if claim["concat"]:
+        what = "concatenation"
+    elif int(configs[claim["row"]].get("cohort.size", 1) or 1) > 1:
+        what = "member 1"
+    else:
+        what = "one head"
+    return f"{labels[claim['row']]} - {labels[claim['base']]} ({what})"
+
+
+def claim_entries(
+    study: dict, by_row: dict, directory: str, fixed: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Every registered claim with its reading (``mean``, ``low``, ``high``, ``seeds``, the
+    per-seed ``differences`` in points, verdicts, the class ``bootstrap``), in the
+    registration's order; a claim without a reading yet has only its declaration."""
     reg = study["registration"]
-    readings = claim_readings(reg, configs, by_row, stop_looks(directory))
+    configs = {r["name"]: r["config"] for r in study["rows"]}
+    readings = claim_readings(reg, configs, by_row, stop_looks(directory), fixed=fixed)
     family = {c["text"] for c in reg["claims"] if c["family"]}
     level = cl.look_level(reg["looks"], reg["alpha"])
     corrected = cl.holm_verdicts(readings, family, level)
     labels = {r["name"]: r["label"] for r in study["rows"]}
     out = []
     for claim in reg["claims"]:
+        claim = {"fixed": "", **claim}
         reading = readings.get(claim["text"])
-        entry: dict[str, Any] = {**claim, "labels": [labels[claim["row"]], labels[claim["base"]]]}
-        if reading is not None:
-            d = reading.difference
-            boot = class_bootstrap(claim, reading, by_row, configs, reg["metric"])
-            holm_verdict = corrected.get(claim["text"])
-            entry.update(
-                seeds=d.n,
-                mean=d.mean,
-                low=d.low,
-                high=d.high,
-                level=d.level,
-                look=reading.look,
-                where=reading.where(len(reg["looks"])),
-                verdict=d.verdict(),
-                holm=holm_verdict,
-                against_paper=against_paper(d, claim["effect"]),
-                bootstrap=None
-                if boot is None
-                else {"low": boot.low, "high": boot.high, "verdict": boot.verdict()},
-            )
+        entry: dict[str, Any] = {**claim, "compared": _compared(claim, labels, configs, fixed)}
+        if reading is None:
+            out.append(entry)
+            continue
+        d = reading.difference
+        row = claim["row"]
+        a = cl.values(by_row.get(row, {}), reg["metric"],
+                      cl.embedding_name(configs[row], claim["concat"]))  # fmt: skip
+        if claim["fixed"]:
+            b = {s: float(fixed[claim["fixed"]][reg["metric"]]) for s in a}
+        else:
+            base = claim["base"]
+            b = cl.values(by_row.get(base, {}), reg["metric"],
+                          cl.embedding_name(configs[base], claim["concat"]))  # fmt: skip
+        boot = class_bootstrap(claim, reading, by_row, configs, reg["metric"])
+        entry.update(
+            seeds=d.n,
+            mean=d.mean,
+            low=d.low,
+            high=d.high,
+            level=d.level,
+            look=reading.look,
+            where=reading.where(len(reg["looks"])),
+            verdict=d.verdict(),
+            holm=corrected.get(claim["text"]),
+            against_paper=against_paper(d, claim["effect"]),
+            differences=[100 * (a[s] - b[s]) for s in _seeds_of(reading, a, b)],
+            bootstrap=None
+            if boot is None
+            else {
+                "mean": boot[1].mean,
+                "low": boot[1].low,
+                "high": boot[1].high,
+                "verdict": boot[1].verdict(),
+                "seeds_only": {"low": boot[0].low, "high": boot[0].high},
+            },
+        )
         out.append(entry)
     return out
-
-
-def _cell(mean: float, low: float, high: float, n: int) -> str:
-    return Paired(mean, low, high, n).cell()
-
-
-def _claims_table(claims: list[dict[str, Any]], metric: str, family: int) -> str:
-    lines = [
-        f"| claim | rows compared | seeds | Δ {metric} [CI] | CI level, look | verdict "
-        f"| Holm verdict ({family} claims) | paper's effect | against the paper's effect "
-        "| bootstrap over seeds and classes |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for c in claims:
-        compared = f"{c['labels'][0]} - {c['labels'][1]}" + (
-            " (concatenation)" if c["concat"] else ""
-        )
-        paper = "-" if c["effect"] is None else f"{c['effect']:+.2f}" + (
-            f" ({c['source']})" if c["source"] else "")  # fmt: skip
-        if "mean" not in c:
-            lines.append(
-                f"| {c['text']} | {compared} | 0 | - | no seeds yet | - | - | {paper} | - | - |"
-            )
-            continue
-        holm = (
-            f"**{c['holm']}**"
-            if c["holm"]
-            else ("- (interim)" if c["look"] == 0 else "- (not in the family)")
-        )
-        boot = "-" if c["bootstrap"] is None else (
-            f"[{100 * c['bootstrap']['low']:+.2f}, {100 * c['bootstrap']['high']:+.2f}] "
-            f"{c['bootstrap']['verdict']}")  # fmt: skip
-        lines.append(
-            f"| {c['text']} | {compared} | {c['seeds']} | "
-            f"{_cell(c['mean'], c['low'], c['high'], c['seeds'])} | {c['where']} | "
-            f"**{c['verdict']}** | {holm} | {paper} | {c['against_paper']} | {boot} |"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def _rows(study: dict, by_row: dict, directory: str) -> list[dict[str, Any]]:
@@ -196,6 +216,7 @@ def _rows(study: dict, by_row: dict, directory: str) -> list[dict[str, Any]]:
                 "trial": picked.get("trial"),
                 "tried": picked.get("tried", 0 if picked.get("trial") is None else None),
                 "failed": picked.get("failed", 0),
+                "shared_from": picked.get("shared_from"),
                 "score": picked.get("score"),
                 "epochs": sorted({r["meta"].get("epoch") for r in records.values()}),
                 "test": metrics,
@@ -206,6 +227,30 @@ def _rows(study: dict, by_row: dict, directory: str) -> list[dict[str, Any]]:
 
 def _value(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _untuned(row: Mapping[str, Any]) -> str:
+    if row.get("shared_from"):
+        return f"0 (the values selected for {', '.join(row['shared_from'])})"
+    return "0 (budget 1: its own values)"
+
+
+def budget_sentence(rows: list[dict[str, Any]], study: dict, selection: str) -> str:
+    """The tuning budget, and whether every row spent it (a comparison at equal tuning)."""
+    budget = study["budget"]
+    fewer = [r["label"] for r in rows if r["selected"] is not None and budget > 1
+             and (r["tried"] or 0) < budget]  # fmt: skip
+    text = (
+        f"The budget: {budget} candidate(s) per row ({study['sampler']} sampler), scored on "
+        f"{selection} at seed {study['tune_seed']}"
+    )
+    if not fewer:
+        return text + "; every row searched with it."
+    return (
+        text + f"; {len(fewer)} of {len(rows)} rows searched fewer (their values were their own "
+        f"or selected for another row), so this is not a comparison at equal tuning: "
+        f"{'; '.join(fewer)}."
+    )
 
 
 def _rows_table(rows: list[dict[str, Any]], study: dict) -> str:
@@ -219,11 +264,7 @@ def _rows_table(rows: list[dict[str, Any]], study: dict) -> str:
         tried = (
             "-"
             if r["selected"] is None
-            else (
-                "0 (budget 1: its own values)"
-                if not r["tried"]
-                else f"{r['tried']} ({r['failed']})"
-            )
+            else (_untuned(r) if not r["tried"] else f"{r['tried']} ({r['failed']})")
         )
         score = "-" if r["score"] is None else f"{100 * r['score']:.2f}"
         cells = [r["label"], str(len(r["seeds"])), values, tried, score]
@@ -255,10 +296,11 @@ def _amendments_text(events: list[dict[str, Any]]) -> str:
 
 def forest_plot(claims: list[dict[str, Any]], metric: str, path: str) -> bool:
     """The claims' paired differences and intervals, one line each, coloured by their Holm
-    verdict (their own outside the family); False if no claim has a reading."""
+    verdict (their own outside the family); the claims against a fixed baseline, often tens of
+    points away, are left out (the table has them). False if no claim is shown."""
     from jdml.visualize.figure import figure, save_png
 
-    shown = [c for c in claims if "mean" in c]
+    shown = [c for c in claims if "mean" in c and not c.get("fixed")]
     if not shown:
         return False
     with figure(900, int(42 * len(shown) + 140), layout="constrained") as fig:
@@ -301,6 +343,73 @@ def validation_plot(study: dict, by_row: dict, path: str) -> bool:
     return curves_with_bands(series, path, xlabel="epoch", ylabel=f"validation {metric} (%)")
 
 
+def _dataset_and_epochs(study: dict) -> tuple[str, int]:
+    """The data set's name and the epoch budget of the study's rows (their first row's)."""
+    config = study["rows"][0]["config"] if study["rows"] else {}
+    name = str(config.get("data.name") or os.path.basename(str(config.get("data.path", ""))))
+    return name or "data", int(config.get("train.epochs") or 0)
+
+
+def _fixed(directory: str) -> dict[str, dict[str, Any]]:
+    try:
+        return baselines.read(directory)
+    except ValueError as e:
+        raise ReportError(str(e)) from None
+
+
+#: What ``jdml study report DIR --print PART`` prints (``budget:N``: a window of N epochs).
+PARTS = ("claims", "readings", "seeds-needed", "design", "classes", "budget:N")
+
+
+def part(directory: str, name: str) -> str:
+    """One part of the study's report (a name of :data:`PARTS`), as Markdown.
+
+    Raises:
+      ReportError: not a study folder, or an unknown part.
+    """
+    study = load(directory)
+    reg = study["registration"]
+    level = cl.look_level(reg["looks"], reg["alpha"])
+    if name == "design":
+        return tables.design(reg["looks"], level)
+    by_row = rec.seed_records(directory)
+    claims = claim_entries(study, by_row, directory, _fixed(directory))
+    dataset, epochs = _dataset_and_epochs(study)
+    if name == "claims":
+        title = f"{dataset} test, {epochs} epochs"
+        text = tables.claims_table(claims, title, reg["metric"])
+        if tables.read(claims):
+            text += "\n" + tables.holm_sentence(claims) + "\n" + tables.paper_sentence(claims)
+        return text
+    if name == "readings":
+        return tables.readings(claims)
+    if name == "seeds-needed":
+        return tables.seeds_needed(claims, level)
+    if name == "classes":
+        return tables.classes_table(claims)
+    if name.startswith("budget:") and name[7:].isdigit():
+        labels = {r["name"]: r["label"] for r in study["rows"]}
+        try:
+            return tables.budget_table(
+                claims, by_row, labels, dataset, epochs, int(name[7:]), reg["metric"]
+            )
+        except ValueError as e:
+            raise ReportError(str(e)) from None
+    raise ReportError(f"--print {name!r}: choose one of {', '.join(PARTS)}")
+
+
+def _registered_text(frozen: Mapping[str, Any] | None) -> str:
+    if frozen is None:
+        return "not frozen yet (no test evaluation)"
+    text = f"frozen at {frozen['time']} (sha256 {frozen['sha256'][:12]})"
+    if frozen.get("tests_seen"):
+        text += (
+            f", after {frozen['tests_seen']} test result(s) had been recorded: registered "
+            "after the results, not before them"
+        )
+    return text
+
+
 def report(directory: str, out: str | None = None) -> dict[str, Any]:
     """Writes the study's page, plots and JSON to ``out`` (default ``DIR/report``).
 
@@ -316,13 +425,12 @@ def report(directory: str, out: str | None = None) -> dict[str, Any]:
     out = out or os.path.join(directory, "report")
     check_writable(out, "output folder (--out)")
     by_row = rec.seed_records(directory)
-    configs = {r["name"]: r["config"] for r in study["rows"]}
     reg = study["registration"]
-    claims = _claims(study, by_row, configs, directory)
+    fixed = _fixed(directory)
+    claims = claim_entries(study, by_row, directory, fixed)
     rows = _rows(study, by_row, directory)
     amendments = ledger.amendments(directory)
     frozen = next((e for e in ledger.events(directory) if e.get("event") == "registered"), None)
-    family = sum(1 for c in claims if c.get("holm"))
     files = []
     plot = os.path.join(out, "claims.png")
     if forest_plot(claims, reg["metric"], plot):
@@ -331,14 +439,10 @@ def report(directory: str, out: str | None = None) -> dict[str, Any]:
     if validation_plot(study, by_row, curves):
         files.append(curves)
     level = cl.look_level(reg["looks"], reg["alpha"])
+    dataset, epochs = _dataset_and_epochs(study)
     run_command = study.get("command") or f"jdml study run STUDY --dir {directory}"
     report_command = f"jdml study report {directory}" + (
         f" --out {out}" if out != os.path.join(directory, "report") else ""
-    )
-    registered = (
-        f"frozen at {frozen['time']} (sha256 {frozen['sha256'][:12]})"
-        if frozen
-        else "not frozen yet (no test evaluation)"
     )
     selection = (
         "one validation hold-out"
@@ -346,22 +450,35 @@ def report(directory: str, out: str | None = None) -> dict[str, Any]:
         else f"the mean over {study['selection']['folds']} class-disjoint folds"
     )
     commands = f"Commands: `{report_command}`, from the runs of `{run_command}`."
+    read = tables.read(claims)
+    sentences = classes = ""
+    if read:
+        sentences = tables.holm_sentence(claims) + "\n" + tables.paper_sentence(claims) + "\n"
+        classes = "## The test classes as a second source of variance\n\n"
+        classes += tables.classes_table(claims) + "\n"
     parts = [
         f"# {study['name']}\n\n",
-        f"Generated from the records in `{directory}`; every table by `{report_command}`.\n\n",
+        f"Generated from the records in `{directory}`; every table by `{report_command}` (one "
+        f"part alone: `--print {'|'.join(PARTS)}`).\n\n",
         "## Claims\n\n",
-        _claims_table(claims, reg["metric"], family),
+        tables.claims_table(claims, f"{dataset} test, {epochs} epochs", reg["metric"]),
         f"\nTest classes (unseen), points; Δ: the per-seed paired difference, mean and Student-t "
         f"interval at the looks' level {100 * level:.2f} % (Pocock, {len(reg['looks'])} look(s) "
         f"of {', '.join(map(str, reg['looks']))} seeds, alpha {reg['alpha']:g}); Holm: across "
-        f"the family at the same error. Pre-registration {registered}. {commands}\n\n",
+        f"the family at the same error. Pre-registration {_registered_text(frozen)}. "
+        f"{commands}\n\n",
+        sentences,
         "![the claims' paired differences and intervals](claims.png)\n\n" if plot in files else "",
-        "## Rows\n\n",
+        ("## Readings per paper\n\n" + tables.readings(claims) + "\n") if read else "",
+        "## The design\n\n",
+        tables.design(reg["looks"], level),
+        ("\n" + tables.seeds_needed(claims, level)) if read else "",
+        "\n## Rows\n\n",
         _rows_table(rows, study),
-        f"\nEvery row searched with the same budget: {study['budget']} candidate(s) "
-        f"({study['sampler']} sampler), scored on {selection} at seed {study['tune_seed']}; "
-        f"test: mean ± sample std over seeds. {commands}\n\n",
+        f"\n{budget_sentence(rows, study, selection)} Test: mean ± sample std over seeds. "
+        f"{commands}\n\n",
         "![validation curves](validation_curves.png)\n\n" if curves in files else "",
+        classes,
         "## Amendments\n\n",
         _amendments_text(amendments),
     ]
@@ -370,6 +487,7 @@ def report(directory: str, out: str | None = None) -> dict[str, Any]:
         "study": study["name"],
         "registration": reg,
         "registered": frozen,
+        "fixed": fixed,
         "claims": claims,
         "rows": rows,
         "amendments": amendments,

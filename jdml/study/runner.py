@@ -27,7 +27,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from jdml.errors import ConfigError, StudyError, WorkdirInUseError
@@ -60,6 +60,7 @@ class _Context:
     storage: str | None = None
     xla_cache: bool = True
     failed: list[str] = dataclasses.field(default_factory=list)
+    fixed: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 # -- configs and tasks ---------------------------------------------------------------------------
@@ -103,7 +104,8 @@ def seed_config(study: Study, row: Row, values: dict[str, Any], seed: int):
         c.seed = seed
         c.train.progress_bar = False
         c.eval.splits = ()
-        c.eval.selected_splits = ("test",)
+        # The train split too where the row asks for train metrics (Revisiting's spectral decay).
+        c.eval.selected_splits = ("test", "train") if c.eval.train_metrics else ("test",)
         c.eval.per_query = (study.metric,)
     return c
 
@@ -346,19 +348,32 @@ def claim_readings(
     by_row: dict[str, dict[int, dict[str, Any]]],
     stopped: dict[str, int],
     at: int | None = None,
+    fixed: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, cl.Reading]:
     """Every claim's reading from the records (``reg``: a registration; ``configs``: the
-    rows' flattened configs). A claim that stopped is read at its look; one still going at
-    the furthest look its rows complete, or at look ``at`` if given."""
+    rows' flattened configs; ``fixed``: the fixed baselines, :mod:`jdml.study.baselines`). A
+    claim that stopped is read at its look; one still going at the furthest look its rows
+    complete, or at look ``at`` if given. A claim against a fixed baseline compares each seed
+    of its row with the baseline's one value (none recorded: no reading)."""
     level = cl.look_level(reg["looks"], reg["alpha"])
     out = {}
     for claim in reg["claims"]:
-        a, b = (
-            cl.values(
-                by_row.get(r, {}), reg["metric"], cl.embedding_name(configs[r], claim["concat"])
-            )
-            for r in (claim["row"], claim["base"])
+        row = claim["row"]
+        a = cl.values(
+            by_row.get(row, {}), reg["metric"], cl.embedding_name(configs[row], claim["concat"])
         )
+        if claim.get("fixed"):
+            value = (fixed or {}).get(claim["fixed"], {}).get(reg["metric"])
+            if value is None:
+                continue
+            b = {s: float(value) for s in a}
+        else:
+            base = claim["base"]
+            b = cl.values(
+                by_row.get(base, {}),
+                reg["metric"],
+                cl.embedding_name(configs[base], claim["concat"]),
+            )
         reading = cl.read(a, b, reg["looks"], level, stopped.get(claim["text"]) or at)
         if reading is not None:
             out[claim["text"]] = reading
@@ -386,7 +401,7 @@ def _look(ctx: _Context, look: int, rows: list[Row], selected: dict) -> list[str
     by_row = rec.seed_records(ctx.directory)
     stopped = stop_looks(ctx.directory)
     reg = registration(study)
-    readings = claim_readings(reg, configs, by_row, stopped, at=look)
+    readings = claim_readings(reg, configs, by_row, stopped, at=look, fixed=ctx.fixed)
     going = [c.text for c in study.claims if c.text not in stopped]
     missing = [t for t in going if t not in readings or readings[t].look != look]
     if missing:
@@ -421,6 +436,24 @@ def _check_records(ctx: _Context, selected: dict[str, dict[str, Any]]) -> None:
                     "changed row another name, or run the study in another --dir (records are "
                     "never replaced)"
                 )
+
+
+def _fixed_baselines(ctx: _Context, selected: dict[str, dict[str, Any]]) -> dict[str, dict]:
+    """The fixed baselines the claims name, evaluated once (here, in the driver) on the data
+    of the first such claim's row and recorded in the study's folder."""
+    from jdml.study import baselines
+
+    claims = [c for c in ctx.study.claims if c.fixed]
+    if not claims:
+        return {}
+    names = sorted({c.fixed for c in claims})
+    row = ctx.study.row(claims[0].row)
+    config = seed_config(ctx.study, row, selected[row.name], 0)
+    try:
+        found = baselines.ensure(ctx.directory, config, names, ctx.study.metrics, ctx.commit)
+    except ValueError as e:
+        raise StudyError(str(e)) from None
+    return dict(found)
 
 
 def run(
@@ -500,6 +533,7 @@ def run(
                 "and run the study again to retry them"
             )
         _check_records(ctx, selected)
+        ctx.fixed = _fixed_baselines(ctx, selected)
         rows = list(study.rows)
         for look in range(1, len(study.looks) + 1):
             go_on = _look(ctx, look, rows, selected)

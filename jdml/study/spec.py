@@ -139,8 +139,14 @@ class Claim:
         ``eval.combinations[0]``, or a cohort's ensemble) instead of the main head.
       effect: the paper's effect in metric points (e.g. 0.9 for +0.9 Recall@1), or None.
       source: where the paper prints it.
-      paper: the paper and table the claim is from (a group label for the report).
+      paper: the paper and table the claim is from, e.g. ``"DiVA, Tab. 2"``: the report
+        groups the claims by the part before the first comma (``"DiVA"``); a paper ending in
+        ``"(control)"`` marks a comparison the study adds to the paper's.
       family: whether Holm's correction runs over this claim.
+      fixed: instead of a trained ``base`` (give ``base=""``), a baseline without training
+        (:data:`jdml.study.baselines.FIXED`: ``"pixels"``, the raw pixels, or ``"features"``,
+        the pretrained backbone's pooled features), evaluated once on the test classes; such
+        a claim has no seeds of its own on that side (Revisiting, Tab. 1).
     """
 
     text: str
@@ -151,6 +157,7 @@ class Claim:
     source: str = ""
     paper: str = ""
     family: bool = True
+    fixed: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,7 +285,9 @@ def check(study: Study) -> None:
         raise ConfigError(f"Folds({study.selection.k}): give at least 2 folds, or Holdout()")
     texts = [c.text for c in study.claims]
     for claim in study.claims:
-        for which in (claim.row, claim.base):
+        if claim.fixed:
+            _check_fixed(claim)
+        for which in (claim.row,) if claim.fixed else (claim.row, claim.base):
             if which not in names:
                 raise ConfigError(
                     f"claim {claim.text!r} names row {which!r}, which the study does not "
@@ -290,6 +299,20 @@ def check(study: Study) -> None:
             raise ConfigError(f"claim {claim.text!r} is declared twice; give each its own text")
         if claim.effect is not None and not math.isfinite(claim.effect):
             raise ConfigError(f"claim {claim.text!r}: effect must be a finite number or None")
+
+
+def _check_fixed(claim: Claim) -> None:
+    from jdml.study.baselines import FIXED
+
+    if claim.fixed not in FIXED:
+        raise ConfigError(
+            f"claim {claim.text!r}: fixed={claim.fixed!r}; choose one of: {', '.join(FIXED)}"
+        )
+    if claim.base:
+        raise ConfigError(
+            f"claim {claim.text!r} names both a base row {claim.base!r} and fixed="
+            f"{claim.fixed!r}; give base='' to compare with the fixed baseline"
+        )
 
 
 def _check_grid(row: Row, budget: int) -> None:

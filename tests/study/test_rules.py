@@ -54,6 +54,8 @@ def _study(**changes) -> Study:
         ({"claims": (Claim("x", "a", "a"),)}, "with itself"),
         ({"claims": (Claim("x", "a", "b"), Claim("x", "b", "a"))}, "declared twice"),
         ({"claims": (Claim("x", "a", "b", effect=math.nan),)}, "finite"),
+        ({"claims": (Claim("x", "a", "", fixed="noise"),)}, "choose one of: pixels, features"),
+        ({"claims": (Claim("x", "a", "b", fixed="pixels"),)}, "give base=''"),
     ],
 )
 def test_a_study_that_cannot_run_is_refused_with_its_fix(changes, match):
@@ -345,8 +347,14 @@ def test_a_tuning_run_of_a_fold_validates_on_that_fold_and_never_tests():
     assert tuple(c.eval.selected_splits) == () and tuple(c.eval.splits) == ()
     s = seed_config(study, study.rows[0], {"optim.lr": 1e-3}, seed=4)
     assert (s.seed, tuple(s.eval.selected_splits), tuple(s.eval.per_query)) == (
-        4, ("test",), ("recall@1",))  # fmt: skip
+        4,
+        ("test", "train"),
+        ("recall@1",),
+    )  # fmt: skip  (the train spectrum: train_metrics)
     assert s.data.val_folds == 0 and s.optim.lr == 1e-3
+    quiet = _study(common={"eval.train_metrics": ()})
+    s = seed_config(quiet, quiet.rows[0], {"optim.lr": 1e-3}, seed=4)
+    assert tuple(s.eval.selected_splits) == ("test",)
 
 
 def test_a_grid_smaller_than_the_budget_is_refused():

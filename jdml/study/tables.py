@@ -1,0 +1,283 @@
+"""The text parts of a study's report that read its claims: each printed alone by ``jdml study
+report DIR --print PART`` (for a page that quotes them) and gathered on the report's page.
+
+Every function takes the claims as :func:`jdml.study.report.claim_entries` gives them (dicts:
+the registration's claim plus its reading) and returns Markdown ending in a newline.
+
+* :func:`claims_table`: one row per claim: its paper and what it says, the rows compared (and
+  the embedding read: one head, a cohort's member 1, or the concatenation), seeds, the paired
+  difference with its interval, the look, its verdict, its Holm verdict, the paper's effect and
+  the reading against it, and the class bootstrap when any claim's records keep per-query hits;
+* :func:`holm_sentence`, :func:`paper_sentence`: what Holm's correction changes, and which
+  claims are smaller than their paper reports;
+* :func:`readings`: one paragraph per paper, one line per claim;
+* :func:`seeds_needed`: the seeds an unresolved claim would need at its paper's effect;
+* :func:`design`: the looks' level and its simulated false-verdict rates;
+* :func:`budget_table`: whether the epoch budget reaches each claim row's plateau;
+* :func:`classes_table`: the claims read over seeds and test classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jdml.statistics import Paired, false_verdict_rate, mean_std, seeds_to_resolve
+
+Entry = Mapping[str, Any]
+
+
+def difference(c: Entry) -> Paired:
+    """A read claim's paired difference (fractions, as the records hold the metric)."""
+    return Paired(c["mean"], c["low"], c["high"], c["seeds"], c["level"])
+
+
+def read(claims: Sequence[Entry]) -> list[Entry]:
+    return [c for c in claims if "mean" in c]
+
+
+def group(c: Entry) -> str:
+    """The paper a claim belongs to: its ``paper`` up to the first comma or parenthesis."""
+    return c["paper"].split(",")[0].split(" (")[0].strip() or "Claims"
+
+
+def where(c: Entry) -> str:
+    """Where in the paper a claim is (``"a control"`` for a comparison the study adds)."""
+    if "(control)" in c["paper"]:
+        return "a control"
+    return c["paper"].split(", ", 1)[-1] if ", " in c["paper"] else ""
+
+
+def _paper_effect(c: Entry) -> str:
+    if c["effect"] is None:
+        return "-"
+    return f"{c['effect']:+.2f}" + (f" ({c['source']})" if c["source"] else "")
+
+
+def _holm_cell(c: Entry) -> str:
+    if c.get("holm"):
+        return f"**{c['holm']}**"
+    if c["look"] == 0:
+        return "- (interim)"
+    return "- (fixed baseline)" if c.get("fixed") else "- (not in the family)"
+
+
+def _bootstrap_cell(c: Entry) -> str:
+    boot = c.get("bootstrap")
+    if boot is None:
+        return "-"
+    return f"[{100 * boot['low']:+.2f}, {100 * boot['high']:+.2f}] {boot['verdict']}"
+
+
+def claims_table(claims: Sequence[Entry], title: str, metric: str) -> str:
+    """The claims table (claims without a reading yet have a row of dashes)."""
+    family = sum(1 for c in claims if c.get("holm"))
+    boot = any(c.get("bootstrap") for c in claims)
+    header = (
+        f"| claim, {title} | says | rows compared | seeds | Δ {metric} [CI] | CI level, look "
+        f"| verdict | Holm verdict ({family} claims) | paper's effect (smallest) "
+        "| against the paper's effect |" + (" bootstrap over seeds and classes |" if boot else "")
+    )
+    lines = [header, "|---" * (10 + boot) + "|"]
+    for c in claims:
+        cells = [c["paper"] or "-", c["text"], c["compared"]]
+        if "mean" not in c:
+            cells += ["0", "-", "no seeds yet", "-", "-", _paper_effect(c), "-"]
+        else:
+            cells += [str(c["seeds"]), difference(c).cell(), c["where"], f"**{c['verdict']}**"]
+            cells += [_holm_cell(c), _paper_effect(c), c["against_paper"]]
+        if boot:
+            cells.append(_bootstrap_cell(c))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _named(c: Entry) -> str:
+    return f"{c['paper']}: {c['text']}" if c["paper"] else c["text"]
+
+
+def holm_sentence(claims: Sequence[Entry]) -> str:
+    """Which verdicts Holm's correction across the family changes."""
+    family = [c for c in read(claims) if c.get("holm")]
+    changed = [f"{_named(c)} ({c['verdict']} -> {c['holm']})"
+               for c in family if c["holm"] != c["verdict"]]  # fmt: skip
+    if not changed:
+        return f"Holm's correction across the {len(family)} claims changes no verdict.\n"
+    return (
+        f"Holm's correction across the {len(family)} claims changes {len(changed)} verdict(s): "
+        f"{'; '.join(changed)}.\n"
+    )
+
+
+def paper_sentence(claims: Sequence[Entry]) -> str:
+    """How many claims with a paper effect are smaller than reported, and which."""
+    with_effect = [c for c in read(claims) if c["effect"] is not None]
+    smaller = [_named(c) for c in with_effect if c["against_paper"] == "smaller than reported"]
+    return (
+        f"{len(smaller)} of the {len(with_effect)} claims with a paper effect are smaller than "
+        "reported (their interval lies wholly below the smallest effect the paper prints)"
+        + (f": {'; '.join(smaller)}.\n" if smaller else ".\n")
+    )
+
+
+def readings(claims: Sequence[Entry]) -> str:
+    """One paragraph per paper (in the claims' order): its verdicts counted, then one line per
+    claim with its difference, the seeds above 0, the per-seed std, its verdict, its Holm
+    verdict where that differs, and the reading against the paper's effect."""
+    papers: dict[str, list[Entry]] = {}
+    for c in read(claims):
+        papers.setdefault(group(c), []).append(c)
+    parts = []
+    for paper, found in papers.items():
+        lines, counts, smaller = [], {}, 0
+        for c in found:
+            d = difference(c)
+            diffs = c["differences"]
+            counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
+            at = f" ({where(c)})" if where(c) else ""
+            line = (
+                f"- {c['text']}{at}: {d.cell()} points at {c['where']}, "
+                f"{sum(x > 0 for x in diffs)} of {d.n} seeds above 0, per-seed std "
+                f"{mean_std(diffs)[1]:.2f}; **{c['verdict']}**"
+            )
+            if c.get("holm") and c["holm"] != c["verdict"]:
+                line += f", **{c['holm']}** under Holm's correction"
+            if c["effect"] is not None:
+                smaller += c["against_paper"] == "smaller than reported"
+                line += f"; the paper's effect {_paper_effect(c)}: {c['against_paper']}"
+            lines.append(line + ".")
+        said = ", ".join(f"{k} {v}" for v, k in sorted((v, k) for k, v in counts.items()))
+        head = f"**{paper}** ({len(lines)} claims: {said}"
+        head += f"; {smaller} smaller than reported)" if smaller else ")"
+        parts.append(head + "\n\n" + "\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def seeds_needed(claims: Sequence[Entry], level: float, power: float = 0.8) -> str:
+    """For every claim not resolved that has a paper effect: the seeds one look at ``level``
+    would need to resolve a true difference of the paper's effect with probability ``power``,
+    taking the claim's observed per-seed std as the true one
+    (:func:`jdml.statistics.seeds_to_resolve`)."""
+    lines = [
+        "| claim not resolved | seeds read | per-seed std | paper's effect | seeds to resolve it "
+        f"({100 * power:g} % power, {100 * level:.2f} %) |",
+        "|---|---|---|---|---|",
+    ]
+    for c in read(claims):
+        if c["effect"] is None or c["verdict"] != "not resolved":
+            continue
+        std = mean_std(c["differences"])[1]
+        n = seeds_to_resolve(c["effect"], std, level, power)
+        lines.append(f"| {_named(c)} | {c['seeds']} | {std:.2f} | {c['effect']:+.2f} | {n} |")
+    return "\n".join(lines) + "\n"
+
+
+def design(looks: Sequence[int], level: float) -> str:
+    """The design's numbers, computed: the level every look reads, and the simulated chance of
+    a false verdict over all looks at that level and at 95 %
+    (:func:`jdml.statistics.false_verdict_rate`)."""
+    at_level = false_verdict_rate(level, tuple(looks))
+    at_95 = false_verdict_rate(0.95, tuple(looks))
+    two = len(looks) == 2
+    return (
+        f"{'Both' if two else f'All {len(looks)}'} looks read the interval at Pocock's level for "
+        f"{len(looks)} looks, {100 * level:.2f} %: a claim without a true difference then gets a "
+        f"verdict at {'either' if two else 'some'} look with a chance of {100 * at_level:.1f} % "
+        f"(simulated with normal per-seed differences, looks at "
+        f"{' and '.join(map(str, looks))} seeds), where reading {'both' if two else 'all'} at "
+        f"95 % would give one with {100 * at_95:.1f} %.\n"
+    )
+
+
+def late_gain(curve: Sequence[Mapping[str, Any]], cut: int, metric: str) -> float:
+    """How many points of validation ``metric`` the epochs after ``cut`` add to the best of the
+    epochs up to it (negative: the curve peaked before ``cut``).
+
+    Raises:
+      ValueError: the curve has no epoch on one side of ``cut``.
+    """
+    early = [e[metric] for e in curve if e.get("epoch") is not None and e["epoch"] <= cut]
+    late = [e[metric] for e in curve if e.get("epoch") is not None and e["epoch"] > cut]
+    if not early or not late:
+        raise ValueError(f"the validation curve has no epoch on both sides of epoch {cut}")
+    return 100 * (max(late) - max(early))
+
+
+def _points(x: float) -> str:
+    """``x`` signed, to two decimals, with no "-0.00" for a value that rounds to zero."""
+    return f"{round(float(x), 2) + 0.0:+.2f}"
+
+
+def budget_table(
+    claims: Sequence[Entry],
+    by_row: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    labels: Mapping[str, str],
+    dataset: str,
+    epochs: int,
+    window: int,
+    metric: str,
+) -> str:
+    """Whether the epoch budget reaches the plateau of every row a claim compares, in the
+    claims' order: of the row's seed records, how many select their last epoch on validation,
+    and the validation ``metric`` the last ``window`` epochs add to the best epoch before them
+    (mean ± sample std over the seeds, and the largest).
+
+    Raises:
+      ValueError: ``window`` outside 1 to ``epochs - 1``, or a curve too short for it.
+    """
+    if not 0 < window < epochs:
+        raise ValueError(f"--print budget:{window}: give a window of 1 to {epochs - 1} epochs")
+    lines = [
+        f"| row of a claim, {dataset} validation, {epochs} epochs | seeds | seeds selecting epoch "
+        f"{epochs} | val {metric} added by epochs {epochs - window + 1}-{epochs}, mean ± std "
+        "| largest |",
+        "|---|---|---|---|---|",
+    ]
+    done: set[str] = set()
+    for c in claims:
+        for row in (c["row"], c["base"]):
+            if not row or row in done or not by_row.get(row):
+                continue
+            done.add(row)
+            records = by_row[row]
+            last = sum(r["meta"].get("epoch") == epochs for r in records.values())
+            gains = []
+            for seed, record in sorted(records.items()):
+                try:
+                    gains.append(late_gain(record["val_curve"], epochs - window, metric))
+                except ValueError as e:
+                    raise ValueError(f"row {row!r} seed {seed}: {e}") from None
+            mean, std = mean_std(gains)
+            spread = f" ± {std:.2f}" if len(gains) > 1 else ""
+            lines.append(
+                f"| {labels[row]} | {len(records)} | {last} | {_points(mean)}{spread} "
+                f"| {_points(max(gains))} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def classes_table(claims: Sequence[Entry]) -> str:
+    """The claims whose records keep per-query hits, read over seeds alone and over seeds and
+    test classes (two bootstraps at the look's level): the intervals, the widening, and
+    whether counting the classes changes the verdict."""
+    lines = [
+        "| claim | says | seeds | t over seeds | bootstrap over seeds | bootstrap over seeds and "
+        "classes | width ratio | verdict, seeds / seeds and classes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in read(claims):
+        boot = c.get("bootstrap")
+        if boot is None or "seeds_only" not in boot:
+            continue
+        level, n = c["level"], c["seeds"]
+        seeds_only = boot["seeds_only"]
+        only = Paired(boot["mean"], seeds_only["low"], seeds_only["high"], n, level, "bootstrap")
+        both = Paired(boot["mean"], boot["low"], boot["high"], n, level, "bootstrap")
+        ratio = (both.high - both.low) / (only.high - only.low)
+        lines.append(
+            f"| {c['paper'] or '-'} | {c['text']} | {n} | {difference(c).cell()} | {only.cell()} "
+            f"| {both.cell()} | {ratio:.2f} | {only.verdict()} / {both.verdict()} |"
+        )
+    if len(lines) == 2:
+        return "No claim's records keep per-query hits (eval.per_query) for all its seeds.\n"
+    return "\n".join(lines) + "\n"
