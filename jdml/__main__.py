@@ -281,7 +281,7 @@ def _study_report(args: argparse.Namespace) -> None:
     from jdml.study.report import part, report
 
     if args.print:
-        print(part(args.dir, args.print), end="")
+        print(part(args.dir, args.print, args.seeds, args.title), end="")
         return
     out = report(args.dir, args.out)
     print(out["markdown"])
@@ -492,8 +492,13 @@ def parser() -> argparse.ArgumentParser:
         help="print one part of the page to stdout and write nothing: claims (the table, with "
         "what Holm's correction changes and the claims smaller than their paper's effect), "
         "readings (one paragraph per paper), seeds-needed, design, classes (the class "
-        "bootstrap), or budget:N (whether the last N epochs still add on validation)",
+        "bootstrap), budget:N (whether the last N epochs still add on validation), or "
+        "table:ROW,ROW,... (the rows side by side, each against the first)",
     )
+    rp.add_argument(
+        "--seeds", type=int, metavar="N", help="--print table: read seeds 0 to N-1 only"
+    )
+    rp.add_argument("--title", help="--print table: the table's first header cell")
     rp.set_defaults(func=_study_report)
     return p
 

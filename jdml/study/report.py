@@ -21,8 +21,10 @@ page. Nothing in ``DIR`` is executed: ``study.json`` describes the study as data
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,7 +37,7 @@ from jdml.statistics import Paired, mean_std, two_way_bootstrap
 from jdml.study import baselines, ledger, tables
 from jdml.study import claims as cl
 from jdml.study import records as rec
-from jdml.study.runner import claim_readings, selections, stop_looks
+from jdml.study.runner import candidate_score, claim_readings, selections, stop_looks
 
 VERDICT_COLOURS = {
     "reproduces": "#1a9641",
@@ -357,15 +359,18 @@ def _fixed(directory: str) -> dict[str, dict[str, Any]]:
         raise ReportError(str(e)) from None
 
 
-#: What ``jdml study report DIR --print PART`` prints (``budget:N``: a window of N epochs).
-PARTS = ("claims", "readings", "seeds-needed", "design", "classes", "budget:N")
+#: What ``jdml study report DIR --print PART`` prints (``budget:N``: a window of N epochs;
+#: ``table:ROW,...``: those rows side by side, the first the others are compared with).
+PARTS = ("claims", "readings", "seeds-needed", "design", "classes", "tune", "budget:N",
+         "table:ROW,...")  # fmt: skip
 
 
-def part(directory: str, name: str) -> str:
-    """One part of the study's report (a name of :data:`PARTS`), as Markdown.
+def part(directory: str, name: str, seeds: int | None = None, title: str | None = None) -> str:
+    """One part of the study's report (a name of :data:`PARTS`), as Markdown; a table reads
+    only the first ``seeds`` seeds if given, under the header ``title``.
 
     Raises:
-      ReportError: not a study folder, or an unknown part.
+      ReportError: not a study folder, an unknown part or row.
     """
     study = load(directory)
     reg = study["registration"]
@@ -378,7 +383,7 @@ def part(directory: str, name: str) -> str:
     if name == "claims":
         title = f"{dataset} test, {epochs} epochs"
         text = tables.claims_table(claims, title, reg["metric"])
-        if tables.read(claims):
+        if any(c.get("look") for c in claims):  # interim readings decide nothing
             text += "\n" + tables.holm_sentence(claims) + "\n" + tables.paper_sentence(claims)
         return text
     if name == "readings":
@@ -387,6 +392,24 @@ def part(directory: str, name: str) -> str:
         return tables.seeds_needed(claims, level)
     if name == "classes":
         return tables.classes_table(claims)
+    if name == "tune":
+        return tune_table(directory, study)
+    if name.startswith("table:"):
+        rows = {r["name"]: r for r in study["rows"]}
+        names = [n for n in name[6:].split(",") if n]
+        unknown = [n for n in names if n not in rows and n not in baselines.FIXED]
+        if unknown or not names:
+            raise ReportError(
+                f"--print {name!r}: no row(s) {unknown or names}; the study's rows: "
+                f"{', '.join(rows)} (and the fixed baselines {', '.join(baselines.FIXED)})"
+            )
+        head = title or f"{dataset} test, %, {epochs} epochs"
+        try:
+            return tables.group_table(
+                names, rows, by_row, _fixed(directory), study["metrics"], head, seeds
+            )
+        except ValueError as e:
+            raise ReportError(f"--print {name!r}: {e}") from None
     if name.startswith("budget:") and name[7:].isdigit():
         labels = {r["name"]: r["label"] for r in study["rows"]}
         try:
@@ -396,6 +419,35 @@ def part(directory: str, name: str) -> str:
         except ValueError as e:
             raise ReportError(str(e)) from None
     raise ReportError(f"--print {name!r}: choose one of {', '.join(PARTS)}")
+
+
+def tune_table(directory: str, study: dict) -> str:
+    """Every candidate each row's search tried: its values, its validation score (the best
+    epoch's metric, the mean over the folds) and that epoch; the selected one in bold."""
+    metric = study["registration"]["metric"]
+    folds = study["selection"]["folds"]
+    chosen = selections(directory)
+    lines = [
+        f"| row | candidate | values | best val {metric} | at epoch |",
+        "|---|---|---|---|---|",
+    ]
+    for row in study["rows"]:
+        trials = sorted({int(m.group(1)) for p in glob.glob(os.path.join(
+            directory, rec.RECORDS, rec.TUNE, row["name"], "trial*.json"))
+            if (m := re.match(r"trial(\d+)", os.path.basename(p)))})  # fmt: skip
+        for trial in trials:
+            record = rec.read(rec.tune_record_path(directory, row["name"], trial, None if folds
+                                                   == 1 else 0))  # fmt: skip
+            score = candidate_score(directory, row["name"], trial, folds)
+            if record is None or score is None:
+                continue
+            values = ", ".join(f"{k}={_value(v)}" for k, v in record.get("settings", {}).items()
+                               if k in row["space"])  # fmt: skip
+            mark = "**" if chosen.get(row["name"], {}).get("trial") == trial else ""
+            epoch = str(record["best"]["epoch"]) if folds == 1 else "-"
+            lines.append(f"| {row['label']} | {mark}{trial}{mark} | {values or '-'} "
+                         f"| {100 * score:.2f} | {epoch} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def _registered_text(frozen: Mapping[str, Any] | None) -> str:
@@ -452,7 +504,7 @@ def report(directory: str, out: str | None = None) -> dict[str, Any]:
     commands = f"Commands: `{report_command}`, from the runs of `{run_command}`."
     read = tables.read(claims)
     sentences = classes = ""
-    if read:
+    if any(c.get("look") for c in claims):  # interim readings decide nothing
         sentences = tables.holm_sentence(claims) + "\n" + tables.paper_sentence(claims) + "\n"
         classes = "## The test classes as a second source of variance\n\n"
         classes += tables.classes_table(claims) + "\n"

@@ -281,3 +281,96 @@ def classes_table(claims: Sequence[Entry]) -> str:
     if len(lines) == 2:
         return "No claim's records keep per-query hits (eval.per_query) for all its seeds.\n"
     return "\n".join(lines) + "\n"
+
+
+def _spread(values: Sequence[float], scale: float = 100.0, digits: int = 2) -> str:
+    """mean ± sample std of ``scale * values`` (one value alone; none: "-")."""
+    if not values:
+        return "-"
+    mean, std = mean_std([scale * x for x in values])
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if len(values) > 1 else f"{mean:.{digits}f}"
+
+
+def _paired_cell(a: Mapping[int, float], b: Mapping[int, float]) -> str:
+    from jdml.statistics import paired
+
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return "-"
+    return paired([a[s] for s in seeds], [b[s] for s in seeds], 0.95).cell()
+
+
+def group_table(
+    names: Sequence[str],
+    rows: Mapping[str, Mapping[str, Any]],
+    by_row: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    fixed: Mapping[str, Mapping[str, Any]],
+    metrics: Sequence[str],
+    title: str,
+    seeds: int | None = None,
+) -> str:
+    """A table of rows side by side: seeds, best epochs, the test ``metrics`` (mean ± sample
+    std over the seeds), those of the concatenated heads or cohort members where a row has
+    them, the train spectrum's rho where a record has it, and each row's paired difference
+    from the first trained row (95 % Student-t, a description: the verdicts are the claims').
+
+    Args:
+      names: rows of the study (``rows``: name -> its ``label`` and flattened ``config``), or
+        fixed baselines (``pixels``, ``features``: one value, no seeds).
+      by_row: the seed records, row -> seed -> record.
+      fixed: the fixed baselines recorded (:func:`jdml.study.baselines.read`).
+      metrics: the metrics' columns; the first is the one the differences read.
+      title: the first header cell.
+      seeds: read only seeds ``0`` to ``seeds - 1`` (None: every seed recorded).
+    """
+    from jdml.study import claims as cl
+
+    def records(name: str) -> dict[int, Mapping[str, Any]]:
+        found = by_row.get(name, {})
+        return {s: r for s, r in sorted(found.items()) if seeds is None or s < seeds}
+
+    trained = [n for n in names if n in rows]
+    concat = {n: cl.embedding_name(rows[n]["config"], True) for n in trained}
+    multi = any(concat.values())
+    rho = any("rho_spectrum@1" in r.get("results", {}).get("train", {})
+              for n in trained for r in records(n).values())  # fmt: skip
+    base = trained[0] if len(trained) > 1 else None
+    header = [title, "seeds", "best epoch", *metrics]
+    header += [f"concat {m}" for m in metrics] if multi else []
+    header += ["rho (train)"] if rho else []
+    if base is not None:
+        header.append(f"Δ {metrics[0]} vs {rows[base]['label']} [95 % CI]")
+        header += [f"Δ concat {metrics[0]} [95 % CI]"] if multi else []
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in names:
+        if name not in rows:
+            found = fixed.get(name)
+            if found is None:
+                raise ValueError(f"no row or fixed baseline {name!r} in the study")
+            cells = [found.get("label", name), "-", "-"]
+            cells += [_spread([found[m]]) if m in found else "-" for m in metrics]
+            lines.append("| " + " | ".join(cells + ["-"] * (len(header) - len(cells))) + " |")
+            continue
+        got = records(name)
+        tests = [r["results"]["test"] for r in got.values()]
+        epochs = [str(r["meta"].get("epoch", "?")) for r in got.values()]
+        cells = [rows[name]["label"], str(len(got)), ",".join(epochs) or "-"]
+        cells += [_spread([t[m] for t in tests if m in t]) for m in metrics]
+        if multi:
+            extra = [r.get("embeddings", {}).get("test", {}).get(concat[name] or "", {})
+                     for r in got.values()]  # fmt: skip
+            cells += [_spread([e[m] for e in extra if m in e]) for m in metrics]
+        if rho:
+            spectra = [r["results"]["train"]["rho_spectrum@1"] for r in got.values()
+                       if "rho_spectrum@1" in r.get("results", {}).get("train", {})]  # fmt: skip
+            cells.append(_spread(spectra, scale=1.0, digits=4))
+        if base is not None:
+            for joined in (False, True) if multi else (False,):
+                if name == base or (joined and concat[name] is None):
+                    cells.append("-")
+                    continue
+                a = cl.values(got, metrics[0], concat[name] if joined else None)
+                b = cl.values(records(base), metrics[0], concat[base] if joined else None)
+                cells.append(_paired_cell(a, b))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
