@@ -278,10 +278,12 @@ def _study_run(args: argparse.Namespace) -> None:
 
 
 def _study_report(args: argparse.Namespace) -> None:
-    from jdml.study.report import part, report
+    from jdml.study.report import part, plot_claims, report
 
     if args.print:
         print(part(args.dir, args.print, args.seeds, args.title), end="")
+        if args.plot and plot_claims(args.dir, args.plot):
+            print(f"wrote {args.plot}")
         return
     out = report(args.dir, args.out)
     print(out["markdown"])
@@ -499,6 +501,7 @@ def parser() -> argparse.ArgumentParser:
         "--seeds", type=int, metavar="N", help="--print table: read seeds 0 to N-1 only"
     )
     rp.add_argument("--title", help="--print table: the table's first header cell")
+    rp.add_argument("--plot", help="with --print: also draw the claims' forest plot to this PNG")
     rp.set_defaults(func=_study_report)
     return p
 

@@ -72,6 +72,7 @@ SEARCHES = {
 CONTROLS = ("diva-4D", "sharing-class256", "sharing-2class")  # rows format 1 did not have
 PIXELS = "raw pixels (64 x 64 x 3, L2-normalised)"
 FEATURES = "ImageNet features (pooled 1280-d, L2-normalised)"
+INITIAL = "ImageNet features, random 128-d head (the network before fine-tuning)"
 
 
 def study_of(variant: str) -> Study:
@@ -205,7 +206,8 @@ def convert_seeds(
 
 
 def convert_baselines(directory: str) -> None:
-    """Names the fixed baselines as the study's claims do (``pixels``, ``features``)."""
+    """Names the fixed baselines as the study's claims do (``pixels``, ``features``); the
+    untrained network's head per seed becomes ``initial`` (a table's row, no claim's)."""
     path = os.path.join(directory, "baselines.json")
     if not os.path.exists(path):
         return
@@ -213,6 +215,7 @@ def convert_baselines(directory: str) -> None:
         old = json.load(f)
     fixed = {name: {"label": label, **old["fixed"][label]}
              for name, label in (("pixels", PIXELS), ("features", FEATURES))}  # fmt: skip
+    fixed["initial"] = {"label": INITIAL, "seeds": old.pop("random_head")}
     atomic_write(path, json.dumps({**old, "fixed": fixed}, indent=1, sort_keys=True) + "\n")
 
 

@@ -397,17 +397,16 @@ def part(directory: str, name: str, seeds: int | None = None, title: str | None 
     if name.startswith("table:"):
         rows = {r["name"]: r for r in study["rows"]}
         names = [n for n in name[6:].split(",") if n]
-        unknown = [n for n in names if n not in rows and n not in baselines.FIXED]
+        fixed = _fixed(directory)
+        unknown = [n for n in names if n not in rows and n not in fixed]
         if unknown or not names:
             raise ReportError(
                 f"--print {name!r}: no row(s) {unknown or names}; the study's rows: "
-                f"{', '.join(rows)} (and the fixed baselines {', '.join(baselines.FIXED)})"
+                f"{', '.join(rows)} (and the fixed baselines {', '.join(fixed) or 'none'})"
             )
         head = title or f"{dataset} test, %, {epochs} epochs"
         try:
-            return tables.group_table(
-                names, rows, by_row, _fixed(directory), study["metrics"], head, seeds
-            )
+            return tables.group_table(names, rows, by_row, fixed, study["metrics"], head, seeds)
         except ValueError as e:
             raise ReportError(f"--print {name!r}: {e}") from None
     if name.startswith("budget:") and name[7:].isdigit():
@@ -448,6 +447,13 @@ def tune_table(directory: str, study: dict) -> str:
             lines.append(f"| {row['label']} | {mark}{trial}{mark} | {values or '-'} "
                          f"| {100 * score:.2f} | {epoch} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def plot_claims(directory: str, path: str) -> bool:
+    """The forest plot of the study's claims (:func:`forest_plot`) written to ``path``."""
+    study = load(directory)
+    claims = claim_entries(study, rec.seed_records(directory), directory, _fixed(directory))
+    return forest_plot(claims, study["registration"]["metric"], path)
 
 
 def _registered_text(frozen: Mapping[str, Any] | None) -> str:

@@ -316,7 +316,8 @@ def group_table(
 
     Args:
       names: rows of the study (``rows``: name -> its ``label`` and flattened ``config``), or
-        fixed baselines (``pixels``, ``features``: one value, no seeds).
+        entries of ``baselines.json`` (``pixels``, ``features``: one value, no seeds; an entry
+        with ``seeds``, one value per seed, e.g. the network before training).
       by_row: the seed records, row -> seed -> record.
       fixed: the fixed baselines recorded (:func:`jdml.study.baselines.read`).
       metrics: the metrics' columns; the first is the one the differences read.
@@ -347,8 +348,14 @@ def group_table(
             found = fixed.get(name)
             if found is None:
                 raise ValueError(f"no row or fixed baseline {name!r} in the study")
-            cells = [found.get("label", name), "-", "-"]
-            cells += [_spread([found[m]]) if m in found else "-" for m in metrics]
+            if "seeds" in found:  # one value per seed (the network before training)
+                got = [v for s, v in sorted(found["seeds"].items(), key=lambda x: int(x[0]))
+                       if seeds is None or int(s) < seeds]  # fmt: skip
+                cells = [found.get("label", name), str(len(got)), "-"]
+                cells += [_spread([v[m] for v in got if m in v]) for m in metrics]
+            else:
+                cells = [found.get("label", name), "-", "-"]
+                cells += [_spread([found[m]]) if m in found else "-" for m in metrics]
             lines.append("| " + " | ".join(cells + ["-"] * (len(header) - len(cells))) + " |")
             continue
         got = records(name)
