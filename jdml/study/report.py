@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -37,7 +38,13 @@ from jdml.statistics import Paired, mean_std, two_way_bootstrap
 from jdml.study import baselines, ledger, tables
 from jdml.study import claims as cl
 from jdml.study import records as rec
-from jdml.study.runner import candidate_score, claim_readings, selections, stop_looks
+from jdml.study.runner import (
+    candidate_score,
+    claim_readings,
+    claim_values,
+    selections,
+    stop_looks,
+)
 
 VERDICT_COLOURS = {
     "reproduces": "#1a9641",
@@ -160,15 +167,7 @@ def claim_entries(
             out.append(entry)
             continue
         d = reading.difference
-        row = claim["row"]
-        a = cl.values(by_row.get(row, {}), reg["metric"],
-                      cl.embedding_name(configs[row], claim["concat"]))  # fmt: skip
-        if claim["fixed"]:
-            b = {s: float(fixed[claim["fixed"]][reg["metric"]]) for s in a}
-        else:
-            base = claim["base"]
-            b = cl.values(by_row.get(base, {}), reg["metric"],
-                          cl.embedding_name(configs[base], claim["concat"]))  # fmt: skip
+        a, b = claim_values(claim, configs, by_row, reg["metric"], fixed)
         boot = class_bootstrap(claim, reading, by_row, configs, reg["metric"])
         entry.update(
             seeds=d.n,
@@ -436,17 +435,18 @@ def tune_table(directory: str, study: dict) -> str:
             directory, rec.RECORDS, rec.TUNE, row["name"], "trial*.json"))
             if (m := re.match(r"trial(\d+)", os.path.basename(p)))})  # fmt: skip
         for trial in trials:
-            record = rec.read(rec.tune_record_path(directory, row["name"], trial, None if folds
-                                                   == 1 else 0))  # fmt: skip
+            first_fold = None if folds == 1 else 0
+            record = rec.read(rec.tune_record_path(directory, row["name"], trial, first_fold))
             score = candidate_score(directory, row["name"], trial, folds)
             if record is None or score is None:
-                continue
+                continue  # a candidate still running
             values = ", ".join(f"{k}={_value(v)}" for k, v in record.get("settings", {}).items()
                                if k in row["space"])  # fmt: skip
             mark = "**" if chosen.get(row["name"], {}).get("trial") == trial else ""
             epoch = str(record["best"]["epoch"]) if folds == 1 else "-"
-            lines.append(f"| {row['label']} | {mark}{trial}{mark} | {values or '-'} "
-                         f"| {100 * score:.2f} | {epoch} |")  # fmt: skip
+            said = f"{100 * score:.2f}" if math.isfinite(score) else "diverged"
+            lines.append(f"| {row['label']} | {mark}{trial}{mark} | {values or '-'} | {said} "
+                         f"| {epoch} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

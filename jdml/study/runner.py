@@ -342,6 +342,26 @@ def stop_looks(directory: str) -> dict[str, int]:
     return out
 
 
+def claim_values(
+    claim: Mapping[str, Any],
+    configs: Mapping[str, Mapping[str, Any]],
+    by_row: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    metric: str,
+    fixed: Mapping[str, Mapping[str, Any]] | None = None,
+) -> tuple[dict[int, float], dict[int, float]] | None:
+    """A claim's two sides, seed -> ``metric`` of the embedding it reads: its row's and its
+    base row's, or for a claim against a fixed baseline that baseline's one value at each seed
+    of the row (None while the baseline is not recorded)."""
+    row = claim["row"]
+    a = cl.values(by_row.get(row, {}), metric, cl.embedding_name(configs[row], claim["concat"]))
+    if claim.get("fixed"):
+        value = (fixed or {}).get(claim["fixed"], {}).get(metric)
+        return None if value is None else (a, {s: float(value) for s in a})
+    base = claim["base"]
+    b = cl.values(by_row.get(base, {}), metric, cl.embedding_name(configs[base], claim["concat"]))
+    return a, b
+
+
 def claim_readings(
     reg: dict[str, Any],
     configs: dict[str, dict[str, Any]],
@@ -353,28 +373,14 @@ def claim_readings(
     """Every claim's reading from the records (``reg``: a registration; ``configs``: the
     rows' flattened configs; ``fixed``: the fixed baselines, :mod:`jdml.study.baselines`). A
     claim that stopped is read at its look; one still going at the furthest look its rows
-    complete, or at look ``at`` if given. A claim against a fixed baseline compares each seed
-    of its row with the baseline's one value (none recorded: no reading)."""
+    complete, or at look ``at`` if given (:func:`claim_values` gives its two sides)."""
     level = cl.look_level(reg["looks"], reg["alpha"])
     out = {}
     for claim in reg["claims"]:
-        row = claim["row"]
-        a = cl.values(
-            by_row.get(row, {}), reg["metric"], cl.embedding_name(configs[row], claim["concat"])
-        )
-        if claim.get("fixed"):
-            value = (fixed or {}).get(claim["fixed"], {}).get(reg["metric"])
-            if value is None:
-                continue
-            b = {s: float(value) for s in a}
-        else:
-            base = claim["base"]
-            b = cl.values(
-                by_row.get(base, {}),
-                reg["metric"],
-                cl.embedding_name(configs[base], claim["concat"]),
-            )
-        reading = cl.read(a, b, reg["looks"], level, stopped.get(claim["text"]) or at)
+        sides = claim_values(claim, configs, by_row, reg["metric"], fixed)
+        if sides is None:
+            continue
+        reading = cl.read(*sides, reg["looks"], level, stopped.get(claim["text"]) or at)
         if reading is not None:
             out[claim["text"]] = reading
     return out

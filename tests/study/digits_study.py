@@ -27,5 +27,8 @@ def get_study(npz: str) -> Study:
         common=common,
         budget=2,
         looks=(2,),
-        claims=(Claim("triplet beats margin", "triplet", "margin", effect=1.0, source="a test"),),
+        claims=(
+            Claim("triplet beats margin", "triplet", "margin", effect=1.0, source="a test"),
+            Claim("margin beats the pixels", "margin", "", family=False, fixed="pixels"),
+        ),
     )

@@ -112,6 +112,14 @@ def test_the_study_and_its_report_equal_a_computation_by_hand(undisturbed):
     assert "jdml study run" in page and "--slots=2" in page
     rows = {r["name"]: r for r in out["data"]["rows"]}
     assert rows["margin"]["tried"] == 2 and rows["triplet"]["tried"] == 2  # the same budget
+    # The claim against the fixed baseline: each seed of margin against the pixels' one value,
+    # evaluated once into baselines.json.
+    with open(os.path.join(undisturbed, "baselines.json")) as f:
+        pixels = json.load(f)["fixed"]["pixels"]["recall@1"]
+    d = np.array(r1["margin"]) - pixels
+    fixed = out["data"]["claims"][1]
+    assert fixed["mean"] == pytest.approx(d.mean(), abs=1e-12) and fixed["holm"] is None
+    assert fixed["compared"].endswith("- raw pixels")
     with open(os.path.join(undisturbed, "ledger.jsonl")) as f:
         events = [json.loads(line)["event"] for line in f]
     assert events == ["selected", "selected", "registered", "look"]
