@@ -5,6 +5,7 @@ real Ray cluster on loopback whose second node is killed with ``kill -9`` during
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import math
@@ -14,6 +15,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -178,22 +181,69 @@ def test_a_driver_killed_and_run_again_trains_no_run_twice(digits, undisturbed, 
         assert [t.state.name for t in s.trials if t.state.name != "PRUNED"] == ["COMPLETE"] * 2
 
 
-def test_the_study_on_a_ray_cluster_survives_a_node_killed_mid_run(digits, undisturbed, tmp_path):
-    # Loopback only, no usage statistics: nothing leaves the machine. (Ray reads the first at
-    # import: without it, a node's address is the host's, not 127.0.0.1.)
+@contextlib.contextmanager
+def _loopback(**head: Any) -> Iterator[tuple[Any, Any]]:
+    """A Ray cluster of one head node (``head``: its resources) on 127.0.0.1, without usage
+    statistics, so that nothing leaves the machine (Ray reads the first variable at import:
+    without it a node's address is the host's); yields ``(ray, cluster)`` and shuts both down."""
     loopback = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     saved = {k: os.environ.get(k) for k in (*loopback, *ONE_THREAD, "PYTHONPATH")}
     os.environ.update({**loopback, **ONE_THREAD, "PYTHONPATH": REPO})
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
+    cluster = Cluster(initialize_head=True, head_node_args={**head, "include_dashboard": False})
+    try:
+        yield ray, cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+PROBE = """import json, os, time
+begin = time.time()
+time.sleep(4)
+env = os.environ.get
+print(json.dumps({"gpu": env("CUDA_VISIBLE_DEVICES"), "begin": begin,
+                  "fraction": env("XLA_PYTHON_CLIENT_MEM_FRACTION"), "end": time.time()}))
+"""
+
+
+def test_ray_runs_share_one_gpu_by_their_fractions(tmp_path):
+    """``--gpus-per-run 0.25`` on a node that declares one GPU (Ray schedules by the declared
+    count, so no GPU is needed to test it): four runs at once on GPU 0, each given a quarter of
+    its memory; the fifth starts when one of them ends."""
+    from jdml.study.executor import RayTasks, Task, drive
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    with _loopback(num_cpus=4, num_gpus=1) as (_, cluster):
+        executor = RayTasks(cluster.address, slots=5, cpus=0.5, gpus=0.25)
+        tasks = iter(Task(f"probe {k}", "", str(tmp_path / f"probe{k}.log"),
+                          (sys.executable, str(probe))) for k in range(5))  # fmt: skip
+        assert drive(executor, lambda: next(tasks, None), echo=lambda line: None) == []
+        executor.close()
+    runs = []
+    for k in range(5):
+        with open(tmp_path / f"probe{k}.log") as f:
+            runs.append(json.loads(f.read().strip().splitlines()[-1]))
+    assert {r["gpu"] for r in runs} == {"0"} and {r["fraction"] for r in runs} == {"0.225"}
+    runs.sort(key=lambda r: r["begin"])
+    first_end = min(r["end"] for r in runs[:4])
+    assert max(r["begin"] for r in runs[:4]) < first_end  # four at once
+    assert runs[4]["begin"] >= first_end - 0.5  # the fifth waited for a quarter to free
+
+
+def test_the_study_on_a_ray_cluster_survives_a_node_killed_mid_run(digits, undisturbed, tmp_path):
     from jdml.study import executor as ex
     from jdml.study import runner, spec
 
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
-    )
-    try:
+    with _loopback(num_cpus=1) as (ray, cluster):
         second = cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         assert cluster.address.startswith("127.0.0.1:")
@@ -222,14 +272,6 @@ def test_the_study_on_a_ray_cluster_survives_a_node_killed_mid_run(digits, undis
         assert "Resuming from the checkpoint" in log  # ... from the killed run's checkpoint
         _assert_equal_but_deep_ranks(_records(directory), _records(undisturbed))
         executor.close()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _assert_equal_but_deep_ranks(found: dict, expected: dict) -> None:
