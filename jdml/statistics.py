@@ -69,14 +69,36 @@ class Paired:
         Raises:
           ValueError: for a bootstrap interval, which has no t-test behind it.
         """
-        if self.method != "t":
-            raise ValueError(f"a {self.method} interval has no t-test p-value")
-        if self.n < 2 or not (math.isfinite(self.low) and math.isfinite(self.high)):
+        se = self._standard_error()
+        if se is None:
             return 1.0
-        se = (self.high - self.low) / 2 / float(stats.t.ppf(0.5 + self.level / 2, self.n - 1))
         if se <= 0:
             return 1.0 if self.mean == 0 else 0.0
         return float(2 * stats.t.sf(abs(self.mean) / se, self.n - 1))
+
+    def p_below(self, bound: float) -> float:
+        """The one-sided p-value of the paired t-test of "the true difference is ``bound`` or
+        more" (small: the difference lies below ``bound``), recovered from the interval as
+        :meth:`p_value` is; 1 for one seed.
+
+        Raises:
+          ValueError: for a bootstrap interval, which has no t-test behind it.
+        """
+        se = self._standard_error()
+        if se is None:
+            return 1.0
+        if se <= 0:
+            return 0.0 if self.mean < bound else 1.0
+        return float(stats.t.cdf((self.mean - bound) / se, self.n - 1))
+
+    def _standard_error(self) -> float | None:
+        """The standard error behind a t interval (its half-width is ``t(level, n - 1)`` of
+        them), or None for one seed or an unbounded interval."""
+        if self.method != "t":
+            raise ValueError(f"a {self.method} interval has no t-test p-value")
+        if self.n < 2 or not (math.isfinite(self.low) and math.isfinite(self.high)):
+            return None
+        return (self.high - self.low) / 2 / float(stats.t.ppf(0.5 + self.level / 2, self.n - 1))
 
     def cell(self, scale: float = 100.0, digits: int = 2) -> str:
         """``+0.90 [-0.71, 2.51]`` (the mean and the interval, times ``scale``)."""

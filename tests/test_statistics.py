@@ -104,6 +104,23 @@ def test_the_p_value_is_the_paired_t_tests_at_any_level():
     assert paired([1.0, 1.0], [0.0, 0.0]).p_value() == 0.0  # no spread, a difference
 
 
+def test_the_one_sided_p_value_below_a_bound_is_the_t_tests():
+    """``Paired.p_below(bound)`` is scipy's one-sided paired t-test of a mean below ``bound``
+    (``ttest_1samp`` of the differences against ``bound``, ``alternative="less"``); the
+    interval lies wholly below ``bound`` exactly when it is under half the interval's error."""
+    rng = np.random.default_rng(4)
+    for n in (2, 5, 10):
+        a, b = rng.normal(0.4, 1.0, n), rng.normal(0.0, 1.0, n)
+        for bound in (-1.0, 0.0, 0.4, 2.5):
+            want = stats.ttest_1samp(a - b, bound, alternative="less").pvalue
+            for level in (0.95, pocock_level(2)):
+                d = paired(a, b, level)
+                assert d.p_below(bound) == pytest.approx(want, rel=1e-9)
+                assert (d.high < bound) == (d.p_below(bound) < (1 - level) / 2)
+    assert paired([1.0], [0.0]).p_below(5.0) == 1.0
+    assert paired([1.0, 1.0], [0.0, 0.0]).p_below(2.0) == 0.0  # no spread, below the bound
+
+
 @pytest.mark.parametrize(
     "p_values, alpha, rejected",
     [

@@ -7,6 +7,6 @@ on validation, trains the seeds and evaluates each on the test classes once
 (:mod:`jdml.study.executor`); the report reads the records only (:mod:`jdml.study.report`).
 """
 
-from jdml.study.spec import Choice, Claim, Float, Folds, Holdout, Int, Row, Study
+from jdml.study.spec import Choice, Claim, Effect, Float, Folds, Holdout, Int, Row, Study
 
-__all__ = ["Choice", "Claim", "Float", "Folds", "Holdout", "Int", "Row", "Study"]
+__all__ = ["Choice", "Claim", "Effect", "Float", "Folds", "Holdout", "Int", "Row", "Study"]

@@ -160,7 +160,7 @@ def claim_entries(
     labels = {r["name"]: r["label"] for r in study["rows"]}
     out = []
     for claim in reg["claims"]:
-        claim = {"fixed": "", **claim}
+        claim = {"fixed": "", **claim, **_smallest(claim)}
         reading = readings.get(claim["text"])
         entry: dict[str, Any] = {**claim, "compared": _compared(claim, labels, configs, fixed)}
         if reading is None:
@@ -179,7 +179,8 @@ def claim_entries(
             where=reading.where(len(reg["looks"])),
             verdict=d.verdict(),
             holm=corrected.get(claim["text"]),
-            against_paper=against_paper(d, claim["effect"]),
+            # An interim reading decides nothing, against the paper's effect neither.
+            against_paper="- (interim)" if reading.interim else against_paper(d, claim["effect"]),
             differences=[100 * (a[s] - b[s]) for s in _seeds_of(reading, a, b)],
             bootstrap=None
             if boot is None
@@ -192,7 +193,40 @@ def claim_entries(
             },
         )
         out.append(entry)
+    against_papers_holm(out, level)
     return out
+
+
+def _smallest(claim: Mapping[str, Any]) -> dict[str, Any]:
+    """A registered claim's effects (``effects``, or its one ``effect``), and the smallest as
+    its ``effect`` and ``source``: the one the claim is read against."""
+    printed = list(claim.get("effects") or [])
+    if not printed and claim.get("effect") is not None:
+        printed = [{"value": claim["effect"], "source": claim.get("source", "")}]
+    if not printed:
+        return {"effects": [], "effect": None}
+    low = min(printed, key=lambda e: e["value"])
+    return {"effects": printed, "effect": low["value"], "source": low["source"]}
+
+
+def against_papers_holm(entries: list[dict[str, Any]], level: float) -> None:
+    """The readings against the papers' effects under Holm's correction across them
+    (``against_paper_holm``; ``against_papers`` counts them): each claim read at a look, with
+    an effect, tests "its true difference is its smallest effect or more" one-sided
+    (:meth:`jdml.statistics.Paired.p_below`) at the error the interval-below reading has alone,
+    half of ``1 - level``; a claim Holm rejects is **smaller than reported**, any other **not
+    below it**."""
+    from jdml.statistics import holm
+
+    tested = [e for e in entries if "mean" in e and e["look"] and e["effect"] is not None
+              and e["seeds"] >= 2]  # fmt: skip
+    for e in entries:
+        e["against_papers"] = len(tested)
+    if not tested:
+        return
+    p_values = [tables.difference(e).p_below(e["effect"] / 100) for e in tested]
+    for e, flag in zip(tested, holm(p_values, (1 - level) / 2), strict=True):
+        e["against_paper_holm"] = "smaller than reported" if flag else "not below it"
 
 
 def _rows(study: dict, by_row: dict, directory: str) -> list[dict[str, Any]]:

@@ -129,6 +129,16 @@ class Folds:
 
 
 @dataclasses.dataclass(frozen=True)
+class Effect:
+    """A gain the paper prints for a claim's comparison: ``value`` in metric points (negative
+    where the paper's own row is below its baseline) and ``source``, where it is printed
+    (table, dataset, backbone, loss, setting)."""
+
+    value: float
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Claim:
     """``row`` beats ``base`` in the study's metric on the test classes.
 
@@ -139,6 +149,9 @@ class Claim:
         ``eval.combinations[0]``, or a cohort's ensemble) instead of the main head.
       effect: the paper's effect in metric points (e.g. 0.9 for +0.9 Recall@1), or None.
       source: where the paper prints it.
+      effects: every effect the paper prints for this comparison (:class:`Effect`: each
+        dataset, backbone, loss, setting), instead of ``effect`` and ``source``; the claim is
+        read against the smallest of them.
       paper: the paper and table the claim is from, e.g. ``"DiVA, Tab. 2"``: the report
         groups the claims by the part before the first comma (``"DiVA"``); a paper ending in
         ``"(control)"`` marks a comparison the study adds to the paper's.
@@ -158,6 +171,13 @@ class Claim:
     paper: str = ""
     family: bool = True
     fixed: str = ""
+    effects: tuple[Effect, ...] = ()
+
+    def printed(self) -> tuple[Effect, ...]:
+        """Every effect the claim declares (``effect`` alone: one; none: empty)."""
+        if self.effects:
+            return tuple(self.effects)
+        return () if self.effect is None else (Effect(self.effect, self.source),)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,6 +319,17 @@ def check(study: Study) -> None:
             raise ConfigError(f"claim {claim.text!r} is declared twice; give each its own text")
         if claim.effect is not None and not math.isfinite(claim.effect):
             raise ConfigError(f"claim {claim.text!r}: effect must be a finite number or None")
+        if claim.effects and (claim.effect is not None or claim.source):
+            raise ConfigError(
+                f"claim {claim.text!r} gives both effect/source and effects; give every "
+                "effect in effects=(Effect(value, source), ...)"
+            )
+        for e in claim.effects:
+            if not isinstance(e, Effect) or not math.isfinite(e.value) or not e.source:
+                raise ConfigError(
+                    f"claim {claim.text!r}: effects holds {e!r}; give Effect(value, source) with "
+                    "a finite value in points and where the paper prints it"
+                )
 
 
 def _check_fixed(claim: Claim) -> None:
@@ -477,8 +508,14 @@ def digest(payload: Any) -> str:
 def registration(study: Study) -> dict[str, Any]:
     """What the study pre-registers: the claims (with their family membership and the
     papers' effects), the looks, the design's error, the metric and the stopping rule."""
+    claims = []
+    for c in study.claims:
+        declared = dataclasses.asdict(c)
+        if not declared["effects"]:  # a study declared before effects existed keeps its digest
+            del declared["effects"]
+        claims.append(declared)
     return {
-        "claims": [dataclasses.asdict(c) for c in study.claims],
+        "claims": claims,
         "looks": list(study.looks),
         "alpha": study.alpha,
         "metric": study.metric,

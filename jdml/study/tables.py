@@ -49,9 +49,19 @@ def where(c: Entry) -> str:
 
 
 def _paper_effect(c: Entry) -> str:
+    """The smallest effect the paper prints, where, and of how many."""
     if c["effect"] is None:
         return "-"
-    return f"{c['effect']:+.2f}" + (f" ({c['source']})" if c["source"] else "")
+    where = [c["source"]] if c["source"] else []
+    if len(c.get("effects") or ()) > 1:
+        where.append(f"smallest of {len(c['effects'])}")
+    return f"{c['effect']:+.2f}" + (f" ({'; '.join(where)})" if where else "")
+
+
+def against(c: Entry) -> str:
+    """A claim's reading against its paper's effect: under Holm's correction across the
+    readings where it has one (:func:`jdml.study.report.against_papers_holm`), else its own."""
+    return c.get("against_paper_holm") or c["against_paper"]
 
 
 def _holm_cell(c: Entry) -> str:
@@ -73,10 +83,13 @@ def claims_table(claims: Sequence[Entry], title: str, metric: str) -> str:
     """The claims table (claims without a reading yet have a row of dashes)."""
     family = sum(1 for c in claims if c.get("holm"))
     boot = any(c.get("bootstrap") for c in claims)
+    tested = max((c.get("against_papers", 0) for c in claims), default=0)
+    corrected = f" (Holm across {tested})" if tested else ""
     header = (
         f"| claim, {title} | says | rows compared | seeds | Δ {metric} [CI] | CI level, look "
         f"| verdict | Holm verdict ({family} claims) | paper's effect (smallest) "
-        "| against the paper's effect |" + (" bootstrap over seeds and classes |" if boot else "")
+        f"| against the paper's effect{corrected} |"
+        + (" bootstrap over seeds and classes |" if boot else "")
     )
     lines = [header, "|---" * (10 + boot) + "|"]
     for c in claims:
@@ -85,7 +98,7 @@ def claims_table(claims: Sequence[Entry], title: str, metric: str) -> str:
             cells += ["0", "-", "no seeds yet", "-", "-", _paper_effect(c), "-"]
         else:
             cells += [str(c["seeds"]), difference(c).cell(), c["where"], f"**{c['verdict']}**"]
-            cells += [_holm_cell(c), _paper_effect(c), c["against_paper"]]
+            cells += [_holm_cell(c), _paper_effect(c), against(c)]
         if boot:
             cells.append(_bootstrap_cell(c))
         lines.append("| " + " | ".join(cells) + " |")
@@ -110,14 +123,21 @@ def holm_sentence(claims: Sequence[Entry]) -> str:
 
 
 def paper_sentence(claims: Sequence[Entry]) -> str:
-    """How many claims with a paper effect are smaller than reported, and which."""
-    with_effect = [c for c in read(claims) if c["effect"] is not None]
-    smaller = [_named(c) for c in with_effect if c["against_paper"] == "smaller than reported"]
-    return (
-        f"{len(smaller)} of the {len(with_effect)} claims with a paper effect are smaller than "
-        "reported (their interval lies wholly below the smallest effect the paper prints)"
-        + (f": {'; '.join(smaller)}.\n" if smaller else ".\n")
+    """How many claims with a paper effect are smaller than reported under Holm's correction
+    across those readings, which, and what the correction changes."""
+    tested = [c for c in read(claims) if c.get("against_paper_holm")]
+    smaller = [_named(c) for c in tested if c["against_paper_holm"] == "smaller than reported"]
+    changed = [f"{_named(c)} ({c['against_paper']} -> {c['against_paper_holm']})"
+               for c in tested if c["against_paper"] != c["against_paper_holm"]]  # fmt: skip
+    text = (
+        f"{len(smaller)} of the {len(tested)} claims with a paper effect are smaller than "
+        "reported (the one-sided test of their difference below the smallest effect the paper "
+        f"prints rejects, under Holm's correction across the {len(tested)})"
+        + (f": {'; '.join(smaller)}." if smaller else ".")
     )
+    if changed:
+        text += f" The correction changes {len(changed)} reading(s): {'; '.join(changed)}."
+    return text + "\n"
 
 
 def readings(claims: Sequence[Entry]) -> str:
@@ -143,8 +163,10 @@ def readings(claims: Sequence[Entry]) -> str:
             if c.get("holm") and c["holm"] != c["verdict"]:
                 line += f", **{c['holm']}** under Holm's correction"
             if c["effect"] is not None:
-                smaller += c["against_paper"] == "smaller than reported"
-                line += f"; the paper's effect {_paper_effect(c)}: {c['against_paper']}"
+                smaller += against(c) == "smaller than reported"
+                line += f"; the paper's effect {_paper_effect(c)}: {against(c)}"
+                if against(c) != c["against_paper"]:
+                    line += f" ({c['against_paper']} before Holm's correction)"
             lines.append(line + ".")
         said = ", ".join(f"{k} {v}" for v, k in sorted((v, k) for k, v in counts.items()))
         head = f"**{paper}** ({len(lines)} claims: {said}"

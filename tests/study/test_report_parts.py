@@ -5,6 +5,7 @@ plateau and the class bootstrap; the fixed baselines themselves, and the emoji s
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -14,7 +15,7 @@ import pytest
 from scipy import stats
 
 from jdml.statistics import false_verdict_rate, seeds_to_resolve
-from jdml.study import Claim, Float, Row, Study, ledger, spec
+from jdml.study import Claim, Float, Row, Study, baselines, ledger, spec
 from jdml.study import records as rec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -187,3 +188,74 @@ def test_the_emoji_study_declares_the_rows_and_claims_of_its_records():
         concat[row.name] = cl.embedding_name(flatten_config(c.to_dict()), True)
     assert concat["diva"] == "concat:1,1,1,1" and concat["diva-D"] is None
     assert concat["sharing-2class"] == "concat:1,1" and concat["dm2-3-md"] == "concat:1,1,1"
+
+
+def _two_rows(d: str, claims: tuple, a: list[float], b: list[float]) -> None:
+    """A study folder of rows a and b, one look of their seeds, the claims registered."""
+    study = Study(
+        name="effects",
+        rows=tuple(Row(n, "revisiting", space={"optim.lr": Float(1e-4, 1e-2)}) for n in "ab"),
+        data={"data.name": "npz", "data.path": "x.npz"},
+        looks=(len(a),),
+        claims=claims,
+    )
+    os.makedirs(d)
+    with open(os.path.join(d, "study.json"), "w") as f:
+        json.dump(spec.describe(study, {n: {"cohort.size": 1} for n in "ab"}), f)
+    ledger.freeze(d, spec.registration(study))
+    for s in range(len(a)):
+        rec.write_once(rec.seed_record_path(d, "a", s), _record("a", s, a[s], 0.0))
+        rec.write_once(rec.seed_record_path(d, "b", s), _record("b", s, b[s], 0.0))
+
+
+def test_a_claim_is_smaller_than_reported_only_below_every_effect_under_holm(tmp_path):
+    """Each claim is read against the smallest effect its paper prints; the readings are
+    corrected together (Holm's step-down on the one-sided t-tests below those effects, at
+    half the looks' error): computed here with scipy, and a claim with one effect inside its
+    interval is never "smaller than reported"."""
+    from jdml.statistics import holm
+    from jdml.study import Effect
+    from jdml.study.report import part, report
+
+    d = str(tmp_path / "study")
+    a, b = [0.620, 0.623, 0.618, 0.621], [0.600, 0.601, 0.600, 0.599]
+    claims = (
+        Claim("far below", "a", "b", effects=(Effect(6.0, "T1, X"), Effect(5.0, "T2, Y"))),
+        Claim("one inside", "a", "b", effects=(Effect(5.0, "T1, X"), Effect(2.1, "T3, Z"))),
+        Claim("near", "a", "b", effect=2.6, source="T4"),
+    )
+    _two_rows(d, claims, a, b)
+    diffs = 100 * (np.array(a) - np.array(b))
+    _, low, high = _interval(diffs, 0.95)
+    assert low < 2.1 < high  # the second claim's smallest effect lies inside the interval
+    p = [stats.ttest_1samp(diffs, e, alternative="less").pvalue for e in (5.0, 2.1, 2.6)]
+    want = ["smaller than reported" if f else "not below it" for f in holm(p, 0.025)]
+    data = report(d)["data"]
+    got = {c["text"]: c for c in data["claims"]}
+    assert [got[c.text]["against_paper_holm"] for c in claims] == want
+    assert want[0] == "smaller than reported" and want[1] == "not below it"
+    assert got["far below"]["effect"] == 5.0 and got["far below"]["source"] == "T2, Y"
+    for c in data["claims"]:  # the rule, whatever the numbers
+        if c["against_paper_holm"] == "smaller than reported":
+            assert all(e["value"] > 100 * c["high"] for e in c["effects"]), c["text"]
+    table = part(d, "claims")
+    assert "| against the paper's effect (Holm across 3) |" in table.splitlines()[0]
+    assert "+5.00 (T2, Y; smallest of 2)" in table
+
+
+def test_no_emoji_claim_is_smaller_than_an_effect_inside_its_interval():
+    """Over every committed emoji study folder: a claim read "smaller than reported" has every
+    effect its paper prints above its interval; an interim reading has no such verdict."""
+    from jdml.study.report import claim_entries, load
+
+    for folder in sorted(glob.glob(os.path.join(ROOT, "experiments", "results", "emoji*"))):
+        study = load(folder)
+        entries = claim_entries(study, rec.seed_records(folder), folder, baselines.read(folder))
+        for c in entries:
+            if "mean" not in c:
+                continue
+            if c["look"] == 0:
+                assert c["against_paper"] in ("- (interim)", "-") and "against_paper_holm" not in c
+            verdicts = {c["against_paper"], c.get("against_paper_holm")}
+            if "smaller than reported" in verdicts:
+                assert all(e["value"] > 100 * c["high"] for e in c["effects"]), (folder, c["text"])
