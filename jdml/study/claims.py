@@ -112,20 +112,31 @@ def read(
     return Reading(paired([a[s] for s in seeds], [b[s] for s in seeds], INTERIM_LEVEL), 0)
 
 
+def paper_of(paper: str) -> str:
+    """The paper a claim's ``paper`` label names: its part before the first comma or
+    parenthesis (``"DiVA, Tab. 2"`` and ``"DiVA (control)"``: ``"DiVA"``)."""
+    return paper.split(",")[0].split(" (")[0].strip()
+
+
 def holm_verdicts(
-    readings: Mapping[str, Reading], family: set[str], level: float
+    readings: Mapping[str, Reading],
+    family: set[str],
+    level: float,
+    groups: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The verdict of each claim of ``family`` that has a reading at a look, under Holm's
-    correction across them at the error ``1 - level``: a rejected claim keeps the sign of its
+    correction at the error ``1 - level``: across the whole family, or within each group of
+    it (``groups``: claim -> its group, e.g. its paper). A rejected claim keeps the sign of its
     mean ("reproduces" / "does not reproduce"); any other is "not resolved"."""
     members = [k for k in readings if k in family and not readings[k].interim]
-    if not members:
-        return {}
-    flags = holm([readings[k].difference.p_value() for k in members], 1 - level)
     out = {}
-    for key, flag in zip(members, flags, strict=True):
-        mean = readings[key].difference.mean
-        out[key] = ("reproduces" if mean > 0 else "does not reproduce") if flag else "not resolved"
+    for group in dict.fromkeys((groups or {}).get(k, "") for k in members):
+        part = [k for k in members if (groups or {}).get(k, "") == group]
+        flags = holm([readings[k].difference.p_value() for k in part], 1 - level)
+        for key, flag in zip(part, flags, strict=True):
+            mean = readings[key].difference.mean
+            verdict = "reproduces" if mean > 0 else "does not reproduce"
+            out[key] = verdict if flag else "not resolved"
     return out
 
 
@@ -143,6 +154,7 @@ def decide(
     look: int,
     looks: Sequence[int],
     level: float,
+    groups: Mapping[str, str] | None = None,
 ) -> tuple[list[str], list[str]]:
     """The stopping rule at the end of ``look`` (1-based).
 
@@ -154,12 +166,14 @@ def decide(
       look: the look that has just ended.
       looks: the seeds of every look.
       level: the looks' interval level.
+      groups: Holm's correction within each group (claim -> group) rather than across the
+        whole family.
 
     Returns:
       The claims that stop at ``look`` and those that go on to the next, in the order of
       ``readings``; at the last look every claim still going stops.
     """
-    corrected = holm_verdicts(readings, family, level)
+    corrected = holm_verdicts(readings, family, level, groups)
     stop, go_on = [], []
     for key, reading in readings.items():
         if key in stopped:

@@ -42,6 +42,7 @@ from jdml.study.runner import (
     candidate_score,
     claim_readings,
     claim_values,
+    family_groups,
     selections,
     stop_looks,
 )
@@ -156,7 +157,10 @@ def claim_entries(
     readings = claim_readings(reg, configs, by_row, stop_looks(directory), fixed=fixed)
     family = {c["text"] for c in reg["claims"] if c["family"]}
     level = cl.look_level(reg["looks"], reg["alpha"])
-    corrected = cl.holm_verdicts(readings, family, level)
+    record = reg.get("family_by", "table")
+    other = "paper" if record == "table" else "table"
+    corrected = cl.holm_verdicts(readings, family, level, family_groups(reg))
+    beside = cl.holm_verdicts(readings, family, level, family_groups(reg, other))
     labels = {r["name"]: r["label"] for r in study["rows"]}
     out = []
     for claim in reg["claims"]:
@@ -179,6 +183,8 @@ def claim_entries(
             where=reading.where(len(reg["looks"])),
             verdict=d.verdict(),
             holm=corrected.get(claim["text"]),
+            holm_other=beside.get(claim["text"]),
+            family_by=record,
             # An interim reading decides nothing, against the paper's effect neither.
             against_paper="- (interim)" if reading.interim else against_paper(d, claim["effect"]),
             differences=[100 * (a[s] - b[s]) for s in _seeds_of(reading, a, b)],

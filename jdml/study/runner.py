@@ -342,6 +342,14 @@ def stop_looks(directory: str) -> dict[str, int]:
     return out
 
 
+def family_groups(reg: Mapping[str, Any], by: str | None = None) -> dict[str, str] | None:
+    """claim text -> its paper, when Holm's correction runs within each paper (``by``, default
+    the registration's family of record); None across the whole family."""
+    if (by or reg.get("family_by", "table")) != "paper":
+        return None
+    return {c["text"]: cl.paper_of(c["paper"]) for c in reg["claims"]}
+
+
 def claim_values(
     claim: Mapping[str, Any],
     configs: Mapping[str, Mapping[str, Any]],
@@ -417,7 +425,8 @@ def _look(ctx: _Context, look: int, rows: list[Row], selected: dict) -> list[str
         )
     family = {c.text for c in study.claims if c.family}
     level = cl.look_level(study.looks, study.alpha)
-    stop, go_on = cl.decide(readings, family, stopped, look, study.looks, level)
+    groups = family_groups(reg)
+    stop, go_on = cl.decide(readings, family, stopped, look, study.looks, level, groups)
     ledger.append(ctx.directory, {"event": "look", "look": look, "stop": stop, "go_on": go_on})
     ctx.echo(f"look {look}: {len(stop)} claim(s) stop, {len(go_on)} go on")
     return go_on

@@ -201,6 +201,10 @@ class Study:
         alpha)``, and Holm's correction keeps the family's at ``1 -`` that level.
       metric: the test metric the claims read (one of ``eval.metrics``).
       metrics: the metrics every evaluation computes.
+      family_by: the family of record of Holm's correction: ``"table"``, every claim of the
+        family at once, or ``"paper"``, each paper's claims apart (:func:`jdml.study.claims.
+        paper_of`); the report shows the other beside it, and the stopping rule reads the one
+        of record.
       sampler: Optuna's sampler: ``"tpe"`` (the default: random search for its first 10
         candidates, then Tree-structured Parzen Estimators), ``"random"`` or ``"grid"`` (the
         combinations of :class:`Choice` spaces, in a seeded order; at least ``budget`` of
@@ -225,6 +229,7 @@ class Study:
     metrics: tuple[str, ...] = ("recall@1", "map@r", "nmi")
     sampler: str = "tpe"
     search_seed: int = 0
+    family_by: str = "table"
 
     def row(self, name: str) -> Row:
         for row in self.rows:
@@ -241,6 +246,7 @@ class Study:
 
 
 SAMPLERS = ("random", "tpe", "grid")
+FAMILIES = ("table", "paper")
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_+.")
 
 
@@ -295,6 +301,11 @@ def check(study: Study) -> None:
         )
     if not 0.0 < study.alpha < 0.5:
         raise ConfigError(f"alpha={study.alpha!r}: give the design's error in (0, 0.5), e.g. 0.05")
+    if study.family_by not in FAMILIES:
+        raise ConfigError(
+            f"family_by={study.family_by!r}; choose one of: {', '.join(FAMILIES)} (Holm's "
+            "correction across every claim of the family, or within each paper's)"
+        )
     if study.sampler not in SAMPLERS:
         raise ConfigError(f"sampler={study.sampler!r}; choose one of: {', '.join(SAMPLERS)}")
     if study.metric not in study.metrics:
@@ -514,13 +525,16 @@ def registration(study: Study) -> dict[str, Any]:
         if not declared["effects"]:  # a study declared before effects existed keeps its digest
             del declared["effects"]
         claims.append(declared)
-    return {
+    declared = {
         "claims": claims,
         "looks": list(study.looks),
         "alpha": study.alpha,
         "metric": study.metric,
         "stopping_rule": STOPPING_RULE,
     }
+    if study.family_by != "table":  # a study declared before the choice keeps its digest
+        declared["family_by"] = study.family_by
+    return declared
 
 
 def describe(study: Study, configs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

@@ -37,8 +37,10 @@ def read(claims: Sequence[Entry]) -> list[Entry]:
 
 
 def group(c: Entry) -> str:
-    """The paper a claim belongs to: its ``paper`` up to the first comma or parenthesis."""
-    return c["paper"].split(",")[0].split(" (")[0].strip() or "Claims"
+    """The paper a claim belongs to (:func:`jdml.study.claims.paper_of`)."""
+    from jdml.study.claims import paper_of
+
+    return paper_of(c["paper"]) or "Claims"
 
 
 def where(c: Entry) -> str:
@@ -85,20 +87,27 @@ def claims_table(claims: Sequence[Entry], title: str, metric: str) -> str:
     boot = any(c.get("bootstrap") for c in claims)
     tested = max((c.get("against_papers", 0) for c in claims), default=0)
     corrected = f" (Holm across {tested})" if tested else ""
+    record = next((c["family_by"] for c in claims if c.get("family_by")), "table")
+    beside = len({group(c) for c in claims if c.get("holm")}) > 1  # the other family differs
+    other = "Holm, per paper" if record == "table" else "Holm, whole table"
+    holm = "Holm verdict" + (", per paper" if record == "paper" else "")
     header = (
         f"| claim, {title} | says | rows compared | seeds | Δ {metric} [CI] | CI level, look "
-        f"| verdict | Holm verdict ({family} claims) | paper's effect (smallest) "
-        f"| against the paper's effect{corrected} |"
+        f"| verdict | {holm} ({family} claims) |" + (f" {other} |" if beside else "")
+        + f" paper's effect (smallest) | against the paper's effect{corrected} |"
         + (" bootstrap over seeds and classes |" if boot else "")
-    )
-    lines = [header, "|---" * (10 + boot) + "|"]
+    )  # fmt: skip
+    lines = [header, "|---" * (10 + beside + boot) + "|"]
     for c in claims:
         cells = [c["paper"] or "-", c["text"], c["compared"]]
         if "mean" not in c:
-            cells += ["0", "-", "no seeds yet", "-", "-", _paper_effect(c), "-"]
+            cells += ["0", "-", "no seeds yet", "-", "-", *["-"] * beside, _paper_effect(c), "-"]
         else:
             cells += [str(c["seeds"]), difference(c).cell(), c["where"], f"**{c['verdict']}**"]
-            cells += [_holm_cell(c), _paper_effect(c), against(c)]
+            cells += [_holm_cell(c)]
+            if beside:
+                cells.append(f"**{c['holm_other']}**" if c.get("holm_other") else "-")
+            cells += [_paper_effect(c), against(c)]
         if boot:
             cells.append(_bootstrap_cell(c))
         lines.append("| " + " | ".join(cells) + " |")
@@ -110,16 +119,23 @@ def _named(c: Entry) -> str:
 
 
 def holm_sentence(claims: Sequence[Entry]) -> str:
-    """Which verdicts Holm's correction across the family changes."""
+    """Which verdicts Holm's correction across the family of record changes (and, where the
+    claims come from several papers, which the other family would)."""
     family = [c for c in read(claims) if c.get("holm")]
+    record = next((c["family_by"] for c in family), "table")
+    how = {"table": f"across the {len(family)} claims",
+           "paper": f"within each paper's claims ({len(family)} in all)"}  # fmt: skip
     changed = [f"{_named(c)} ({c['verdict']} -> {c['holm']})"
                for c in family if c["holm"] != c["verdict"]]  # fmt: skip
-    if not changed:
-        return f"Holm's correction across the {len(family)} claims changes no verdict.\n"
-    return (
-        f"Holm's correction across the {len(family)} claims changes {len(changed)} verdict(s): "
-        f"{'; '.join(changed)}.\n"
-    )
+    text = f"Holm's correction {how[record]} (the family of record) changes "
+    text += f"{len(changed)} verdict(s): {'; '.join(changed)}." if changed else "no verdict."
+    if len({group(c) for c in family}) > 1:
+        other = "paper" if record == "table" else "table"
+        moved = [f"{_named(c)} ({c['verdict']} -> {c['holm_other']})"
+                 for c in family if c["holm_other"] != c["verdict"]]  # fmt: skip
+        text += f" {how[other][0].upper()}{how[other][1:]} instead, it would change "
+        text += f"{len(moved)}: {'; '.join(moved)}." if moved else "none."
+    return text + "\n"
 
 
 def paper_sentence(claims: Sequence[Entry]) -> str:

@@ -99,9 +99,10 @@ def test_a_claim_against_a_fixed_baseline_and_the_claims_table(folder):
     mean, low, high = _interval(100 * (np.array(A) - np.array(B)), 0.95)
     pair = lines[3].split(" | ")
     assert pair[2] == "A - B (one head)" and pair[4] == f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]"
-    assert pair[8] == "+9.00 (P Tab. 2, X)"
-    assert pair[9] == ("smaller than reported" if high < 9.0 else "not below it")
-    assert "Holm verdict (2 claims)" in lines[0]  # the fixed claim is outside the family
+    assert pair[9] == "+9.00 (P Tab. 2, X)"
+    assert pair[10] == ("smaller than reported" if high < 9.0 else "not below it")
+    # The fixed claim is outside the family; two papers: Holm within each shown beside.
+    assert "| Holm verdict (2 claims) | Holm, per paper |" in lines[0]
     assert "claims with a paper effect are smaller than reported" in text
 
 

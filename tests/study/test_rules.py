@@ -151,6 +151,27 @@ def test_a_claim_clearing_its_own_interval_but_not_holms_goes_on():
     assert stop == ["A", "C"] and go_on == []
 
 
+def test_holm_within_each_paper_is_the_family_of_record_when_declared():
+    """``family_by="paper"``: Holm's correction runs within each paper's claims (A alone in
+    its paper clears its own bound, alpha), where across the whole family its bound is
+    alpha / 3; the stopping rule reads the family of record, and the registration says it."""
+    looks, level = (5, 10), pocock_level(2)
+    readings = {}
+    for name, p in (("A", 0.02), ("B", 0.5), ("C", 0.6)):
+        readings[name] = cl.read(*_values_with_p(p, 5, level), looks, level, None)
+    papers = {"A": "X", "B": "Y", "C": "Y"}
+    assert cl.holm_verdicts(readings, {"A", "B", "C"}, level)["A"] == "not resolved"
+    assert cl.holm_verdicts(readings, {"A", "B", "C"}, level, papers)["A"] == "reproduces"
+    assert cl.decide(readings, {"A", "B", "C"}, {}, 1, looks, level, papers) == (["A"], ["B", "C"])
+    assert cl.paper_of("DiVA, Tab. 2") == cl.paper_of("DiVA (control)") == "DiVA"
+    study = _study(family_by="paper")
+    spec.check(study)
+    assert spec.registration(study)["family_by"] == "paper"
+    assert "family_by" not in spec.registration(_study())  # the default keeps old digests
+    with pytest.raises(ConfigError, match="choose one of: table, paper"):
+        spec.check(_study(family_by="claims"))
+
+
 def test_a_claim_is_read_at_the_look_it_stopped_at():
     looks, level = (3, 6), pocock_level(2)
     a = {s: 0.6 + 0.01 * s for s in range(6)}
