@@ -14,6 +14,7 @@ and, on the run directories that training writes:
 * ``jdml data check PATH``: unreadable files, single-image classes and copies across classes;
 * ``jdml study run STUDY --dir DIR``: a fair comparison of methods (tune on validation with
   one budget for every row, seeds over Pocock's looks, test once), resumable;
+* ``jdml study register STUDY --dir DIR``: pre-register the claims now, training nothing.
 * ``jdml study report DIR``: the claims (paired intervals, Holm), the rows and the amendments.
 """
 
@@ -277,6 +278,13 @@ def _study_run(args: argparse.Namespace) -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _study_register(args: argparse.Namespace) -> None:
+    from jdml.study import runner, spec
+
+    study = spec.load(args.study)
+    runner.register(study, args.dir, echo=lambda s: print(s, flush=True))
+
+
 def _study_report(args: argparse.Namespace) -> None:
     from jdml.study.report import part, plot_claims, report
 
@@ -485,6 +493,17 @@ def parser() -> argparse.ArgumentParser:
         help="leave the command out of study.json (the report shows it by default)",
     )
     sr.set_defaults(func=_study_run)
+    rg = phases.add_parser(
+        "register",
+        help="pre-register the study's claims now (or record their change as an amendment), "
+        "training nothing",
+        description="Freezes the study's pre-registration (claims, family, the papers' effects, "
+        "looks, stopping rule) in DIR's ledger now, with how many test results exist; if one is "
+        "frozen and differs, records the change as an amendment. Nothing is trained.",
+    )
+    rg.add_argument("study", help="the study file (FILE or FILE:ARG)")
+    rg.add_argument("--dir", required=True, help="the study's folder")
+    rg.set_defaults(func=_study_register)
     rp = phases.add_parser("report", help="the claims, rows and amendments of a study folder")
     rp.add_argument("dir", help="a study folder written by jdml study run")
     rp.add_argument("--out", help="output folder (default DIR/report)")

@@ -56,15 +56,14 @@ def frozen(directory: str) -> dict[str, Any] | None:
     return found
 
 
-def freeze(directory: str, registration: dict[str, Any]) -> dict[str, Any]:
-    """Registers ``registration`` unless one is frozen already; returns the one in force."""
+def freeze(directory: str, registration: dict[str, Any], tests_seen: int = 0) -> dict[str, Any]:
+    """Registers ``registration`` unless one is frozen already (``tests_seen``: the test
+    results recorded by then, said when there are any); returns the one in force."""
     current = frozen(directory)
     if current is not None:
         return current
-    return append(
-        directory,
-        {"event": "registered", "sha256": digest(registration), "registration": registration},
-    )
+    event = {"event": "registered", "sha256": digest(registration), "registration": registration}
+    return append(directory, {**event, "tests_seen": tests_seen} if tests_seen else event)
 
 
 def amend_if_changed(

@@ -22,6 +22,7 @@ read back from the ledger. One driver runs a folder at a time (a lock in ``DIR``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -471,6 +472,106 @@ def _fixed_baselines(ctx: _Context, selected: dict[str, dict[str, Any]]) -> dict
     return dict(found)
 
 
+def _checked_configs(study: Study, directory: str) -> dict[str, dict[str, Any]]:
+    """Every row's flattened config, each checked before the folder is touched.
+
+    Raises:
+      StudyError: ``directory`` is a file.
+      ConfigError: a row's config is invalid, holds no validation classes out, or names data
+        that do not exist.
+    """
+    from jdml.config import flatten_config
+    from jdml.config.validation import validate
+
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise StudyError(
+            f"--dir {directory} is a file; give a folder for the study (new or its own)"
+        )
+    configs = {}
+    for row in study.rows:
+        c = seed_config(study, row, first_candidate(study, row), 0)
+        try:
+            validate(c)
+        except ConfigError as e:
+            raise ConfigError(f"row {row.name!r}: {e}") from None
+        _check_validation(row, c)
+        _check_data(row, c)
+        configs[row.name] = flatten_config(c.to_dict())
+    return configs
+
+
+@contextlib.contextmanager
+def _locked(directory: str) -> Iterator[None]:
+    """Holds the study folder (created) for this driver alone."""
+    from jdml.workdir import run_lock
+
+    os.makedirs(directory, exist_ok=True)
+    try:
+        lock = run_lock(directory)
+        lock.__enter__()
+    except WorkdirInUseError as e:
+        raise StudyError(
+            f"study folder {directory} is in use by another `jdml study run` ({e}); wait for it "
+            "or stop it, then run again"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _describe_and_amend(
+    study: Study, directory: str, configs: dict, command: str | None, echo: Echo
+) -> dict[str, Any] | None:
+    """Writes ``study.json`` (``command``: the command of the runs; None keeps the one there)
+    and records an amendment if the pre-registration in force
+    differs from the study's; returns the amendment, or None."""
+    payload = describe(study, configs)
+    payload["command"] = command
+    if command is None:  # a registration alone: the command that ran the runs stays
+        try:
+            with open(os.path.join(directory, "study.json")) as f:
+                payload["command"] = json.load(f).get("command", "")
+        except (OSError, ValueError):
+            payload["command"] = ""
+    atomic_write(os.path.join(directory, "study.json"), json.dumps(payload, indent=1) + "\n")
+    seen = sum(len(v) for v in rec.seed_records(directory).values())
+    amended = ledger.amend_if_changed(directory, registration(study), seen)
+    if amended:
+        echo(
+            f"amendment: the study's {', '.join(amended['changed'])} changed after "
+            f"{seen} test result(s); the report lists it"
+        )
+    return amended
+
+
+def register(study: Study, directory: str, *, echo: Echo = print) -> dict:
+    """Pre-registers ``study`` in ``directory`` now, training nothing: its registration is
+    frozen in the ledger (with the number of test results recorded by then), or, if one is
+    frozen already and differs, the change is recorded as an amendment. Declare claims and
+    effects this way before the runs whose test results they read.
+
+    Returns:
+      The ledger's event in force (``registered`` or ``amendment``).
+
+    Raises:
+      StudyError, ConfigError: as :func:`run`.
+    """
+    configs = _checked_configs(study, directory)
+    with _locked(directory):
+        amended = _describe_and_amend(study, directory, configs, None, echo)
+        if amended is not None:
+            return amended
+        seen = sum(len(v) for v in rec.seed_records(directory).values())
+        event = ledger.frozen(directory)
+        if event is None:
+            event = ledger.freeze(directory, registration(study), tests_seen=seen)
+            echo(f"registered: sha256 {event['sha256'][:12]}, {seen} test result(s) recorded")
+        else:
+            echo(f"the registration in force is unchanged (sha256 {event['sha256'][:12]})")
+        return event
+
+
 def run(
     study: Study,
     directory: str,
@@ -501,44 +602,9 @@ def run(
       storage: Optuna's storage URL (default the journal file in ``directory``).
       xla_cache: share XLA's compiled programs between the runs (``directory/xla_cache``).
     """
-    from jdml.config import flatten_config
-    from jdml.config.validation import validate
-    from jdml.workdir import run_lock
-
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise StudyError(
-            f"--dir {directory} is a file; give a folder for the study (new or its own)"
-        )
-    configs = {}
-    for row in study.rows:  # every row's config checked before the folder is made
-        c = seed_config(study, row, first_candidate(study, row), 0)
-        try:
-            validate(c)
-        except ConfigError as e:
-            raise ConfigError(f"row {row.name!r}: {e}") from None
-        _check_validation(row, c)
-        _check_data(row, c)
-        configs[row.name] = flatten_config(c.to_dict())
-    os.makedirs(directory, exist_ok=True)
-    try:
-        lock = run_lock(directory)
-        lock.__enter__()
-    except WorkdirInUseError as e:
-        raise StudyError(
-            f"study folder {directory} is in use by another `jdml study run` ({e}); wait for it "
-            "or stop it, then run again"
-        ) from None
-    try:
-        payload = describe(study, configs)
-        payload["command"] = command
-        atomic_write(os.path.join(directory, "study.json"), json.dumps(payload, indent=1) + "\n")
-        seen = sum(len(v) for v in rec.seed_records(directory).values())
-        amended = ledger.amend_if_changed(directory, registration(study), seen)
-        if amended:
-            echo(
-                f"amendment: the study's {', '.join(amended['changed'])} changed after "
-                f"{seen} test result(s); the report lists it"
-            )
+    configs = _checked_configs(study, directory)
+    with _locked(directory):
+        _describe_and_amend(study, directory, configs, command, echo)
         ctx = _Context(study, directory, executor, echo, rec.commit(), storage, xla_cache)
         start = time.perf_counter()
         selected = _tune(ctx)
@@ -569,5 +635,3 @@ def run(
             "seeds": {r: sorted(v) for r, v in by_row.items()},
             "failed": ctx.failed,
         }
-    finally:
-        lock.__exit__(None, None, None)

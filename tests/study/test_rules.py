@@ -189,6 +189,32 @@ def test_a_claim_is_read_at_the_look_it_stopped_at():
 # -- ledger and records --------------------------------------------------------------------------
 
 
+def test_register_freezes_the_claims_now_and_a_later_change_is_an_amendment(tmp_path):
+    """``jdml study register``: the registration frozen before any run (no test result yet);
+    the same study again changes nothing; a claim's effects declared after a test result are
+    an amendment naming the results seen; nothing is trained (no run folder)."""
+    from jdml.study import Effect
+    from jdml.study.runner import register
+    from tests.helpers import make_digits_npz
+    from tests.study.digits_study import get_study
+
+    d = str(tmp_path / "study")
+    study = get_study(make_digits_npz(str(tmp_path / "digits.npz")))
+    first = register(study, d, echo=lambda line: None)
+    assert first["event"] == "registered" and "tests_seen" not in first
+    assert register(study, d, echo=lambda line: None)["sha256"] == first["sha256"]
+    rec.write_once(rec.seed_record_path(d, "margin", 0), {"results": {"test": {}}})
+    effects = (Effect(1.0, "a test"), Effect(-0.5, "another"))
+    claim = dataclasses.replace(study.claims[0], effect=None, source="", effects=effects)
+    changed = dataclasses.replace(study, claims=(claim, *study.claims[1:]))
+    event = register(changed, d, echo=lambda line: None)
+    assert event["event"] == "amendment" and event["tests_seen"] == 1
+    assert event["changed"] == ["claims"] and ledger.frozen(d)["sha256"] == event["sha256"]
+    assert not os.path.exists(os.path.join(d, "runs"))
+    with open(os.path.join(d, "study.json")) as f:
+        assert json.load(f)["registration"]["claims"][0]["effects"][1]["value"] == -0.5
+
+
 def test_an_amendment_after_test_results_is_recorded_with_the_results_seen(tmp_path):
     d = str(tmp_path)
     first = spec.registration(_study())
