@@ -164,6 +164,15 @@ def seeds_to_resolve(
     raise ValueError(f"more than {most} seeds are needed")
 
 
+def std_upper_bound(std: float, n: int, level: float = 0.95) -> float:
+    """The one-sided upper confidence bound at ``level`` of a normal population's standard
+    deviation from a sample std ``std`` of ``n`` values (chi-square with ``n - 1`` degrees of
+    freedom): a planning value that does not take the observed spread as the true one."""
+    if n < 2 or std < 0 or not 0 < level < 1:
+        raise ValueError(f"need n >= 2, std >= 0 and 0 < level < 1, got {n}, {std}, {level}")
+    return std * math.sqrt((n - 1) / float(stats.chi2.ppf(1 - level, n - 1)))
+
+
 def two_way_bootstrap(
     differences: np.ndarray,
     classes: np.ndarray,

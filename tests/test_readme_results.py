@@ -13,6 +13,7 @@ whose records predate the record files. The claims, tuning and budget tables are
 
 from __future__ import annotations
 
+import csv
 import glob
 import math
 import os
@@ -175,8 +176,11 @@ def test_the_converted_folders_tell_how_the_emoji_study_was_run():
     assert selected["diva-D"]["shared_from"] == ["margin"]
     [registered] = [e for e in events if e["event"] == "registered"]
     assert registered["tests_seen"] == 180
+    # Every effect the papers print, declared after those results and before any new one.
+    [amended] = [e for e in events if e["event"] == "amendment"]
+    assert amended["tests_seen"] == 180 and amended["changed"] == ["claims"]
     study = spec.load(os.path.join(ROOT, "experiments", "emoji_study.py"))
-    assert registered["sha256"] == spec.digest(spec.registration(study))  # no amendment
+    assert ledger.frozen(V2)["sha256"] == spec.digest(spec.registration(study))
     looks = {e["look"]: e for e in events if e["event"] == "look"}
     assert "DaNCE's head adds to the discriminative one" in looks[1]["stop"]
     assert looks[2]["go_on"] == []
@@ -197,12 +201,17 @@ def test_a_claim_is_read_against_the_paper_effect():
                             (None, "-")):  # fmt: skip
         assert against_paper(around_zero, effect) == reading, effect
     assert against_paper(Paired(0.01, -math.inf, math.inf, 1), 5.0) == "-"
-    # Every claim with a paper effect says where it is printed; the controls have none.
+    # Every claim but the controls, the fixed baselines and rho-regularisation (whose values
+    # the text copy lacks) declares the effects its paper prints, each saying where; the file
+    # of effects names no claim the study does not have.
     study = spec.load(os.path.join(ROOT, "experiments", "emoji_study.py"))
     for claim in study.claims:
-        assert (claim.effect is None) == (not claim.source), claim.text
-        if "(control)" in claim.paper or claim.fixed:
-            assert claim.effect is None, claim.text
+        none = "(control)" in claim.paper or claim.fixed or claim.row == "R-margin"
+        assert bool(claim.printed()) != bool(none), claim.text
+        assert all(e.source for e in claim.printed()), claim.text
+    with open(os.path.join(ROOT, "experiments", "emoji_effects.csv")) as f:
+        named = {line["claim"] for line in csv.DictReader(f)}
+    assert named <= {c.text for c in study.claims} and len(named) == 13
 
 
 def test_update_claim_tables_replaces_a_stale_table_with_the_commands_output(tmp_path):

@@ -214,3 +214,17 @@ def test_two_way_bootstrap_edge_cases():
             two_way_bootstrap(bad, classes)
     with pytest.raises(ValueError, match="level"):
         two_way_bootstrap(same, classes, level=1.0)
+
+
+def test_the_stds_upper_bound_covers_the_true_std_at_its_level():
+    """``std_upper_bound``: the textbook value for ten values (sqrt(9 / 3.325) of the sample
+    std), and in simulation it lies above the true standard deviation 95 % of the time."""
+    from jdml.statistics import std_upper_bound
+
+    assert std_upper_bound(1.0, 10) == pytest.approx(math.sqrt(9 / 3.32511), rel=1e-4)
+    rng = np.random.default_rng(5)
+    samples = rng.normal(0.0, 2.0, (20_000, 5))
+    bounds = np.array([std_upper_bound(s, 5) for s in samples.std(axis=1, ddof=1)])
+    assert np.mean(bounds >= 2.0) == pytest.approx(0.95, abs=0.005)
+    with pytest.raises(ValueError, match="n >= 2"):
+        std_upper_bound(1.0, 1)

@@ -526,6 +526,17 @@ def _describe_and_amend(
     """Writes ``study.json`` (``command``: the command of the runs; None keeps the one there)
     and records an amendment if the pre-registration in force
     differs from the study's; returns the amendment, or None."""
+    from jdml.config import flatten_config
+
+    chosen = selections(directory)
+    configs = {  # a row with a selection is described with its selected values
+        name: flatten_config(
+            seed_config(study, study.row(name), chosen[name]["values"], 0).to_dict()
+        )
+        if name in chosen
+        else config
+        for name, config in configs.items()
+    }
     payload = describe(study, configs)
     payload["command"] = command
     if command is None:  # a registration alone: the command that ran the runs stays

@@ -192,21 +192,29 @@ def readings(claims: Sequence[Entry]) -> str:
 
 
 def seeds_needed(claims: Sequence[Entry], level: float, power: float = 0.8) -> str:
-    """For every claim not resolved that has a paper effect: the seeds one look at ``level``
-    would need to resolve a true difference of the paper's effect with probability ``power``,
-    taking the claim's observed per-seed std as the true one
-    (:func:`jdml.statistics.seeds_to_resolve`)."""
+    """For every claim not resolved whose paper's smallest effect is a gain: the seeds one look
+    at ``level`` would need to resolve a true difference of that effect with probability
+    ``power`` (:func:`jdml.statistics.seeds_to_resolve`), taking as the true per-seed std the
+    observed one (observed-power reasoning, optimistic) and its 95 % upper bound
+    (:func:`jdml.statistics.std_upper_bound`)."""
+    from jdml.statistics import std_upper_bound
+
     lines = [
         "| claim not resolved | seeds read | per-seed std | paper's effect | seeds to resolve it "
-        f"({100 * power:g} % power, {100 * level:.2f} %) |",
-        "|---|---|---|---|---|",
+        f"({100 * power:g} % power, {100 * level:.2f} %) | at the std's 95 % upper bound |",
+        "|---|---|---|---|---|---|",
     ]
     for c in read(claims):
-        if c["effect"] is None or c["verdict"] != "not resolved":
+        if c["effect"] is None or c["effect"] <= 0 or c["verdict"] != "not resolved":
             continue
         std = mean_std(c["differences"])[1]
+        if std <= 0:
+            continue
         n = seeds_to_resolve(c["effect"], std, level, power)
-        lines.append(f"| {_named(c)} | {c['seeds']} | {std:.2f} | {c['effect']:+.2f} | {n} |")
+        upper = seeds_to_resolve(c["effect"], std_upper_bound(std, c["seeds"]), level, power)
+        lines.append(
+            f"| {_named(c)} | {c['seeds']} | {std:.2f} | {c['effect']:+.2f} | {n} | {upper} |"
+        )
     return "\n".join(lines) + "\n"
 
 
