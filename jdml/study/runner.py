@@ -172,6 +172,11 @@ def _drive(ctx: _Context, next_task: Callable[[], Task | None], on_done: Callabl
 # -- phase 1: tuning ------------------------------------------------------------------------------
 
 
+def searched(event: dict[str, Any], study: Study) -> bool:
+    """Whether a row's ``selected`` event comes from a search with the study's budget."""
+    return study.budget == 1 or int(event.get("tried") or 0) >= study.budget
+
+
 def selections(directory: str) -> dict[str, dict[str, Any]]:
     """The rows' selected candidates, from the ledger (row -> its ``selected`` event)."""
     return {e["row"]: e for e in ledger.events(directory) if e.get("event") == "selected"}
@@ -193,7 +198,10 @@ def _tune(ctx: _Context) -> dict[str, dict[str, Any]]:
     """Phase 1; returns every row's selected candidate (row -> its values)."""
     study, directory = ctx.study, ctx.directory
     chosen = selections(directory)
-    todo = [r for r in study.rows if r.name not in chosen]
+    # A row not searched with the study's budget (its values its own or another row's, as
+    # records made before the study tool have them) is searched now; its selection then
+    # supersedes the earlier one (:func:`_supersede`).
+    todo = [r for r in study.rows if r.name not in chosen or not searched(chosen[r.name], study)]
     if study.budget == 1:
         for row in todo:
             event = {"event": "selected", "row": row.name, "values": first_candidate(study, row)}
@@ -334,6 +342,24 @@ def _seed_tasks(ctx: _Context, rows: list[Row], seeds: range, selected: dict) ->
                         settings=settings)  # fmt: skip
 
 
+def current_decision(directory: str, look: int) -> dict[str, Any] | None:
+    """The ledger's decision at the end of ``look`` if it still holds: made by this stopping
+    rule (not a record's earlier rule, ``rule``), after every record that was superseded, and
+    after the decisions of the looks before it; None: decide it (again)."""
+    events = ledger.events(directory)
+    at = {i: e for i, e in enumerate(events) if e.get("event") == "look" and e["look"] == look}
+    if not at:
+        return None
+    index, event = max(at.items())
+    if event.get("rule") is not None:
+        return None
+    superseded = [i for i, e in enumerate(events) if e.get("event") == "superseded"]
+    earlier = [i for i, e in enumerate(events) if e.get("event") == "look" and e["look"] < look]
+    if any(i > index for i in superseded + earlier):
+        return None
+    return event
+
+
 def stop_looks(directory: str) -> dict[str, int]:
     """claim text -> the look it stopped at, from the ledger."""
     out = {}
@@ -407,14 +433,14 @@ def _look(ctx: _Context, look: int, rows: list[Row], selected: dict) -> list[str
     pending = iter([first] if first else [])
     chained = (t for part in (pending, tasks) for t in part)
     _drive(ctx, lambda: next(chained, None), lambda done: None)
-    decided = ledger.look_decisions(ctx.directory).get(look)
+    decided = current_decision(ctx.directory, look)
     if decided is not None:
         return list(decided.get("go_on", []))
     from jdml.config import flatten_config
 
     configs = {r.name: flatten_config(build_config(study, r).to_dict()) for r in study.rows}
     by_row = rec.seed_records(ctx.directory)
-    stopped = stop_looks(ctx.directory)
+    stopped = {t: k for t, k in stop_looks(ctx.directory).items() if k < look}
     reg = registration(study)
     readings = claim_readings(reg, configs, by_row, stopped, at=look, fixed=ctx.fixed)
     going = [c.text for c in study.claims if c.text not in stopped]
@@ -434,6 +460,49 @@ def _look(ctx: _Context, look: int, rows: list[Row], selected: dict) -> list[str
 
 
 # -- the whole run -------------------------------------------------------------------------------
+
+
+def _trained_values(record: dict[str, Any], row: Row) -> dict[str, Any]:
+    """The values of ``row``'s space a seed record was trained with (JSON: lists)."""
+    settings = record.get("settings") or {}
+    return json.loads(json.dumps({k: settings[k] for k in row.space if k in settings}))
+
+
+def _supersede(ctx: _Context, selected: dict[str, dict[str, Any]]) -> None:
+    """Moves aside the seed records (and run folders) a row trained with values of an earlier
+    selection that a later one replaced (a search after values shared from another row), to
+    ``DIR/superseded/``, so that the row's seeds train again with its selection; a
+    ``superseded`` event in the ledger says which, and their looks are decided anew. Nothing is
+    deleted."""
+    events = [e for e in ledger.events(ctx.directory) if e.get("event") == "selected"]
+    rows = {r.name: r for r in ctx.study.rows}
+    for row_name, by_seed in rec.seed_records(ctx.directory).items():
+        if row_name not in selected or row_name not in rows:
+            continue
+        row = rows[row_name]
+        now = json.loads(json.dumps(selected[row_name]))
+        earlier = [e["values"] for e in events if e["row"] == row_name][:-1]
+        trained = {s: _trained_values(r, row) for s, r in by_seed.items()}
+        stale = sorted(s for s, v in trained.items() if v != now and v in earlier)
+        if not stale:
+            continue
+        for seed in stale:
+            for path in (rec.seed_record_path(ctx.directory, row_name, seed),
+                         rec.seed_run_dir(ctx.directory, row_name, seed)):  # fmt: skip
+                if os.path.exists(path):
+                    target = os.path.join(ctx.directory, "superseded",
+                                          os.path.relpath(path, ctx.directory))  # fmt: skip
+                    if os.path.exists(target):
+                        raise StudyError(
+                            f"{target} exists; move it away (nothing is replaced) and run again"
+                        )
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    os.rename(path, target)
+        old = trained[stale[0]]
+        ledger.append(ctx.directory, {"event": "superseded", "row": row_name, "seeds": stale,
+                                      "values": old, "by": now})  # fmt: skip
+        ctx.echo(f"{row_name}: seeds {stale} trained with {old} moved to superseded/; they train "
+                 f"again with {now}")  # fmt: skip
 
 
 def _check_records(ctx: _Context, selected: dict[str, dict[str, Any]]) -> None:
@@ -624,6 +693,7 @@ def run(
                 f"{len(ctx.failed)} tuning run(s) failed ({', '.join(ctx.failed)}); see their logs "
                 "and run the study again to retry them"
             )
+        _supersede(ctx, selected)
         _check_records(ctx, selected)
         ctx.fixed = _fixed_baselines(ctx, selected)
         rows = list(study.rows)

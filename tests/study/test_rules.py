@@ -587,3 +587,66 @@ def selections_of(directory: str) -> dict:
     from jdml.study.runner import selections
 
     return selections(directory)
+
+
+def test_a_row_never_searched_is_searched_and_its_older_seeds_train_again(tmp_path):
+    """Records made before the study design (a baseline trained at values selected for
+    another row, the looks decided by each claim's own interval): the next run searches that
+    row with the budget; where its selection differs from what its records were trained with,
+    they move to ``superseded/`` (kept, not replaced) and its seeds train again; the looks are
+    decided again under Holm's rule. The searched row is neither searched nor trained again."""
+    from jdml.study.runner import run, selections
+    from tests.helpers import make_npz
+
+    npz = make_npz(str(tmp_path / "d.npz"))
+    lr = Choice((2e-3, 1e-3))
+    study = Study(
+        name="history",
+        rows=(
+            Row("method", "revisiting", space={"optim.lr": lr}),
+            Row("base", "revisiting", space={"optim.lr": lr}),
+        ),
+        data={"data.name": "npz", "data.path": npz},
+        budget=2,
+        sampler="grid",
+        looks=(3, 6),
+        claims=(Claim("method beats base", "method", "base"),),
+    )
+    d = str(tmp_path / "s")
+    old = {"optim.lr": 2e-3}
+    ledger.append(d, {"event": "selected", "row": "method", "trial": 0, "values": old,
+                      "score": 0.9, "tried": 2, "failed": 0})  # fmt: skip
+    shared = {"score": None, "tried": 0, "failed": 0, "shared_from": ["method"]}
+    ledger.append(d, {"event": "selected", "row": "base", "trial": None, "values": old, **shared})
+    for row, value in (("method", 0.62), ("base", 0.50)):
+        for s in range(3):
+            rec.write_once(rec.seed_record_path(d, row, s), {
+                "row": row, "seed": s, "settings": old, "meta": {"epoch": 1},
+                "results": {"test": {"recall@1": value + 0.01 * (s == 1)}},
+                "val_curve": [{"epoch": 1, "recall@1": 0.5}]})  # fmt: skip
+    ledger.freeze(d, spec.registration(study), tests_seen=6)
+    ledger.append(d, {"event": "look", "look": 1, "stop": ["method beats base"], "go_on": [],
+                      "rule": "own verdict"})  # fmt: skip
+    noise = [0.002, -0.003, 0.004, 0.0, -0.001, 0.003]
+
+    def score(row, seed, settings):
+        if seed is None:  # tuning: the smaller rate is better for the baseline
+            return 0.5 + (0.1 if settings["optim.lr"] == 1e-3 else 0.0)
+        return {"method": 0.62, "base": 0.61}[row] + noise[seed] * (row == "base")
+
+    executor = _Instant(score)
+    run(study, d, executor, echo=lambda _: None)
+    tunes = [n for n in executor.started if n.startswith("tune")]
+    assert tunes == ["tune base trial0", "tune base trial1"]  # the method kept its search
+    assert selections(d)["base"]["values"] == {"optim.lr": 1e-3}
+    [moved] = [e for e in ledger.events(d) if e["event"] == "superseded"]
+    assert moved["row"] == "base" and moved["seeds"] == [0, 1, 2] and moved["values"] == old
+    for s in range(3):  # kept as they were, and retrained with the selection
+        kept = rec.read(os.path.join(d, "superseded", "records", "base", f"seed{s}.json"))
+        assert kept["settings"] == old and kept["results"]["test"]["recall@1"] >= 0.5
+        assert rec.read(rec.seed_record_path(d, "base", s))["settings"] == {"optim.lr": 1e-3}
+    assert not any(n.startswith("method seed") and int(n[-1]) < 3 for n in executor.started)
+    looks = [e for e in ledger.events(d) if e["event"] == "look"]
+    assert looks[-2]["look"] == 1 and "rule" not in looks[-2]  # decided again, by Holm's rule
+    assert looks[-2]["go_on"] == ["method beats base"]  # close now: seeds 3-5 for both rows
+    assert sorted(rec.seed_records(d)["method"]) == list(range(6))
