@@ -157,9 +157,10 @@ def paper_sentence(claims: Sequence[Entry]) -> str:
 
 
 def readings(claims: Sequence[Entry]) -> str:
-    """One paragraph per paper (in the claims' order): its verdicts counted, then one line per
-    claim with its difference, the seeds above 0, the per-seed std, its verdict, its Holm
-    verdict where that differs, and the reading against the paper's effect."""
+    """One paragraph per paper (in the claims' order): its verdicts of record counted (Holm's
+    in the family, a claim's own outside it), then one line per claim with what the table does
+    not show: how many seeds lie above 0 and the per-seed std, its verdict of record and the
+    uncorrected one where they differ, and the reading against the paper's effects."""
     papers: dict[str, list[Entry]] = {}
     for c in read(claims):
         papers.setdefault(group(c), []).append(c)
@@ -167,20 +168,19 @@ def readings(claims: Sequence[Entry]) -> str:
     for paper, found in papers.items():
         lines, counts, smaller = [], {}, 0
         for c in found:
-            d = difference(c)
             diffs = c["differences"]
-            counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
+            verdict = c.get("holm") or c["verdict"]
+            counts[verdict] = counts.get(verdict, 0) + 1
             at = f" ({where(c)})" if where(c) else ""
             line = (
-                f"- {c['text']}{at}: {d.cell()} points at {c['where']}, "
-                f"{sum(x > 0 for x in diffs)} of {d.n} seeds above 0, per-seed std "
-                f"{mean_std(diffs)[1]:.2f}; **{c['verdict']}**"
+                f"- {c['text']}{at}: {sum(x > 0 for x in diffs)} of {len(diffs)} seeds above 0, "
+                f"per-seed std {mean_std(diffs)[1]:.2f}; **{verdict}**"
             )
-            if c.get("holm") and c["holm"] != c["verdict"]:
-                line += f", **{c['holm']}** under Holm's correction"
+            if verdict != c["verdict"]:
+                line += f" ({c['verdict']} before Holm's correction)"
             if c["effect"] is not None:
                 smaller += against(c) == "smaller than reported"
-                line += f"; the paper's effect {_paper_effect(c)}: {against(c)}"
+                line += f"; against the paper's effects: {against(c)}"
                 if against(c) != c["against_paper"]:
                     line += f" ({c['against_paper']} before Holm's correction)"
             lines.append(line + ".")
