@@ -177,8 +177,8 @@ def test_the_converted_folders_tell_how_the_emoji_study_was_run():
     [registered] = [e for e in events if e["event"] == "registered"]
     assert registered["tests_seen"] == 180
     # Every effect the papers print, declared after those results and before any new one.
-    [amended] = [e for e in events if e["event"] == "amendment"]
-    assert amended["tests_seen"] == 180 and amended["changed"] == ["claims"]
+    amended = [e for e in events if e["event"] == "amendment"]
+    assert amended and all(e["tests_seen"] == 180 and e["changed"] == ["claims"] for e in amended)
     study = spec.load(os.path.join(ROOT, "experiments", "emoji_study.py"))
     assert ledger.frozen(V2)["sha256"] == spec.digest(spec.registration(study))
     looks = {e["look"]: e for e in events if e["event"] == "look"}
