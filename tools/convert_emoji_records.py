@@ -49,7 +49,8 @@ from jdml.fileio import atomic_write  # noqa: E402
 from jdml.keys import RENAMED_KEYS  # noqa: E402
 from jdml.study import Study, baselines, ledger, spec  # noqa: E402
 from jdml.study import records as rec  # noqa: E402
-from jdml.study.runner import claim_readings, seed_config  # noqa: E402
+from jdml.study.claims import claim_readings  # noqa: E402
+from jdml.study.runner import seed_config  # noqa: E402
 
 STUDY = os.path.join(ROOT, "experiments", "emoji_study.py")
 #: folder -> (the study's variant, :func:`study_of`; the folder of its tuning runs or None).

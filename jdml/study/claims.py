@@ -183,3 +183,55 @@ def decide(
         else:
             go_on.append(key)
     return stop, go_on
+
+
+def family_groups(reg: Mapping[str, Any], by: str | None = None) -> dict[str, str] | None:
+    """claim text -> its paper, when Holm's correction runs within each paper (``by``, default
+    the registration's family of record); None across the whole family."""
+    if (by or reg.get("family_by", "table")) != "paper":
+        return None
+    return {c["text"]: paper_of(c["paper"]) for c in reg["claims"]}
+
+
+def claim_values(
+    claim: Mapping[str, Any],
+    configs: Mapping[str, Mapping[str, Any]],
+    by_row: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    metric: str,
+    fixed: Mapping[str, Mapping[str, Any]] | None = None,
+) -> tuple[dict[int, float], dict[int, float]] | None:
+    """A claim's two sides, seed -> ``metric`` of the embedding it reads: its row's and its
+    base row's, or for a claim against a fixed baseline that baseline's one value at each seed
+    of the row (None while the baseline is not recorded)."""
+    row = claim["row"]
+    a = values(by_row.get(row, {}), metric, embedding_name(configs[row], claim["concat"]))
+    if claim.get("fixed"):
+        value = (fixed or {}).get(claim["fixed"], {}).get(metric)
+        return None if value is None else (a, {s: float(value) for s in a})
+    base = claim["base"]
+    b = values(by_row.get(base, {}), metric, embedding_name(configs[base], claim["concat"]))
+    return a, b
+
+
+def claim_readings(
+    reg: dict[str, Any],
+    configs: dict[str, dict[str, Any]],
+    by_row: dict[str, dict[int, dict[str, Any]]],
+    stopped: dict[str, int],
+    at: int | None = None,
+    fixed: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Reading]:
+    """Every claim's reading from the records (``reg``: a registration; ``configs``: the
+    rows' flattened configs; ``fixed``: the fixed baselines, :mod:`jdml.study.baselines`). A
+    claim that stopped is read at its look; one still going at the furthest look its rows
+    complete, or at look ``at`` if given (:func:`claim_values` gives its two sides)."""
+    level = look_level(reg["looks"], reg["alpha"])
+    out = {}
+    for claim in reg["claims"]:
+        sides = claim_values(claim, configs, by_row, reg["metric"], fixed)
+        if sides is None:
+            continue
+        reading = read(*sides, reg["looks"], level, stopped.get(claim["text"]) or at)
+        if reading is not None:
+            out[claim["text"]] = reading
+    return out

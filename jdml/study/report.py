@@ -38,14 +38,7 @@ from jdml.statistics import Paired, mean_std, two_way_bootstrap
 from jdml.study import baselines, ledger, tables
 from jdml.study import claims as cl
 from jdml.study import records as rec
-from jdml.study.runner import (
-    candidate_score,
-    claim_readings,
-    claim_values,
-    family_groups,
-    selections,
-    stop_looks,
-)
+from jdml.study.runner import candidate_score, selections, stop_looks
 
 VERDICT_COLOURS = {
     "reproduces": "#1a9641",
@@ -154,13 +147,13 @@ def claim_entries(
     registration's order; a claim without a reading yet has only its declaration."""
     reg = study["registration"]
     configs = {r["name"]: r["config"] for r in study["rows"]}
-    readings = claim_readings(reg, configs, by_row, stop_looks(directory), fixed=fixed)
+    readings = cl.claim_readings(reg, configs, by_row, stop_looks(directory), fixed=fixed)
     family = {c["text"] for c in reg["claims"] if c["family"]}
     level = cl.look_level(reg["looks"], reg["alpha"])
     record = reg.get("family_by", "table")
     other = "paper" if record == "table" else "table"
-    corrected = cl.holm_verdicts(readings, family, level, family_groups(reg))
-    beside = cl.holm_verdicts(readings, family, level, family_groups(reg, other))
+    corrected = cl.holm_verdicts(readings, family, level, cl.family_groups(reg))
+    beside = cl.holm_verdicts(readings, family, level, cl.family_groups(reg, other))
     labels = {r["name"]: r["label"] for r in study["rows"]}
     out = []
     for claim in reg["claims"]:
@@ -171,7 +164,7 @@ def claim_entries(
             out.append(entry)
             continue
         d = reading.difference
-        a, b = claim_values(claim, configs, by_row, reg["metric"], fixed)
+        a, b = cl.claim_values(claim, configs, by_row, reg["metric"], fixed)
         boot = class_bootstrap(claim, reading, by_row, configs, reg["metric"])
         entry.update(
             seeds=d.n,

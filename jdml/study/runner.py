@@ -28,7 +28,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from jdml.errors import ConfigError, StudyError, WorkdirInUseError
@@ -369,58 +369,6 @@ def stop_looks(directory: str) -> dict[str, int]:
     return out
 
 
-def family_groups(reg: Mapping[str, Any], by: str | None = None) -> dict[str, str] | None:
-    """claim text -> its paper, when Holm's correction runs within each paper (``by``, default
-    the registration's family of record); None across the whole family."""
-    if (by or reg.get("family_by", "table")) != "paper":
-        return None
-    return {c["text"]: cl.paper_of(c["paper"]) for c in reg["claims"]}
-
-
-def claim_values(
-    claim: Mapping[str, Any],
-    configs: Mapping[str, Mapping[str, Any]],
-    by_row: Mapping[str, Mapping[int, Mapping[str, Any]]],
-    metric: str,
-    fixed: Mapping[str, Mapping[str, Any]] | None = None,
-) -> tuple[dict[int, float], dict[int, float]] | None:
-    """A claim's two sides, seed -> ``metric`` of the embedding it reads: its row's and its
-    base row's, or for a claim against a fixed baseline that baseline's one value at each seed
-    of the row (None while the baseline is not recorded)."""
-    row = claim["row"]
-    a = cl.values(by_row.get(row, {}), metric, cl.embedding_name(configs[row], claim["concat"]))
-    if claim.get("fixed"):
-        value = (fixed or {}).get(claim["fixed"], {}).get(metric)
-        return None if value is None else (a, {s: float(value) for s in a})
-    base = claim["base"]
-    b = cl.values(by_row.get(base, {}), metric, cl.embedding_name(configs[base], claim["concat"]))
-    return a, b
-
-
-def claim_readings(
-    reg: dict[str, Any],
-    configs: dict[str, dict[str, Any]],
-    by_row: dict[str, dict[int, dict[str, Any]]],
-    stopped: dict[str, int],
-    at: int | None = None,
-    fixed: Mapping[str, Mapping[str, Any]] | None = None,
-) -> dict[str, cl.Reading]:
-    """Every claim's reading from the records (``reg``: a registration; ``configs``: the
-    rows' flattened configs; ``fixed``: the fixed baselines, :mod:`jdml.study.baselines`). A
-    claim that stopped is read at its look; one still going at the furthest look its rows
-    complete, or at look ``at`` if given (:func:`claim_values` gives its two sides)."""
-    level = cl.look_level(reg["looks"], reg["alpha"])
-    out = {}
-    for claim in reg["claims"]:
-        sides = claim_values(claim, configs, by_row, reg["metric"], fixed)
-        if sides is None:
-            continue
-        reading = cl.read(*sides, reg["looks"], level, stopped.get(claim["text"]) or at)
-        if reading is not None:
-            out[claim["text"]] = reading
-    return out
-
-
 def _look(ctx: _Context, look: int, rows: list[Row], selected: dict) -> list[str]:
     """Trains look ``look``'s seeds of ``rows``; returns the claims that go on (the ledger's
     decision, made now if this look has none yet)."""
@@ -442,7 +390,7 @@ def _look(ctx: _Context, look: int, rows: list[Row], selected: dict) -> list[str
     by_row = rec.seed_records(ctx.directory)
     stopped = {t: k for t, k in stop_looks(ctx.directory).items() if k < look}
     reg = registration(study)
-    readings = claim_readings(reg, configs, by_row, stopped, at=look, fixed=ctx.fixed)
+    readings = cl.claim_readings(reg, configs, by_row, stopped, at=look, fixed=ctx.fixed)
     going = [c.text for c in study.claims if c.text not in stopped]
     missing = [t for t in going if t not in readings or readings[t].look != look]
     if missing:
@@ -452,7 +400,7 @@ def _look(ctx: _Context, look: int, rows: list[Row], selected: dict) -> list[str
         )
     family = {c.text for c in study.claims if c.family}
     level = cl.look_level(study.looks, study.alpha)
-    groups = family_groups(reg)
+    groups = cl.family_groups(reg)
     stop, go_on = cl.decide(readings, family, stopped, look, study.looks, level, groups)
     ledger.append(ctx.directory, {"event": "look", "look": look, "stop": stop, "go_on": go_on})
     ctx.echo(f"look {look}: {len(stop)} claim(s) stop, {len(go_on)} go on")
