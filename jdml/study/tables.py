@@ -210,12 +210,20 @@ def seeds_needed(claims: Sequence[Entry], level: float, power: float = 0.8) -> s
         std = mean_std(c["differences"])[1]
         if std <= 0:
             continue
-        n = seeds_to_resolve(c["effect"], std, level, power)
-        upper = seeds_to_resolve(c["effect"], std_upper_bound(std, c["seeds"]), level, power)
+        n = _seeds_to_resolve(c["effect"], std, level, power)
+        upper = _seeds_to_resolve(c["effect"], std_upper_bound(std, c["seeds"]), level, power)
         lines.append(
             f"| {_named(c)} | {c['seeds']} | {std:.2f} | {c['effect']:+.2f} | {n} | {upper} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _seeds_to_resolve(effect: float, std: float, level: float, power: float) -> str:
+    """:func:`jdml.statistics.seeds_to_resolve` as a cell ("more than 10000" past its search)."""
+    try:
+        return str(seeds_to_resolve(effect, std, level, power))
+    except ValueError:
+        return "more than 10000"
 
 
 def design(looks: Sequence[int], level: float) -> str:

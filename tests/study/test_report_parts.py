@@ -119,6 +119,9 @@ def test_the_readings_and_the_seeds_needed_by_hand(folder):
     ) in readings
     assert f"{mean:+.2f} [" not in readings  # the table's numbers are not repeated
     assert "**Q** (1 claims: " in readings and "- b beats a (a control): " in readings
+    from jdml.study.tables import _seeds_to_resolve
+
+    assert _seeds_to_resolve(0.01, 50.0, 0.95, 0.8) == "more than 10000"  # not an error
     needed = part(folder, "seeds-needed")
     verdict = "not resolved" if low <= 0 <= high else "resolved"
     if verdict == "not resolved":
