@@ -11,8 +11,13 @@ the methods' rows train at the learning rate margin's search selected (``LR``). 
     jdml study run experiments/emoji_study.py --dir runs/emoji-study --slots 2
     jdml study report runs/emoji-study
 
-``experiments/results/emoji-v2-45`` holds the first run of these rows, by the scripts this
-file replaced (``tools/convert_emoji_records.py``): its ledger says how it departed from this.
+The wider Revisiting comparison (more losses and samplers against margin, no claim) is the
+study ``experiments/emoji_study.py:wider``, at the same budget and epochs, seeds 0-4.
+
+``experiments/results/emoji-v2-45`` holds the first run of the claims' rows, by the scripts
+this file replaced (``tools/convert_emoji_records.py``): its ledger says how it departed from
+this; ``experiments/results/emoji-wider-45`` the wider rows' first run (one seed each, at
+margin's learning rate, split from it by the same tool).
 """
 
 from __future__ import annotations
@@ -98,15 +103,26 @@ def row(name: str, label: str, config, space=None, **overrides: Any) -> Row:
     return Row(name, config, overrides, space, label, defaults)
 
 
+R, LR_SET = "revisiting:data=emoji,loss=", {"optim.lr": LR}
+
+
+def revisiting_rows() -> tuple[Row, Row]:
+    """margin and R-margin: a claim's rows, and the references of the wider comparison."""
+    return (
+        row("margin", "margin (distance miner)", f"{R}margin", **RHO),
+        row("R-margin", "R-margin (rho-regularised)", f"{R}margin,miner=rho_distance", PUSH,
+            **RHO, **LR_SET),
+    )  # fmt: skip
+
+
 def rows() -> tuple[Row, ...]:
-    r, lr = "revisiting:data=emoji,loss=", {"optim.lr": LR}
+    """The rows of the claims."""
+    r, lr = R, LR_SET
     spc4 = {"sampler.samples_per_class": 4}
     dm2 = {"exchange.dm2.warmup_epochs": 1.0, "model.frozen_stages": 3}  # stages after 3 train
     all_aux = ("selfsimilarity", "shared", "intra")
     return (
-        row("margin", "margin (distance miner)", f"{r}margin", **RHO),
-        row("R-margin", "R-margin (rho-regularised)", f"{r}margin,miner=rho_distance", PUSH,
-            **RHO, **lr),
+        *revisiting_rows(),
         row("diva-D", "margin, one 512-d head", diva(())),
         row("diva-4D", "four 128-d margin heads, concatenated", diva((), copies=3)),
         row("diva-DS", "D+S", diva(("shared",)), DIVA, **lr),
@@ -125,9 +141,18 @@ def rows() -> tuple[Row, ...]:
         *(row(f"dm2-3-{d}", label, f"dm2:size=3,diversity={d},data=emoji", DM2, **dm2, **lr)
           for d, label in (("md", "MD"), ("md+td", "MD+TD"), ("md+vd", "MD+VD"),
                            ("md+td+vd", "MD+TD+VD"))),
+    )  # fmt: skip
+
+
+def wider_rows() -> tuple[Row, ...]:
+    """The wider Revisiting comparison (Tab. 3's losses, Sec. 4's samplers), against margin:
+    no claim reads them, so they are a study of their own (``get_study("wider")``)."""
+    r = R
+    return (
+        *revisiting_rows(),
         row("triplet", "triplet", f"{r}triplet", **RHO),
         *(row(loss, loss, f"{r}{loss}") for loss in ("contrastive", "multisimilarity", "proxynca")),
-        row("R-triplet", "R-triplet", f"{r}triplet,miner=rho_distance", PUSH, **RHO, **lr),
+        row("R-triplet", "R-triplet", f"{r}triplet,miner=rho_distance", PUSH, **RHO, **LR_SET),
         *(row(f"sampler-{s}", s, f"{r}margin", **{"sampler.name": s}) for s in SAMPLERS),
     )  # fmt: skip
 
@@ -186,6 +211,22 @@ def claims() -> tuple[Claim, ...]:
 
 
 def get_study(arg: str = "") -> Study:
+    """The claims' study; ``wider``: the wider Revisiting comparison, at the same budget and
+    epochs, one look of 5 seeds (no claim, so no later look)."""
+    if arg not in ("", "wider"):
+        raise ValueError(f"emoji_study.py:{arg}: give no argument (the claims) or 'wider'")
+    if arg == "wider":
+        return Study(
+            name="The wider Revisiting comparison on the emoji set",
+            rows=wider_rows(),
+            data={},
+            claims=(),
+            common={"eval.train_metrics": (), "train.epochs": 45},
+            budget=4,
+            sampler="grid",
+            tune={"train.epochs": 20},
+            looks=(5,),
+        )
     return Study(
         name="The papers' claims on the emoji set",
         rows=rows(),

@@ -188,6 +188,32 @@ def test_the_converted_folders_tell_how_the_emoji_study_was_run():
     assert page["command"].startswith("the emoji protocol's scripts")
 
 
+def test_the_wider_rows_are_a_study_of_their_own():
+    """The rows no claim reads moved from the claims' folder to emoji-wider-45 (its study is
+    ``emoji_study.py:wider``); margin's and R-margin's search and seeds 0-4 are copies there,
+    the ledger saying so; the other rows are still to be searched (their values shared)."""
+    from jdml.study import ledger
+    from jdml.study.runner import searched
+
+    wider_dir = os.path.join(RESULTS, "emoji-wider-45")
+    study = spec.load(os.path.join(ROOT, "experiments", "emoji_study.py"), "wider")
+    assert [r["name"] for r in load(wider_dir)["rows"]] == [r.name for r in study.rows]
+    events = ledger.events(wider_dir)
+    selected = {e["row"]: e for e in events if e["event"] == "selected"}
+    assert {r for r, e in selected.items() if e.get("copied_from")} == {"margin", "R-margin"}
+    assert {r for r, e in selected.items() if searched(e, study)} == {"margin", "R-margin"}
+    by_row = rec.seed_records(wider_dir)
+    claims_rows = set(rec.seed_records(V2))
+    assert not (set(by_row) - {"margin", "R-margin"}) & claims_rows
+    for name in ("margin", "R-margin"):
+        assert sorted(by_row[name]) == [0, 1, 2, 3, 4]
+        for seed, record in by_row[name].items():
+            assert record == rec.read(rec.seed_record_path(V2, name, seed))
+    [registered] = [e for e in events if e["event"] == "registered"]
+    assert registered["tests_seen"] == sum(len(v) for v in by_row.values()) == 20
+    assert ledger.frozen(wider_dir)["sha256"] == spec.digest(spec.registration(study))
+
+
 def test_a_claim_is_read_against_the_paper_effect():
     """The rule declared before it is applied: an interval wholly below the paper's effect is
     "smaller than reported" (also when it holds 0: "not resolved" about zero), any other "not

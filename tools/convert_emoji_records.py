@@ -24,6 +24,12 @@ with its tuning runs; ``emoji-45``, ``-20`` and ``-60`` are the first build of t
 trained with the presets' values, without the equal-dimension controls, and DM2 also with every
 stage trained (rows ``dm2-3-*-every-stage``); ``emoji-views-10`` the device views' check.
 
+Then (:func:`split_wider`) the rows no claim reads (the wider Revisiting comparison) move from
+``emoji-v2-45`` to ``emoji-wider-45``, the study ``experiments/emoji_study.py:wider``, so that
+the claims' study searches and seeds only its own rows; margin's and R-margin's records (the
+comparison's references, searched in ``emoji-v2-45``) are copied there, their ledger events
+saying so.
+
     python tools/convert_emoji_records.py [--root experiments/results]
 
 A folder already converted (it has a ``study.json``) is skipped; nothing is overwritten.
@@ -94,6 +100,10 @@ def study_of(variant: str) -> Study:
                                    common={**study.common, "train.epochs": 10})  # fmt: skip
     if not variant:
         return study
+    wider = spec.load(STUDY, "wider")  # format 1 had every row of both studies
+    names = {r.name for r in study.rows}
+    study = dataclasses.replace(study, rows=(*study.rows,
+                                *(r for r in wider.rows if r.name not in names)))  # fmt: skip
     kept = [dataclasses.replace(r, overrides={k: v for k, v in r.overrides.items()
             if k != "optim.lr"}) for r in study.rows if r.name not in CONTROLS]  # fmt: skip
     every = [dataclasses.replace(r, name=f"{r.name}-every-stage", overrides={
@@ -268,6 +278,60 @@ def convert(directory: str, variant: str, tune: str | None) -> str:
     )
 
 
+WIDER = "emoji-wider-45"
+COPIED = ("margin", "R-margin")  # the wider comparison's references, searched in emoji-v2-45
+
+
+def split_wider(root: str) -> str:
+    """Moves the wider rows' records and ledger events from ``emoji-v2-45`` to
+    :data:`WIDER` (``git mv``) and copies those of :data:`COPIED` (seeds 0-4, the search);
+    returns what it did."""
+    source, target = os.path.join(root, "emoji-v2-45"), os.path.join(root, WIDER)
+    if os.path.exists(os.path.join(target, "study.json")):
+        return f"{target}: split already"
+    git = subprocess.run(["git", "ls-files", "--error-unmatch", source], cwd=ROOT,
+                         capture_output=True).returncode == 0  # fmt: skip
+    study = spec.load(STUDY, "wider")
+    selected = {e["row"]: e for e in ledger.events(source) if e.get("event") == "selected"}
+    events = []
+    for row in study.rows:
+        event = {k: v for k, v in selected[row.name].items() if k != "time"}
+        if row.name in COPIED:
+            event["copied_from"] = "emoji-v2-45"
+            for trial in range(study.budget):
+                path = rec.tune_record_path(source, row.name, trial, None)
+                copy(path, rec.tune_record_path(target, row.name, trial, None))
+            for seed in range(study.looks[0]):
+                path = rec.seed_record_path(source, row.name, seed)
+                copy(path, rec.seed_record_path(target, row.name, seed))
+        else:
+            for path in glob.glob(os.path.join(source, "records", row.name, "seed*.json")):
+                move(path, os.path.join(target, "records", row.name, os.path.basename(path)), git)
+        events.append(event)
+    configs = {r.name: flatten_config(seed_config(study, r, selected[r.name]["values"],
+               0).to_dict()) for r in study.rows}  # fmt: skip
+    payload = spec.describe(study, configs)
+    payload["command"] = (
+        "the emoji protocol's scripts, converted and split by tools/convert_emoji_records.py"
+    )
+    atomic_write(os.path.join(target, "study.json"), json.dumps(payload, indent=1) + "\n")
+    for event in events:
+        ledger.append(target, event)
+    seen = sum(len(v) for v in rec.seed_records(target).values())
+    reg = spec.registration(study)
+    ledger.append(target, {"event": "registered", "sha256": spec.digest(reg),
+                           "registration": reg, "tests_seen": seen})  # fmt: skip
+    return f"{target}: {seen} seed records, split from {source}"
+
+
+def copy(source: str, target: str) -> None:
+    if os.path.exists(target):
+        raise SystemExit(f"error: {target} exists; nothing is overwritten")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(source, "rb") as f:
+        atomic_write(target, f.read())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default=os.path.join(ROOT, "experiments", "results"))
@@ -275,6 +339,7 @@ def main() -> None:
     for folder, (variant, tune) in FOLDERS.items():
         tuning = os.path.join(args.root, tune) if tune else None
         print(convert(os.path.join(args.root, folder), variant, tuning), flush=True)
+    print(split_wider(args.root), flush=True)
 
 
 if __name__ == "__main__":

@@ -184,10 +184,17 @@ def test_the_emoji_study_declares_the_rows_and_claims_of_its_records():
     from jdml.study.runner import seed_config
 
     study = spec.load(os.path.join(ROOT, "experiments", "emoji_study.py"))
-    assert len(study.rows) == 29 and len(study.claims) == 18
+    assert len(study.rows) == 19 and len(study.claims) == 18
+    wider = spec.load(os.path.join(ROOT, "experiments", "emoji_study.py"), "wider")
+    assert len(wider.rows) == 12 and not wider.claims and wider.looks == (5,)
+    # The claims' rows and the wider ones are disjoint but for the wider table's references.
+    shared = {r.name for r in study.rows} & {r.name for r in wider.rows}
+    assert shared == {"margin", "R-margin"}
+    for name in shared:
+        assert study.row(name) == wider.row(name)
     assert sum(c.family for c in study.claims) == 16
     concat = {}
-    for row in study.rows:
+    for row in (*study.rows, *wider.rows):
         c = seed_config(study, row, spec.first_candidate(study, row), 0)
         validate(c)
         concat[row.name] = cl.embedding_name(flatten_config(c.to_dict()), True)
