@@ -105,7 +105,14 @@ def error_line(error: BaseException) -> str:
 
 
 def run_cli(fn: Callable[[], None], extra: tuple[type[BaseException], ...] = ()) -> None:
-    """Runs ``fn``; an expected failure prints ``error: <message>`` and exits with status 2.
+    """Runs ``fn`` under :func:`cli_errors`."""
+    with cli_errors(extra):
+        fn()
+
+
+@contextlib.contextmanager
+def cli_errors(extra: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """An expected failure inside becomes ``error: <message>`` and exit status 2.
 
     Expected failures are the library's own errors (bad config, data, checkpoints, weights, a
     workdir in use), ``extra`` ones, and files that cannot be written (permissions, a full disk).
@@ -117,7 +124,7 @@ def run_cli(fn: Callable[[], None], extra: tuple[type[BaseException], ...] = ())
     absl_logging.set_verbosity(absl_logging.WARNING)  # checkpoint libraries log every file write
     quiet_storage_layer()
     try:
-        fn()
+        yield
     except RunInterruptedError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(128 + e.signum)

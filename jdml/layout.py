@@ -21,7 +21,6 @@ import functools
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -343,13 +342,3 @@ def make_layout(
     data_devices = int(config.parallel.data_devices) if size is None else 1
     kind = Listed if listed else (Stacked if count > 1 else OneMember)
     return kind(config, count, data_devices, view_diversity)
-
-
-def zeros_state(sampler_state: dict | None, **fields: Any) -> TrainState:
-    """A state at step 0 with the members' ``fields``."""
-    return TrainState(
-        step=jnp.zeros((), jnp.int32),
-        nonfinite=jnp.zeros((), jnp.int32),
-        sampler_state=sampler_state or {},
-        **fields,
-    )

@@ -6,8 +6,8 @@ cohort (``cohort.size > 1``) several, which exchange what ``cohort.exchange`` na
 
 * the layout (``jdml.layout``): which members, how their state is stored, the device mesh, its
   data axis and the placement of batches and state;
-* the step (``jdml.step``): one state constructor and one jitted train step for a plain run, a
-  stacked cohort and a heterogeneous cohort alike;
+* the step: a plain run's (``jdml.step``), or a cohort's (``jdml.cohort.step``: stacked or
+  heterogeneous members, each one's loss the plain method's), jitted the same way;
 * the exchange (``jdml.exchanges.EXCHANGES``): what the members add to each other's losses.
 
 ``embedding_names``, ``eval_config``, ``parse_embedding`` and ``embed`` say which embeddings the
@@ -28,7 +28,10 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jdml import step as plain
 from jdml.backends import Backends
+from jdml.cohort import step as cohort_step
+from jdml.cohort.step import StepPlan
 from jdml.errors import ConfigError
 from jdml.exchanges import EXCHANGES
 from jdml.layout import batch_norm_groups, make_layout
@@ -39,7 +42,7 @@ from jdml.methods.ema_queue import push
 from jdml.methods.method import Method
 from jdml.optim import make_optimizer, per_member
 from jdml.state import TrainState
-from jdml.step import StepFn, StepPlan, init_state, jit_train_step
+from jdml.step import StepFn, jit_step
 
 __all__ = ["ENSEMBLE", "Program", "StepFn", "build_program", "one_member_step"]
 
@@ -191,15 +194,31 @@ class Program:
         sample: np.ndarray,
         sampler_state: dict | None = None,
     ) -> TrainState:
-        """The state at step 0 (``jdml.step.init_state``)."""
-        return init_state(self.plan, tx, seed, sample, sampler_state)
+        """The state at step 0 (``jdml.step.init_state``, or the cohort's), placed as the step
+        takes it."""
+        if not self.cohort:
+            state = plain.init_state(self.method, tx, seed, sample, sampler_state)
+            return self.layout.place_state(state)
+        return cohort_step.init_state(self.plan, tx, seed, sample, sampler_state)
 
     def make_train_step(
         self, tx: optax.GradientTransformation, state: TrainState, views: Any = None
     ) -> StepFn:
         """The jitted, state-donating step ``(state, batch) -> (state, metrics)``
-        (``jdml.step.jit_train_step``); ``views``: the run's device views, made first."""
-        return jit_train_step(self.plan, tx, state, views)
+        (``jdml.step.jit_step``) of a plain run or of the cohort; ``views``: the run's device
+        views, made first. ``state`` (an example of the state) is needed on a mesh only."""
+        layout = self.layout
+        if self.cohort:
+            body = cohort_step.stored_step(self.plan, tx, state)
+        else:
+            body = functools.partial(plain.train_step, self.method, tx)
+        if not layout.on_mesh:
+            return jit_step(body, views)
+        # Fixed output shardings: the returned state is placed exactly as the state it replaces
+        # (on a one-device member axis the compiler would otherwise pick an equivalent spec and
+        # the second call would compile again).
+        shardings = layout.state_shardings(state)
+        return jit_step(body, views, shardings, layout.place_batch, layout.replicated)
 
     def key_functions(self, head: str) -> tuple[Callable, Callable]:
         """For filling the DaNCE queues: ``keys(ema, batch_stats, images)`` of every member's

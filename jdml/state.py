@@ -6,6 +6,7 @@ from typing import Any
 
 import flax.struct
 import jax
+import jax.numpy as jnp
 
 
 @flax.struct.dataclass
@@ -34,3 +35,13 @@ class TrainState:
     nonfinite: jax.Array
     sampler_state: Any
     method_state: Any = flax.struct.field(default_factory=dict)
+
+
+def zeros_state(sampler_state: dict | None, **fields: Any) -> TrainState:
+    """A state at step 0 with ``fields`` (params, batch_stats, opt_state, rng, method_state)."""
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        nonfinite=jnp.zeros((), jnp.int32),
+        sampler_state=sampler_state or {},
+        **fields,
+    )

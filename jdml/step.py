@@ -1,74 +1,57 @@
-"""The one state constructor and the one jitted train step of every run.
+"""The train step of a plain run: one network, one method, one optimiser.
 
-The members of a run (``jdml.layout.Layout``) are groups, each stacked on a leading member axis
-and run by one method: a plain run is one group of one, a stacked DM2 cohort one group of L, a
-heterogeneous cohort L groups of one. The step converts the stored state into groups, runs the
-same code over them, and stores the result again:
+The shape of Flax's ImageNet step: the gradient of the method's loss
+(``jdml.methods.Method.loss_fn``: the terms the config names, e.g. Revisiting's margin loss with
+its miner) over the params, the optimiser's update, then the method's own state (DiVA's DaNCE
+EMA and queue) and the sampler's embedding memory, and the step's metrics. A step whose loss,
+gradients or new params are not finite leaves the state as it was and counts itself in
+``nonfinite``.
 
-* each phase (one by default; Sharing Matters' alternating variant has two, each on its own data
-  stream) takes the gradient of the members' summed losses, where member l's loss is its
-  method's plus ``lambda * value_l`` of the cohort's exchange (``jdml.exchanges``; DM2: the
-  relation matrices), the peers' contributions constants, so that the gradient for member l's
-  params is that of its own objective (DM2, Algorithm 1);
-* a step whose loss, gradients or params are not finite for any member leaves every member
-  unchanged and increments ``nonfinite``; a member skipped by its temporal-diversity draw is left
-  unchanged;
-* the method states (DaNCE's EMA and queue) and the sampler memory are updated in the step.
+Sharing Matters' alternating variant trains in phases (``Method.phases``): one update per phase,
+each on its own data stream, the params a phase does not train kept. A cohort of members
+(``jdml.cohort``) wraps these parts; nothing here knows of it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import itertools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import PartitionSpec as P
 
-from jdml.exchanges import EXCHANGE_STATE, Exchange, MemberOutputs, Peers
-from jdml.layout import MEMBER_FIELDS, Groups, Layout, zeros_state
-from jdml.members import VIEWS, member_name, over_members
-from jdml.mesh import AXIS
-from jdml.methods.method import LossAux, Method
+from jdml.methods.method import Method
 from jdml.samplers.memory import update_memory
-from jdml.state import TrainState
+from jdml.state import TrainState, zeros_state
 
 StepFn = Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]
 
-_TEMPORAL_TAG = 0x7D  # folded into a member's step key for its temporal-diversity draw
 
-
-@dataclasses.dataclass(frozen=True)
-class StepPlan:
-    """What the step trains: the layout, each group's method, and how the members interact.
-
-    Attributes:
-      layout: the members and their placement.
-      methods: the method of each group (``layout.group_sizes``).
-      exchange: what the members exchange (None for one member).
-      loop: ``cohort.member_loop`` (``jdml.members.over_members``).
-      probabilities: (L,) each member's update probability (the exchange's temporal
-        diversity).
-      model_diversity: whether member l > 1 draws its embedding heads (a listed member: its
-        whole network) from its own key (the exchange's model diversity).
-    """
-
-    layout: Layout
-    methods: tuple[Method, ...]
-    exchange: Exchange | None
-    loop: str
-    probabilities: np.ndarray
-    model_diversity: bool
+def init_state(
+    method: Method,
+    tx: optax.GradientTransformation,
+    seed: int,
+    sample: np.ndarray,
+    sampler_state: dict | None = None,
+) -> TrainState:
+    """The state at step 0: the method's params initialised from ``seed`` on ``sample`` images."""
+    key = jax.random.PRNGKey(seed)
+    params, batch_stats = method.init(jax.random.fold_in(key, 0), jnp.asarray(sample))
+    return zeros_state(
+        sampler_state,
+        params=params,
+        batch_stats=batch_stats,
+        opt_state=tx.init(params),
+        rng=jax.random.fold_in(key, 1),
+        method_state=method.init_method_state(params),
+    )
 
 
 def keep_where(mask: jax.Array, new: Any, old: Any) -> Any:
-    """``new`` where ``mask`` else ``old``, leaf by leaf; ``mask`` is (L,) over the leading
-    member axis of the leaves, or a scalar for a whole tree."""
+    """``new`` where ``mask`` else ``old``, leaf by leaf; ``mask`` is a scalar, or (L,) over a
+    leading axis of the leaves (a cohort's members)."""
 
     def pick(a: jax.Array, b: jax.Array) -> jax.Array:
         return jnp.where(mask.reshape(mask.shape + (1,) * (a.ndim - mask.ndim)), a, b)
@@ -76,21 +59,23 @@ def keep_where(mask: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(pick, new, old)
 
 
-def finite_per_member(tree: Any) -> jax.Array:
-    """(L,): whether every value of member l in a tree with a leading member axis is finite.
+def all_finite(tree: Any, members: bool = False) -> jax.Array:
+    """Whether every inexact value of ``tree`` is finite (``members``: (L,), per slice of the
+    leaves' leading axis).
 
     One flag per leaf, counted by one integer sum. Joined by ``jnp.all`` instead, the flags are
     split by XLA's simplifier into a chain of scalar ands, which fusion copies into every
-    consumer of the mask (each leaf's :func:`keep_where`): a program quadratic in the number of
-    leaves. A two-stage test network's step compiled in 9.8 s on the CPU that way, 7.3 s
+    consumer of the result (each leaf's :func:`keep_where`): a program quadratic in the number of
+    leaves. A two-stage test network's cohort step compiled in 9.8 s on the CPU that way, 7.3 s
     counted, 4.7 s without the check; ``tests/test_step.py`` holds the growth to linear.
     """
     leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
     if not leaves:
         return jnp.array(True)
-    members = leaves[0].shape[0]
-    flags = jnp.stack([jnp.all(jnp.isfinite(x.reshape(members, -1)), axis=1) for x in leaves], 1)
-    return jnp.sum(flags, axis=1, dtype=jnp.int32) == len(leaves)
+    rows = leaves[0].shape[0] if members else 1
+    flags = jnp.stack([jnp.all(jnp.isfinite(x.reshape(rows, -1)), axis=1) for x in leaves], 1)
+    ok = jnp.sum(flags, axis=1, dtype=jnp.int32) == len(leaves)
+    return ok if members else ok[0]
 
 
 def only_groups(
@@ -105,403 +90,85 @@ def only_groups(
     return params, new_opt._replace(inner_states=inner)
 
 
-def concat(parts: list[jax.Array]) -> jax.Array:
-    """The groups' (n_g, ...) arrays as one (L_local, ...) array (one group: itself)."""
-    return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+def phase_key(key: jax.Array, index: int) -> jax.Array:
+    """Phase ``index``'s key of the step's ``key`` (phase 0: the key itself)."""
+    return jax.random.fold_in(key, index) if index else key
 
 
-def init_state(
-    plan: StepPlan,
-    tx: optax.GradientTransformation,
-    seed: int,
-    sample: np.ndarray,
-    sampler_state: dict | None = None,
-) -> TrainState:
-    """The state at step 0, placed as the step takes it.
-
-    Member 1 is the same for every run (a plain run of the config and seed). Member l > 1
-    initialises from member 1's key, or with model diversity from its own: the members of a
-    group then take everything but their embedding heads (``head_*``) from the group's first
-    member (one backbone start, as a pretrained one would be), a member alone in its group
-    (heterogeneous cohorts) its whole network.
-    """
-    layout = plan.layout
-    key = jax.random.PRNGKey(seed)
-    images = jnp.asarray(sample)
-    init_key, rng0 = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
-    fields: dict[str, list[Any]] = {f: [] for f in MEMBER_FIELDS if f != "opt_state"}
-    index = 0
-    for method, size in zip(plan.methods, layout.group_sizes, strict=True):
-        first = index
-        for i in range(index, index + size):
-            own = i > 0 and plan.model_diversity
-            if i == first:
-                params, stats = method.init(
-                    jax.random.fold_in(init_key, i) if own else init_key, images
-                )
-            else:
-                params, stats = fields["params"][first], fields["batch_stats"][first]
-                if own:
-                    other, _ = method.init(jax.random.fold_in(init_key, i), images)
-                    model = {
-                        k: other["model"][k] if k.startswith("head_") else v
-                        for k, v in params["model"].items()
-                    }
-                    params = {**params, "model": model}
-            fields["params"].append(params)
-            fields["batch_stats"].append(stats)
-            fields["rng"].append(rng0 if i == 0 else jax.random.fold_in(rng0, i))
-            method_state = method.init_method_state(params)
-            exchanged = plan.exchange.init_state(params) if plan.exchange else None
-            if exchanged is not None:
-                method_state = {**method_state, EXCHANGE_STATE: exchanged}
-            fields["method_state"].append(method_state)
-        index += size
-    state = zeros_state(
-        sampler_state,
-        opt_state=layout.init_optimizer(tx, fields["params"]),
-        **{f: layout.store(v) for f, v in fields.items()},
-    )
-    return layout.place_state(state)
-
-
-def temporal_draws(
-    probabilities: np.ndarray, keys: jax.Array, offset: jax.Array | int
-) -> jax.Array:
-    """(L_local,) bool: which members apply their update this step (temporal diversity:
-    member l with probability ``2^-(l-1)``; all of them without it)."""
-    local = keys.shape[0]
-    if not np.any(probabilities < 1.0):
-        return jnp.ones((local,), bool)
-    probs = jnp.asarray(probabilities)[offset + jnp.arange(local)]
-    tag = lambda k: jax.random.fold_in(k, _TEMPORAL_TAG)  # noqa: E731
-    return jax.vmap(lambda k: jax.random.uniform(tag(k)))(keys) < probs
-
-
-def cohort_metrics(
-    metric: str, totals: jax.Array, losses: jax.Array, exchanged: jax.Array, applied: jax.Array
-) -> dict[str, jax.Array]:
-    """Per member its loss, exchanged term and whether it updated, and the cohort's means
-    (every argument (L,) over the whole cohort)."""
-    updated = applied.astype(jnp.float32)
-    out = {}
-    for i in range(totals.shape[0]):
-        out[f"{member_name(i)}/loss"] = losses[i]
-        out[f"{member_name(i)}/{metric}"] = exchanged[i]
-        out[f"{member_name(i)}/updated"] = updated[i]
-    out["loss"] = jnp.mean(totals)
-    out[f"{metric}/loss"] = jnp.mean(exchanged)
-    out["updated_fraction"] = jnp.mean(updated)
-    return out
-
-
-def _slices(sizes: tuple[int, ...]) -> list[slice | None]:
-    """Each group's rows of a (L_local, ...) array; None for a group that is all of them."""
-    if len(sizes) == 1:
-        return [None]
-    starts = np.cumsum((0, *sizes))
-    return [slice(int(a), int(b)) for a, b in itertools.pairwise(starts)]
-
-
-def _take(x: Any, rows: slice | None) -> Any:
-    return x if rows is None else jax.tree.map(lambda a: a[rows], x)
-
-
-class MembersAux(NamedTuple):
-    """What the members' loss gives besides its sum (every array (L_local,) over this device's
-    members).
-
-    Attributes:
-      total: each member's objective: its method's loss plus lambda times the exchanged value.
-      loss: each member's method loss.
-      exchanged: the exchange's value of each member (None for one member).
-      groups: each group's :class:`jdml.methods.method.LossAux`.
-      exchange_state: each group's new exchange state (None without one).
-    """
-
-    total: jax.Array
-    loss: jax.Array
-    exchanged: jax.Array | None
-    groups: tuple[LossAux, ...]
-    exchange_state: tuple[Any, ...] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class StepContext:
-    """What every part of one step reads.
-
-    Attributes:
-      plan: what the step trains.
-      state: the state the step starts from (its member fields in groups).
-      keys: each group's (n_g,) step keys.
-      rows: each group's rows of a (L_local, ...) array (:func:`_slices`).
-      offset: this device's first member (0 unless the cohort is sharded).
-      gather: all-gathers a (L_local, ...) array over the member axis (identity unsharded).
-      views: the batch entries each member views on its own (view diversity).
-      shared: the other batch entries.
-      lam: the exchange's weight at this step (None for one member).
-      peers: what the exchange needs of the other members.
-    """
-
-    plan: StepPlan
-    state: TrainState
-    keys: tuple[jax.Array, ...]
-    rows: list[slice | None]
-    offset: jax.Array | int
-    gather: Callable[[jax.Array], jax.Array]
-    views: dict[str, jax.Array]
-    shared: dict[str, jax.Array]
-    lam: jax.Array | None
-    peers: Peers
-
-    @property
-    def local(self) -> int:
-        """The members on this device."""
-        return sum(r.shape[0] for r in self.state.rng)
-
-
-def step_context(plan: StepPlan, state: TrainState, batch: dict[str, jax.Array]) -> StepContext:
-    """The :class:`StepContext` of one step of ``state`` on ``batch``."""
-    layout, exchange = plan.layout, plan.exchange
-    sharded = layout.sharded
-    gather = (lambda x: jax.lax.all_gather(x, AXIS, tiled=True)) if sharded else (lambda x: x)
-    sizes = tuple(r.shape[0] for r in state.rng)
-    offset = jax.lax.axis_index(AXIS) * sum(sizes) if sharded else 0
-    keys = tuple(jax.vmap(lambda r: jax.random.fold_in(r, state.step))(r) for r in state.rng)
-    views = {k: v for k, v in batch.items() if k in VIEWS and layout.view_diversity}
-    return StepContext(
-        plan=plan,
-        state=state,
-        keys=keys,
-        rows=_slices(sizes),
-        offset=offset,
-        gather=gather,
-        views=views,
-        shared={k: v for k, v in batch.items() if k not in views},
-        lam=exchange.weight(state.step) if exchange is not None else None,
-        peers=Peers(gather=gather, offset=offset, size=layout.size),
-    )
-
-
-def members_loss(
-    ctx: StepContext,
-    params: Groups,
-    stats: Groups,
-    keys: tuple[jax.Array, ...],
-    batch: dict[str, jax.Array],
-    phase: tuple[str, ...] | None,
-) -> tuple[jax.Array, MembersAux]:
-    """The sum of the members' objectives in one phase, and the :class:`MembersAux`."""
-    plan, exchange = ctx.plan, ctx.plan.exchange
-    group_losses, auxes = [], []
-    for g, method in enumerate(plan.methods):
-
-        def member_loss(p_, s_, views_, key, method_state, method=method):
-            return method.loss_fn(p_, s_, {**batch, **views_}, key, method_state, phase)
-
-        loss, aux = over_members(
-            member_loss,
-            plan.loop,
-            params[g],
-            stats[g],
-            _take(ctx.views, ctx.rows[g]),
-            keys[g],
-            ctx.state.method_state[g],
-        )
-        group_losses.append(loss)
-        auxes.append(aux)
-    loss = concat(group_losses)
-    if exchange is None:  # one member: nothing to exchange
-        return jnp.sum(loss), MembersAux(loss, loss, None, tuple(auxes))
-    value, exchange_state = jnp.zeros_like(loss), None  # inactive: members side by side
-    if exchange.active:
-        states = tuple(s.get(EXCHANGE_STATE) for s in ctx.state.method_state)
-        outputs = MemberOutputs(
-            embeddings=tuple(a.embeddings for a in auxes),
-            params=params,
-            labels=batch["labels"],
-            state=None if states[0] is None else states,
-        )
-        value, exchange_state = exchange.losses(outputs, ctx.peers)
-    total = loss + ctx.lam * value
-    return jnp.sum(total), MembersAux(total, loss, value, tuple(auxes), exchange_state)
-
-
-def phase_update(
-    ctx: StepContext,
-    tx: optax.GradientTransformation,
-    index: int,
-    phase: tuple[str, ...] | None,
-    params: Groups,
-    opt_state: Groups,
-    stats: Groups,
-) -> tuple[Groups, Groups, MembersAux, jax.Array]:
-    """One optimiser update of the phase's terms: the new params and optimiser state (the
-    groups the phase does not train kept), its :class:`MembersAux`, and (L_local,) whether each
-    member's objective, gradients and params are finite."""
-    methods = ctx.plan.methods
-    batch = methods[0].phase_batch(ctx.shared, index)
-    keys = ctx.keys
-    if index:
-        keys = tuple(jax.vmap(lambda k: jax.random.fold_in(k, index))(k) for k in keys)
-    loss = functools.partial(members_loss, ctx, stats=stats, keys=keys, batch=batch, phase=phase)
-    grads, aux = jax.grad(loss, has_aux=True)(params)
-    new_params, new_opt_state = ctx.plan.layout.update(tx, grads, opt_state, params)
-    kept = [
-        only_groups(
-            method.phase_groups(phase), new_params[g], params[g], new_opt_state[g], opt_state[g]
-        )
-        for g, method in enumerate(methods)
-    ]
-    params, opt_state = tuple(p for p, _ in kept), tuple(o for _, o in kept)
-    finite = concat([finite_per_member((g, p)) for g, p in zip(grads, params, strict=True)])
-    return params, opt_state, aux, jnp.isfinite(aux.total) & finite
-
-
-def commit(
-    ctx: StepContext,
-    params: Groups,
-    opt_state: Groups,
-    stats: Groups,
-    outputs: list[dict[str, Any]],
-    apply: jax.Array,
-    all_ok: jax.Array,
-    first: MembersAux,
-) -> TrainState:
-    """The state after the step: each member's new fields where ``apply`` holds (its old ones
-    elsewhere), the method and exchange states and the sampler memory updated (``first``: the
-    first phase's outputs), the step counted."""
-    state = ctx.state
-    new_fields: dict[str, list[Any]] = {f: [] for f in MEMBER_FIELDS if f != "rng"}
-    for g, method in enumerate(ctx.plan.methods):
-        mask = _take(apply, ctx.rows[g])
-        method_state = jax.vmap(method.update_method_state, (0, 0, 0, None))(
-            state.method_state[g], params[g], outputs[g], ctx.shared["labels"]
-        )
-        if first.exchange_state is not None:
-            method_state = {**method_state, EXCHANGE_STATE: first.exchange_state[g]}
-        new_fields["params"].append(keep_where(mask, params[g], state.params[g]))
-        new_fields["opt_state"].append(keep_where(mask, opt_state[g], state.opt_state[g]))
-        new_fields["batch_stats"].append(keep_where(mask, stats[g], state.batch_stats[g]))
-        new_fields["method_state"].append(keep_where(mask, method_state, state.method_state[g]))
-    return state.replace(
-        step=state.step + 1,
-        nonfinite=state.nonfinite + (~all_ok).astype(jnp.int32),
-        sampler_state=update_memory(
-            state.sampler_state,
-            ctx.shared.get("indices"),
-            ctx.gather(first.groups[0].embeddings)[0],
-        ),
-        **{f: tuple(v) for f, v in new_fields.items()},
-    )
-
-
-def step_metrics(
-    ctx: StepContext, metrics: dict[str, jax.Array], first: MembersAux, apply: jax.Array
-) -> dict[str, jax.Array]:
-    """The step's metrics: each metric's mean over the members, the phases' losses summed, and
-    the cohort's per-member losses and exchanged values (``first``: the first phase's)."""
-    exchange, gather = ctx.plan.exchange, ctx.gather
-    out = {k: jnp.mean(gather(v)) for k, v in metrics.items()}
-    phases = len(ctx.plan.methods[0].phases)
+def phases_metrics(metrics: dict[str, jax.Array], phases: int) -> dict[str, jax.Array]:
+    """The step's metrics: with several phases, ``loss`` is the sum of theirs."""
     if phases > 1:
-        out["loss"] = sum(out[f"phase{i}/loss"] for i in range(phases))
-    if exchange is not None:
-        values = (gather(first.total), gather(first.loss), gather(first.exchanged), gather(apply))
-        out.update(cohort_metrics(exchange.metric, *values))
-        out[f"{exchange.metric}/weight"] = ctx.lam
-    return out
+        metrics = {**metrics, "loss": sum(metrics[f"phase{i}/loss"] for i in range(phases))}
+    return metrics
 
 
 def train_step(
-    plan: StepPlan,
-    tx: optax.GradientTransformation,
-    state: TrainState,
-    batch: dict[str, jax.Array],
+    method: Method, tx: optax.GradientTransformation, state: TrainState, batch: dict[str, Any]
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One step of the members in ``state``, whose member fields are groups (``Layout.split``):
-    this device's block of a sharded cohort inside ``shard_map``, or all members."""
-    ctx = step_context(plan, state, batch)
-    phases = plan.methods[0].phases
+    """One optimiser update per phase of ``method`` on ``batch``, then its state and the
+    sampler's memory; ``(new state, metrics)``."""
+    key = jax.random.fold_in(state.rng, state.step)
     params, opt_state, stats = state.params, state.opt_state, state.batch_stats
-    ok, metrics, outputs = jnp.ones((ctx.local,), bool), {}, [{} for _ in plan.methods]
-    auxes: list[MembersAux] = []
-    for i, phase in enumerate(phases):
-        params, opt_state, aux, finite = phase_update(ctx, tx, i, phase, params, opt_state, stats)
-        stats, ok = tuple(a.batch_stats for a in aux.groups), ok & finite
-        prefix = "" if len(phases) == 1 else f"phase{i}/"
-        for k in aux.groups[0].metrics:
-            metrics[prefix + k] = concat([a.metrics[k] for a in aux.groups])
-        for g, a in enumerate(aux.groups):
-            outputs[g].update(a.outputs)
-        auxes.append(aux)
-    first = auxes[0]
-    all_ok = jnp.all(ctx.gather(ok))
-    apply = all_ok & temporal_draws(plan.probabilities, concat(list(ctx.keys)), ctx.offset)
-    new_state = commit(ctx, params, opt_state, stats, outputs, apply, all_ok, first)
-    return new_state, step_metrics(ctx, metrics, first, apply)
+    ok, metrics, outputs, embeddings = jnp.array(True), {}, {}, None
+    for i, phase in enumerate(method.phases):
+        grad_fn = jax.value_and_grad(method.loss_fn, has_aux=True)
+        (loss, aux), grads = grad_fn(params, stats, method.phase_batch(batch, i),
+                                     phase_key(key, i), state.method_state, phase)  # fmt: skip
+        updates, new_opt = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        groups = method.phase_groups(phase)
+        params, opt_state = only_groups(groups, new_params, params, new_opt, opt_state)
+        ok = ok & jnp.isfinite(loss) & all_finite((grads, params))
+        stats, embeddings = aux.batch_stats, aux.embeddings if i == 0 else embeddings
+        prefix = "" if len(method.phases) == 1 else f"phase{i}/"
+        metrics.update({prefix + k: v for k, v in aux.metrics.items()})
+        outputs.update(aux.outputs)
+    method_state = method.update_method_state(state.method_state, params, outputs, batch["labels"])
+    new = state.replace(
+        step=state.step + 1,
+        params=keep_where(ok, params, state.params),
+        opt_state=keep_where(ok, opt_state, state.opt_state),
+        batch_stats=keep_where(ok, stats, state.batch_stats),
+        method_state=keep_where(ok, method_state, state.method_state),
+        nonfinite=state.nonfinite + (~ok).astype(jnp.int32),
+        sampler_state=update_memory(state.sampler_state, batch.get("indices"), embeddings),
+    )
+    return new, phases_metrics(metrics, len(method.phases))
 
 
 #: The batch entry of the device views' resident photos and tables (added by the step itself).
 PHOTO_SET = "photo_set"
 
 
-def jit_train_step(
-    plan: StepPlan,
-    tx: optax.GradientTransformation,
-    state: TrainState | None,
+def jit_step(
+    body: StepFn,
     views: Any = None,
+    shardings: Any = None,
+    place: Callable[[dict], dict] | None = None,
+    replicated: Any = None,
 ) -> StepFn:
-    """The jitted, state-donating step ``(state, batch) -> (state, metrics)``.
-
-    The stored state is split into groups and joined again inside the jitted step (free
-    reshapes). On a mesh, host batches are placed first (``Layout.place_batch``) and, unless the
-    members are listed, each device steps its members (``shard_map`` over the member axis; the
-    data axis is left to the compiler, which splits the batch and gathers what the losses need).
-    ``state`` (an example of the stored state) is needed on a mesh only.
+    """``body`` jitted, donating the state: ``(state, batch) -> (state, metrics)``.
 
     With ``views`` (``jdml.data.device_pixels.DeviceViews``) the batches hold view parameters,
     and the step makes the views first, inside the same jitted program; the resident photos
     are passed to every call as an argument (placed on the devices, or split over the mesh,
-    when the views were built: nothing is copied).
+    when the views were built: nothing is copied). On a mesh (``shardings``: the state's), host
+    batches are placed by ``place`` first and the state is returned placed as it came
+    (``replicated``: the metrics'), so that the step compiles once.
     """
-    layout = plan.layout
-    body: Callable = functools.partial(train_step, plan, tx)
-    if layout.sharded:
-        specs = layout.state_specs(state)  # a one-member state has the stacked structure
-        specs = specs.replace(**{f: (getattr(specs, f),) for f in MEMBER_FIELDS})
-        per_member = P(AXIS) if layout.view_diversity else P()
-        inner = body
-
-        def body(state: TrainState, batch: dict[str, jax.Array]):
-            sharded = jax.shard_map(
-                inner,
-                mesh=layout.mesh,
-                in_specs=(specs, {k: per_member if k in VIEWS else P() for k in batch}),
-                out_specs=(specs, P()),
-                axis_names=frozenset({AXIS}),  # the data axis stays automatic
-                check_vma=False,
-            )
-            return sharded(state, batch)
 
     def step(state: TrainState, batch: dict[str, jax.Array]):
         if views is not None:
             batch = views.realize({k: v for k, v in batch.items() if k != PHOTO_SET},
                                   batch[PHOTO_SET])  # fmt: skip
-        grouped = state.replace(**{f: layout.split(getattr(state, f)) for f in MEMBER_FIELDS})
-        new, metrics = body(grouped, batch)
-        return new.replace(**{f: layout.join(getattr(new, f)) for f in MEMBER_FIELDS}), metrics
+        return body(state, batch)
 
     extra = {} if views is None else {PHOTO_SET: views.resident}
-    if not layout.on_mesh:
+    if shardings is None:
         jitted = jax.jit(step, donate_argnums=0)
         return PlacedStep(jitted, None, None, extra) if extra else jitted
-    shardings = layout.state_shardings(state)
-    # Fixed output shardings: the returned state is placed exactly as the state it replaces
-    # (on a one-device member axis the compiler would otherwise pick an equivalent spec and
-    # the second call would compile again).
-    jitted = jax.jit(step, donate_argnums=0, out_shardings=(shardings, layout.replicated))
-    return PlacedStep(jitted, layout.place_batch, shardings, extra)
+    jitted = jax.jit(step, donate_argnums=0, out_shardings=(shardings, replicated))
+    return PlacedStep(jitted, place, shardings, extra)
 
 
 class PlacedStep:

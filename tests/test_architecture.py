@@ -12,10 +12,13 @@ own modules to register them.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.helpers import REPO
+import pytest
+
+from tests.helpers import REPO, load_script
 
 PACKAGE = Path(REPO) / "jdml"
 MAX_MODULE_LINES = 700
@@ -160,11 +163,45 @@ def _function_lines(path: str, name: str) -> int:
 
 
 def test_the_train_step_reads_in_one_screen() -> None:
-    """``jdml.step.train_step`` is at most 40 lines: its work is in named parts
-    (``step_context``, ``phase_update``, ``commit``, ``step_metrics``), and what the losses give
-    besides their value has names (``LossAux``, ``MembersAux``), not positions."""
-    lines = _function_lines("jdml/step.py", "train_step")
-    assert lines <= 40, f"jdml.step.train_step has {lines} lines; move work into named parts"
+    """The plain ``jdml.step.train_step`` and the cohort's are at most 40 lines each: the
+    cohort's work is in named parts (``step_context``, ``phase_update``, ``commit``,
+    ``step_metrics``), and what the losses give besides their value has names (``LossAux``,
+    ``MembersAux``), not positions."""
+    for path in ("jdml/step.py", "jdml/cohort/step.py"):
+        lines = _function_lines(path, "train_step")
+        assert lines <= 40, f"{path}::train_step has {lines} lines; move work into named parts"
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def test_the_plain_step_knows_nothing_of_cohorts() -> None:
+    """A plain run's step is Flax-shaped and reads alone (issue 81): ``jdml/step.py`` has at
+    most 250 lines, imports nothing of the members (cohort, layout, members, exchanges, mesh),
+    and its reader meets at most 3 types (``tools/spine_metrics.py``)."""
+    path = PACKAGE / "step.py"
+    assert len(path.read_text().splitlines()) <= 250
+    spine = {"jdml.cohort", "jdml.layout", "jdml.members", "jdml.exchanges", "jdml.mesh"}
+    imported = {m for m in _imports(path) if any(m.startswith(s) for s in spine)}
+    assert not imported, f"jdml/step.py imports {imported}"
+    types = load_script("tools/spine_metrics.py").step_types("jdml.step")
+    assert len(types) <= 3, types
+
+
+@pytest.mark.slow
+def test_a_plain_run_reaches_its_loss_in_few_frames() -> None:
+    """``python train.py`` reaches the margin loss's first line in at most 12 of this
+    repository's frames (Flax's ImageNet example: 6)."""
+    frames = load_script("tools/spine_metrics.py").frames_to_loss()
+    assert frames and frames[-1].filename.endswith("losses/margin.py")
+    assert len(frames) <= 12, [f"{f.filename}:{f.lineno} {f.name}" for f in frames]
 
 
 def test_the_trainer_reads_in_one_screen() -> None:
@@ -191,7 +228,7 @@ def test_the_member_spine_has_no_string_kinds() -> None:
     """The storage of the members is a class (``jdml.layout.OneMember``, ``Stacked``,
     ``Listed``), not a string tested by its users; ``Program`` forwards none of its layout's
     members (its users ask ``program.layout``)."""
-    for module in ("layout", "program", "step"):
+    for module in ("layout", "program", "step", "cohort/step"):
         lines = _string_kind_tests(PACKAGE / f"{module}.py")
         assert not lines, f"jdml/{module}.py compares a .kind with a string at lines {lines}"
     tree = ast.parse((PACKAGE / "program.py").read_text())
@@ -213,7 +250,17 @@ def test_the_string_kind_finder_finds_one(tmp_path: Path) -> None:
 
 
 #: The packages and modules whose code computes a run's numbers.
-NUMERICS = ("nn", "models", "losses", "miners", "evaluation", "native", "step.py", "layout.py")
+NUMERICS = (
+    "nn",
+    "models",
+    "losses",
+    "miners",
+    "evaluation",
+    "native",
+    "step.py",
+    "cohort",
+    "layout.py",
+)
 
 
 def _switch_reads(path: Path) -> list[tuple[str, int]]:
@@ -274,3 +321,31 @@ def test_the_switch_finder_finds_one(tmp_path: Path) -> None:
         '    return impl != "auto" and MODE == "x" and d[KEY] and LIMIT\n'
     )
     assert sorted(_switch_reads(probe)) == [("MODE", 6), ("MODE", 7)]
+
+
+def _map_paths() -> list[str]:
+    """The module and package paths the map of ``docs/architecture.md`` names (its first code
+    block), relative to ``jdml/``: an indented entry lies in the package above it."""
+    text = (Path(REPO) / "docs" / "architecture.md").read_text()
+    block = text.split("```", 2)[1]
+    paths, parent = [], ""
+    for line in block.splitlines()[1:]:
+        head = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+        names = [t for t in re.split(r"[\s,]+", head) if re.fullmatch(r"[\w.]+(/|\.py)", t)]
+        if not names or line.startswith("    "):
+            continue  # a description's continuation
+        if line.startswith("  "):
+            paths += [parent + n for n in names]
+            continue
+        parent = names[0] if names[0].endswith("/") else ""
+        paths += names
+    return paths
+
+
+def test_the_architecture_map_names_the_modules_there_are() -> None:
+    """Every module and package the map names exists where it places it (issue 81: it named a
+    ``blocks.py`` that did not exist)."""
+    paths = _map_paths()
+    assert "step.py" in paths and "cohort/step.py" in paths and "layout.py" in paths
+    missing = [p for p in paths if not (PACKAGE / p).exists()]
+    assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"

@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdml.step import finite_per_member, keep_where
+from jdml.cohort.step import finite_per_member
+from jdml.step import keep_where
 
 
 def test_finite_per_member_on_explicit_trees():

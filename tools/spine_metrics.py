@@ -1,14 +1,16 @@
 """Prints the member spine's size: the lines of its central functions and modules, and the Python
 frames between ``train.py`` and the first line of a loss.
 
-* lines: ``jdml.step.train_step`` and ``jdml.trainer._train`` (from ``def`` to the last line),
-  and the modules ``jdml/layout.py``, ``jdml/program.py``, ``jdml/step.py``;
+* lines: the plain and the cohort's ``train_step`` and ``jdml.trainer._train`` (from ``def``
+  to the last line), and the modules of the layout, the program and the two steps;
+* types: the classes a reader of each ``train_step`` meets in its annotations and those of the
+  module's functions it calls (Python's, JAX's and NumPy's not counted);
 * frames: ``python train.py`` on a tiny npz (one step) is run in this process; when the train
-  step first traces the margin loss (the default), the stack is read, and the frames of this
-  repository's code (not of installed packages) from ``train.py`` down are counted, with the
-  modules they are in.
+  step first reaches the margin loss's own first line (through Flax's and the repository's
+  wrappers), the stack is read, and the frames of this repository's code (not of installed
+  packages) from ``train.py`` down are counted, with the modules they are in.
 
-Issue 71 compares these before and after the refactor.
+Issues 71 and 81 compare these before and after their refactors.
 
     python tools/spine_metrics.py
 """
@@ -26,8 +28,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-FUNCTIONS = {"jdml/step.py": "train_step", "jdml/trainer.py": "_train"}
-MODULES = ("jdml/layout.py", "jdml/program.py", "jdml/step.py")
+FUNCTIONS = {
+    "jdml/step.py": "train_step",
+    "jdml/cohort/step.py": "train_step",
+    "jdml/trainer.py": "_train",
+}
+MODULES = ("jdml/layout.py", "jdml/program.py", "jdml/step.py", "jdml/cohort/step.py")
 
 
 def function_lines(path: str, name: str) -> int:
@@ -39,27 +45,68 @@ def function_lines(path: str, name: str) -> int:
     raise SystemExit(f"error: no function {name} in {path}")
 
 
+#: Modules whose types a JAX reader knows already (not counted as the step's types).
+KNOWN = ("builtins", "types", "typing", "collections", "jax", "jaxlib", "numpy")
+
+
+def step_types(module: str) -> list[str]:
+    """The types a reader of ``module``'s ``train_step`` meets: the classes named in the
+    annotations of it and of the module's functions it calls (not Python's, JAX's or NumPy's)."""
+    import importlib
+    import inspect
+    import typing
+
+    mod = importlib.import_module(module)
+    step = mod.train_step
+    called = {
+        node.func.id
+        for node in ast.walk(ast.parse(inspect.getsource(step)))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+    functions = [step] + [
+        getattr(mod, n)
+        for n in sorted(called)
+        if inspect.isfunction(getattr(mod, n, None)) and getattr(mod, n).__module__ == module
+    ]
+    found: set[str] = set()
+
+    def visit(hint: object) -> None:
+        for arg in typing.get_args(hint):
+            visit(arg)
+        origin = typing.get_origin(hint) or hint
+        if isinstance(origin, type) and origin.__module__.split(".")[0] not in KNOWN:
+            found.add(f"{origin.__module__}.{origin.__qualname__}")
+
+    for fn in functions:
+        for hint in typing.get_type_hints(fn).values():
+            visit(hint)
+    return sorted(found)
+
+
 def frames_to_loss() -> list[traceback.FrameSummary]:
-    """The repository's frames, from train.py down, when the margin loss is first traced."""
+    """The repository's frames, from train.py down to the margin loss's own first line (its
+    wrappers included), when the train step first traces the loss."""
+    import inspect
+
     from jdml.losses.margin import MarginLoss
     from tests.helpers import make_npz
 
     seen: list[traceback.FrameSummary] = []
-    original = MarginLoss.__call__
+    target = inspect.unwrap(MarginLoss.__call__).__code__
 
     def ours(frame: traceback.FrameSummary) -> bool:
-        inside = frame.filename.startswith(str(REPO)) and "site-packages" not in frame.filename
-        return inside and frame.name != "spy"
+        return frame.filename.startswith(str(REPO)) and "site-packages" not in frame.filename
 
-    def spy(self, *args, **kwargs):
-        stack = traceback.extract_stack()
-        if not seen and any(f.name == "train_step" for f in stack):  # the step's, not init's
+    def profile(frame, event, arg):
+        if seen or event != "call" or frame.f_code is not target:
+            return
+        stack = traceback.extract_stack(frame)
+        if any(f.name == "train_step" for f in stack):  # the step's, not init's
             mine = [f for f in stack if ours(f)]
             start = next(i for i, f in enumerate(mine) if f.filename.endswith("train.py"))
             seen.extend(mine[start:])
-        return original(self, *args, **kwargs)
 
-    MarginLoss.__call__ = spy
+    sys.setprofile(profile)
     try:
         with tempfile.TemporaryDirectory() as scratch:
             npz = make_npz(os.path.join(scratch, "tiny.npz"), size=32)
@@ -84,7 +131,7 @@ def frames_to_loss() -> list[traceback.FrameSummary]:
                 if e.code not in (0, None):
                     raise
     finally:
-        MarginLoss.__call__ = original
+        sys.setprofile(None)
     return seen
 
 
@@ -93,6 +140,9 @@ def main() -> None:
         print(f"{path}::{name}: {function_lines(path, name)} lines")
     for path in MODULES:
         print(f"{path}: {len((REPO / path).read_text().splitlines())} lines")
+    for module in ("jdml.step", "jdml.cohort.step"):
+        types = step_types(module)
+        print(f"{module}.train_step's reader meets {len(types)} types: {', '.join(types)}")
     frames = frames_to_loss()
     modules = sorted({os.path.relpath(f.filename, REPO) for f in frames})
     print(f"from train.py to the first loss line: {len(frames)} frames in {len(modules)} modules")

@@ -27,7 +27,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from jdml.allocator import reexec_with_tcmalloc
-from jdml.cli import flags_parser, run_cli
+from jdml.cli import cli_errors, flags_parser
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/<file>.py[:args]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if it exists).")
@@ -49,15 +49,13 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv: list[str]) -> None:
     del argv
+    from jdml.distributed import initialize, is_main_process
+    from jdml.evaluation.embeddings import format_table
+    from jdml.trainer import train_and_evaluate
 
-    def run() -> None:
-        from jdml.distributed import initialize, is_main_process
-        from jdml.evaluation.embeddings import format_table
-        from jdml.trainer import train_and_evaluate
-
+    with cli_errors():
         if _COORDINATOR.value or _DISTRIBUTED.value:
             initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-
         with stopped_as_error(_WORKDIR.value):
             summary = train_and_evaluate(
                 _CONFIG.value, _WORKDIR.value, replace_unreadable_config=_REPLACE_UNREADABLE.value
@@ -71,8 +69,6 @@ def main(argv: list[str]) -> None:
                     tables[f"{key} ({split})"] = values
         print(format_table(tables))
         print(f"results: {_WORKDIR.value}/results.json")
-
-    run_cli(run)
 
 
 @contextlib.contextmanager
