@@ -13,7 +13,26 @@ if TYPE_CHECKING:
 
 
 def load(workdir: str, checkpoint: str | int = "best", embedding: str | None = None) -> Model:
-    """A trained model from a run directory (see :func:`jdml.inference.load`)."""
+    """A trained model from a run directory (see :func:`jdml.inference.load`).
+
+    Example, with ``workdir`` a finished run (``runs/glyphs`` after the README's first
+    command): embed images and search them.
+
+    >>> import numpy as np
+    >>> import jdml
+    >>> model = jdml.load(workdir)  # the best checkpoint's main embedding
+    >>> images = np.zeros((3, *model.input_shape), np.uint8)
+    >>> embeddings = model.embed(images)
+    >>> embeddings.shape[0], str(embeddings.dtype)
+    (3, 'float32')
+    >>> index = model.index(images, labels=np.array([0, 1, 2]))
+    >>> [len(row) for row in index.search(embeddings, k=2)]
+    [2, 2, 2]
+    >>> jdml.load(workdir + "-missing")
+    Traceback (most recent call last):
+    ...
+    jdml.errors.CheckpointError: ...
+    """
     from jdml.inference import load as load_model  # imported on use: ``import jdml`` stays light
 
     return load_model(workdir, checkpoint, embedding)

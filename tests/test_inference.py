@@ -288,3 +288,10 @@ def test_a_folder_among_the_files_to_embed_is_named_as_one(model, tmp_path):
 
     with pytest.raises(DataError, match=r"is a folder, not an image file: give the image files"):
         model.embed([str(tmp_path)])
+
+
+def test_the_load_example_runs_on_a_trained_run(run_dir):
+    """``jdml.load``'s docstring example, with ``workdir`` this module's run."""
+    from tests.test_doctests import run_examples
+
+    assert run_examples(jdml.load, {"workdir": run_dir}).failed == 0

@@ -168,6 +168,27 @@ def get(name: str, **hparams: Any) -> Loss:
       **hparams: its keyword hyperparameters (the reference defaults otherwise); per-class
         losses need ``num_classes``.
 
+    Example: Revisiting's margin loss (Wu et al. 2017) on four unit embeddings of two classes,
+    with distance-weighted mining; of the 8 terms, two are active (anchors 1 and 2 lie
+    ``sqrt(0.8)`` from a negative, inside ``beta + margin = 1.4``), and the loss is their mean:
+
+    >>> import jax, jax.numpy as jnp
+    >>> import jdml.losses, jdml.miners
+    >>> loss = jdml.losses.get("margin", num_classes=2, margin=0.2, beta=1.2)
+    >>> miner = jdml.miners.get("distance")
+    >>> embeddings = jnp.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-0.6, 0.8]])
+    >>> labels = jnp.array([0, 0, 1, 1])
+    >>> key = jax.random.key(0)
+    >>> tuples = miner(key, embeddings, labels)
+    >>> params = loss.init(key, embeddings, labels, tuples)  # the per-class betas
+    >>> value, metrics = loss.apply(params, embeddings, labels, tuples)
+    >>> round(float(value), 4), float(metrics["active_fraction"])
+    (0.5056, 0.25)
+    >>> jdml.losses.get("margn")
+    Traceback (most recent call last):
+    ...
+    jdml.errors.UnknownNameError: unknown loss 'margn'; known loss names: angular, ...
+
     Raises:
       UnknownNameError: for an unregistered name (the message lists the known losses).
       TypeError: for a hyperparameter the loss does not take (the message lists those it does).

@@ -57,6 +57,25 @@ def make_miner(name: str, **hparams: Any) -> Callable[[jax.Array, jax.Array, jax
     Raises:
       UnknownNameError: for an unregistered name (the message lists the known miners).
       TypeError: for a hyperparameter the miner does not take.
+
+    Example: Revisiting's distance-weighted miner (Wu et al. 2017) on two classes of two: each
+    sample is an anchor with its class's other sample as the positive and a negative drawn by
+    distance:
+
+    >>> import jax, jax.numpy as jnp
+    >>> import jdml.miners
+    >>> miner = jdml.miners.get("distance", lower_cutoff=0.5, upper_cutoff=1.4)
+    >>> embeddings = jnp.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-0.6, 0.8]])
+    >>> labels = jnp.array([0, 0, 1, 1])
+    >>> tuples = miner(jax.random.key(0), embeddings, labels)
+    >>> tuples.anchors.tolist(), tuples.positives.tolist()
+    ([0, 1, 2, 3], [1, 0, 3, 2])
+    >>> bool(jnp.all(labels[tuples.negatives] != labels[tuples.anchors]))
+    True
+    >>> jdml.miners.get("distance", cutoff=1.4)
+    Traceback (most recent call last):
+    ...
+    TypeError: miner 'distance': got an unexpected keyword argument 'cutoff'
     """
     fn = MINERS.get(name)
     try:
