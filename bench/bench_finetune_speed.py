@@ -40,8 +40,8 @@ from jdml.models.efficientnet import (
     EfficientNetLite0,
 )
 from jdml.models.pretrained.efficientnet import packaged_weights
-from jdml.program import one_member_step
 from jdml.run import Run
+from jdml.step import make_train_step
 from jdml.throughput import FlopCount, alternating_rounds, model_flops, throughput_line
 
 
@@ -57,7 +57,7 @@ def contenders(
     run = Run(config)
     make_batch = run.batch_maker()
     batch = {k: jnp.asarray(v) for k, v in make_batch(0).items()}
-    step = one_member_step(run.method, run.tx)
+    step = make_train_step(run.method, run.tx)
     state = [jax.tree.map(jnp.copy, run.initial_state)]
     test = run.splits["test"]
     images = jnp.asarray(test.eval_images(np.arange(embed_batch) % len(test)))

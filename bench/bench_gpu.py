@@ -56,8 +56,8 @@ import numpy as np
 
 from configs.revisiting import get_config
 from jdml.config import apply_overrides
-from jdml.program import one_member_step
 from jdml.run import Run
+from jdml.step import make_train_step
 from jdml.throughput import FlopCount, alternating_rounds, model_flops, throughput_line
 
 REPO = Path(__file__).resolve().parent.parent
@@ -123,7 +123,7 @@ def jdml_step(config) -> tuple[Callable[[], Any], Callable[[], FlopCount], np.nd
     its FLOP count, and the batch's images (NHWC) for the PyTorch side."""
     run = Run(config)
     batch = {k: jnp.asarray(v) for k, v in run.batch_maker()(0).items()}
-    step = one_member_step(run.method, run.tx)
+    step = make_train_step(run.method, run.tx)
     state = [jax.tree.map(jnp.copy, run.initial_state)]
 
     def call() -> Any:

@@ -27,8 +27,8 @@ import jax
 from configs.diva import get_config as diva_config
 from configs.revisiting import get_config as revisiting_config
 from configs.sharing import get_config as sharing_config
-from jdml.program import one_member_step
 from jdml.run import Run
+from jdml.step import make_train_step
 from jdml.throughput import model_flops, throughput_line
 
 METHODS = {
@@ -44,7 +44,7 @@ def _stepper(build, steps: int):
     run = Run(build())
     make_batch = run.batch_maker()
     batches = [jax.device_put(make_batch(i)) for i in range(steps)]
-    step = one_member_step(run.method, run.tx)
+    step = make_train_step(run.method, run.tx)
     state = {"s": run.prepare(run.initial_state)}
     flops = model_flops(step, state["s"], batches[0])
     state["s"], _ = step(state["s"], batches[0])  # compile

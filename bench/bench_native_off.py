@@ -33,8 +33,8 @@ from configs.revisiting import get_config
 from jdml.allocator import reexec_with_tcmalloc
 from jdml.evaluation.embeddings import evaluate_embeddings
 from jdml.native import switches
-from jdml.program import one_member_step
 from jdml.run import Run
+from jdml.step import make_train_step
 from jdml.throughput import alternating_rounds
 
 MODES = ("auto", "xla")
@@ -102,7 +102,7 @@ def main() -> None:
         contenders = {}
         for mode in MODES:
             os.environ[switches.ENV] = mode
-            step = one_member_step(run.method, run.tx)
+            step = make_train_step(run.method, run.tx)
             state = [jax.tree.map(jnp.copy, run.initial_state)]
             state[0], out = step(state[0], batch)  # traced now, under this mode
             jax.block_until_ready(out)

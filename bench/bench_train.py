@@ -50,8 +50,8 @@ from jdml.data.pipeline import train_batches
 from jdml.errors import ConfigError
 from jdml.native.switches import xla_convolutions
 from jdml.nn.conv import conv2d
-from jdml.program import one_member_step
 from jdml.run import Run
+from jdml.step import make_train_step
 from jdml.throughput import (
     alternating_rounds,
     measured_matmul_tflops,
@@ -261,7 +261,7 @@ def main() -> None:
     make_batch = run.batch_maker()
     batch = {k: jnp.asarray(v) for k, v in make_batch(0).items()}
 
-    step = one_member_step(run.method, run.tx)
+    step = make_train_step(run.method, run.tx)
     state = [jax.tree.map(jnp.copy, run.initial_state)]
 
     def jdml_step() -> None:

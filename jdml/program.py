@@ -44,7 +44,7 @@ from jdml.optim import make_optimizer, per_member
 from jdml.state import TrainState
 from jdml.step import StepFn, jit_step
 
-__all__ = ["ENSEMBLE", "Program", "StepFn", "build_program", "one_member_step"]
+__all__ = ["ENSEMBLE", "Program", "StepFn", "build_program"]
 
 ENSEMBLE = "ensemble"  # a cohort's concatenation of its members, for ``parse_embedding``
 
@@ -76,12 +76,7 @@ class Program:
         self.method = method
         self.methods = tuple(methods)
         self.heterogeneous = bool(self.methods)  # each member has its own method
-        self.cohort = int(cohort.size if size is None else size) > 1
-        if self.cohort and len(method.phases) > 1:
-            raise ConfigError(
-                "a cohort trains one joint update per step; the method's config sets "
-                f"phases={tuple(config.phases)}: use phases=() with cohort.size > 1"
-            )
+        self.cohort = int(cohort.size if size is None else size) > 1  # phases: validation's
         check_stateless_members(config)
         exchange = EXCHANGES.get(cohort.exchange)(config, steps_per_epoch) if self.cohort else None
         self.exchange = exchange
@@ -330,9 +325,3 @@ def build_program(
     methods = tuple(build(c) for c in configs)
     method = methods[0] if methods else build(config)
     return Program(config, method, steps_per_epoch, methods=methods)
-
-
-def one_member_step(method: Method, tx: optax.GradientTransformation) -> StepFn:
-    """The jitted, state-donating step of a one-member program of ``method`` (whatever its
-    config's ``cohort.size``): the step of a plain run, e.g. on one member's slice of a cohort."""
-    return Program(method.config, method, size=1).make_train_step(tx, None)

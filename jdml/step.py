@@ -14,6 +14,7 @@ each on its own data stream, the params a phase does not train kept. A cohort of
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -134,6 +135,12 @@ def train_step(
         sampler_state=update_memory(state.sampler_state, batch.get("indices"), embeddings),
     )
     return new, phases_metrics(metrics, len(method.phases))
+
+
+def make_train_step(method: Method, tx: optax.GradientTransformation) -> StepFn:
+    """The jitted, state-donating step of a plain run of ``method`` on one device (whatever its
+    config's ``cohort.size``: e.g. one member's slice of a cohort)."""
+    return jit_step(functools.partial(train_step, method, tx))
 
 
 #: The batch entry of the device views' resident photos and tables (added by the step itself).

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jdml.program import one_member_step
 from jdml.run import Run
+from jdml.step import make_train_step
 from tests.helpers import matmul_tolerance
 
 pytestmark = pytest.mark.gpu
@@ -38,7 +38,7 @@ def _batch(run: Run, step: int = 0) -> dict[str, jax.Array]:
 def test_the_glyph_default_compiles_and_trains(glyph_run):
     """The default network's step and evaluation pass compile (XLA's Triton GEMM fusion aborted
     the process on the strided 1x1 projection as a matrix product) and give finite values."""
-    step = one_member_step(glyph_run.method, glyph_run.tx)
+    step = make_train_step(glyph_run.method, glyph_run.tx)
     state = jax.tree.map(jnp.copy, glyph_run.initial_state)
     losses = []
     for i in range(3):
@@ -58,12 +58,12 @@ def test_bfloat16_runs_on_the_matrix_units(glyph_run):
     config.unlock()
     config.model.dtype = "bfloat16"
     run16 = Run(config)
-    step16 = one_member_step(run16.method, run16.tx)
+    step16 = make_train_step(run16.method, run16.tx)
     state16 = jax.tree.map(jnp.copy, run16.initial_state)
     batch = _batch(glyph_run)
     text = step16.lower(state16, batch).compile().as_text()
     assert "bf16[" in text and ("convolution" in text or "cudnn" in text)
-    step32 = one_member_step(glyph_run.method, glyph_run.tx)
+    step32 = make_train_step(glyph_run.method, glyph_run.tx)
     state32 = jax.tree.map(jnp.copy, glyph_run.initial_state)
     loss16 = float(step16(state16, batch)[1]["loss"])
     loss32 = float(step32(state32, batch)[1]["loss"])
@@ -88,7 +88,7 @@ def test_convolutions_run_as_the_library_kernels():
 
 def test_the_train_state_is_donated(glyph_run):
     """The step reuses the state's buffers: the state passed in is deleted after the call."""
-    step = one_member_step(glyph_run.method, glyph_run.tx)
+    step = make_train_step(glyph_run.method, glyph_run.tx)
     state = jax.tree.map(jnp.copy, glyph_run.initial_state)
     new_state, _ = step(state, _batch(glyph_run))
     leaves = jax.tree.leaves(state.params)

@@ -16,8 +16,8 @@ from jdml.config import set_keys, validate
 from jdml.config.validation import check_devices
 from jdml.errors import ConfigError
 from jdml.fileio import read_jsonl
-from jdml.program import one_member_step
 from jdml.run import Run
+from jdml.step import make_train_step
 from jdml.trainer import train_and_evaluate
 from tests.helpers import TINY_OVERRIDES, make_npz, restore_latest, tiny_config
 
@@ -133,7 +133,7 @@ def test_without_mutual_term_members_are_independent_runs(npz):
     run = cohort_run(npz, **overrides)
     init = host(run.initial_state)  # the step donates (deletes) the initial state
     _, state, _ = train(run)
-    plain_step = one_member_step(run.method, run.tx)
+    plain_step = make_train_step(run.method, run.tx)
     plain = Run(tiny_config(npz))
     # Member 1 starts exactly where the plain run of the same config and seed starts.
     for a, b in zip(

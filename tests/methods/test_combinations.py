@@ -19,8 +19,8 @@ from jdml.errors import ConfigError
 from jdml.geometry import l2_normalize
 from jdml.losses import LOSSES, compatible_miners
 from jdml.methods import StandardMethod
-from jdml.program import one_member_step
 from jdml.run import Run
+from jdml.step import make_train_step
 from tests.helpers import make_npz, tiny_config
 
 COMBINATIONS = [
@@ -116,7 +116,7 @@ def test_full_train_step_per_loss(loss, npz):
         "model.normalize": get_config(f"loss={loss}").model.normalize,
     }
     run = Run(tiny_config(npz, **overrides))
-    step = one_member_step(run.method, run.tx)
+    step = make_train_step(run.method, run.tx)
     batch = {k: jnp.asarray(v) for k, v in _batch(run).items()}
     state, metrics = step(run.initial_state, batch)
     assert int(state.step) == 1 and int(state.nonfinite) == 0, loss

@@ -19,8 +19,8 @@ from jdml.config import set_keys, validate
 from jdml.errors import ConfigError
 from jdml.fileio import read_jsonl
 from jdml.methods.ema_queue import ordered
-from jdml.program import one_member_step
 from jdml.run import Run
+from jdml.step import make_train_step
 from jdml.trainer import train_and_evaluate
 from tests.helpers import TINY_OVERRIDES, make_npz
 
@@ -88,7 +88,7 @@ def test_step_updates_ema_and_queue_after_the_optimiser(run):
         "labels": np.repeat(np.arange(4), 4).astype(np.int32),  # of the 6 training classes
         "indices": np.arange(16, dtype=np.int32),
     }
-    step = one_member_step(run.method, run.tx)
+    step = make_train_step(run.method, run.tx)
     new, metrics = step(jax.tree.map(jnp.array, state), batch)
     assert int(new.nonfinite) == 0  # the step was applied
     assert {"selfsimilarity/loss", "shared/loss", "intra/loss", "decorrelation/total"} <= set(
@@ -164,7 +164,7 @@ def test_sharing_matters_config_trains_one_step(npz):
         "labels": np.repeat(np.arange(4), 4).astype(np.int32),
         "indices": np.arange(16, dtype=np.int32),
     }
-    new, metrics = one_member_step(run.method, run.tx)(run.initial_state, batch)
+    new, metrics = make_train_step(run.method, run.tx)(run.initial_state, batch)
     assert np.isfinite(float(metrics["loss"])) and int(new.nonfinite) == 0
     assert "decorrelation/shared-class" in metrics and "shared/loss" in metrics
 
@@ -188,7 +188,7 @@ def test_sharing_matters_alternating_updates_each_group_in_its_phase(npz):
         "labels_1": rng.permutation(np.repeat(np.arange(6), 3)[:16]).astype(np.int32),
     }
     state0 = jax.tree.map(np.asarray, run.initial_state)
-    new, metrics = one_member_step(run.method, run.tx)(run.initial_state, batch)
+    new, metrics = make_train_step(run.method, run.tx)(run.initial_state, batch)
     assert {"phase0/loss", "phase1/shared/loss", "phase0/decorrelation/total"} <= set(metrics)
     assert int(new.nonfinite) == 0
 

@@ -16,8 +16,9 @@ from jdml.config import set_keys
 from jdml.errors import ConfigError
 from jdml.fileio import read_jsonl
 from jdml.inference import load
-from jdml.program import build_program, one_member_step
+from jdml.program import build_program
 from jdml.run import Run
+from jdml.step import make_train_step
 from jdml.trainer import train_and_evaluate
 from tests.helpers import TINY_OVERRIDES, make_npz, restore_latest, tiny_config
 from tests.methods.test_cohort import assert_trains_as_on_one_device, batches, host, train
@@ -71,7 +72,7 @@ def test_without_mutual_term_members_are_independent_runs(npz):
         np.testing.assert_array_equal(a, b)
     for i, method in enumerate(run.program.methods):
         alone = build_program(method.config, run.splits["train"].num_classes)
-        step = one_member_step(method, alone.optimizer(run.steps_per_epoch, run.total_steps))
+        step = make_train_step(method, alone.optimizer(run.steps_per_epoch, run.total_steps))
         member = jax.device_put(run.program.layout.member_state(init, i))
         for batch in batches(run):
             member, _ = step(member, batch)

@@ -62,8 +62,8 @@ def test_stopping_the_gradient_changes_no_value_and_no_trained_gradient(lite0_gr
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """Parameters of a tiny Lite0 run before and after two steps, with frozen_stages=2."""
-    from jdml.program import one_member_step
     from jdml.run import Run
+    from jdml.step import make_train_step
 
     npz = make_npz(str(tmp_path_factory.mktemp("freeze") / "d.npz"), size=32)
     config = tiny_config(
@@ -80,7 +80,7 @@ def trained(tmp_path_factory):
     run = Run(config)
     make_batch = run.batch_maker()
     before = jax.tree.map(np.asarray, run.initial_state.params)
-    step = one_member_step(run.method, run.tx)
+    step = make_train_step(run.method, run.tx)
     state = jax.tree.map(jnp.copy, run.initial_state)
     for i in range(2):
         state, _ = step(state, {k: jnp.asarray(v) for k, v in make_batch(i).items()})
