@@ -68,6 +68,7 @@ def test_splits_are_file_lists_with_the_evaluation_view(cub):
     assert view.min() >= 0.0 and view.max() <= 1.0
 
 
+@pytest.mark.slow
 def test_trains_and_evaluates_on_the_benchmark(cub, tmp_path):
     workdir = tmp_path / "run"
     train_and_evaluate(cub_config(cub), str(workdir))
@@ -126,6 +127,7 @@ def test_inshop_test_split_ranks_queries_against_the_gallery(inshop):
         test.subset(np.arange(2))
 
 
+@pytest.mark.slow
 def test_trains_and_evaluates_inshop_query_against_gallery(inshop, tmp_path):
     """A training run on In-Shop trains on its train items and records test metrics."""
     workdir = tmp_path / "run"

@@ -26,6 +26,7 @@ cub_tree = user_errors.cub_tree
 # ------------------------------------------------------------------ config files and arguments
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("returned", "said"),
     [("{'seed': 1}", "returned a dict"), ("None", "returned None (is its return statement")],
@@ -46,6 +47,7 @@ def test_a_get_config_that_returns_no_configdict_is_one_line(
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 def test_a_folder_as_a_search_query_is_named(finished: Path, npz: str, tmp_path: Path) -> None:
     """``jdml search INDEX <folder>`` (was "fix or delete the file"): the folder is named, with
     a command that searches its images."""
@@ -69,6 +71,7 @@ def test_report_out_on_a_file_is_named(finished: Path, tmp_path: Path) -> None:
     assert out.read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_a_partial_benchmark_names_the_flag_that_uses_it(cub_tree: Path, tmp_path: Path) -> None:
     """A partial copy names ``--config.data.verify_counts=False``, which then trains."""
     workdir = tmp_path / "w"
@@ -83,6 +86,7 @@ def test_a_partial_benchmark_names_the_flag_that_uses_it(cub_tree: Path, tmp_pat
 # --------------------------------------------------------------------------- resuming a run
 
 
+@pytest.mark.slow
 def test_a_config_of_another_version_names_the_keys_to_remove(
     npz: str, finished: Path, tmp_path: Path
 ) -> None:
@@ -108,6 +112,7 @@ def test_a_config_of_another_version_names_the_keys_to_remove(
 # --------------------------------------------------------------------------- parameter names
 
 
+@pytest.mark.slow
 def test_a_no_decay_name_of_no_parameter_names_the_nearest(npz: str, tmp_path: Path) -> None:
     """``optim.no_decay=('1d','stem_bm')`` (a misspelt ``stem_bn``) used to train with the
     name matching nothing; it stops before the workdir exists, naming the nearest parameter
@@ -160,6 +165,7 @@ def test_a_misspelt_cls_token_is_named_on_a_vit(npz: str) -> None:
         ),
     ],
 )
+@pytest.mark.slow
 def test_a_key_the_run_does_not_use_is_refused(
     npz: str, tmp_path: Path, flag: str, fragments: list[str]
 ) -> None:

@@ -141,6 +141,7 @@ def test_every_name_refuses_an_unknown_choice():
         assert refusal(key, 3) is None  # free text is still text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "edit, message",
     [

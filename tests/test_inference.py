@@ -171,6 +171,7 @@ def test_documented_python_example_runs(run_dir, capsys):
     assert "nearest" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_cohort_ensemble_is_the_members_concatenation(npz, tmp_path):
     workdir = str(tmp_path / "cohort")
     config = tiny_config(npz, **{"cohort.size": 2, "train.epochs": 1, "eval.at_start": False})

@@ -52,6 +52,7 @@ def assert_same_run(one, many):
             np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-5, err_msg=field)
 
 
+@pytest.mark.slow
 def test_margin_on_four_data_devices_equals_one_device(npz):
     one = Run(tiny_config(npz))
     four = Run(tiny_config(npz, **{"parallel.data_devices": 4}))
@@ -78,6 +79,7 @@ def tiny_diva(npz_path: str, **overrides):
     return c
 
 
+@pytest.mark.slow
 def test_diva_on_two_data_devices_equals_one_device(npz):
     """Every term, the EMA key network and the DaNCE queue see the global batch."""
     one = train(Run(tiny_diva(npz)))
@@ -102,6 +104,7 @@ def test_plain_step_keeps_one_device_without_data_parallelism(npz):
     assert isinstance(leaf, jnp.ndarray) and len(leaf.sharding.device_set) == 1
 
 
+@pytest.mark.slow
 def test_two_processes_train_margin_as_one_process(npz, tmp_path):
     """``train.py`` under ``jax.distributed`` in two processes (two CPU devices each, gloo
     collectives), the batch split over all four devices: each process builds only its own half
@@ -140,6 +143,7 @@ def test_two_processes_train_margin_as_one_process(npz, tmp_path):
             assert record[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
 
 
+@pytest.mark.slow
 def test_per_device_batch_norm_normalises_each_device_rows_alone(npz):
     """``parallel.batch_norm="per_device"``: each device's rows get their own statistics (the
     model run on each quarter of the batch alone), the running statistics their mean; the
@@ -175,6 +179,7 @@ def test_unknown_batch_norm_mode_is_refused(npz):
         validate(tiny_config(npz, **{"parallel.batch_norm": "sync"}))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_restores_on_fewer_devices_and_training_continues(npz, tmp_path):
     """Elastic restore: one epoch on 4 data devices, the next on 2 (the checkpoint resharded by
     orbax), the last on 1: the same global batches, and the parameters of three epochs on one
@@ -198,6 +203,7 @@ def test_a_checkpoint_restores_on_fewer_devices_and_training_continues(npz, tmp_
             np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5, err_msg=field)
 
 
+@pytest.mark.slow
 def test_a_two_process_run_killed_on_one_host_stops_the_other_in_one_line(npz, tmp_path):
     """Process 1 of a ``jax.distributed`` run is killed after the first checkpoint: process 0
     ends within seconds, with one ``error:`` line (exit 2) where the failed collective reaches

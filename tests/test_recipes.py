@@ -60,6 +60,7 @@ def test_unknown_recipe_dataset_or_argument_is_one_clear_error():
         get_config("loss=margin")
 
 
+@pytest.mark.slow
 def test_a_tiny_run_of_the_recipe_end_to_end(tmp_path):
     """The recipe with its network shrunk (a 2-block ViT from a timm weight file whose 32 px
     positions are resampled to 16 px) on 4 CUB training classes of 4 photos: batches of distinct

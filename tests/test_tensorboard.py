@@ -44,6 +44,7 @@ def run_dir(tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow
 def test_the_event_files_hold_every_scalar_of_metrics_jsonl(run_dir):
     want = {}
     for record in read_jsonl(os.path.join(run_dir, "metrics.jsonl")):
@@ -62,6 +63,7 @@ def test_the_event_files_hold_every_scalar_of_metrics_jsonl(run_dir):
     assert "eval/train/rho_spectrum_at_1" in tags
 
 
+@pytest.mark.slow
 def test_each_evaluation_adds_the_spectrum_picture(run_dir):
     steps = [
         event.step
@@ -72,6 +74,7 @@ def test_each_evaluation_adds_the_spectrum_picture(run_dir):
     assert steps == [0, 3, 6]
 
 
+@pytest.mark.slow
 def test_each_evaluation_adds_the_retrieval_grid(run_dir):
     """The test split's grid (six queries, six neighbours each) at every evaluation; none for
     the training split."""
@@ -88,6 +91,7 @@ def test_each_evaluation_adds_the_retrieval_grid(run_dir):
         assert image.encoded_image_string.startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
 def test_profile_steps_record_a_trace(run_dir):
     traces = glob.glob(os.path.join(run_dir, "profile", "**", "*.xplane.pb"), recursive=True)
     assert traces and os.path.getsize(traces[0]) > 0

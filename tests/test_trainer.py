@@ -50,6 +50,7 @@ def _latest_state(workdir, config):
     return state
 
 
+@pytest.mark.slow
 def test_running_a_finished_run_again_leaves_its_results(full_run, npz, tmp_path):
     import shutil
 
@@ -220,6 +221,7 @@ def test_refused_runs_leave_workdir_intact(full_run, npz, tmp_path):
     assert tree_digest(workdir) == before
 
 
+@pytest.mark.slow
 def test_glyph_dataset_trains_through_the_pipeline(glyph_cache_dir, tmp_path):
     overrides = {
         "data.name": "glyphs",
@@ -250,6 +252,7 @@ def test_the_default_selects_the_checkpoint_on_validation(npz, tmp_path):
         assert "selected on the TEST split" not in f.read()
 
 
+@pytest.mark.slow
 def test_results_json_holds_the_selected_checkpoints_test_evaluation(npz, tmp_path):
     """The papers' protocol: validation during training, the test split only on the selected
     checkpoint at the end; results.json's ``selected`` holds that evaluation, and evaluating
@@ -292,6 +295,7 @@ def test_results_json_holds_the_selected_checkpoints_test_evaluation(npz, tmp_pa
 
 # Both samplers' tables are checked in tests/samplers; the restart mid-epoch is the same code,
 # so the second sampler's end-to-end run is marked long.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sampler", [pytest.param("greedy_coreset", marks=pytest.mark.slow), "fid_batchmatch"]
 )

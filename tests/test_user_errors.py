@@ -118,6 +118,7 @@ with run_lock(sys.argv[1]):
 """
 
 
+@pytest.mark.slow
 def test_second_process_on_a_locked_workdir_is_refused(
     npz: str, finished: Path, tmp_path: Path
 ) -> None:
@@ -145,6 +146,7 @@ def test_second_process_on_a_locked_workdir_is_refused(
     assert "ended without releasing it" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_two_train_processes_leave_one_consistent_run(npz: str, tmp_path: Path) -> None:
     workdir = tmp_path / "race"
     slow = ["--config.train.epochs=40", "--config.eval.every_epochs=20"]
@@ -170,6 +172,7 @@ def test_two_train_processes_leave_one_consistent_run(npz: str, tmp_path: Path) 
     assert [k[1] for k in keys] == sorted(k[1] for k in keys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offset", [0.0, pytest.param(2.0, marks=pytest.mark.slow)])
 def test_two_trainings_started_together_on_a_new_workdir_train_once(
     npz: str, tmp_path: Path, offset: float
@@ -211,6 +214,7 @@ def _assert_one_trains(done: list[subprocess.CompletedProcess], workdir: Path) -
     assert len(boards) <= 1, boards
 
 
+@pytest.mark.slow
 def test_fifteen_trainings_started_together_on_a_new_workdir_train_once(
     npz: str, tmp_path: Path
 ) -> None:
@@ -226,6 +230,7 @@ def test_fifteen_trainings_started_together_on_a_new_workdir_train_once(
 # ----------------------------------------------------------------- 3. the fixes we print work
 
 
+@pytest.mark.slow
 def test_the_stored_config_resumes_its_run(npz: str, finished: Path) -> None:
     """The refusal of a changed config suggests ``--config <workdir>/config.json``."""
     proc = unchanged_after(finished, *train_args(npz, finished, "--config.loss.name=triplet"))
@@ -282,6 +287,7 @@ def test_every_suggested_config_key_exists() -> None:
     assert not unknown, f"messages suggest keys the config does not have: {unknown}"
 
 
+@pytest.mark.slow
 def test_unreadable_image_hint_is_a_working_flag(tmp_path: Path) -> None:
     from PIL import Image
 
@@ -311,6 +317,7 @@ def test_unreadable_image_hint_is_a_working_flag(tmp_path: Path) -> None:
 # ----------------------------------------------------------------- 4. a failed start, corrected
 
 
+@pytest.mark.slow
 def test_failed_starts_write_nothing_and_the_corrected_command_runs(
     npz: str, tmp_path: Path
 ) -> None:
@@ -334,6 +341,7 @@ def test_failed_starts_write_nothing_and_the_corrected_command_runs(
     assert '"name": "margin"' in (workdir / "config.json").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flag", "fragment"),
     [
@@ -366,6 +374,7 @@ def test_device_counts_and_profile_ranges_fail_first_and_their_fix_works(
         assert [p for p in (workdir / "profile").rglob("*") if p.is_file()], line
 
 
+@pytest.mark.slow
 def test_a_profile_range_before_the_resume_step_names_one_that_traces(
     npz: str, finished: Path, tmp_path: Path
 ) -> None:
@@ -392,6 +401,7 @@ def test_a_profile_range_before_the_resume_step_names_one_that_traces(
     assert [p for p in (copy / "profile").rglob("*") if p.is_file()], line
 
 
+@pytest.mark.slow
 def test_a_damaged_config_json_names_a_fix_that_works(
     npz: str, finished: Path, tmp_path: Path
 ) -> None:
@@ -412,6 +422,7 @@ def test_a_damaged_config_json_names_a_fix_that_works(
     assert run("eval.py", "--workdir", str(copy)).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_concatenation_on_a_one_head_run_names_its_head(finished: Path, tmp_path: Path) -> None:
     import re
 
@@ -490,6 +501,7 @@ def test_method_configs_with_bad_keys(
         ("miner.distance.lower_cutoff=-1.0", "miner.distance.lower_cutoff=-1.0 must be at least 0"),
     ],
 )
+@pytest.mark.slow
 def test_out_of_range_numbers_leave_a_finished_run_intact(
     npz: str, finished: Path, override: str, fragment: str
 ) -> None:
@@ -497,6 +509,7 @@ def test_out_of_range_numbers_leave_a_finished_run_intact(
     assert_refused(proc, fragment, f"--config.{override.split('=')[0]}")
 
 
+@pytest.mark.slow
 def test_fewer_epochs_than_trained_are_refused(npz: str, finished: Path) -> None:
     proc = unchanged_after(finished, *train_args(npz, finished, "--config.train.epochs=1"))
     assert_refused(proc, "has trained 6 steps (2 epochs)", "--config.train.epochs")
@@ -523,6 +536,7 @@ def read_only(folder: Path):
             subprocess.run(["chmod", "-R", "u+w", str(folder)], check=True)
 
 
+@pytest.mark.slow
 def test_read_only_workdir(npz: str, finished: Path, tmp_path: Path) -> None:
     copy = tmp_path / "ro"
     shutil.copytree(finished, copy)
@@ -569,6 +583,7 @@ def _no_file_growth() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
 
 
+@pytest.mark.slow
 def test_full_disk(npz: str, finished: Path, tmp_path: Path) -> None:
     with full_disk(tmp_path, finished) as (copy, mounted):
         for args in (
@@ -622,6 +637,7 @@ runpy.run_path("train.py", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint_save(npz: str, finished: Path, tmp_path: Path) -> None:
     """The disk fills up during a run, just before its third checkpoint save: one ``error:``
     line naming the checkpoint, the cause and the fix, exit 2, the partial save removed and
@@ -650,6 +666,7 @@ def test_a_full_disk_during_a_checkpoint_save(npz: str, finished: Path, tmp_path
         subprocess.run(["umount", str(mount)], check=True)
 
 
+@pytest.mark.slow
 def test_eval_prints_its_results_before_writing_them(finished: Path, tmp_path: Path) -> None:
     """If the results cannot be written after the work, they are still shown."""
     copy = tmp_path / "late"
@@ -677,11 +694,13 @@ def test_eval_prints_its_results_before_writing_them(finished: Path, tmp_path: P
 # ----------------------------------------------------------------- 7. tracebacks for mistakes
 
 
+@pytest.mark.slow
 def test_unknown_checkpoint_name(finished: Path) -> None:
     proc = unchanged_after(finished, "eval.py", "--workdir", str(finished), "--checkpoint", "bestt")
     assert_refused(proc, "unknown checkpoint 'bestt'", "best, latest or a step number")
 
 
+@pytest.mark.slow
 def test_a_deleted_best_checkpoint_is_named_not_replaced(finished: Path, tmp_path: Path) -> None:
     """With ``best/`` gone, ``eval.py`` (and the model commands, whose default is best) say so
     and name the checkpoints that exist, instead of evaluating the latest one as "best"."""
@@ -706,6 +725,7 @@ def _damage(checkpoint: Path) -> None:
             path.write_bytes(b"\x5a" * max(1, path.stat().st_size))
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_one_line(npz: str, finished: Path, tmp_path: Path) -> None:
     """A damaged best checkpoint under ``eval.py`` and a damaged latest one when training
     resumes: one ``error:`` line with a short cause, naming the other checkpoints and the fix
@@ -761,6 +781,7 @@ OUTPUTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "target"), [("export", "sub"), ("embed", "pipe"), ("search", "link")]
 )
@@ -833,6 +854,7 @@ def test_miner_for_a_loss_that_mines_its_own_pairs(npz: str, tmp_path: Path) -> 
 # ----------------------------------------------------------------- 10. a class of one test image
 
 
+@pytest.mark.slow
 def test_single_image_test_class_is_named(tmp_path: Path) -> None:
     path = make_npz(str(tmp_path / "lone.npz"))
     with np.load(path) as f:
@@ -931,6 +953,7 @@ NAN_CLS = "cls_token (for params/cls_token) holds 24 NaN or inf value(s) of 24"
 INT8 = "blocks.0.mlp.fc1.weight (for params/blocks_0/mlp_fc1/kernel) holds int8 values"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "fragments"),
     [
@@ -1041,6 +1064,7 @@ def _metrics(workdir: Path) -> str:
     return re.sub(r'"img_s": [-+.0-9eE]+|"img_s": "(nan|inf)"', '"img_s": _', text)
 
 
+@pytest.mark.slow
 def test_a_cohort_killed_mid_save_resumes_to_the_uninterrupted_metrics(
     npz: str, tmp_path: Path
 ) -> None:
@@ -1061,6 +1085,7 @@ def test_a_cohort_killed_mid_save_resumes_to_the_uninterrupted_metrics(
     assert _metrics(workdir) == _metrics(whole)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kill_at",
     [
@@ -1104,6 +1129,7 @@ def finished_between_logs(npz: str, tmp_path_factory: pytest.TempPathFactory) ->
     return workdir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGKILL"])
 def test_a_stop_between_log_points_resumes_to_the_uninterrupted_metrics(
     npz: str, finished_between_logs: Path, tmp_path: Path, signame: str
@@ -1174,6 +1200,7 @@ def finished_vit(npz: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return workdir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
 def test_a_stop_while_vit_weights_load_resumes_to_the_uninterrupted_run(
     npz: str, finished_vit: Path, tmp_path: Path, signame: str
@@ -1207,6 +1234,7 @@ def device_view_args(cub: Path, workdir: Path, cache: Path) -> list[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
 def test_a_stop_during_device_view_training_resumes_to_the_uninterrupted_run(
     cub_tree: Path, tmp_path: Path, signame: str
@@ -1269,6 +1297,7 @@ def test_a_workdir_name_that_is_not_utf8_is_refused_first(npz: str, tmp_path: Pa
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_samples_per_class_beyond_the_batch_names_sizes_that_work(npz: str, tmp_path: Path) -> None:
     """The message names values of samples_per_class that fit the batch, and one of them
     trains (it used to suggest a batch of 1,000,000, refused next)."""
@@ -1285,6 +1314,7 @@ def test_samples_per_class_beyond_the_batch_names_sizes_that_work(npz: str, tmp_
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 def test_a_nan_stop_names_a_command_that_runs(npz: str, tmp_path: Path) -> None:
     """A learning rate that overflows the weights stops the run with one line; the command it
     names (the stored config, a tenth of the learning rate, a new workdir) is accepted and
@@ -1351,6 +1381,7 @@ runpy.run_path("train.py", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_an_evaluation_that_meets_nan_stops_the_run_as_a_nan_loss_does(
     npz: str, tmp_path: Path
 ) -> None:
@@ -1370,6 +1401,7 @@ def test_an_evaluation_that_meets_nan_stops_the_run_as_a_nan_loss_does(
     assert not [r for r in records if r["kind"] == "eval" and r["step"] == 3]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_nan_parameters_is_one_line_in_eval_and_embed(
     npz: str, finished: Path, tmp_path: Path
 ) -> None:
@@ -1400,6 +1432,7 @@ def test_a_checkpoint_with_nan_parameters_is_one_line_in_eval_and_embed(
     assert not index.exists()
 
 
+@pytest.mark.slow
 def test_an_eval_result_path_taken_by_a_folder_is_named_before_evaluating(
     finished: Path, tmp_path: Path
 ) -> None:
@@ -1417,6 +1450,7 @@ def test_an_eval_result_path_taken_by_a_folder_is_named_before_evaluating(
     assert proc.returncode == 0 and taken.is_file(), proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_and_sigterm_end_in_one_line_that_resumes(
     npz: str, tmp_path: Path, signum: int
@@ -1527,6 +1561,7 @@ def cub_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return trees.write_cub(tmp_path_factory.mktemp("cub"), class_ids=range(97, 105), per_class=4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cache", [False, True])
 def test_a_truncated_photo_is_named_before_the_workdir_exists(
     cub_tree: Path, tmp_path: Path, cache: bool

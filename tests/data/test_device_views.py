@@ -283,6 +283,7 @@ METHODS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.smoke
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_methods_train_with_device_views_as_with_host_views(cub, method, tmp_path):
@@ -311,6 +312,7 @@ def test_methods_train_with_device_views_as_with_host_views(cub, method, tmp_pat
     np.testing.assert_allclose(losses["device"], losses["host"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_with_device_views_equals_an_uninterrupted_one(cub, tmp_path):
     config = diva_config(cub, **{"data.views": "device", "train.epochs": 2})
     whole = tmp_path / "whole"
@@ -330,6 +332,7 @@ def test_a_resumed_run_with_device_views_equals_an_uninterrupted_one(cub, tmp_pa
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_a_run_with_device_views_killed_mid_run_resumes_to_identical_params(cub, tmp_path):
     """``train.py`` with device views, SIGKILLed once its second checkpoint is written, then run
     again: it ends with the params and evaluations of an uninterrupted run."""
@@ -387,6 +390,7 @@ def test_view_config_errors(overrides, message):
         validate(tiny_config("unused.npz", **overrides))
 
 
+@pytest.mark.slow
 def test_a_run_resumes_with_its_views_made_elsewhere(cub, tmp_path):
     """A run trained with host views continues with device views (the same pixels): the
     workdir's config is not refused, and the run ends as an uninterrupted host-view run."""
@@ -418,6 +422,7 @@ def test_device_views_of_photos_decoded_per_draw_ask_for_the_cache(cub):
         Run(cub_config(cub, **{"data.views": "device", "data.decode_cache": False}))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 (fake) devices")
 @pytest.mark.parametrize(
     "mesh",

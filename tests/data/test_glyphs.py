@@ -219,6 +219,7 @@ def test_image_size_is_validated(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- cache
 
 
+@pytest.mark.slow
 def test_rebuild_is_byte_identical(glyph_cache_dir: Path, tmp_path: Path) -> None:
     glyphs.load_glyph_table(32, tmp_path)
     for name in ("glyphs.npz", "manifest.json"):

@@ -65,6 +65,7 @@ def collect(make_batch: TrainBatch, start: int, workers: int) -> list[dict[str, 
     )
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_thread_batches_in_order(make_batch) -> None:
     threads = collect(make_batch, 0, 0)
     workers = collect(make_batch, 0, 2)

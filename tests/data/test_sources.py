@@ -200,6 +200,7 @@ def test_npz_not_an_npz(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- glyphs
 
 
+@pytest.mark.slow
 def test_glyphs_source_uses_the_cache(glyph_cache_dir: Path, glyph_data: ImageArrays) -> None:
     data = DATASETS.get("glyphs")(path="", image_size=32, cache_dir=str(glyph_cache_dir))
     assert data.class_names == glyph_data.class_names

@@ -72,6 +72,7 @@ def sharded(npz):
     return run, *train(run)
 
 
+@pytest.mark.slow
 def test_sharded_cohort_equals_unsharded(npz, sharded):
     run4, step4, state4, history4 = sharded
     assert run4.program.layout.mesh.devices.size == 4
@@ -92,6 +93,7 @@ def test_sharded_cohort_equals_unsharded(npz, sharded):
     assert step4._cache_size() == 1  # one compilation for every step
 
 
+@pytest.mark.slow
 def test_data_parallel_members_equal_one_device(npz):
     """Two members on a (member 2, data 2) mesh, each member's batch split over two devices,
     train as the same cohort on one device does."""
@@ -123,6 +125,7 @@ def test_temporal_diversity_leaves_skipped_members_bit_identical(sharded):
     assert skipped > 0
 
 
+@pytest.mark.slow
 def test_without_mutual_term_members_are_independent_runs(npz):
     """lambda = 0, no temporal or view diversity: member l = the plain step from its own init."""
     overrides = {
@@ -190,6 +193,7 @@ def test_cohort_config_errors(npz, overrides, message):
         Run(config, validated=True)
 
 
+@pytest.mark.slow
 def test_cohort_trains_evaluates_and_resumes_exactly(npz, tmp_path):
     """Two members through the one training loop: every member and the ensemble are evaluated,
     the step compiles once, and a run interrupted after epoch 1 resumes to the same state."""
@@ -216,6 +220,7 @@ def test_cohort_trains_evaluates_and_resumes_exactly(npz, tmp_path):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow
 def test_diva_cohort_carries_each_members_ema_and_queue(npz):
     c = diva_config("data=npz")
     set_keys(c, {**TINY_OVERRIDES, "data.path": npz})

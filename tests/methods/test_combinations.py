@@ -23,9 +23,6 @@ from jdml.run import Run
 from jdml.step import make_train_step
 from tests.helpers import make_npz, tiny_config
 
-COMBINATIONS = [
-    (loss, miner) for loss in LOSSES.names() for miner in (compatible_miners(loss) or [""])
-]
 NUM_CLASSES = 4
 
 
@@ -58,6 +55,21 @@ REFERENCE_MINER = {
     "triplet": "distance",
 }
 UNNORMALISED = {"angular", "lifted", "npair"}
+
+
+def _combinations() -> list:
+    """Every loss with every compatible miner. The quick tests keep each loss with its reference
+    miner and each miner's first pairing; the other pairs are marked slow (run by CI)."""
+    out, seen = [], set()
+    for loss in LOSSES.names():
+        for miner in compatible_miners(loss) or [""]:
+            quick = miner == REFERENCE_MINER[loss] or miner not in seen
+            seen.add(miner)
+            out.append(pytest.param(loss, miner, marks=() if quick else pytest.mark.slow))
+    return out
+
+
+COMBINATIONS = _combinations()
 
 
 def test_presets_cover_every_registered_loss():
@@ -108,8 +120,15 @@ def npz(tmp_path_factory):
     return make_npz(str(tmp_path_factory.mktemp("data") / "tiny.npz"), num_classes=8)
 
 
-@pytest.mark.parametrize("loss", sorted(REFERENCE_MINER))
+@pytest.mark.parametrize(
+    "loss",
+    [
+        pytest.param(n, marks=() if n == "margin" else pytest.mark.slow)
+        for n in sorted(REFERENCE_MINER)
+    ],
+)
 def test_full_train_step_per_loss(loss, npz):
+    """Every loss through a whole run's step (quick: margin, the default; the others slow)."""
     overrides = {
         "loss.name": loss,
         "miner.name": REFERENCE_MINER[loss],

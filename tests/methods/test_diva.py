@@ -124,6 +124,7 @@ def test_training_compiles_once_and_records_every_head(full_run):
     assert summary["best"]["test"]["recall@1"] > 0
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trip_resumes_exactly(full_run, npz, run, tmp_path):
     """Training 1 epoch, then resuming to 2, ends in the state of the uninterrupted run (EMA
     params and queue included)."""

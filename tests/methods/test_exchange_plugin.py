@@ -197,6 +197,7 @@ def test_two_steps_equal_numpy_with_the_state_carried(npz):
     assert len(set(np.round(accuracy, 6))) > 1  # the weights of step 2 were not all equal
 
 
+@pytest.mark.slow
 def test_the_term_trains_the_class_maps_towards_agreement(npz):
     def spread(weight: float) -> float:
         run = Run(kl_config(npz, **{"exchange.mutual_kl.weight": weight}))
@@ -237,6 +238,7 @@ def test_a_heterogeneous_cohort_carries_the_state_per_member(npz):
     assert np.all((got >= 0.9) & (got <= 1.0)) and not np.array_equal(got, [1.0, 1.0])
 
 
+@pytest.mark.slow
 def test_it_trains_through_the_loop_and_its_state_is_checkpointed(npz, tmp_path):
     workdir = str(tmp_path / "run")
     summary = train_and_evaluate(kl_config(npz, **{"train.epochs": 1}), workdir)

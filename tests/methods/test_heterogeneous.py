@@ -52,6 +52,7 @@ def test_members_have_their_own_networks(npz):
     assert widths == [8, 16]
 
 
+@pytest.mark.slow
 def test_without_mutual_term_members_are_independent_runs(npz):
     """lambda = 0, no temporal or view diversity: member l = the plain step of its own config
     from its own init; member 1 starts exactly as the plain run of the same config and seed."""
@@ -81,6 +82,7 @@ def test_without_mutual_term_members_are_independent_runs(npz):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_identical_members_train_as_the_stacked_cohort(npz):
     """Two members without overrides, every diversity but the model's on and lambda = 20
     from the first step: the same losses, DM2 terms, update draws and params as the cohort of
@@ -116,6 +118,7 @@ def test_identical_members_train_as_the_stacked_cohort(npz):
             np.testing.assert_allclose(x - x0, y - x0, rtol=1e-4, atol=2e-7)
 
 
+@pytest.mark.slow
 def test_data_parallel_heterogeneous_cohort_equals_one_device(npz):
     overrides = {"exchange.dm2.warmup_epochs": 0.0}
     one = hetero(npz, **overrides)
@@ -124,6 +127,7 @@ def test_data_parallel_heterogeneous_cohort_equals_one_device(npz):
     assert_trains_as_on_one_device(one, two)
 
 
+@pytest.mark.slow
 def test_heterogeneous_cohort_trains_evaluates_restores_and_loads(npz, tmp_path):
     """Through the one loop: one compilation of the step, every member and the ensemble
     evaluated, the checkpoint (per-member dicts) restored as the run's state, and ``jdml.load``

@@ -49,10 +49,12 @@ def _trains(run: Run) -> None:
     assert all(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
 
+@pytest.mark.slow
 def test_diva_trains_a_vit(npz):
     _trains(Run(tiny_diva(npz, **VIT)))
 
 
+@pytest.mark.slow
 def test_sharing_matters_trains_a_vit(npz):
     c = sharing_config("data=npz")
     set_keys(c, {**TINY_OVERRIDES, "data.path": npz, "decorrelation.hidden": 8, **VIT})
@@ -60,10 +62,12 @@ def test_sharing_matters_trains_a_vit(npz):
     _trains(Run(c))
 
 
+@pytest.mark.slow
 def test_dm2_cohort_of_vits(npz):
     _trains(Run(tiny_config(npz, **{"cohort.size": 2, **VIT})))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 (fake) devices")
 def test_dm2_cohort_of_a_vit_and_a_cnn(npz):
     members = ("", "model.backbone=small_resnet")
@@ -73,6 +77,7 @@ def test_dm2_cohort_of_a_vit_and_a_cnn(npz):
     _trains(run)
 
 
+@pytest.mark.slow
 def test_frozen_stages_keep_the_patch_embedding_and_first_blocks(npz):
     """``model.frozen_stages=1`` on a two-block ViT: the patch embedding and block 0 keep their
     weights; the class token, the positions, block 1 and the final norm train (Hyp-ViT's
@@ -96,6 +101,7 @@ def test_frozen_stages_keep_the_patch_embedding_and_first_blocks(npz):
     }
 
 
+@pytest.mark.slow
 def test_layer_decay_gives_each_depth_its_rate(npz):
     """``optim.layer_decay=0.5`` on a two-block ViT: the stem (patch embedding, tokens,
     positions) at 0.125 of the rate, block 0 at 0.25, block 1 at 0.5, the final norm and the

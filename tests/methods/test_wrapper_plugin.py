@@ -119,6 +119,7 @@ def test_consistency_term_equals_numpy_on_one_batch(npz):
     assert "mutual/loss" not in metrics  # DM2's exchange is not there
 
 
+@pytest.mark.slow
 def test_consistency_pulls_members_together(npz):
     """With a large weight the members' embeddings agree more after a few steps than
     without the term (the gradient reaches each member)."""
@@ -134,6 +135,7 @@ def test_consistency_pulls_members_together(npz):
     assert spread(50.0) < 0.9 * spread(0.0)
 
 
+@pytest.mark.slow
 def test_wrapper_trains_through_the_loop_and_logs_its_term(npz, tmp_path):
     config = consistency_config(npz, **{"train.epochs": 1})
     workdir = str(tmp_path / "run")

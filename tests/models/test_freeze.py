@@ -45,6 +45,7 @@ def lite0_grads():
     return out
 
 
+@pytest.mark.slow
 def test_stopping_the_gradient_changes_no_value_and_no_trained_gradient(lite0_grads):
     full_grads, full_out = lite0_grads[-1]
     grads, out = lite0_grads[3]
@@ -87,6 +88,7 @@ def trained(tmp_path_factory):
     return before, jax.tree.map(np.asarray, state.params)
 
 
+@pytest.mark.slow
 def test_the_optimiser_leaves_frozen_stages_untouched(trained):
     before, after = trained
     frozen = frozen_modules(EfficientNetLite0.STAGE_MODULES, 2)

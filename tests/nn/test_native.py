@@ -52,6 +52,7 @@ def test_a_wrong_mode_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None
         switches.conv_mode()
 
 
+@pytest.mark.slow
 def test_two_processes_build_the_library_once_each_safely(tmp_path: Path) -> None:
     """Two processes start on an empty cache at once: both compile (to their own temporary
     files, renamed into place), both use oneDNN, and a third finds the library built."""
