@@ -35,8 +35,8 @@ import jax
 import numpy as np
 
 from configs.dm2 import get_config
+from jdml.cohort.members import member_overrides
 from jdml.config import set_keys
-from jdml.members import member_overrides
 from jdml.run import Run
 from jdml.throughput import model_flops, throughput_line
 

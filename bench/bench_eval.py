@@ -43,9 +43,10 @@ import jax
 import numpy as np
 from sklearn.neighbors import NearestNeighbors
 
-from jdml.evaluation.embeddings import evaluate_embeddings, format_table
+from jdml.evaluation.embeddings import evaluate_embeddings
 from jdml.evaluation.kmeans import kmeans
 from jdml.evaluation.knn import knn
+from jdml.evaluation.table import format_table
 from jdml.throughput import alternating_rounds, throughput_line
 
 # Idle time before every timed call, so that the thread pools of the previous call (faiss's

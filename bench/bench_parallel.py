@@ -77,7 +77,7 @@ def _gather_fn(run: Run, devices: int):
     device (nothing to gather)."""
     if devices == 1:
         return None
-    mesh = run.program.layout.mesh
+    mesh = run.program.placement.mesh
     batch, dim = int(run.config.train.batch_size), int(run.config.model.embed_dim)
     x = jax.device_put(np.ones((batch, dim), np.float32), NamedSharding(mesh, P(DATA)))
 
@@ -116,7 +116,7 @@ def _time_gather(entry: dict, steps: int) -> float:
 def _evaluate(entry: dict) -> tuple[float, dict]:
     run = entry["run"]
     start = time.perf_counter()
-    results, _, _ = run.evaluate(entry["state"], {"test": run.splits["test"]})
+    results = run.evaluate(entry["state"], {"test": run.splits["test"]}).metrics
     return time.perf_counter() - start, results["test"]
 
 

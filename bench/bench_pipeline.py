@@ -19,7 +19,7 @@ Two workloads, each timed per core and as the pipeline the trainer runs:
   pixels from the device-resident set), plus DiVA's two views and a DM2 cohort of two members'
   views. The device path's pipeline rate includes copying every batch to the device, as the
   trainer does; the last columns time the device's work of making a batch's views (the jitted
-  ``DeviceViews.realize`` alone) on this backend. Target: the host side of device views at
+  ``make_views`` alone) on this backend. Target: the host side of device views at
   least 10,000 img/s on every row.
 
 * **the views' share of the step** (``--sections fraction``): the device's work of making a
@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -87,7 +88,7 @@ from jdml.data.arrays import ImageArrays
 from jdml.data.augment import affine_augment, make_augmentation
 from jdml.data.benchmarks import FileList, read_benchmark
 from jdml.data.benchmarks.decode_cache import open_cache
-from jdml.data.device_pixels import DeviceViews
+from jdml.data.device_pixels import device_views, make_views
 from jdml.data.photo_augment import base_augment
 from jdml.data.pipeline import (
     AUTO,
@@ -482,14 +483,14 @@ def _device_views(cfg: Any, cache: Any) -> Any:
     """One resident set per augmentation shape (the rows share it)."""
     key = (cfg.augment, cfg.image_size)
     if key not in _DEVICE_VIEWS:
-        _DEVICE_VIEWS[key] = DeviceViews(cfg, cache)
+        _DEVICE_VIEWS[key] = device_views(cfg, cache)
     return _DEVICE_VIEWS[key]
 
 
 def render_time(device: Any, make_batch: TrainBatch, rounds: int) -> float:
     """Seconds the device takes to make one batch's views (the jitted ``realize`` alone), the
     median of ``rounds`` rounds of 3 batches after compiling."""
-    realize = jax.jit(device.realize)
+    realize = jax.jit(functools.partial(make_views, device.spec))
     batches = [jax.device_put(make_batch(s)) for s in range(3)]
     jax.block_until_ready(realize(batches[0], device.resident))
     times = []
@@ -690,7 +691,7 @@ def step_fraction(config: Any, repeats: int) -> str:
     run = Run(config)
     views = run.device_views
     placed = jax.device_put(input_pipeline(run.batch_maker(), config.data)[0](0))
-    realize = jax.jit(views.realize)
+    realize = jax.jit(functools.partial(make_views, views.spec))
     host_batch = jax.device_put(realize(placed, views.resident))
     made = timed(lambda: realize(placed, views.resident), repeats)
     plain = run.program.make_train_step(run.tx, run.initial_state)

@@ -93,20 +93,21 @@ def evaluate_state(
     ``backends`` (:class:`jdml.backends.Backends`), and the other
     heads' ``embeddings``, the ``spectra`` and the ``per_query`` values where the run has
     them)."""
-    results, vectors, extra = run.evaluate(state, {s: run.splits[s] for s in splits})
+    evaluation = run.evaluate(state, {s: run.splits[s] for s in splits})
     out = {
         "checkpoint": checkpoint,
         "step": int(state.step),
         "meta": meta,
-        "results": results,
+        "results": evaluation.metrics,
         "backends": run.backends.record(),  # the kNN selection and k-means it computed with
     }
-    if any(extra.values()):
-        out["embeddings"] = extra  # other heads and weighted concatenations, per split
-    spectra = {s: v[SPECTRUM].tolist() for s, v in vectors.items() if SPECTRUM in v}
+    if any(evaluation.heads.values()):
+        out["embeddings"] = evaluation.heads  # other heads and weighted concatenations, per split
+    spectra = {s: v[SPECTRUM].tolist() for s, v in evaluation.vectors.items() if SPECTRUM in v}
     if spectra:
         out["spectra"] = spectra  # normalised singular values of the embeddings, descending
-    queries = {s: block for s, v in vectors.items() if (block := per_query.pack(v, run.head))}
+    vectors = evaluation.vectors.items()
+    queries = {s: block for s, v in vectors if (block := per_query.pack(v, run.head))}
     if queries:
         out["per_query"] = queries  # eval.per_query's values per query, compressed
     return out

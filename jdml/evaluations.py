@@ -21,8 +21,8 @@ from jdml.checkpoint import Checkpoints
 from jdml.data.arrays import ImageSet
 from jdml.distributed import is_main_process
 from jdml.evaluate_checkpoint import evaluate_state, save_evaluation, selected_block
-from jdml.evaluation.embeddings import format_table
 from jdml.evaluation.splits import SPECTRUM
+from jdml.evaluation.table import format_table
 from jdml.fileio import read_jsonl
 from jdml.metric_writer import MetricWriter
 from jdml.run import Run
@@ -110,20 +110,20 @@ class Evaluations:
 
     def __call__(self, state: TrainState, epoch: int) -> None:
         step, writer = int(state.step), self.writer
-        results, vectors, extra = self.run.evaluate(
-            state, self.splits, self.full_splits, self._grid(step)
-        )
-        for split, rows in extra.items():
+        evaluation = self.run.evaluate(state, self.splits, self.full_splits, self._grid(step))
+        for split, rows in evaluation.heads.items():
             for embedding, values in rows.items():
                 record = {"kind": "eval", "split": split, "embedding": embedding}
                 writer.write({**record, "step": step, "epoch": epoch, **values})
-        for split, values in results.items():
+        for split, values in evaluation.metrics.items():
             writer.write({"kind": "eval", "split": split, "step": step, "epoch": epoch, **values})
-            if SPECTRUM in vectors[split]:
-                self._spectrum(split, [float(x) for x in vectors[split][SPECTRUM]], step, epoch)
-        table = {**results, **{f"{s} {e}": v for s, rows in extra.items() for e, v in rows.items()}}
+            spectrum = evaluation.vectors[split].get(SPECTRUM)
+            if spectrum is not None:
+                self._spectrum(split, [float(x) for x in spectrum], step, epoch)
+        others = {f"{s} {e}": v for s, rows in evaluation.heads.items() for e, v in rows.items()}
+        table = {**evaluation.metrics, **others}
         log.info("Evaluation at epoch %d (step %d):\n%s", epoch, step, format_table(table))
-        value = results[self.selection][self.metric]
+        value = evaluation.metrics[self.selection][self.metric]
         if step > 0 and value > self.best_value:
             self.best_value = value
             meta = {"epoch": epoch, self.metric: value, "split": self.selection}

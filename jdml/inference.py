@@ -33,6 +33,7 @@ import orbax.checkpoint as ocp
 from tqdm import tqdm
 
 from jdml.backends import resolve_backends
+from jdml.build import build_embeddings
 from jdml.checkpoint import Checkpoints, storage_cause
 from jdml.data.arrays import ImageSet
 from jdml.data.benchmarks import BENCHMARKS
@@ -48,13 +49,12 @@ from jdml.data.sources import (
     resize_images,
 )
 from jdml.data.transforms import eval_view
+from jdml.embedder import input_normalization
 from jdml.errors import CheckpointError, DataError, IndexFileError, IndexMismatchError
 from jdml.evaluation.embeddings import check_finite, combine_heads
 from jdml.evaluation.knn import knn
 from jdml.evaluation.splits import embed_split
 from jdml.fileio import atomic_path, check_output_path
-from jdml.methods.method import input_normalization
-from jdml.program import build_program
 
 INDEX_FORMAT = "jdml-index-1"
 
@@ -232,21 +232,16 @@ class Model:
         config = ml_collections.ConfigDict(config.to_dict())
         config.model.pretrained = ""
         self.workdir, self.config, self.step = workdir, config, step
-        # Class counts only size loss parameters.
         self.backends = resolve_backends()  # what it computes with, chosen once
-        self.program = build_program(config, num_classes=2, backends=self.backends)
-        self.cohort_size = self.program.size
-        params = state["params"]
-        self._params = (
-            {n: {"model": params[n]["model"]} for n in self.program.names}
-            if self.program.heterogeneous
-            else {"model": params["model"]}
-        )
+        # The run's networks alone: no losses, no class counts.
+        self.embeddings = build_embeddings(config, self.backends)
+        self.cohort_size = int(config.cohort.size)
+        self._params = self.embeddings.network_params(state["params"])
         self._batch_stats = state["batch_stats"]
-        self._embed_all = jax.jit(self.program.embed)
-        self.heads = self.program.embedding_names
-        self.embedding = embedding or self.program.head
-        self._combine = self.program.parse_embedding(self.embedding)
+        self._embed_all = jax.jit(self.embeddings.embed)
+        self.heads = self.embeddings.names
+        self.embedding = embedding or self.embeddings.head
+        self._combine = self.embeddings.parse(self.embedding)
         self._checkpoint = str(checkpoint)
 
     @functools.cached_property
@@ -421,7 +416,7 @@ class Model:
         params, stats, combine = self._params, self._batch_stats, self._combine
 
         # a portable module: XLA's convolutions, no custom calls
-        portable = build_program(self.config, num_classes=2, backends=self.backends.portable())
+        portable = build_embeddings(self.config, self.backends.portable())
 
         def embed(images: jax.Array) -> jax.Array:
             out = portable.embed(params, stats, images)

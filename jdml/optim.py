@@ -11,11 +11,18 @@ after the moment estimates, scaled by the learning rate, as PyTorch's ``AdamW``)
 gradients' global norm (``optim.clip_norm``), no decay on chosen parameters (``optim.no_decay``:
 ``"1d"`` for every parameter of fewer than 2 dimensions, norms and biases, and names such as
 ``cls_token`` or ``pos_embed``), and the backbone at a multiple of the learning rate
-(``optim.backbone_lr_multiplier``).
+(``optim.backbone_lr_multiplier``), and layer-wise decay of the backbone's learning rate
+(``optim.layer_decay``).
+
+This module is the one reader of the ``optim`` section. What it optimises is declared by its
+owners, not read here: the method's parameter groups (:class:`Group`: a rate of their own, or
+a multiple of ``optim.lr``), the frozen parameters (``model.frozen_stages``) and the backbone's
+layers by depth (its ``LAYERS``).
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -24,6 +31,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from jdml.errors import ConfigError
 from jdml.registry import Registry
 
 Schedule = Callable[[ml_collections.ConfigDict, int, int], optax.Schedule]
@@ -80,10 +88,23 @@ def _sgd(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
 
 
 class Group(NamedTuple):
-    """Learning rate and weight decay of one top-level subtree of the params."""
+    """How one top-level subtree of the params learns, as its owner declares it.
 
-    lr: float
-    weight_decay: float
+    Attributes:
+      lr: its own learning rate; None: ``optim.lr`` times ``lr_scale``.
+      weight_decay: its own weight decay; None: ``optim.weight_decay``.
+      lr_scale: the multiple of ``optim.lr`` when ``lr`` is None.
+    """
+
+    lr: float | None = None
+    weight_decay: float | None = None
+    lr_scale: float = 1.0
+
+    def resolve(self, cfg: ml_collections.ConfigDict) -> Group:
+        """The group's rate and decay under the ``optim`` section ``cfg``."""
+        lr = float(cfg.lr) * self.lr_scale if self.lr is None else self.lr
+        decay = float(cfg.weight_decay) if self.weight_decay is None else self.weight_decay
+        return Group(float(lr), float(decay))
 
 
 def lr_multiplier(cfg: ml_collections.ConfigDict, steps_per_epoch: int, total_steps: int):
@@ -97,6 +118,17 @@ def lr_multiplier(cfg: ml_collections.ConfigDict, steps_per_epoch: int, total_st
     if warm <= 0:
         return sched
     return lambda step: sched(step) * jnp.minimum(1.0, (step + 1) / warm)
+
+
+def lowered_rate(cfg: ml_collections.ConfigDict, factor: float = 10.0) -> float:
+    """The learning rate to train again with after a non-finite loss: ``optim.lr`` / factor."""
+    return float(cfg.lr) / factor
+
+
+def learning_rate(cfg: ml_collections.ConfigDict, steps_per_epoch: int, total_steps: int):
+    """``step -> `` the base learning rate (``optim.lr``) at that step, for the logs."""
+    multiplier = lr_multiplier(cfg, steps_per_epoch, total_steps)
+    return lambda step: float(cfg.lr) * multiplier(step)
 
 
 def decay_mask(rules: tuple[str, ...]) -> Callable[[Any], Any] | None:
@@ -138,26 +170,27 @@ def make_optimizer(
     steps_per_epoch: int,
     total_steps: int,
     frozen: Callable[[tuple[str, ...]], bool] | None = None,
-    layer_scale: Callable[[tuple[str, ...]], float] | None = None,
+    layers: tuple[tuple[str, ...], ...] | None = None,
 ) -> optax.GradientTransformation:
     """Builds the optimiser for params shaped ``{group_name: subtree, ...}``.
 
     Args:
       cfg: the ``optim`` config section.
-      groups: learning rate and weight decay per top-level key of the params tree.
+      groups: each top-level key of the params tree's :class:`Group`, as its owner declares it.
       steps_per_epoch: optimiser steps per epoch (schedules are stated in epochs).
       total_steps: steps of the whole run (for the cosine schedule).
       frozen: a leaf's path of dict keys -> whether it stays fixed (zero update, no weight
         decay, no optimiser state); None freezes nothing.
-      layer_scale: a leaf's path -> the factor of its learning rate (``optim.layer_decay``),
-        applied to its whole update (the step and its decoupled weight decay, as a parameter
-        group's learning rate is); None scales nothing.
+      layers: the backbone's parameter names by depth (its ``LAYERS``; None: it declares none),
+        for ``optim.layer_decay``: each layer's factor of the learning rate
+        (:func:`layer_lr_scale`) applies to its whole update (the step and its decoupled
+        weight decay, as a parameter group's learning rate is).
 
     The backbone (``model/backbone``) learns at ``optim.backbone_lr_multiplier`` times the
     model's rate, and ``optim.clip_norm`` > 0 clips the global norm of all gradients first.
     """
     multiplier = lr_multiplier(cfg, steps_per_epoch, total_steps)
-    groups = dict(groups)
+    groups = {name: group.resolve(cfg) for name, group in groups.items()}
     backbone = float(cfg.get("backbone_lr_multiplier", 1.0))
     if backbone != 1.0 and "model" in groups:
         model = groups["model"]
@@ -181,6 +214,7 @@ def make_optimizer(
         tx = optax.multi_transform(transforms, lambda params: {name: name for name in params})
     else:
         tx = optax.multi_transform(transforms, labels)
+    layer_scale = layer_lr_scale(cfg, layers)
     if layer_scale is not None:
         tx = optax.chain(tx, scale_by_path(layer_scale))
     clip = float(cfg.get("clip_norm", 0.0))
@@ -233,3 +267,103 @@ def per_member(txs: Mapping[str, optax.GradientTransformation]) -> optax.Gradien
         return {k: v[0] for k, v in out.items()}, {k: v[1] for k, v in out.items()}
 
     return optax.GradientTransformation(init, update)
+
+
+#: ``optim.layer_decay_grouping``: how a backbone's declared layers (the stem, each block, the
+#: final norm) become learning-rate groups. ``mae``: each is a group, the final norm the last,
+#: at the full rate (BEiT's and MAE's ``param_groups_lrd``); ``timm``: the final norm joins the
+#: last block's group, which learns at the full rate (``timm.optim.param_groups_layer_decay`` of
+#: the backbone alone, without a classifier), so every other group learns at 1 / decay times
+#: the ``mae`` rate.
+LAYER_GROUPINGS = ("mae", "timm")
+
+
+def layer_groups(layers: tuple[tuple[str, ...], ...], grouping: str) -> tuple[tuple[str, ...], ...]:
+    """A backbone's declared ``LAYERS`` (the stem, each block, then the final norm) as the
+    learning-rate groups of ``grouping``, a name of :data:`LAYER_GROUPINGS`, shallowest first."""
+    if grouping not in LAYER_GROUPINGS:
+        raise ValueError(
+            f"optim.layer_decay_grouping={grouping!r}; choose one of: {', '.join(LAYER_GROUPINGS)}"
+        )
+    if grouping == "timm":  # timm's MATCH_PREV_GROUP: the final norm with the last block
+        return (*layers[:-2], layers[-2] + layers[-1])
+    return layers
+
+
+def layer_scales(
+    layers: tuple[tuple[str, ...], ...], decay: float, grouping: str = "mae"
+) -> dict[str, float]:
+    """Layer-wise learning-rate decay: each backbone parameter name -> the factor of its
+    learning rate, ``decay ** (G - g)`` for the parameters of group g of G + 1 (the last group,
+    and everything outside the backbone, keep the rate).
+
+    Args:
+      layers: the backbone's declared ``LAYERS`` (``jdml.models.embedding.backbone_layers``).
+      decay: ``optim.layer_decay``, in (0, 1].
+      grouping: ``optim.layer_decay_grouping``, a name of :data:`LAYER_GROUPINGS`.
+
+    References:
+      Bao, Dong, Piao, Wei, "BEiT: BERT Pre-Training of Image Transformers", ICLR 2022 (layer-wise
+      learning-rate decay; MAE's ``util/lr_decay.py`` groups a ViT the same way, timm's
+      ``param_groups_layer_decay`` with the final norm in the last block's group).
+    """
+    groups = layer_groups(layers, grouping)
+    last = len(groups) - 1
+    return {name: decay ** (last - depth) for depth, names in enumerate(groups) for name in names}
+
+
+def layer_lr_scale(
+    cfg: ml_collections.ConfigDict, layers: tuple[tuple[str, ...], ...] | None
+) -> Callable[[tuple[str, ...]], float] | None:
+    """``optim.layer_decay`` grouped by ``optim.layer_decay_grouping``: a params path -> the
+    factor of its learning rate (a backbone parameter's, by its layer; 1 elsewhere); None
+    without decay.
+
+    Raises:
+      ValueError: a decay below 1 for a backbone that declares no layers.
+    """
+    decay = float(cfg.get("layer_decay", 1.0))
+    if decay == 1.0:
+        return None
+    if layers is None:
+        raise ValueError(
+            f"optim.layer_decay={decay:g}, but the backbone declares no layers to decay; set it "
+            "to 1 or choose a backbone with layers (e.g. vit)"
+        )
+    scales = layer_scales(layers, decay, cfg.get("layer_decay_grouping", "mae"))
+
+    def scale(path: tuple[str, ...]) -> float:
+        backbone = path[:2] == ("model", "backbone") and len(path) > 2
+        return scales.get(path[2], 1.0) if backbone else 1.0
+
+    return scale
+
+
+def check_no_decay(cfg: ml_collections.ConfigDict, params: Any) -> None:
+    """Every name of ``optim.no_decay`` (``"1d"`` names none) is a dict key on the paths of
+    ``params`` (the built model's): a name that matches nothing would change nothing, silently.
+
+    Raises:
+      ConfigError: naming the value, the nearest parameter names and a value that works.
+    """
+    names = param_names(params)
+    rules = tuple(cfg.no_decay)
+    for rule in rules:
+        if rule == "1d" or rule in names:
+            continue
+        close = difflib.get_close_matches(rule, names, n=3, cutoff=0.6)
+        fixed = tuple(close[0] if r == rule else r for r in rules if close or r != rule)
+        nearest = close or difflib.get_close_matches(rule, names, n=3, cutoff=0.0)
+        raise ConfigError(
+            f"optim.no_decay has {rule!r}, which names no parameter of this model; the nearest "
+            f"parameter names: {', '.join(nearest)}"
+            f"{'' if close else ', none close: drop it'}. Use e.g. "
+            f"--config.optim.no_decay={_tuple_flag(fixed)}"
+        )
+
+
+def _tuple_flag(values: tuple[str, ...]) -> str:
+    """A tuple of strings as a ``--config.`` flag's value: ``('1d','cls_token')``, ``()``."""
+    if len(values) == 1:
+        return f"({values[0]!r},)"
+    return "(" + ",".join(repr(v) for v in values) + ")"

@@ -38,7 +38,7 @@ import numpy as np
 
 from jdml.config import RESUMABLE_CHANGES, flatten_config, selected_only
 from jdml.errors import ReportError
-from jdml.evaluation.embeddings import is_percent
+from jdml.evaluation.table import is_percent
 from jdml.fileio import read_jsonl
 from jdml.statistics import mean_std, paired
 from jdml.visualize.curves import curves_with_bands, spectra_comparison

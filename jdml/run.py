@@ -14,20 +14,21 @@ import numpy as np
 from jax import default_backend
 
 from jdml.backends import resolve_backends
+from jdml.build import build_program
+from jdml.cohort.members import member_configs
 from jdml.config import validate
 from jdml.data.arrays import ImageSet
 from jdml.data.augment import make_augmentation
 from jdml.data.benchmarks.common import FileList
 from jdml.data.benchmarks.images import check_complete
-from jdml.data.device_pixels import DeviceViews, views_place
+from jdml.data.device_pixels import DeviceViews, device_views, views_place
 from jdml.data.loading import load_splits
 from jdml.data.pipeline import TrainBatch, host_cores, training_photos
 from jdml.errors import ConfigError
-from jdml.evaluation.splits import embed_split, evaluate_splits, split_metrics
-from jdml.members import member_configs
+from jdml.evaluation.splits import Evaluation, embed_split, evaluate_splits, split_metrics
 from jdml.models.embedding import frozen_backbone_modules
-from jdml.optim import param_names
-from jdml.program import StepFn, build_program
+from jdml.optim import check_no_decay, param_names
+from jdml.program import StepFn
 from jdml.samplers import SAMPLERS
 from jdml.samplers.memory import empty_sampler_state
 from jdml.state import TrainState
@@ -71,7 +72,7 @@ class Run:
         self.program = build_program(config, train.num_classes, self.steps_per_epoch, self.backends)
         self.method = self.program.method
         self.head = self.program.head
-        self.drawn_members = self.program.layout.members_drawn()
+        self.drawn_members = self.program.members_drawn()
         self.tx = self.program.optimizer(self.steps_per_epoch, self.total_steps)
         # Two images shape the parameters as well as a batch does (the state is identical);
         # a whole batch would cost eager forward passes: 49 s instead of 17 s for ResNet-50
@@ -85,7 +86,7 @@ class Run:
         )
         self.initial_state = self.program.init_state(self.tx, config.seed, sample, placeholders)
         self.embed_fn = self.program.make_embed_fn()
-        self.eval_config = self.program.eval_config
+        self.eval_config = self.program.embeddings.eval_config
 
     def check_parameter_names(self) -> None:
         """Before a run writes anything: every parameter a config value names exists in the
@@ -109,10 +110,10 @@ class Run:
         evaluation never does: it holds no training photos on the device)."""
         if self.views_place != "device":
             return None
-        return DeviceViews(
+        return device_views(
             self.config.data,
             training_photos(self.splits["train"], self.config.data),
-            self.program.layout.mesh,
+            self.program.placement.mesh,
         )
 
     def batch_maker(self, sampler: Any = None) -> TrainBatch:
@@ -127,7 +128,7 @@ class Run:
             views=self.method.views,
             streams=self.method.streams,
             members=self.drawn_members,
-            rows=self.program.layout.rows,
+            rows=self.program.placement.rows,
             views_on_device=self.device_views.host if self.device_views else None,
         )
 
@@ -143,8 +144,8 @@ class Run:
     def prefill_terms(self, state: TrainState) -> TrainState:
         """Each term with a state prepares it (``Term.prefill``) from augmented training images
         drawn with a fixed seed and the program's per-member functions."""
-        if not state.method_state or self.program.heterogeneous:  # no stateful terms there
-            return state
+        if not any(name in state.method_state for name in self.method.terms):
+            return state  # no stateful term (a heterogeneous cohort has none)
         new = dict(state.method_state)
         for name, term in self.method.terms.items():
             if name in state.method_state:
@@ -194,9 +195,9 @@ class Run:
         splits: dict[str, ImageSet],
         full: Sequence[str] | None = None,
         on_embeddings: Callable[[str, ImageSet, np.ndarray], None] | None = None,
-    ) -> tuple[dict, dict, dict]:
-        """Evaluates ``state`` on ``splits``: ``({split: {metric: value}}, {split: vectors},
-        {split: {other head or combination: {metric: value}}})``.
+    ) -> Evaluation:
+        """Evaluates ``state`` on ``splits`` (:class:`jdml.evaluation.splits.Evaluation`: the
+        evaluated head's metrics and vectors, and the other heads' and combinations' metrics).
 
         The splits in ``full`` (default: all) get ``eval.metrics`` and the multi-head evaluation;
         the training split also ``eval.train_metrics`` (see
@@ -222,46 +223,25 @@ class Run:
 
 def check_parameter_names(config: ml_collections.ConfigDict, params: Any) -> None:
     """Every name of a parameter that ``config`` gives matches a dict key on the paths of
-    ``params`` (the built model's): the names of ``optim.no_decay`` (``"1d"`` names none) and the
-    backbone modules that ``model.frozen_stages`` freezes (each member's, in a heterogeneous
-    cohort). A name that matches nothing would change nothing, silently.
+    ``params`` (the built model's): the names of ``optim.no_decay``
+    (:func:`jdml.optim.check_no_decay`) and the backbone modules that ``model.frozen_stages``
+    freezes (each member's, in a heterogeneous cohort). A name that matches nothing would
+    change nothing, silently.
 
     Raises:
       ConfigError: naming the value, the nearest parameter names and a value that works.
     """
+    check_no_decay(config.optim, params)
     names = param_names(params)
-    rules = tuple(config.optim.no_decay)
-    for rule in rules:
-        if rule == "1d" or rule in names:
-            continue
-        close = difflib.get_close_matches(rule, names, n=3, cutoff=0.6)
-        fixed = tuple(close[0] if r == rule else r for r in rules if close or r != rule)
-        raise ConfigError(
-            f"optim.no_decay has {rule!r}, which names no parameter of this model; the nearest "
-            f"parameter names: {', '.join(close or nearest_names(rule, names))}"
-            f"{'' if close else ', none close: drop it'}. Use e.g. "
-            f"--config.optim.no_decay={tuple_flag(fixed)}"
-        )
     members = member_configs(config) if config.cohort.members else [config]
     for member in members:
         frozen = frozen_backbone_modules(member.model)
         missing = sorted(frozen - names)
         if missing:
+            nearest = difflib.get_close_matches(missing[0], names, n=3, cutoff=0.0)
             raise ConfigError(
                 f"model.frozen_stages={member.model.frozen_stages} freezes backbone modules "
                 f"{', '.join(missing)} of {member.model.backbone!r}, which its parameters do not "
-                f"have (the nearest: {', '.join(nearest_names(missing[0], names))}); use "
+                f"have (the nearest: {', '.join(nearest)}); use "
                 "--config.model.frozen_stages=-1 (the backbone declares stages it does not build)"
             )
-
-
-def nearest_names(name: str, names: set[str], n: int = 3) -> list[str]:
-    """The ``n`` names of ``names`` most similar to ``name`` (difflib's ratio), however far."""
-    return difflib.get_close_matches(name, names, n=n, cutoff=0.0)
-
-
-def tuple_flag(values: Sequence[str]) -> str:
-    """A tuple of strings as a ``--config.`` flag's value: ``('1d','cls_token')``, ``()``."""
-    if len(values) == 1:
-        return f"({values[0]!r},)"
-    return "(" + ",".join(repr(v) for v in values) + ")"

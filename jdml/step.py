@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jdml.data.device_pixels import make_views
 from jdml.methods.method import Method
 from jdml.samplers.memory import update_memory
 from jdml.state import TrainState, zeros_state
@@ -156,8 +157,9 @@ def jit_step(
 ) -> StepFn:
     """``body`` jitted, donating the state: ``(state, batch) -> (state, metrics)``.
 
-    With ``views`` (``jdml.data.device_pixels.DeviceViews``) the batches hold view parameters,
-    and the step makes the views first, inside the same jitted program; the resident photos
+    With ``views`` (``jdml.data.device_pixels.DeviceViews``, data) the batches hold view
+    parameters, and the step makes the views first (``make_views`` of its ``spec``), inside the
+    same jitted program; the resident photos
     are passed to every call as an argument (placed on the devices, or split over the mesh,
     when the views were built: nothing is copied). On a mesh (``shardings``: the state's), host
     batches are placed by ``place`` first and the state is returned placed as it came
@@ -166,8 +168,8 @@ def jit_step(
 
     def step(state: TrainState, batch: dict[str, jax.Array]):
         if views is not None:
-            batch = views.realize({k: v for k, v in batch.items() if k != PHOTO_SET},
-                                  batch[PHOTO_SET])  # fmt: skip
+            batch = make_views(views.spec, {k: v for k, v in batch.items() if k != PHOTO_SET},
+                               batch[PHOTO_SET])  # fmt: skip
         return body(state, batch)
 
     extra = {} if views is None else {PHOTO_SET: views.resident}

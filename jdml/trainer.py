@@ -47,7 +47,7 @@ from jdml.errors import (
 from jdml.evaluations import Evaluations
 from jdml.fileio import atomic_write
 from jdml.metric_writer import MetricWriter
-from jdml.optim import lr_multiplier
+from jdml.optim import learning_rate, lowered_rate
 from jdml.program import StepFn
 from jdml.run import Run
 from jdml.samplers.memory import epoch_sampler
@@ -306,7 +306,7 @@ def _log_start(config: ml_collections.ConfigDict, run: Run) -> None:
         run.steps_per_epoch,
         config.train.epochs,
     )
-    rows = run.program.layout.rows
+    rows = run.program.placement.rows
     if rows:
         log.info(
             "Multi-host input: each of %d processes builds its own rows of every %d-row batch "
@@ -362,7 +362,7 @@ class _Loop:
         self.ckpts, self.evaluate = ckpts, evaluate
         self.pending: list[dict[str, jax.Array]] = []
         cfg = run.config
-        self.lr = lr_multiplier(cfg.optim, run.steps_per_epoch, run.total_steps)
+        self.lr = learning_rate(cfg.optim, run.steps_per_epoch, run.total_steps)
         self.profile = profile_range(cfg.profile_steps) if is_main_process() else None
         self.profile_dir = profile_dir
         self.tracing = False
@@ -437,7 +437,7 @@ class _Loop:
         )
         self.tick, self.tick_step = now, step
         epoch = step / self.run.steps_per_epoch
-        lr = float(self.run.config.optim.lr * self.lr(step - 1))  # of the last update
+        lr = float(self.lr(step - 1))  # of the last update
         record = {"kind": "train", "step": step, "epoch": epoch, **means, "lr": lr, "img_s": ips}
         self.writer.write(record)
         self.bar.set_postfix(loss=f"{means['loss']:.4f}", img_s=f"{ips:.0f}")
@@ -515,7 +515,7 @@ def _retry(config: ml_collections.ConfigDict, workdir: str) -> str:
     """What to do after non-finite training: check the data, or the command that trains the
     same config in a new workdir with a tenth of the learning rate (the seed and the learning
     rate change the experiment, so this workdir refuses them)."""
-    lr = float(config.optim.lr) / 10
+    lr = lowered_rate(config.optim)
     fresh = f"{workdir.rstrip(os.sep)}-lr{lr:g}"
     count = 2
     while os.path.exists(fresh):

@@ -188,7 +188,7 @@ def test_the_plain_step_knows_nothing_of_cohorts() -> None:
     and its reader meets at most 3 types (``tools/spine_metrics.py``)."""
     path = PACKAGE / "step.py"
     assert len(path.read_text().splitlines()) <= 250
-    spine = {"jdml.cohort", "jdml.layout", "jdml.members", "jdml.exchanges", "jdml.mesh"}
+    spine = {"jdml.cohort", "jdml.mesh"}
     imported = {m for m in _imports(path) if any(m.startswith(s) for s in spine)}
     assert not imported, f"jdml/step.py imports {imported}"
     types = load_script("tools/spine_metrics.py").step_types("jdml.step")
@@ -225,10 +225,11 @@ def _string_kind_tests(path: Path) -> list[int]:
 
 
 def test_the_member_spine_has_no_string_kinds() -> None:
-    """The storage of the members is a class (``jdml.layout.OneMember``, ``Stacked``,
-    ``Listed``), not a string tested by its users; ``Program`` forwards none of its layout's
-    members (its users ask ``program.layout``)."""
-    for module in ("layout", "program", "step", "cohort/step"):
+    """The storage of the members is a class (``jdml.cohort.layout.Stacked``, ``Listed``), not
+    a string tested by its users; ``Program`` forwards none of its placement's members (its
+    users ask ``program.placement``)."""
+    spine = ("placement", "program", "step", "cohort/layout", "cohort/program", "cohort/step")
+    for module in spine:
         lines = _string_kind_tests(PACKAGE / f"{module}.py")
         assert not lines, f"jdml/{module}.py compares a .kind with a string at lines {lines}"
     tree = ast.parse((PACKAGE / "program.py").read_text())
@@ -238,9 +239,9 @@ def test_the_member_spine_has_no_string_kinds() -> None:
         if isinstance(node, ast.FunctionDef):
             body = [n for n in node.body if not isinstance(n, ast.Expr)]  # past the docstring
             text = ast.unparse(body[0]) if len(body) == 1 else ""
-            if text.startswith("return self.layout."):
+            if text.startswith(("return self.layout.", "return self.placement.")):
                 forwarding.append(node.name)
-    assert not forwarding, f"Program forwards {forwarding} to its layout; use program.layout"
+    assert not forwarding, f"Program forwards {forwarding}; use program.placement"
 
 
 def test_the_string_kind_finder_finds_one(tmp_path: Path) -> None:
@@ -259,7 +260,7 @@ NUMERICS = (
     "native",
     "step.py",
     "cohort",
-    "layout.py",
+    "placement.py",
 )
 
 
@@ -346,6 +347,22 @@ def test_the_architecture_map_names_the_modules_there_are() -> None:
     """Every module and package the map names exists where it places it (issue 81: it named a
     ``blocks.py`` that did not exist)."""
     paths = _map_paths()
-    assert "step.py" in paths and "cohort/step.py" in paths and "layout.py" in paths
+    assert "step.py" in paths and "cohort/step.py" in paths and "placement.py" in paths
     missing = [p for p in paths if not (PACKAGE / p).exists()]
     assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
+
+
+def test_only_the_optimiser_reads_the_optim_section() -> None:
+    """Issue 81: the optimiser is built in one module (``jdml/optim.py``) from what its owners
+    declare; no other module of the library reads a key of the ``optim`` section (``config/``
+    declares and validates them)."""
+    readers = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative == "optim.py" or relative.startswith("config/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            inner = node.value if isinstance(node, ast.Attribute) else None
+            if isinstance(inner, ast.Attribute) and inner.attr == "optim":
+                readers.append(f"{relative}:{node.lineno} .optim.{node.attr}")
+    assert not readers, f"modules read the optim section: {readers}"

@@ -150,7 +150,7 @@ def test_inshop_evaluation_uses_the_gallery_protocol(inshop):
     test = load_splits(config.data)["test"]
     pixels = test.eval_images(np.arange(len(test))).reshape(len(test), -1)
     names = ["recall@1", "map@r"]
-    got = evaluate_split(pixels, test, names)
+    got = evaluate_split(pixels, test, names).metrics
     n = test.num_queries
     want = evaluate_embeddings(
         pixels[:n], test.labels[:n], names, gallery=pixels[n:], gallery_labels=test.labels[n:]

@@ -55,9 +55,9 @@ def test_unknown_names_are_rejected(key, value, pattern):
 
 
 def _choice_registries():
+    from jdml.cohort.members import MEMBER_LOOPS
     from jdml.data.splits import SPLITS
     from jdml.losses.mutual import RELATIONS
-    from jdml.members import MEMBER_LOOPS
     from jdml.models import INPUT_NORMALIZATIONS, POOLINGS
     from jdml.nn.batch_norm import BATCH_NORM_MODES
 
@@ -443,7 +443,7 @@ def test_method_mistakes_fail_before_the_data_is_read(tmp_path, overrides, patte
 
 
 def test_temporal_rate_sets_each_members_update_probability():
-    from jdml.exchanges.dm2 import update_probabilities
+    from jdml.cohort.exchanges.dm2 import update_probabilities
 
     assert update_probabilities(4, True).tolist() == [1.0, 0.5, 0.25, 0.125]  # the paper's
     assert update_probabilities(3, True, 0.8).tolist() == pytest.approx([1.0, 0.8, 0.64])

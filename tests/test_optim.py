@@ -158,9 +158,11 @@ def test_layer_decay_scales_each_layers_whole_update():
     def scale(path):
         return factors.get(path[2], 1.0) if path[1] == "backbone" else 1.0
 
-    cfg = _cfg(name="adamw", schedule="constant")
+    # the backbone's declared layers by depth; at decay 0.5 the last (the norm) keeps the rate
+    layers = (("patch_embed_proj",), ("blocks_0",), ("norm",))
+    cfg = _cfg(name="adamw", schedule="constant", layer_decay=0.5)
     tx = make_optimizer(cfg, {"model": Group(1e-2, 0.05)}, steps_per_epoch=1, total_steps=3,
-                        layer_scale=scale)  # fmt: skip
+                        layers=layers)  # fmt: skip
     params = _tree(flat)
     state = tx.init(params)
     for g in grads:
@@ -217,3 +219,26 @@ def test_the_layer_decay_table_is_what_its_command_prints(layer_decay):
     with open(f"{REPO}/docs/usage.md") as f:
         blocks = dict(tool.generated_blocks(f.read()))
     assert blocks["python tools/layer_decay_table.py"] == tool.generated_text(layer_decay.table())
+
+
+def test_a_declared_group_takes_the_sections_rate_and_decay_where_it_has_none() -> None:
+    """A method declares its groups without reading ``optim``: the network takes ``optim.lr``
+    and ``optim.weight_decay``; a loss's multiplier scales ``optim.lr``; an own rate stays."""
+    cfg = _cfg(lr=2e-3, weight_decay=4e-4)
+    assert Group().resolve(cfg) == (2e-3, 4e-4, 1.0)
+    assert Group(weight_decay=0.0, lr_scale=100.0).resolve(cfg)[:2] == (2e-3 * 100.0, 0.0)
+    assert Group(1e-5, 0.0).resolve(cfg)[:2] == (1e-5, 0.0)
+
+
+def test_layer_decay_needs_declared_layers() -> None:
+    from jdml.optim import layer_lr_scale
+
+    assert layer_lr_scale(_cfg(layer_decay=1.0), None) is None
+    with pytest.raises(ValueError, match="declares no layers"):
+        layer_lr_scale(_cfg(layer_decay=0.5), None)
+    scale = layer_lr_scale(_cfg(layer_decay=0.5, layer_decay_grouping="timm"),
+                           (("stem",), ("blocks_0",), ("blocks_1",), ("norm",)))  # fmt: skip
+    assert [scale(("model", "backbone", n)) for n in ("stem", "blocks_0", "blocks_1", "norm")] == [
+        0.25, 0.5, 1.0, 1.0
+    ]  # fmt: skip
+    assert scale(("loss", "proxies")) == 1.0

@@ -56,11 +56,11 @@ def assert_same_run(one, many):
 def test_margin_on_four_data_devices_equals_one_device(npz):
     one = Run(tiny_config(npz))
     four = Run(tiny_config(npz, **{"parallel.data_devices": 4}))
-    assert dict(four.program.layout.mesh.shape) == {"member": 1, "data": 4}
+    assert dict(four.program.placement.mesh.shape) == {"member": 1, "data": 4}
     leaf = jax.tree.leaves(four.initial_state.params)[0]
     assert len(leaf.sharding.device_set) == 4  # replicated over the data axis
     many = train(four)
-    batch = four.program.layout.place_batch({"images": np.zeros((16, 16, 16, 1), np.float32)})
+    batch = four.program.placement.place_batch({"images": np.zeros((16, 16, 16, 1), np.float32)})
     assert len(batch["images"].sharding.device_set) == 4
     assert batch["images"].addressable_shards[0].data.shape[0] == 4  # 16 rows over 4 devices
     assert_same_run(train(one), many)
@@ -68,7 +68,7 @@ def test_margin_on_four_data_devices_equals_one_device(npz):
 
 def test_all_devices_with_zero(npz):
     run = Run(tiny_config(npz, **{"parallel.data_devices": 0}))
-    assert run.program.layout.mesh.shape["data"] == len(jax.devices())
+    assert run.program.placement.mesh.shape["data"] == len(jax.devices())
 
 
 def tiny_diva(npz_path: str, **overrides):
@@ -99,7 +99,7 @@ def test_a_batch_the_data_axis_does_not_divide_is_refused(npz):
 
 def test_plain_step_keeps_one_device_without_data_parallelism(npz):
     run = Run(tiny_config(npz))
-    assert run.program.layout.mesh is None
+    assert run.program.placement.mesh is None
     leaf = jax.tree.leaves(run.initial_state.params)[0]
     assert isinstance(leaf, jnp.ndarray) and len(leaf.sharding.device_set) == 1
 
@@ -123,7 +123,7 @@ def test_two_processes_train_margin_as_one_process(npz, tmp_path):
     one = str(tmp_path / "one")
     train_and_evaluate(config, one)
     run = Run(config)
-    assert run.program.layout.mesh.shape["data"] == 4
+    assert run.program.placement.mesh.shape["data"] == 4
     a, b = restore_latest(workdir, run), restore_latest(one, run)
     assert int(a.step) == int(b.step) > 0
     for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):

@@ -53,12 +53,13 @@ def jdml_scales(case: dict, grouping: str) -> dict[str, float]:
     """jdml's learning-rate factor of each parameter of a fixture case, under its timm name;
     timm's classifier (``head.*``) stands for jdml's embedding heads, which keep the rate."""
     from jdml.models import BACKBONES
-    from jdml.models.embedding import layer_scales
+    from jdml.models.embedding import backbone_layers
     from jdml.models.pretrained.vit import rule
+    from jdml.optim import layer_scales
 
     kwargs = case["timm_kwargs"]
     model = model_config(kwargs)
-    scales = layer_scales(model, case["decay"], grouping)
+    scales = layer_scales(backbone_layers(model), case["decay"], grouping)
     image = jnp.zeros((1, kwargs["img_size"], kwargs["img_size"], 3))
     backbone = BACKBONES.get(model.backbone)(model, train=False)
     shapes = jax.eval_shape(backbone.init, jax.random.key(0), image)["params"]

@@ -1,6 +1,6 @@
 """The state constructor and the train step of a cohort (``cohort.size > 1``).
 
-The members of a cohort (``jdml.layout.Layout``) are groups, each stacked on a leading member
+The members of a cohort (``jdml.cohort.layout.Layout``) are groups, each stacked on a leading member
 axis and run by one method: a stacked DM2 cohort is one group of L, a heterogeneous cohort L
 groups of one. The step converts the stored state into groups, runs the plain method's loss over
 each member (``jdml.step`` is the plain run's step; its parts are reused here), and stores the
@@ -8,7 +8,7 @@ result again:
 
 * each phase (one by default; Sharing Matters' alternating variant has two, each on its own data
   stream) takes the gradient of the members' summed losses, where member l's loss is its
-  method's plus ``lambda * value_l`` of the cohort's exchange (``jdml.exchanges``; DM2: the
+  method's plus ``lambda * value_l`` of the cohort's exchange (``jdml.cohort.exchanges``; DM2: the
   relation matrices), the peers' contributions constants, so that the gradient for member l's
   params is that of its own objective (DM2, Algorithm 1);
 * a step whose loss, gradients or params are not finite for any member leaves every member
@@ -31,9 +31,9 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from jdml.exchanges import EXCHANGE_STATE, Exchange, MemberOutputs, Peers
-from jdml.layout import MEMBER_FIELDS, Groups, Layout
-from jdml.members import VIEWS, member_name, over_members
+from jdml.cohort.exchanges import EXCHANGE_STATE, Exchange, MemberOutputs, Peers
+from jdml.cohort.layout import MEMBER_FIELDS, Groups, Layout
+from jdml.cohort.members import VIEWS, member_name, over_members
 from jdml.mesh import AXIS
 from jdml.methods.method import LossAux, Method
 from jdml.samplers.memory import update_memory
@@ -53,8 +53,8 @@ class StepPlan:
     Attributes:
       layout: the members and their placement.
       methods: the method of each group (``layout.group_sizes``).
-      exchange: what the members exchange (None for one member).
-      loop: ``cohort.member_loop`` (``jdml.members.over_members``).
+      exchange: what the members exchange.
+      loop: ``cohort.member_loop`` (``jdml.cohort.members.over_members``).
       probabilities: (L,) each member's update probability (the exchange's temporal
         diversity).
       model_diversity: whether member l > 1 draws its embedding heads (a listed member: its
@@ -63,7 +63,7 @@ class StepPlan:
 
     layout: Layout
     methods: tuple[Method, ...]
-    exchange: Exchange | None
+    exchange: Exchange
     loop: str
     probabilities: np.ndarray
     model_diversity: bool
@@ -116,7 +116,7 @@ def init_state(
             fields["batch_stats"].append(stats)
             fields["rng"].append(rng0 if i == 0 else jax.random.fold_in(rng0, i))
             method_state = method.init_method_state(params)
-            exchanged = plan.exchange.init_state(params) if plan.exchange else None
+            exchanged = plan.exchange.init_state(params)
             if exchanged is not None:
                 method_state = {**method_state, EXCHANGE_STATE: exchanged}
             fields["method_state"].append(method_state)
@@ -178,14 +178,14 @@ class MembersAux(NamedTuple):
     Attributes:
       total: each member's objective: its method's loss plus lambda times the exchanged value.
       loss: each member's method loss.
-      exchanged: the exchange's value of each member (None for one member).
+      exchanged: the exchange's value of each member.
       groups: each group's :class:`jdml.methods.method.LossAux`.
       exchange_state: each group's new exchange state (None without one).
     """
 
     total: jax.Array
     loss: jax.Array
-    exchanged: jax.Array | None
+    exchanged: jax.Array
     groups: tuple[LossAux, ...]
     exchange_state: tuple[Any, ...] | None = None
 
@@ -203,7 +203,7 @@ class StepContext:
       gather: all-gathers a (L_local, ...) array over the member axis (identity unsharded).
       views: the batch entries each member views on its own (view diversity).
       shared: the other batch entries.
-      lam: the exchange's weight at this step (None for one member).
+      lam: the exchange's weight at this step.
       peers: what the exchange needs of the other members.
     """
 
@@ -215,7 +215,7 @@ class StepContext:
     gather: Callable[[jax.Array], jax.Array]
     views: dict[str, jax.Array]
     shared: dict[str, jax.Array]
-    lam: jax.Array | None
+    lam: jax.Array
     peers: Peers
 
     @property
@@ -242,7 +242,7 @@ def step_context(plan: StepPlan, state: TrainState, batch: dict[str, jax.Array])
         gather=gather,
         views=views,
         shared={k: v for k, v in batch.items() if k not in views},
-        lam=exchange.weight(state.step) if exchange is not None else None,
+        lam=exchange.weight(state.step),
         peers=Peers(gather=gather, offset=offset, size=layout.size),
     )
 
@@ -275,8 +275,6 @@ def members_loss(
         group_losses.append(loss)
         auxes.append(aux)
     loss = concat(group_losses)
-    if exchange is None:  # one member: nothing to exchange
-        return jnp.sum(loss), MembersAux(loss, loss, None, tuple(auxes))
     value, exchange_state = jnp.zeros_like(loss), None  # inactive: members side by side
     if exchange.active:
         states = tuple(s.get(EXCHANGE_STATE) for s in ctx.state.method_state)
@@ -366,10 +364,9 @@ def step_metrics(
     exchange, gather = ctx.plan.exchange, ctx.gather
     out = {k: jnp.mean(gather(v)) for k, v in metrics.items()}
     out = phases_metrics(out, len(ctx.plan.methods[0].phases))
-    if exchange is not None:
-        values = (gather(first.total), gather(first.loss), gather(first.exchanged), gather(apply))
-        out.update(cohort_metrics(exchange.metric, *values))
-        out[f"{exchange.metric}/weight"] = ctx.lam
+    values = (gather(first.total), gather(first.loss), gather(first.exchanged), gather(apply))
+    out.update(cohort_metrics(exchange.metric, *values))
+    out[f"{exchange.metric}/weight"] = ctx.lam
     return out
 
 

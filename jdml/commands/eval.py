@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
             load_config,
             save_evaluation,
         )
-        from jdml.evaluation.embeddings import format_table
+        from jdml.evaluation.table import format_table
         from jdml.workdir import check_writable
 
         load_config(_WORKDIR.value)  # a workdir that is not a run is named first

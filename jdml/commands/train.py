@@ -50,7 +50,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv: list[str]) -> None:
     del argv
     from jdml.distributed import initialize, is_main_process
-    from jdml.evaluation.embeddings import format_table
+    from jdml.evaluation.table import format_table
     from jdml.trainer import train_and_evaluate
 
     with cli_errors():

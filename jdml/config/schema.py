@@ -21,8 +21,8 @@ from typing import Any
 
 import ml_collections
 
+from jdml.cohort.exchanges import EXCHANGES
 from jdml.data.sources import DATASETS
-from jdml.exchanges import EXCHANGES
 from jdml.keys import (
     component_defaults,
     component_section,
@@ -242,8 +242,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.phases = ()
 
     # A cohort: ``size`` members of this method trained together (size 1 trains one model),
-    # exchanging what ``exchange`` names (jdml.exchanges; "dm2": DM2's relation matrices and its
-    # diversities), with that exchange's settings in its own section exchange.<name>.
+    # exchanging what ``exchange`` names (jdml.cohort.exchanges; "dm2": DM2's relation matrices
+    # and its diversities), with that exchange's settings in its own section exchange.<name>.
     # ``devices``: devices of the mesh's member axis (0: automatic).
     c.cohort = ml_collections.ConfigDict()
     c.cohort.size = 1

@@ -9,7 +9,7 @@ Some keys are read by one part of jdml only: a backbone's own ``model.*`` keys
 (on the command line or in a config file) for a new run that does not use it, the run is refused
 before anything is read or written, with one line naming the key, the part that reads it, and the
 fixes: set it back to its default, or use the part. ``optim.layer_decay`` below 1 on a backbone
-without layers (:func:`jdml.models.embedding.layer_scales`) and ``model.frozen_stages`` on one
+without layers (:func:`jdml.models.embedding.backbone_layers`) and ``model.frozen_stages`` on one
 without stages are refused the same way, and parameter names that match nothing by
 ``jdml.run.check_parameter_names``. A run that resumes is not checked: it goes on as it was
 trained (its stored config is compared instead).
@@ -29,12 +29,12 @@ from typing import Any
 
 import ml_collections
 
+from jdml.cohort.exchanges import EXCHANGES
+from jdml.cohort.members import member_configs
 from jdml.config.saved import flatten_config
 from jdml.config.schema import base_config
 from jdml.data.sources import DATASETS
 from jdml.errors import ConfigError
-from jdml.exchanges import EXCHANGES
-from jdml.members import member_configs
 from jdml.models import BACKBONES
 from jdml.registry import Registry
 

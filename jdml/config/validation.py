@@ -13,6 +13,8 @@ from typing import Any
 import jax
 import ml_collections
 
+from jdml.cohort.exchanges import EXCHANGE_STATE, EXCHANGES
+from jdml.cohort.members import MEMBER_LOOPS, member_configs
 from jdml.config.saved import flatten_config
 from jdml.config.schema import SECTION, config_leaves, schema_leaves, type_problem
 from jdml.data.augment import AUGMENTATIONS
@@ -21,29 +23,28 @@ from jdml.data.device_pixels import VIEW_PLACES
 from jdml.data.sources import DATASETS
 from jdml.data.splits import SPLITS
 from jdml.data.transforms import PIL_FILTERS
+from jdml.embedder import check_head_dims
 from jdml.errors import ConfigError
 from jdml.evaluation.embeddings import check_metric_names, resolve_metrics
 from jdml.evaluation.kmeans import KMEANS_MODES
 from jdml.evaluation.knn import DISTANCES
-from jdml.exchanges import EXCHANGE_STATE, EXCHANGES
 from jdml.keys import RENAMED_KEYS
 from jdml.losses import LOSSES
-from jdml.members import MEMBER_LOOPS, member_configs
 from jdml.mesh import mesh_shape
-from jdml.methods.checks import check_head_dims, check_phases, check_stateless_members
+from jdml.methods.checks import check_phases, check_stateless_members
 from jdml.methods.terms import TERMS
 from jdml.methods.terms.metric import check_sections
 from jdml.miners import MINERS
 from jdml.models import BACKBONES, INPUT_NORMALIZATIONS, MODEL_DTYPES, POOLINGS
 from jdml.models.embedding import (
     HEAD_INITS,
-    LAYER_GROUPINGS,
+    backbone_layers,
+    backbones_with_layers,
     frozen_backbone_modules,
-    layer_scales,
 )
 from jdml.models.pretrained.backbones import CONVERTERS, weight_path
 from jdml.nn.batch_norm import BATCH_NORM_MODES
-from jdml.optim import OPTIMIZERS, SCHEDULES
+from jdml.optim import LAYER_GROUPINGS, OPTIMIZERS, SCHEDULES
 from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range, Registry
 from jdml.samplers import SAMPLERS
 
@@ -255,12 +256,12 @@ def _validate_layer_decay(c: ml_collections.ConfigDict) -> None:
             f"optim.layer_decay_grouping={c.optim.layer_decay_grouping!r}; choose one of: "
             + ", ".join(LAYER_GROUPINGS)
         )
-    if c.optim.layer_decay == 1.0:
-        return
-    try:
-        layer_scales(c.model, c.optim.layer_decay, c.optim.layer_decay_grouping)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    if c.optim.layer_decay != 1.0 and backbone_layers(c.model) is None:
+        raise ConfigError(
+            f"optim.layer_decay={c.optim.layer_decay:g}, but backbone {c.model.backbone!r} has no "
+            f"layers to decay; backbones with them: {', '.join(backbones_with_layers(c.model))} "
+            "(or set it to 1)"
+        )
 
 
 def _validate_head_init(model: ml_collections.ConfigDict) -> None:

@@ -274,9 +274,29 @@ def view_sources(batch: dict[str, Any]) -> dict[str, str]:
     return {v: v.removeprefix("images").removeprefix("_b") for v in sorted(views)}
 
 
+@dataclasses.dataclass(frozen=True)
+class ViewSpec:
+    """The static facts the step's view making reads: the views' shape, the photos' frames
+    and the mesh the resident set is split over (None: one device)."""
+
+    shape: ViewShape
+    frames: Frames
+    mesh: Mesh | None
+
+
+@dataclasses.dataclass(frozen=True)
 class DeviceViews:
-    """A run's device views: the host side (:class:`HostViews`), the device-resident set (or
-    none: streamed), and :meth:`realize`, which the jitted step calls first.
+    """A run's device views, as data: what the host pipeline sends (``host``), what the step's
+    :func:`make_views` reads (``spec``) and the device-resident arrays it is passed
+    (``resident``: the photos, unless streamed, and the colour tables)."""
+
+    host: HostViews
+    spec: ViewSpec
+    resident: dict[str, jax.Array]
+
+
+def device_views(data_cfg: Any, split: Any, mesh: Mesh | None = None) -> DeviceViews:
+    """The device views of a run.
 
     Args:
       data_cfg: the ``data`` config section.
@@ -284,83 +304,86 @@ class DeviceViews:
       mesh: the run's device mesh (None: one device). The resident set is split over its
         devices, and ``data.device_photos_gib`` bounds each device's shard.
     """
-
-    def __init__(self, data_cfg: Any, split: Any, mesh: Mesh | None = None) -> None:
-        shapes = photo_shapes(split)
-        if shapes is None:  # views_place refuses such a run first
-            raise ValueError(f"device views need photos of known sizes, not {type(split)}")
-        name = data_cfg.augment
-        meta = AUGMENTATIONS.meta(name)
-        keywords = {arg: data_cfg[key] for arg, key in meta.get("config", {}).items()}
-        self.mesh = mesh if mesh is not None and mesh.size > 1 else None
-        devices = 1 if self.mesh is None else self.mesh.size
-        frames = Frames.of(shapes, devices)
-        colour = bool(meta.get("colour", False))
-        shape = view_shape(
-            keywords.get("size", data_cfg.image_size),
-            frames.rows,
-            frames.cols,
-            resize=keywords.get("resize", 0),
-            colour=colour,
-            filter=meta.get("filter", "bilinear"),
+    shapes = photo_shapes(split)
+    if shapes is None:  # views_place refuses such a run first
+        raise ValueError(f"device views need photos of known sizes, not {type(split)}")
+    name = data_cfg.augment
+    meta = AUGMENTATIONS.meta(name)
+    keywords = {arg: data_cfg[key] for arg, key in meta.get("config", {}).items()}
+    on_mesh = mesh if mesh is not None and mesh.size > 1 else None
+    devices = 1 if on_mesh is None else on_mesh.size
+    frames = Frames.of(shapes, devices)
+    colour = bool(meta.get("colour", False))
+    shape = view_shape(
+        keywords.get("size", data_cfg.image_size),
+        frames.rows,
+        frames.cols,
+        resize=keywords.get("resize", 0),
+        colour=colour,
+        filter=meta.get("filter", "bilinear"),
+    )
+    budget = memory_budget(float(data_cfg.device_photos_gib))
+    need = frames.resident_bytes
+    each = "" if devices == 1 else f" on each of {devices} devices"
+    stream = need > budget
+    if stream:
+        log.info(
+            "Device views: the training photos take %.2f GiB%s, more than the %.2f GiB "
+            "allowed (data.device_photos_gib); each batch's photos are streamed",
+            need / 2**30,
+            each,
+            budget / 2**30,
         )
-        budget = memory_budget(float(data_cfg.device_photos_gib))
-        need = frames.resident_bytes
-        each = "" if devices == 1 else f" on each of {devices} devices"
-        stream = need > budget
-        if stream:
-            log.info(
-                "Device views: the training photos take %.2f GiB%s, more than the %.2f GiB "
-                "allowed (data.device_photos_gib); each batch's photos are streamed",
-                need / 2**30,
-                each,
-                budget / 2**30,
-            )
-        self.host = HostViews(meta["views"], tuple(keywords.items()), shape, frames, stream)
-        self.shape, self.frames = shape, frames
-        small: dict[str, np.ndarray] = {}
-        self.resident: dict[str, jax.Array] = {}
-        if not stream:
-            log.info("Device views: %.2f GiB of training photos held%s", need / 2**30, each)
-            self.resident["pixels"] = place_resident(split, frames, mesh)
-            small.update(starts=frames.starts.astype(np.int32), transposed=frames.transposed)
-        if colour:
-            small.update(zip(("to_hsv", "to_rgb"), hsv_tables(), strict=True))
-        replicated = None if mesh is None else NamedSharding(mesh, P())
-        place = functools.partial(jax.device_put, device=replicated)
-        self.resident.update({k: place(v) for k, v in small.items()})
+    small: dict[str, np.ndarray] = {}
+    resident: dict[str, jax.Array] = {}
+    if not stream:
+        log.info("Device views: %.2f GiB of training photos held%s", need / 2**30, each)
+        resident["pixels"] = place_resident(split, frames, mesh)
+        small.update(starts=frames.starts.astype(np.int32), transposed=frames.transposed)
+    if colour:
+        small.update(zip(("to_hsv", "to_rgb"), hsv_tables(), strict=True))
+    replicated = None if mesh is None else NamedSharding(mesh, P())
+    place = functools.partial(jax.device_put, device=replicated)
+    resident.update({k: place(v) for k, v in small.items()})
+    host = HostViews(meta["views"], tuple(keywords.items()), shape, frames, stream)
+    return DeviceViews(host, ViewSpec(shape, frames, on_mesh), resident)
 
-    def _canvases(self, batch: dict[str, Any], suffix: str, photo_set: dict[str, jax.Array]):
-        """The canvases and transposed flags of the photos ``photos<suffix>`` (from the
-        resident set) or ``canvas<suffix>`` (streamed)."""
-        if f"canvas{suffix}" in batch:
-            return batch[f"canvas{suffix}"], batch[f"transposed{suffix}"]
-        index = batch[f"photos{suffix}"]
-        pixels, starts = photo_set["pixels"], photo_set["starts"]
-        if self.mesh is None:
-            canvases = gather_canvases(pixels, starts[index], self.shape.rows)
+
+def _canvases(
+    spec: ViewSpec, batch: dict[str, Any], suffix: str, photo_set: dict[str, jax.Array]
+) -> tuple[jax.Array, jax.Array]:
+    """The canvases and transposed flags of the photos ``photos<suffix>`` (from the resident
+    set) or ``canvas<suffix>`` (streamed)."""
+    if f"canvas{suffix}" in batch:
+        return batch[f"canvas{suffix}"], batch[f"transposed{suffix}"]
+    index = batch[f"photos{suffix}"]
+    pixels, starts = photo_set["pixels"], photo_set["starts"]
+    if spec.mesh is None:
+        canvases = gather_canvases(pixels, starts[index], spec.shape.rows)
+    else:
+        canvases = gather_sharded(pixels, starts, index, spec.shape.rows, spec.frames, spec.mesh)
+    return canvases, photo_set["transposed"][index]
+
+
+def make_views(
+    spec: ViewSpec, batch: dict[str, Any], photo_set: dict[str, jax.Array]
+) -> dict[str, Any]:
+    """The batch with its views made (inside the jitted step, from the batch's view parameters
+    and the resident ``photo_set``): ``images`` and the other views as float32 in [0, 1], with a
+    member axis where the parameters have one."""
+    out = {k: v for k, v in batch.items() if ":" not in k}
+    tables = (photo_set["to_hsv"], photo_set["to_rgb"]) if spec.shape.colour else None
+    sources: dict[str, tuple[jax.Array, jax.Array]] = {}  # views of one photo set share it
+    for view, suffix in view_sources(batch).items():
+        if suffix not in sources:
+            sources[suffix] = _canvases(spec, batch, suffix, photo_set)
+        canvases, transposed = sources[suffix]
+        arrays = {f: batch[f"{view}:{f}"] for f in FIELDS}
+        make = functools.partial(render, canvases, transposed, shape=spec.shape, tables=tables)
+        if arrays["ystart"].ndim == 3:  # a member axis: every member's own view
+            out[view] = jax.vmap(make)(arrays)
         else:
-            canvases = gather_sharded(
-                pixels, starts, index, self.shape.rows, self.frames, self.mesh
-            )
-        return canvases, photo_set["transposed"][index]
-
-    def realize(self, batch: dict[str, Any], photo_set: dict[str, jax.Array]) -> dict[str, Any]:
-        """The batch with its views made (inside the jitted step): ``images`` and the other
-        views as float32 in [0, 1], with a member axis where the parameters have one."""
-        out = {k: v for k, v in batch.items() if ":" not in k}
-        tables = (photo_set["to_hsv"], photo_set["to_rgb"]) if self.shape.colour else None
-        sources: dict[str, tuple[jax.Array, jax.Array]] = {}  # views of one photo set share it
-        for view, suffix in view_sources(batch).items():
-            if suffix not in sources:
-                sources[suffix] = self._canvases(batch, suffix, photo_set)
-            canvases, transposed = sources[suffix]
-            arrays = {f: batch[f"{view}:{f}"] for f in FIELDS}
-            make = functools.partial(render, canvases, transposed, shape=self.shape, tables=tables)
-            if arrays["ystart"].ndim == 3:  # a member axis: every member's own view
-                out[view] = jax.vmap(make)(arrays)
-            else:
-                out[view] = make(arrays)
-        for key in [k for k in out if k.startswith(("photos", "canvas", "transposed"))]:
-            del out[key]
-        return out
+            out[view] = make(arrays)
+    for key in [k for k in out if k.startswith(("photos", "canvas", "transposed"))]:
+        del out[key]
+    return out

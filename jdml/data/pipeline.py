@@ -203,7 +203,7 @@ class TrainBatch:
     parameters of the host path's views) and the photos are their indices (``photos``, a
     stream's ``photos_<s>``) into the device-resident set, or their canvases (``canvas``,
     ``transposed``) when the set is streamed; the step makes the views
-    (``jdml.data.device_pixels.DeviceViews.realize``).
+    (``jdml.data.device_pixels.make_views``).
 
     With ``rows=(start, stop)`` (multi-host input: the rows of the global batch on this
     process's devices) only those rows are loaded and augmented; they equal the same rows of

@@ -1,19 +1,19 @@
-"""Leave-one-out evaluation of embeddings (one head or several), and a results table.
+"""Leave-one-out evaluation of embeddings (one head or several).
 
-:func:`evaluate_embeddings` validates the requested metric names, computes each shared
-requirement once (a single search pass with the largest neighbour count needed, ranking every
-query's complete neighbour list only if ``map`` is requested; a single k-means, SVD and class
-segment-sum pass only if a metric needs them) and derives every metric from them.
+:func:`evaluate_embeddings_with_vectors` validates the requested metric names, computes each
+shared requirement once (a single search pass with the largest neighbour count needed, ranking
+every query's complete neighbour list only if ``map`` is requested; a single k-means, SVD and
+class segment-sum pass only if a metric needs them) and derives every metric from them, the
+vector-valued ones and per-query values included; :func:`evaluate_embeddings` gives its scalars.
 :func:`evaluate_heads` evaluates several embedding heads and their weighted concatenations.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +37,7 @@ from jdml.evaluation.sharded import (
     sharded_knn_blocks,
     sharded_singular_values,
 )
+from jdml.evaluation.table import format_table, is_percent  # noqa: F401 (their former home)
 from jdml.geometry import l2_normalize
 
 
@@ -395,6 +396,18 @@ def _check_inputs(
     return embeddings, labels
 
 
+class EmbeddingEvaluation(NamedTuple):
+    """What :func:`evaluate_embeddings_with_vectors` returns."""
+
+    metrics: dict[str, float]
+    """{metric name: value} of the scalar-valued metrics, in the requested order."""
+    vectors: dict[str, np.ndarray]
+    """{metric name: 1-D array} of the vector-valued metrics (e.g. ``rho_spectrum@0``)."""
+    per_query: dict[str, np.ndarray]
+    """{metric name: (Q,) values} of the metrics asked for per query, one value per query in
+    the queries' order (NaN for a query the metric leaves out)."""
+
+
 def evaluate_embeddings(
     embeddings: jax.Array | np.ndarray,
     labels: jax.Array | np.ndarray,
@@ -403,14 +416,58 @@ def evaluate_embeddings(
     distance: str = "euclidean",
     seed: int = 0,
     block_size: int = DEFAULT_BLOCK_SIZE,
-    return_vectors: bool = False,
+    kmeans_init: str = "k-means++",
+    gallery: jax.Array | np.ndarray | None = None,
+    gallery_labels: jax.Array | np.ndarray | None = None,
+    devices: int = 1,
+    backends: Backends | None = None,
+) -> dict[str, float]:
+    """The scalar metrics of :func:`evaluate_embeddings_with_vectors` (the same arguments but
+    ``per_query``): {metric name: float} in the requested order. Vector-valued metrics
+    (``rho_spectrum@0``) are skipped with a warning naming that function, which returns them.
+
+    Raises:
+      NonFiniteEmbeddingError: rows of the embeddings or the gallery hold NaN or inf (the
+        message counts them).
+    """
+    specs = resolve_metrics(metrics)
+    skipped = [m.name for m in specs if m.vector]
+    if skipped:
+        warnings.warn(
+            f"vector-valued metrics {skipped} are skipped; use "
+            "jdml.evaluation.embeddings.evaluate_embeddings_with_vectors to get them",
+            stacklevel=2,
+        )
+    return evaluate_embeddings_with_vectors(
+        embeddings,
+        labels,
+        [m.name for m in specs if not m.vector],
+        distance=distance,
+        seed=seed,
+        block_size=block_size,
+        kmeans_init=kmeans_init,
+        gallery=gallery,
+        gallery_labels=gallery_labels,
+        devices=devices,
+        backends=backends,
+    ).metrics
+
+
+def evaluate_embeddings_with_vectors(
+    embeddings: jax.Array | np.ndarray,
+    labels: jax.Array | np.ndarray,
+    metrics: Sequence[str],
+    *,
+    distance: str = "euclidean",
+    seed: int = 0,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     kmeans_init: str = "k-means++",
     gallery: jax.Array | np.ndarray | None = None,
     gallery_labels: jax.Array | np.ndarray | None = None,
     devices: int = 1,
     per_query: Sequence[str] = (),
     backends: Backends | None = None,
-) -> dict[str, float] | tuple[dict[str, float], dict[str, np.ndarray]]:
+) -> EmbeddingEvaluation:
     """Evaluates embeddings by retrieval, clustering and spectral statistics.
 
     Every sample is a query against all other samples. Each requirement is computed once
@@ -441,8 +498,6 @@ def evaluate_embeddings(
       distance: "euclidean" or "cosine".
       seed: seed of the k-means initialisation ("k-means++" and "random" only).
       block_size: queries per search block.
-      return_vectors: also return the vector-valued metrics (``rho_spectrum@0``). Without it,
-        those are skipped with a warning, so the result is always {name: float}.
       kmeans_init: "k-means++" (default), "random" (K uniformly drawn samples, then Lloyd;
         much faster with very many classes) or "reference" (faiss's k-means as the
         Revisiting-DML evaluation runs it: its seeded random initialisation, 20 iterations,
@@ -452,35 +507,25 @@ def evaluate_embeddings(
       gallery_labels: (M,) labels of the gallery, in the same label space as ``labels``.
       devices: 1 for the default device; 0 for every device (``jax.devices()``, every host's
         under ``jax.distributed``); D for the first D.
-      per_query: retrieval metrics of ``metrics`` whose per-query values (one per query, in
-        the queries' order; NaN for a query the metric leaves out) are returned too, among the
-        vectors as ``<name>/query``; needs ``return_vectors``.
+      per_query: retrieval metrics of ``metrics`` whose per-query values are returned too.
       backends: the kNN selection and the k-means assignment (a run's
         :class:`jdml.backends.Backends`); None: this process's environment's.
 
     Returns:
-      {metric name: float} in the requested order; with ``return_vectors``, the pair
-      ({name: float}, {name: 1-D array}).
+      The :class:`EmbeddingEvaluation`: the scalar metrics, the vector-valued ones and the
+      per-query values of ``per_query``.
 
     Raises:
       NonFiniteEmbeddingError: rows of the embeddings or the gallery hold NaN or inf (the
         message counts them).
     """
     specs = resolve_metrics(metrics)
-    _check_per_query(specs, per_query, return_vectors)
+    _check_per_query(specs, per_query)
     mesh = None if devices == 1 else eval_mesh(devices)
     on_host = mesh is not None
     embeddings, labels = _check_inputs(
         embeddings, labels, distance, 2 if gallery is None else 1, on_host
     )
-    vectors = [m for m in specs if m.vector]
-    if vectors and not return_vectors:
-        warnings.warn(
-            f"vector-valued metrics {[m.name for m in vectors]} are skipped; pass "
-            "return_vectors=True to get them",
-            stacklevel=2,
-        )
-        specs = [m for m in specs if not m.vector]
     options = {"distance": distance, "block_size": block_size, "mesh": mesh, "backends": backends}
     if gallery is None:
         whole = _requirements(
@@ -514,22 +559,16 @@ def evaluate_embeddings(
             **options,
         )
         needs = {m.name: union if _is_set_level(m) else ranked for m in specs}
-    scalars = {m.name: float(m.value(needs[m.name])) for m in specs if not m.vector}
-    if not return_vectors:
-        return scalars
-    vector_values = {m.name: np.asarray(m.value(needs[m.name])) for m in specs if m.vector}
-    for name in per_query:
-        vector_values[f"{name}/query"] = np.asarray(needs[name].query_values[name])
-    return scalars, vector_values
+    return EmbeddingEvaluation(
+        metrics={m.name: float(m.value(needs[m.name])) for m in specs if not m.vector},
+        vectors={m.name: np.asarray(m.value(needs[m.name])) for m in specs if m.vector},
+        per_query={name: np.asarray(needs[name].query_values[name]) for name in per_query},
+    )
 
 
-def _check_per_query(specs: Sequence[Metric], per_query: Sequence[str], vectors: bool) -> None:
-    """Refuses per-query values the evaluation cannot return: a metric not evaluated, one
-    without per-query values, or no vectors to return them in."""
-    if not per_query:
-        return
-    if not vectors:
-        raise ValueError("per_query values are returned among the vectors: pass return_vectors")
+def _check_per_query(specs: Sequence[Metric], per_query: Sequence[str]) -> None:
+    """Refuses per-query values the evaluation cannot return: a metric not evaluated, or one
+    without per-query values."""
     known = {m.name: m for m in specs}
     for name in per_query:
         if name not in known:
@@ -561,48 +600,25 @@ def combine_heads(
     return l2_normalize(jnp.concatenate(parts, axis=1))
 
 
-def evaluate_heads(
+def head_embeddings(
     embeddings: Mapping[str, jax.Array | np.ndarray],
-    labels: jax.Array | np.ndarray,
-    metrics: Sequence[str],
-    *,
     heads: Sequence[str] | None = None,
     combinations: Mapping[str, Mapping[str, float]] | None = None,
-    distance: str = "euclidean",
-    seed: int = 0,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    return_vectors: bool = False,
-    kmeans_init: str = "k-means++",
-    evaluate: Callable[[jax.Array | np.ndarray], Any] | None = None,
-    devices: int = 1,
-    backends: Backends | None = None,
-) -> dict[str, dict[str, float]] | tuple[dict[str, dict[str, float]], dict[str, dict]]:
-    """Multi-head evaluation: every head alone, then every weighted concatenation of heads.
-
-    The one multi-head evaluator: the training loop's evaluation of DiVA's and Sharing
-    Matters' heads and of a DM2 cohort's members and ensemble
-    (``jdml.evaluation.splits.evaluate_splits``) goes through it.
+) -> Iterator[tuple[str, jax.Array | np.ndarray]]:
+    """The rows of a multi-head evaluation: (name, embeddings) of every head alone, then of
+    every weighted concatenation (:func:`combine_heads`), one combination made at a time.
 
     Args:
       embeddings: {head name: (N, D_head) embeddings}, all for the same N samples.
-      labels: (N,) integer class labels.
-      metrics: metric names.
-      heads: the heads evaluated alone (default: all of ``embeddings``; combinations may use
-        the others).
-      combinations: {combination name: {head: weight}}, e.g.
-        ``{"disc0.5+others1": {"discriminative": 0.5, "selfsimilarity": 1, "shared": 1,
-        "intra": 1}}``; each is :func:`combine_heads` of the named heads.
-      distance, seed, block_size, return_vectors, kmeans_init, devices, backends: as in
-        :func:`evaluate_embeddings`, used for every row.
-      evaluate: evaluates one row's embeddings instead of :func:`evaluate_embeddings` with the
-        options above (e.g. queries against a gallery).
+      heads: the heads given alone (default: all of ``embeddings``; combinations may use the
+        others).
+      combinations: {combination name: {head: weight}}.
 
-    Returns:
-      {head or combination name: {metric name: float}}, heads first in their order, then the
-      combinations; with ``return_vectors`` the pair (that, the same nesting of vectors).
+    Raises:
+      ValueError: at the call, before any row: a combination has a head's name, or names a
+        head ``embeddings`` lacks, or none.
     """
     combinations = dict(combinations or {})
-    resolve_metrics(metrics)  # every name and combination is checked before any work
     alone = list(embeddings) if heads is None else list(heads)
     for name, weights in combinations.items():
         if name in alone:
@@ -614,74 +630,61 @@ def evaluate_heads(
                 f"available heads: {list(embeddings)}"
             )
 
-    if evaluate is None:
+    def rows() -> Iterator[tuple[str, jax.Array | np.ndarray]]:
+        for head in alone:
+            yield head, embeddings[head]
+        for name, weights in combinations.items():  # one combination in memory at a time
+            yield name, combine_heads(embeddings, weights)
 
-        def evaluate(emb: jax.Array | np.ndarray) -> Any:
-            return evaluate_embeddings(
-                emb,
-                labels,
-                metrics,
-                distance=distance,
-                seed=seed,
-                block_size=block_size,
-                return_vectors=return_vectors,
-                kmeans_init=kmeans_init,
-                devices=devices,
-                backends=backends,
-            )
-
-    outputs = {head: evaluate(embeddings[head]) for head in alone}
-    for name, weights in combinations.items():  # one combination in memory at a time
-        outputs[name] = evaluate(combine_heads(embeddings, weights))
-    if not return_vectors:
-        return outputs
-    return (
-        {name: out[0] for name, out in outputs.items()},
-        {name: out[1] for name, out in outputs.items()},
-    )
+    return rows()
 
 
-def is_percent(name: str) -> bool:
-    """Whether the metric ``name`` is a fraction shown in percent (unknown names: yes)."""
-    try:
-        return get_metric(name).percent
-    except KeyError:
-        return True
-
-
-def _format_value(value: float, percent: bool = True) -> str:
-    """A metric value as a percentage with 2 decimals, or as is with 4 decimals."""
-    if math.isnan(value):
-        return "nan"
-    return f"{100.0 * value:.2f}" if percent else f"{value:.4f}"
-
-
-def format_table(results: Mapping[str, Mapping[str, float]]) -> str:
-    """Fixed-width results table: one row per run/split, one column per metric.
-
-    Fractions (retrieval and clustering metrics) are shown in percent with 2 decimals; the
-    other metrics (``rho_spectrum*``, ``dists@*``) as they are, with 4 decimals.
+def evaluate_heads(
+    embeddings: Mapping[str, jax.Array | np.ndarray],
+    labels: jax.Array | np.ndarray,
+    metrics: Sequence[str],
+    *,
+    heads: Sequence[str] | None = None,
+    combinations: Mapping[str, Mapping[str, float]] | None = None,
+    distance: str = "euclidean",
+    seed: int = 0,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    kmeans_init: str = "k-means++",
+    devices: int = 1,
+    backends: Backends | None = None,
+) -> dict[str, dict[str, float]]:
+    """Multi-head evaluation: every head alone, then every weighted concatenation of heads
+    (the rows of :func:`head_embeddings`). The training loop's evaluation
+    (``jdml.evaluation.splits.evaluate_splits``) evaluates the same rows, of DiVA's and Sharing
+    Matters' heads and of a DM2 cohort's members and ensemble, with their per-query values.
 
     Args:
-      results: {row name: {metric name: value}}; columns are the metric names in order of
-        first appearance, and a metric missing from a row is shown as "-".
+      embeddings: {head name: (N, D_head) embeddings}, all for the same N samples.
+      labels: (N,) integer class labels.
+      metrics: metric names.
+      heads, combinations: as in :func:`head_embeddings`, e.g. ``combinations=
+        {"disc0.5+others1": {"discriminative": 0.5, "selfsimilarity": 1, "shared": 1,
+        "intra": 1}}``.
+      distance, seed, block_size, kmeans_init, devices, backends: as in
+        :func:`evaluate_embeddings`, used for every row.
 
     Returns:
-      The table as a multi-line string (header, rule, one line per row).
+      {head or combination name: {metric name: float}}, heads first in their order, then the
+      combinations.
     """
-    columns = list(dict.fromkeys(name for row in results.values() for name in row))
-    percent = {c: is_percent(c) for c in columns}
-    header = ["", *columns]
-    rows = [
-        [str(name), *(_format_value(row[c], percent[c]) if c in row else "-" for c in columns)]
-        for name, row in results.items()
-    ]
-    widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
-
-    def render(cells: list[str]) -> str:
-        first = cells[0].ljust(widths[0])
-        rest = (cell.rjust(width) for cell, width in zip(cells[1:], widths[1:], strict=True))
-        return "  ".join([first, *rest]).rstrip()
-
-    rule = "  ".join("-" * width for width in widths)
-    return "\n".join([render(header), rule, *(render(row) for row in rows)])
+    resolve_metrics(metrics)  # every name and combination is checked before any work
+    rows = head_embeddings(embeddings, heads, combinations)
+    return {
+        name: evaluate_embeddings(
+            emb,
+            labels,
+            metrics,
+            distance=distance,
+            seed=seed,
+            block_size=block_size,
+            kmeans_init=kmeans_init,
+            devices=devices,
+            backends=backends,
+        )
+        for name, emb in rows
+    }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
@@ -15,7 +15,12 @@ from jdml.backends import Backends
 from jdml.data.arrays import ImageSet, QueryGallery
 from jdml.data.pipeline import eval_batches
 from jdml.evaluation import per_query as pq
-from jdml.evaluation.embeddings import check_finite, evaluate_embeddings, evaluate_heads
+from jdml.evaluation.embeddings import (
+    EmbeddingEvaluation,
+    check_finite,
+    evaluate_embeddings_with_vectors,
+    head_embeddings,
+)
 
 EmbedFn = Callable[[Any, Any, jax.Array], dict[str, jax.Array]]
 
@@ -45,15 +50,15 @@ def embed_split(
 
 def evaluate_split(
     embeddings: np.ndarray | jax.Array, data: ImageSet, metrics: Sequence[str], **options: Any
-) -> Any:
-    """``evaluate_embeddings`` of one split's embeddings: leave-one-out, or, for a
+) -> EmbeddingEvaluation:
+    """``evaluate_embeddings_with_vectors`` of one split's embeddings: leave-one-out, or, for a
     :class:`QueryGallery` split, its queries (the first ``num_queries`` rows) ranked against
     its gallery (the rest)."""
     labels = np.asarray(data.labels)
     if not isinstance(data, QueryGallery):
-        return evaluate_embeddings(embeddings, labels, list(metrics), **options)
+        return evaluate_embeddings_with_vectors(embeddings, labels, list(metrics), **options)
     n = data.num_queries
-    return evaluate_embeddings(
+    return evaluate_embeddings_with_vectors(
         embeddings[:n],
         labels[:n],
         list(metrics),
@@ -64,6 +69,20 @@ def evaluate_split(
 
 
 SPECTRUM = "rho_spectrum@0"  # the normalised singular-value spectrum, kept for plots
+
+
+class Evaluation(NamedTuple):
+    """The evaluation of a model state on dataset splits (:func:`evaluate_splits`)."""
+
+    metrics: dict[str, dict[str, float]]
+    """{split: {metric: value}} of the evaluated head."""
+    vectors: dict[str, dict[str, np.ndarray]]
+    """{split: {vector metric or per-query key: 1-D array}}: the vector-valued metrics (e.g.
+    :data:`SPECTRUM`) of the evaluated head, and the per-query values of every evaluated head
+    and combination with the queries' classes (keys of :mod:`jdml.evaluation.per_query`)."""
+    heads: dict[str, dict[str, dict[str, float]]]
+    """{split: {other head or combination: {metric: value}}}: the heads of ``eval.heads`` other
+    than the evaluated one, and the weighted concatenations of ``eval.combinations``."""
 
 
 def split_metrics(
@@ -136,11 +155,7 @@ def evaluate_splits(
     devices: int = 1,
     on_embeddings: Callable[[str, ImageSet, np.ndarray], None] | None = None,
     backends: Backends | None = None,
-) -> tuple[
-    dict[str, dict[str, float]],
-    dict[str, dict[str, np.ndarray]],
-    dict[str, dict[str, dict[str, float]]],
-]:
+) -> Evaluation:
     """Evaluates the embeddings of ``head`` on each split with that split's metrics.
 
     On the splits in ``full``, the heads of ``eval.heads`` other than ``head`` are evaluated
@@ -156,8 +171,8 @@ def evaluate_splits(
     vectors (keys of :mod:`jdml.evaluation.per_query`).
 
     Returns:
-      ``({split: {metric: value}}, {split: {vector metric: 1-D array}},
-      {split: {head or combination: {metric: value}}})``.
+      The :class:`Evaluation`: the metrics of ``head``, the vectors and the other heads'
+      metrics, per split.
 
     Raises:
       NonFiniteEmbeddingError: an evaluated head's embeddings of a split hold NaN or inf (the
@@ -165,63 +180,51 @@ def evaluate_splits(
     """
     scalars, vectors, extra = {}, {}, {}
     kept = tuple(cfg.get("per_query", ()))
+    options = _options(cfg, seed, devices, backends)
     for name, data in splits.items():
         embeddings = embed_split(embed_fn, params, batch_stats, data, cfg.batch_size)
         evaluated = [head, *(cfg.heads if name in full else ())]
         for h in dict.fromkeys(evaluated):
             check_finite(embeddings[h], f"{h!r} embeddings of split {name!r}")
         queries = kept if name in full else ()
-        scalars[name], vectors[name] = evaluate_split(
-            embeddings[head],
-            data,
-            metrics[name],
-            return_vectors=True,
-            per_query=queries,
-            **_options(cfg, seed, devices, backends),
-        )
+        main = evaluate_split(embeddings[head], data, metrics[name], per_query=queries, **options)
+        scalars[name], vectors[name] = main.metrics, dict(main.vectors)
         if queries:
-            _name_queries(vectors[name], head, data, queries)
+            _add_queries(vectors[name], head, main.per_query, data)
         if name in full and on_embeddings is not None:
             on_embeddings(name, data, np.asarray(embeddings[head]))
         if name not in full or not cfg.heads:
             continue
-        rows = evaluate_heads(
+        rows = head_embeddings(
             embeddings,
-            data.labels,
-            cfg.metrics,
             heads=[h for h in cfg.heads if h != head],
             combinations={
                 combination_name(w): dict(zip(cfg.heads, w, strict=True)) for w in cfg.combinations
             },
-            evaluate=lambda emb, data=data, queries=queries: evaluate_split(
-                emb,
-                data,
-                cfg.metrics,
-                return_vectors=True,
-                per_query=queries,
-                **_options(cfg, seed, devices, backends),
-            ),
-            return_vectors=True,
         )
-        extra[name] = rows[0]
-        for embedding, values in rows[1].items():
+        extra[name] = {}
+        for embedding, emb in rows:
+            row = evaluate_split(emb, data, cfg.metrics, per_query=queries, **options)
+            extra[name][embedding] = row.metrics
             for metric in queries:
-                key = pq.vector_key(embedding, metric)
-                vectors[name][key] = values[f"{metric}/query"]
-    return scalars, vectors, extra
+                vectors[name][pq.vector_key(embedding, metric)] = row.per_query[metric]
+    return Evaluation(metrics=scalars, vectors=vectors, heads=extra)
 
 
-def _name_queries(
-    vectors: dict[str, np.ndarray], head: str, data: ImageSet, metrics: Sequence[str]
+def _add_queries(
+    vectors: dict[str, np.ndarray],
+    head: str,
+    per_query: Mapping[str, np.ndarray],
+    data: ImageSet,
 ) -> None:
-    """Renames the main head's per-query vectors to their :mod:`jdml.evaluation.per_query`
-    keys, and adds the queries' classes (a gallery split's queries: its first rows)."""
+    """Adds the main head's per-query values under their :mod:`jdml.evaluation.per_query` keys,
+    and the queries' classes (a gallery split's queries: its first rows)."""
     labels = np.asarray(data.labels)
     if isinstance(data, QueryGallery):
         labels = labels[: data.num_queries]
     vectors[pq.classes_key()] = labels.astype(np.int64)
-    for metric in metrics:
-        vectors[pq.vector_key(head, metric)] = vectors.pop(f"{metric}/query")
+    for metric, values in per_query.items():
+        vectors[pq.vector_key(head, metric)] = values
 
 
 def evaluate_raw_pixels(
@@ -236,5 +239,5 @@ def evaluate_raw_pixels(
     out = {}
     for name, data in splits.items():
         x = data.eval_images(np.arange(len(data))).reshape(len(data), -1)
-        out[name] = evaluate_split(x, data, cfg.metrics, **_options(cfg, seed, devices))
+        out[name] = evaluate_split(x, data, cfg.metrics, **_options(cfg, seed, devices)).metrics
     return out

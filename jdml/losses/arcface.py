@@ -5,13 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jdml.losses.base import Loss, LossOutput, register_loss
-from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, unit_class_map
-from jdml.miners.base import Tuples
+from jdml.geometry import l2_normalize
+from jdml.losses.base import ClassMapLoss, LossOutput, register_loss
+from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy
 from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 # The reference's lower clamp of the cosines (it zeroes every negative cosine).
@@ -52,7 +51,7 @@ def arcface_logits(cos: jax.Array, labels: jax.Array, *, margin: float, scale: f
 
 
 @register_loss
-class ArcFaceLoss(Loss):
+class ArcFaceLoss(ClassMapLoss):
     """ArcFace: cross-entropy where the target logit is s cos(theta_y + m).
 
     With the (num_classes, D) class map W, w_c = W_c / |W_c| and cos_ic = x_i . w_c clamped to
@@ -95,8 +94,6 @@ class ArcFaceLoss(Loss):
     """
 
     loss_name: ClassVar[str] = "arcface"
-    allowed_miners: ClassVar[tuple[str, ...] | None] = None
-    needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "class_lr_multiplier"
     param_ranges: ClassVar[dict[str, Range]] = {
         "class_lr_multiplier": NON_NEGATIVE,
@@ -104,33 +101,22 @@ class ArcFaceLoss(Loss):
         "margin": NON_NEGATIVE,
         "scale": POSITIVE,
     }
-    param_lr_is_multiplier: ClassVar[bool] = True
 
     _: dataclasses.KW_ONLY
-    num_classes: int
     margin: float = 0.5
     scale: float = 16.0
     class_lr_multiplier: float = 50.0
     eps: float = 1e-7
     reference_clamp: bool = False
 
-    @nn.compact
-    def __call__(
-        self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None
-    ) -> LossOutput:
-        """Computes the loss.
-
-        Args:
-          embeddings: (B, D) float (any float dtype; computed in float32), L2-normalised.
-          labels: (B,) int in [0, num_classes); out-of-range labels are not checked under jit.
-          tuples: ignored (the loss takes no miner).
+    def map_loss(self, x: jax.Array, class_map: jax.Array, labels: jax.Array) -> LossOutput:
+        """The loss of L2-normalised float32 (B, D) embeddings ``x``.
 
         Returns:
           (loss, {"accuracy"}): scalar float32 loss and the fraction of the batch whose highest
           cosine (no margin, no clamp) is to its own class.
         """
-        x = embeddings.astype(jnp.float32)
-        cos = x @ unit_class_map(self, self.num_classes, x.shape[-1]).T
+        cos = x @ l2_normalize(class_map, axis=1).T
         low, high = cosine_bounds(self.eps, self.reference_clamp)
         logits = arcface_logits(
             jnp.clip(cos, low, high), labels, margin=self.margin, scale=self.scale

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
@@ -89,6 +90,79 @@ class Loss(nn.Module):
 
             cls.__call__ = checked  # type: ignore[method-assign]
         super().__init_subclass__(**kwargs)
+
+
+def symmetric_uniform(bound: float) -> nn.initializers.Initializer:
+    """Initializer drawing every entry from U(-bound, bound).
+
+    Args:
+      bound: half-width of the interval.
+
+    Returns:
+      An ``init(key, shape, dtype=float32)`` function for ``Module.param``.
+    """
+
+    def init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype = jnp.float32) -> jax.Array:
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
+def uniform_last_axis(
+    key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype = jnp.float32
+) -> jax.Array:
+    """Entries from U(-1/sqrt(n), 1/sqrt(n)), n = ``shape[-1]`` (the reference's class maps)."""
+    return symmetric_uniform(1.0 / math.sqrt(shape[-1]))(key, shape, dtype)
+
+
+class ClassMapLoss(Loss):
+    """Base class of the losses that learn a map over the classes: class weights, proxies or
+    centres, one float32 parameter of the params tree.
+
+    They take no miner, need ``num_classes`` (filled in by the method) and learn the map with
+    the subclass's ``param_lr`` field times the network's learning rate. A subclass names the
+    parameter (``map_param``), may change its shape and initialiser (``map_shape``, ``map_init``:
+    by default (num_classes, D) from U(-1/sqrt(D), 1/sqrt(D)), the reference's class maps) and
+    computes the loss from it in ``map_loss``.
+    """
+
+    needs_miner: ClassVar[bool] = False
+    param_lr_is_multiplier: ClassVar[bool] = True
+    map_param: ClassVar[str] = "class_map"
+
+    _: dataclasses.KW_ONLY
+    num_classes: int
+
+    def map_shape(self, dim: int) -> tuple[int, int]:
+        """Shape of the map for D = ``dim`` embedding dimensions: (num_classes, D)."""
+        return (self.num_classes, dim)
+
+    def map_init(self) -> nn.initializers.Initializer:
+        """Initialiser of the map: U(-1/sqrt(n), 1/sqrt(n)) over its last axis's size n."""
+        return uniform_last_axis
+
+    @nn.compact
+    def __call__(
+        self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None
+    ) -> LossOutput:
+        """Declares the map and computes the loss from it (``map_loss``).
+
+        Args:
+          embeddings: (B, D) float (any float dtype; computed in float32).
+          labels: (B,) int in [0, num_classes); out-of-range labels are not checked under jit.
+          tuples: ignored (the loss takes no miner).
+
+        Returns:
+          (loss, metrics): scalar float32 loss and the metrics ``map_loss`` names.
+        """
+        x = embeddings.astype(jnp.float32)
+        shape = self.map_shape(x.shape[-1])
+        class_map = self.param(self.map_param, self.map_init(), shape, jnp.float32)
+        return self.map_loss(x, class_map, labels)
+
+    def map_loss(self, x: jax.Array, class_map: jax.Array, labels: jax.Array) -> LossOutput:
+        """The loss of float32 (B, D) embeddings ``x`` given the map (its raw parameter)."""
+        raise NotImplementedError
 
 
 def check_loss_inputs(

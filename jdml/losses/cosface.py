@@ -6,19 +6,16 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from jdml.geometry import l2_normalize
-from jdml.losses.base import Loss, LossOutput, register_loss
-from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, unit_class_map
-from jdml.miners.base import Tuples
+from jdml.losses.base import ClassMapLoss, LossOutput, register_loss
+from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy
 from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 
 @register_loss
-class CosFaceLoss(Loss):
+class CosFaceLoss(ClassMapLoss):
     """CosFace: with x_i and the class weights w_c L2-normalised and cos_ic = x_i . w_c,
 
         loss = mean_i -log( exp(s (cos_{i,y_i} - m))
@@ -42,9 +39,7 @@ class CosFaceLoss(Loss):
     """
 
     loss_name: ClassVar[str] = "cosface"
-    needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "class_lr_multiplier"
-    param_lr_is_multiplier: ClassVar[bool] = True
     param_ranges: ClassVar[dict[str, Range]] = {
         "class_lr_multiplier": NON_NEGATIVE,
         "margin": NON_NEGATIVE,
@@ -52,28 +47,19 @@ class CosFaceLoss(Loss):
     }
 
     _: dataclasses.KW_ONLY
-    num_classes: int
     margin: float = 0.35
     scale: float = 64.0
     class_lr_multiplier: float = 1.0
 
-    @nn.compact
-    def __call__(
-        self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None
-    ) -> LossOutput:
-        """Computes the loss.
-
-        Args:
-          embeddings: (B, D) float (any float dtype; computed in float32; L2-normalised here).
-          labels: (B,) int in [0, num_classes).
-          tuples: ignored (the loss takes no miner).
+    def map_loss(self, x: jax.Array, class_map: jax.Array, labels: jax.Array) -> LossOutput:
+        """The loss of float32 (B, D) embeddings ``x`` (L2-normalised here).
 
         Returns:
           (loss, {"accuracy"}): scalar float32 loss and the fraction of the batch whose highest
           cosine is to its own class.
         """
-        x = l2_normalize(embeddings.astype(jnp.float32), axis=1)
-        cos = x @ unit_class_map(self, self.num_classes, x.shape[-1]).T
+        x = l2_normalize(x, axis=1)
+        cos = x @ l2_normalize(class_map, axis=1).T
         onehot = jax.nn.one_hot(labels, self.num_classes, dtype=cos.dtype)
         loss = softmax_cross_entropy(self.scale * (cos - self.margin * onehot), labels)
         return loss, {"accuracy": batch_accuracy(cos, labels)}

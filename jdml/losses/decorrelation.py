@@ -29,8 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdml.geometry import l2_normalize
-from jdml.losses.base import LossOutput
-from jdml.losses.softmax import symmetric_uniform
+from jdml.losses.base import LossOutput, symmetric_uniform
 from jdml.nn.gradient_reversal import gradient_reversal
 
 # PyTorch's nn.Linear default initialisation (the reference's psi): weights and biases are

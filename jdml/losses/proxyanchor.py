@@ -12,10 +12,9 @@ import jax
 import jax.numpy as jnp
 
 from jdml.geometry import l2_normalize
-from jdml.losses.base import Loss, LossOutput, register_loss, safe_divide
+from jdml.losses.base import ClassMapLoss, LossOutput, register_loss, safe_divide
 from jdml.losses.npair import log1p_sum_exp
 from jdml.losses.softmax import batch_accuracy
-from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 
@@ -26,7 +25,7 @@ def fan_out_normal(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> 
 
 
 @register_loss
-class ProxyAnchorLoss(Loss):
+class ProxyAnchorLoss(ClassMapLoss):
     """Proxy-Anchor loss on cosine similarities s(x, p) of L2-normalised embeddings and proxies:
 
         loss = 1/|P+| sum_{p in P+} log(1 + sum_{x in X_p+} exp(-alpha (s(x, p) - delta)))
@@ -53,40 +52,30 @@ class ProxyAnchorLoss(Loss):
     """
 
     loss_name: ClassVar[str] = "proxyanchor"
-    needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "proxy_lr_multiplier"
-    param_lr_is_multiplier: ClassVar[bool] = True
     param_ranges: ClassVar[dict[str, Range]] = {
         "alpha": POSITIVE,
         "margin": NON_NEGATIVE,
         "proxy_lr_multiplier": NON_NEGATIVE,
     }
+    map_param: ClassVar[str] = "proxies"
 
     _: dataclasses.KW_ONLY
-    num_classes: int
     alpha: float = 32.0
     margin: float = 0.1
     proxy_lr_multiplier: float = 100.0
 
-    @nn.compact
-    def __call__(
-        self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None
-    ) -> LossOutput:
-        """Computes the loss.
+    def map_init(self) -> nn.initializers.Initializer:
+        """N(0, 2 / C), as the paper's code draws the proxies (``fan_out_normal``)."""
+        return fan_out_normal
 
-        Args:
-          embeddings: (B, D) float (any float dtype; computed in float32).
-          labels: (B,) int in [0, num_classes).
-          tuples: ignored (the loss takes no miner).
+    def map_loss(self, x: jax.Array, proxies: jax.Array, labels: jax.Array) -> LossOutput:
+        """The loss of float32 (B, D) embeddings ``x``.
 
         Returns:
           (loss, {"accuracy", "pos_loss", "neg_loss"}): scalar float32 loss; the fraction of
           the batch whose most similar proxy is its own class's; the two terms of the loss.
         """
-        x = embeddings.astype(jnp.float32)
-        proxies = self.param(
-            "proxies", fan_out_normal, (self.num_classes, x.shape[-1]), jnp.float32
-        )
         cos = l2_normalize(x, axis=1) @ l2_normalize(proxies, axis=1).T  # (B, C)
         own = jax.nn.one_hot(labels, self.num_classes, dtype=jnp.bool_)
         # Per proxy (rows of the transposed (C, B) matrices): log(1 + sum over its samples).

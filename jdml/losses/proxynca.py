@@ -10,9 +10,8 @@ import jax
 import jax.numpy as jnp
 
 from jdml.geometry import l2_normalize
-from jdml.losses.base import Loss, LossOutput, register_loss
+from jdml.losses.base import ClassMapLoss, LossOutput, register_loss
 from jdml.losses.softmax import batch_accuracy
-from jdml.miners.base import Tuples
 from jdml.registry import NON_NEGATIVE, POSITIVE, Range
 
 
@@ -33,7 +32,7 @@ def proxy_squared_distances(x: jax.Array, proxies: jax.Array, scale: float) -> j
 
 
 @register_loss
-class ProxyNCALoss(Loss):
+class ProxyNCALoss(ClassMapLoss):
     """ProxyNCA in the reference's form: the positive proxy is left out of the denominator.
 
     With d_ic the squared distance between the L2-normalised embedding and proxy, both scaled by
@@ -62,30 +61,23 @@ class ProxyNCALoss(Loss):
     """
 
     loss_name: ClassVar[str] = "proxynca"
-    allowed_miners: ClassVar[tuple[str, ...] | None] = None
-    needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "proxy_lr_multiplier"
     param_ranges: ClassVar[dict[str, Range]] = {
         "proxy_lr_multiplier": NON_NEGATIVE,
         "scale": POSITIVE,
     }
-    param_lr_is_multiplier: ClassVar[bool] = True
+    map_param: ClassVar[str] = "proxies"
 
     _: dataclasses.KW_ONLY
-    num_classes: int
     scale: float = 3.0
     proxy_lr_multiplier: float = 50.0
 
-    @nn.compact
-    def __call__(
-        self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None
-    ) -> LossOutput:
-        """Computes the loss.
+    def map_init(self) -> nn.initializers.Initializer:
+        """N(0, 1/8^2), the reference's initialisation of the proxies."""
+        return nn.initializers.normal(stddev=1.0 / 8.0)
 
-        Args:
-          embeddings: (B, D) float (any float dtype; computed in float32).
-          labels: (B,) int in [0, num_classes); out-of-range labels are not checked under jit.
-          tuples: ignored (the loss takes no miner).
+    def map_loss(self, x: jax.Array, proxies: jax.Array, labels: jax.Array) -> LossOutput:
+        """The loss of float32 (B, D) embeddings ``x``.
 
         Returns:
           (loss, {"accuracy"}): scalar float32 loss and the fraction of the batch whose nearest
@@ -96,13 +88,6 @@ class ProxyNCALoss(Loss):
         """
         if self.num_classes < 2:
             raise ValueError(f"proxynca needs at least 2 classes, got {self.num_classes}")
-        x = embeddings.astype(jnp.float32)
-        proxies = self.param(
-            "proxies",
-            nn.initializers.normal(stddev=1.0 / 8.0),
-            (self.num_classes, x.shape[-1]),
-            jnp.float32,
-        )
         dist = proxy_squared_distances(x, proxies, self.scale)
         is_pos = jax.nn.one_hot(labels, self.num_classes, dtype=jnp.bool_)
         pos = jnp.sum(jnp.where(is_pos, dist, 0.0), axis=1)

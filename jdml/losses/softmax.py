@@ -3,47 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import ClassVar
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from jdml.geometry import l2_normalize
-from jdml.losses.base import Loss, LossOutput, register_loss
-from jdml.miners.base import Tuples
+from jdml.losses.base import ClassMapLoss, LossOutput, register_loss
 from jdml.registry import NON_NEGATIVE, POSITIVE, Range
-
-
-def symmetric_uniform(bound: float) -> nn.initializers.Initializer:
-    """Initializer drawing every entry from U(-bound, bound).
-
-    Args:
-      bound: half-width of the interval.
-
-    Returns:
-      An ``init(key, shape, dtype=float32)`` function for ``Module.param``.
-    """
-
-    def init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype = jnp.float32) -> jax.Array:
-        return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-    return init
-
-
-def unit_class_map(module: nn.Module, rows: int, dim: int) -> jax.Array:
-    """The parameter ``class_map`` of a classification loss, L2-normalised per row.
-
-    Declared on ``module`` (from its compact ``__call__``) as (rows, dim) float32 drawn from
-    U(-1/sqrt(dim), 1/sqrt(dim)), the reference's initialisation of its class maps.
-
-    Returns:
-      (rows, dim) float32, unit rows.
-    """
-    init = symmetric_uniform(1.0 / math.sqrt(dim))
-    class_map = module.param("class_map", init, (rows, dim), jnp.float32)
-    return l2_normalize(class_map, axis=1)
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -75,7 +42,7 @@ def batch_accuracy(scores: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 @register_loss
-class NormSoftmaxLoss(Loss):
+class NormSoftmaxLoss(ClassMapLoss):
     """Normalised softmax: cross-entropy over cosine-like logits to unit-norm class weights.
 
     With W the (num_classes, D) class map and w_c = W_c / |W_c|:
@@ -105,37 +72,23 @@ class NormSoftmaxLoss(Loss):
     """
 
     loss_name: ClassVar[str] = "softmax"
-    allowed_miners: ClassVar[tuple[str, ...] | None] = None
-    needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "class_lr_multiplier"
     param_ranges: ClassVar[dict[str, Range]] = {
         "class_lr_multiplier": NON_NEGATIVE,
         "temperature": POSITIVE,
     }
-    param_lr_is_multiplier: ClassVar[bool] = True
 
     _: dataclasses.KW_ONLY
-    num_classes: int
     temperature: float = 0.05
     class_lr_multiplier: float = 1.0
 
-    @nn.compact
-    def __call__(
-        self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None
-    ) -> LossOutput:
-        """Computes the loss.
-
-        Args:
-          embeddings: (B, D) float (any float dtype; computed in float32), L2-normalised.
-          labels: (B,) int in [0, num_classes); out-of-range labels are not checked under jit.
-          tuples: ignored (the loss takes no miner).
+    def map_loss(self, x: jax.Array, class_map: jax.Array, labels: jax.Array) -> LossOutput:
+        """The loss of L2-normalised float32 (B, D) embeddings ``x``.
 
         Returns:
           (loss, {"accuracy"}): scalar float32 loss and the fraction of the batch whose highest
           logit is its own class.
         """
-        x = embeddings.astype(jnp.float32)
-        class_map = unit_class_map(self, self.num_classes, x.shape[-1])
-        logits = x @ class_map.T / self.temperature
+        logits = x @ l2_normalize(class_map, axis=1).T / self.temperature
         loss = softmax_cross_entropy(logits, labels)
         return loss, {"accuracy": batch_accuracy(logits, labels)}

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import ClassVar
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jdml.geometry import l2_normalize
-from jdml.losses.base import Loss, LossOutput, register_loss
-from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, symmetric_uniform
-from jdml.miners.base import Tuples
+from jdml.losses.base import ClassMapLoss, LossOutput, register_loss
+from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy
 from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
 
 # Added under the square root of the regulariser: sqrt(2 + 1e-5 - 2 w.w') (paper and reference).
@@ -67,7 +64,7 @@ def centroid_regulariser(centroids: jax.Array, num_classes: int, k: int) -> jax.
 
 
 @register_loss
-class SoftTripleLoss(Loss):
+class SoftTripleLoss(ClassMapLoss):
     """SoftTriple: cross-entropy over relaxed class similarities to K centres per class.
 
     With centres W (D, C K), S = x W reshaped to (B, C, K):
@@ -115,8 +112,6 @@ class SoftTripleLoss(Loss):
     """
 
     loss_name: ClassVar[str] = "softtriplet"
-    allowed_miners: ClassVar[tuple[str, ...] | None] = None
-    needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "centroid_lr_multiplier"
     param_ranges: ClassVar[dict[str, Range]] = {
         "centroid_lr_multiplier": NON_NEGATIVE,
@@ -126,10 +121,9 @@ class SoftTripleLoss(Loss):
         "n_centroids": COUNT,
         "reg_weight": NON_NEGATIVE,
     }
-    param_lr_is_multiplier: ClassVar[bool] = True
+    map_param: ClassVar[str] = "centroids"
 
     _: dataclasses.KW_ONLY
-    num_classes: int
     n_centroids: int = 10
     lam: float = 20.0
     gamma: float = 0.1
@@ -138,29 +132,18 @@ class SoftTripleLoss(Loss):
     centroid_lr_multiplier: float = 1.0
     reference_quirks: bool = False
 
-    @nn.compact
-    def __call__(
-        self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None
-    ) -> LossOutput:
-        """Computes the loss.
+    def map_shape(self, dim: int) -> tuple[int, int]:
+        """(D, num_classes * n_centroids): column c K + k is centre k of class c."""
+        return (dim, self.num_classes * self.n_centroids)
 
-        Args:
-          embeddings: (B, D) float (any float dtype; computed in float32), L2-normalised.
-          labels: (B,) int in [0, num_classes); out-of-range labels are not checked under jit.
-          tuples: ignored (the loss takes no miner).
+    def map_loss(self, x: jax.Array, centroids: jax.Array, labels: jax.Array) -> LossOutput:
+        """The loss of L2-normalised float32 (B, D) embeddings ``x``.
 
         Returns:
           (loss, {"accuracy", "regulariser"}): scalar float32 loss; the fraction of the batch
           whose highest class similarity is its own class; the unweighted Reg.
         """
-        x = embeddings.astype(jnp.float32)
         c, k = self.num_classes, self.n_centroids
-        centroids = self.param(
-            "centroids",
-            symmetric_uniform(1.0 / math.sqrt(c * k)),
-            (x.shape[-1], c * k),
-            jnp.float32,
-        )
         centres = l2_normalize(centroids, axis=1 if self.reference_quirks else 0)
         sims = (x @ centres).reshape(x.shape[0], c, k)
         class_sims, _ = class_similarities(sims, self.gamma, reference_quirks=self.reference_quirks)

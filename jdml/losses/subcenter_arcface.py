@@ -6,20 +6,18 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from jdml.geometry import l2_normalize
 from jdml.losses.arcface import arcface_logits, cosine_bounds
-from jdml.losses.base import Loss, LossOutput, register_loss
-from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy, unit_class_map
-from jdml.miners.base import Tuples
+from jdml.losses.base import ClassMapLoss, LossOutput, register_loss
+from jdml.losses.softmax import batch_accuracy, softmax_cross_entropy
 from jdml.registry import COUNT, NON_NEGATIVE, POSITIVE, Range
 
 
 @register_loss
-class SubCenterArcFaceLoss(Loss):
+class SubCenterArcFaceLoss(ClassMapLoss):
     """Sub-center ArcFace: each class c has K sub-centers w_ck; with x_i and the sub-centers
     L2-normalised, a sample's cosine to its class is that of its nearest sub-center,
 
@@ -49,9 +47,7 @@ class SubCenterArcFaceLoss(Loss):
     """
 
     loss_name: ClassVar[str] = "subcenter_arcface"
-    needs_miner: ClassVar[bool] = False
     param_lr: ClassVar[str | None] = "class_lr_multiplier"
-    param_lr_is_multiplier: ClassVar[bool] = True
     param_ranges: ClassVar[dict[str, Range]] = {
         "class_lr_multiplier": NON_NEGATIVE,
         "eps": POSITIVE,
@@ -61,31 +57,25 @@ class SubCenterArcFaceLoss(Loss):
     }
 
     _: dataclasses.KW_ONLY
-    num_classes: int
     sub_centers: int = 3
     margin: float = 0.5
     scale: float = 64.0
     class_lr_multiplier: float = 1.0
     eps: float = 1e-7
 
-    @nn.compact
-    def __call__(
-        self, embeddings: jax.Array, labels: jax.Array, tuples: Tuples | None = None
-    ) -> LossOutput:
-        """Computes the loss.
+    def map_shape(self, dim: int) -> tuple[int, int]:
+        """(num_classes * sub_centers, D): the sub-centers of class c in rows c K to c K + K - 1."""
+        return (self.num_classes * self.sub_centers, dim)
 
-        Args:
-          embeddings: (B, D) float (any float dtype; computed in float32; L2-normalised here).
-          labels: (B,) int in [0, num_classes).
-          tuples: ignored (the loss takes no miner).
+    def map_loss(self, x: jax.Array, class_map: jax.Array, labels: jax.Array) -> LossOutput:
+        """The loss of float32 (B, D) embeddings ``x`` (L2-normalised here).
 
         Returns:
           (loss, {"accuracy"}): scalar float32 loss and the fraction of the batch whose highest
           class cosine is its own class's.
         """
-        x = l2_normalize(embeddings.astype(jnp.float32), axis=1)
-        rows = self.num_classes * self.sub_centers
-        cos_all = x @ unit_class_map(self, rows, x.shape[-1]).T
+        x = l2_normalize(x, axis=1)
+        cos_all = x @ l2_normalize(class_map, axis=1).T
         cos = jnp.max(cos_all.reshape(x.shape[0], self.num_classes, self.sub_centers), axis=-1)
         low, high = cosine_bounds(self.eps, reference_clamp=False)
         logits = arcface_logits(

@@ -1,4 +1,5 @@
-"""Checks of a method's config that need no data: its heads, its phases and its cohort.
+"""Checks of a method's config that need no data: its phases and its cohort (its heads:
+``jdml.embedder.check_head_dims``).
 
 ``jdml.config.validate`` runs them before anything is read or written, so a mistake here stops
 ``train.py`` before the data load and before the run directory is created. ``Method`` and
@@ -12,30 +13,6 @@ import ml_collections
 
 from jdml.errors import ConfigError
 from jdml.methods.terms import TERMS
-
-
-def check_head_dims(config: ml_collections.ConfigDict) -> dict[str, int]:
-    """Every head has one dimension: an auxiliary term's ``dim`` (0: ``model.embed_dim``) equals
-    that of every other term on its head.
-
-    Args:
-      config: the full run config (its ``model`` and ``aux`` sections).
-
-    Returns:
-      head name -> dimension, the main head first.
-
-    Raises:
-      ConfigError: naming the term whose dimension differs.
-    """
-    heads = {config.model.head: int(config.model.embed_dim)}
-    for name, t in config.aux.items():
-        dim = int(t.dim or config.model.embed_dim)
-        if heads.setdefault(t.head, dim) != dim:
-            raise ConfigError(
-                f"aux.{name}.dim={dim} differs from another term's dimension for head "
-                f"{t.head!r} ({heads[t.head]}); give them one dimension"
-            )
-    return heads
 
 
 def check_phases(config: ml_collections.ConfigDict) -> None:

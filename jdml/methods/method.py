@@ -10,7 +10,8 @@ an optional decorrelation between heads.
   with cross-class triplets on a ``shared`` head and their decorrelation.
 
 The trainer only sees ``init``, ``init_method_state``, ``loss_fn``, ``update_method_state``,
-``param_groups`` and ``embed``; there is no method-specific code in the training loop.
+``param_groups`` (with ``frozen_params`` and ``backbone_layers``, what ``jdml.optim`` needs)
+and ``embed``; there is no method-specific code in the training loop.
 """
 
 from __future__ import annotations
@@ -21,32 +22,16 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from jdml.backends import Backends
-from jdml.errors import ConfigError
+from jdml.embedder import Embedder
 from jdml.losses.decorrelation import Decorrelation
-from jdml.methods.checks import check_head_dims, check_phases
+from jdml.methods.checks import check_phases
 from jdml.methods.terms import TERMS, Metrics, MetricTerm, Term, TermInputs
-from jdml.models import INPUT_NORMALIZATIONS, build_model
-from jdml.models.embedding import frozen_backbone_modules, layer_scales
+from jdml.models import build_model
+from jdml.models.embedding import backbone_layers, frozen_backbone_modules
 from jdml.models.pretrained.backbones import load_backbone
 from jdml.optim import Group
-
-
-def input_normalization(
-    config: ml_collections.ConfigDict,
-) -> tuple[float | np.ndarray, float | np.ndarray]:
-    """The mean and standard deviation ``preprocess`` applies: ``data.mean`` / ``data.std``, or
-    the backbone's own per-channel constants with ``data.normalization=backbone`` (the
-    ``INPUT_NORMALIZATIONS`` entry of ``data.normalization``)."""
-    constants = INPUT_NORMALIZATIONS.get(config.data.normalization)(config)
-    if constants is None:
-        raise ConfigError(
-            f"data.normalization=backbone, but backbone {config.model.backbone!r} has no "
-            "pretrained input constants; use data.normalization=mean_std"
-        )
-    return constants
 
 
 def run_once(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -89,7 +74,7 @@ class Method:
       config: the full run config.
       num_classes: number of training classes (sizes per-class loss parameters).
       bn_groups: row blocks of a batch normalised each with its own BatchNorm statistics (the
-        devices of the data axis under per-device BatchNorm; ``jdml.layout.batch_norm_groups``).
+        devices of the data axis under per-device BatchNorm; ``jdml.placement.batch_norm_groups``).
       backends: the convolutions the model runs (:class:`jdml.backends.Backends`); None: the
         backbone reads ``$JDML_CONV`` when traced.
 
@@ -113,7 +98,9 @@ class Method:
             miner=config.miner,
             num_classes=num_classes,
         )
-        self.heads = check_head_dims(config)
+        #: The eval-mode network (``embed``), also what inference and export build alone.
+        self.embedder = Embedder(config, backends)
+        self.heads = self.embedder.heads
         self.terms: dict[str, Term] = {
             name: TERMS.get(t.kind).build(
                 t,
@@ -142,15 +129,10 @@ class Method:
             if config.model.pretrained
             else None
         )
-        native = None if backends is None else backends.native_conv
         self.train_model = build_model(
-            config.model, train=True, heads=self.heads, native_conv=native
+            config.model, train=True, heads=self.heads, native_conv=self.embedder.native_conv
         )
         self.bn_groups = bn_groups
-        self.eval_model = build_model(
-            config.model, train=False, heads=self.heads, native_conv=native
-        )
-        self.mean, self.std = input_normalization(config)
 
     def _phases(self, config: ml_collections.ConfigDict) -> tuple[tuple[str, ...] | None, ...]:
         """The optimiser updates of one step, each a set of terms (``None``: all of them)."""
@@ -182,9 +164,8 @@ class Method:
     # -- construction ---------------------------------------------------------------------------
 
     def preprocess(self, images: jax.Array) -> jax.Array:
-        """Maps [0, 1] images to the network's input range (per channel where the mean and
-        standard deviation are per channel)."""
-        return (images.astype(jnp.float32) - self.mean) / self.std
+        """Maps [0, 1] images to the network's input range (``Embedder.preprocess``)."""
+        return self.embedder.preprocess(images)
 
     def init(self, key: jax.Array, images: jax.Array) -> tuple[Any, Any]:
         """Returns ``(params, batch_stats)`` for a sample batch of images.
@@ -206,7 +187,7 @@ class Method:
         the decorrelation MLPs' own params, initialised on the heads' outputs."""
         k_loss = jax.random.split(key)[1]
         k_aux, k_dec = jax.random.fold_in(key, 2), jax.random.fold_in(key, 3)
-        out = self.eval_model.apply(variables, self.preprocess(images))
+        out = self.embedder(variables["params"], variables.get("batch_stats", {}), images)
         labels = jnp.zeros((images.shape[0],), jnp.int32)
         params = {
             "model": variables["params"],
@@ -231,14 +212,12 @@ class Method:
         return {name: state for name, state in states.items() if state is not None}
 
     def param_groups(self) -> dict[str, Group]:
-        """Learning rate and weight decay of each params subtree."""
-        optim = self.config.optim
-        groups = {
-            "model": Group(optim.lr, optim.weight_decay),
-            "loss": self.main.param_group(optim),
-        }
+        """How each params subtree learns, as the method declares it (``jdml.optim.Group``:
+        the network at ``optim.lr`` and ``optim.weight_decay``, the loss parameters and the
+        decorrelation MLPs at their own rates)."""
+        groups = {"model": Group(), "loss": self.main.param_group()}
         for name, term in self.terms.items():
-            group = term.param_group(optim)
+            group = term.param_group()
             if group is not None:
                 groups[f"aux_{name}"] = group
         if self.decorrelation is not None:
@@ -253,20 +232,10 @@ class Method:
             return None
         return lambda path: path[:2] == ("model", "backbone") and len(path) > 2 and path[2] in names
 
-    def layer_lr_scales(self) -> Callable[[tuple[str, ...]], float] | None:
-        """``optim.layer_decay`` grouped by ``optim.layer_decay_grouping``: params path -> the
-        factor of its learning rate (None: 1)."""
-        decay = float(self.config.optim.get("layer_decay", 1.0))
-        if decay == 1.0:
-            return None
-        grouping = self.config.optim.get("layer_decay_grouping", "mae")
-        scales = layer_scales(self.config.model, decay, grouping)
-
-        def scale(path: tuple[str, ...]) -> float:
-            backbone = path[:2] == ("model", "backbone") and len(path) > 2
-            return scales.get(path[2], 1.0) if backbone else 1.0
-
-        return scale
+    def backbone_layers(self) -> tuple[tuple[str, ...], ...] | None:
+        """The backbone's parameter names by depth, for ``optim.layer_decay`` (None: it
+        declares none)."""
+        return backbone_layers(self.config.model)
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -367,14 +336,10 @@ class Method:
 
     def embed(self, params: Any, batch_stats: Any, images: jax.Array) -> dict[str, jax.Array]:
         """Eval-mode embeddings of every head, ``{head: (B, dim)}``."""
-        return self.eval_model.apply(
-            {"params": params["model"], "batch_stats": batch_stats}, self.preprocess(images)
-        )
+        return self.embedder(params["model"], batch_stats, images)
 
     def embed_keys(
         self, ema_params: Any, batch_stats: Any, images: jax.Array
     ) -> dict[str, jax.Array]:
         """Eval-mode embeddings of every head under the EMA (key) parameters."""
-        return self.eval_model.apply(
-            {"params": ema_params, "batch_stats": batch_stats}, self.preprocess(images)
-        )
+        return self.embedder(ema_params, batch_stats, images)

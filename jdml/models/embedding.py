@@ -39,57 +39,20 @@ def _declared(cfg: ml_collections.ConfigDict, backbone: str, name: str) -> tuple
     return getattr(BACKBONES.get(backbone)(cfg, train=False), name, None)
 
 
-#: ``optim.layer_decay_grouping``: how a backbone's declared layers (the stem, each block, the
-#: final norm) become learning-rate groups. ``mae``: each is a group, the final norm the last,
-#: at the full rate (BEiT's and MAE's ``param_groups_lrd``); ``timm``: the final norm joins the
-#: last block's group, which learns at the full rate (``timm.optim.param_groups_layer_decay`` of
-#: the backbone alone, without a classifier), so every other group learns at 1 / decay times
-#: the ``mae`` rate.
-LAYER_GROUPINGS = ("mae", "timm")
-
-
-def layer_groups(layers: tuple[tuple[str, ...], ...], grouping: str) -> tuple[tuple[str, ...], ...]:
-    """A backbone's declared ``LAYERS`` (the stem, each block, then the final norm) as the
-    learning-rate groups of ``grouping``, a name of :data:`LAYER_GROUPINGS`, shallowest first."""
-    if grouping not in LAYER_GROUPINGS:
-        raise ValueError(
-            f"optim.layer_decay_grouping={grouping!r}; choose one of: {', '.join(LAYER_GROUPINGS)}"
-        )
-    if grouping == "timm":  # timm's MATCH_PREV_GROUP: the final norm with the last block
-        return (*layers[:-2], layers[-2] + layers[-1])
-    return layers
-
-
-def layer_scales(
-    cfg: ml_collections.ConfigDict, decay: float, grouping: str = "mae"
-) -> dict[str, float]:
-    """Layer-wise learning-rate decay: each backbone parameter name -> the factor of its
-    learning rate, ``decay ** (G - g)`` for the parameters of group g of G + 1 (the last group,
-    and everything outside the backbone, keep the rate).
+def backbone_layers(cfg: ml_collections.ConfigDict) -> tuple[tuple[str, ...], ...] | None:
+    """The backbone's parameters by depth, as it declares them (its ``LAYERS``: the stem, each
+    block, then the final norm), for ``optim.layer_decay`` (``jdml.optim.layer_lr_scale``);
+    None for a backbone that declares none.
 
     Args:
       cfg: the ``model`` section.
-      decay: ``optim.layer_decay``, in (0, 1].
-      grouping: ``optim.layer_decay_grouping``, a name of :data:`LAYER_GROUPINGS`.
-
-    Raises:
-      ValueError: for a backbone that declares no layers, or an unknown grouping.
-
-    References:
-      Bao, Dong, Piao, Wei, "BEiT: BERT Pre-Training of Image Transformers", ICLR 2022 (layer-wise
-      learning-rate decay; MAE's ``util/lr_decay.py`` groups a ViT the same way, timm's
-      ``param_groups_layer_decay`` with the final norm in the last block's group).
     """
-    layers = _declared(cfg, cfg.backbone, "LAYERS")
-    if layers is None:
-        able = [n for n in BACKBONES.names() if _declared(cfg, n, "LAYERS") is not None]
-        raise ValueError(
-            f"optim.layer_decay={decay:g}, but backbone {cfg.backbone!r} has no layers to decay; "
-            f"backbones with them: {', '.join(able)} (or set it to 1)"
-        )
-    groups = layer_groups(layers, grouping)
-    last = len(groups) - 1
-    return {name: decay ** (last - depth) for depth, names in enumerate(groups) for name in names}
+    return _declared(cfg, cfg.backbone, "LAYERS")
+
+
+def backbones_with_layers(cfg: ml_collections.ConfigDict) -> list[str]:
+    """The backbones that declare their layers (``model`` section ``cfg`` for their shapes)."""
+    return [n for n in BACKBONES.names() if _declared(cfg, n, "LAYERS") is not None]
 
 
 #: The embedding heads' weight initialisers (``model.head_init``); biases start at zero.

@@ -4,20 +4,31 @@ A sampler turns a step number into the dataset indices of that step's batch. ``b
 pure function of ``(seed, step)``: it draws from ``np.random.default_rng((seed, step))`` and
 never from global random state, so a resumed run draws exactly the batches of an uninterrupted
 one without saving any sampler state.
+
+Samplers are dataclasses: the base class takes the arguments every sampler shares, and each
+subclass declares only its own options, as keyword-only fields with their defaults (which are
+also its config keys, ``sampler.<name>.<option>``), and checks them in ``__post_init__``.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import ClassVar
+import dataclasses
+from typing import Any, ClassVar, dataclass_transform
 
 import numpy as np
 
 from jdml.registry import Registry
 
 
+@dataclass_transform(kw_only_default=True)
+@dataclasses.dataclass(eq=False, repr=False)
 class Sampler(abc.ABC):
     """Base class of the batch samplers.
+
+    Every subclass is made a dataclass too (``__init_subclass__``), with keyword-only fields:
+    ``Sampler(labels, *, batch_size, samples_per_class, seed, **its own options)``. Instances
+    compare and hash by identity (``eq=False``).
 
     Args:
       labels: (N,) int training labels, one per dataset index.
@@ -35,10 +46,21 @@ class Sampler(abc.ABC):
     epoch at once with ``epoch_batches(epoch, memory)`` instead of ``batch(step)`` (see
     ``jdml.samplers.embedded``; the trainer keeps the memory, see ``jdml.samplers.memory``)."""
 
-    def __init__(
-        self, labels: np.ndarray, *, batch_size: int, samples_per_class: int, seed: int
-    ) -> None:
-        labels = np.asarray(labels)
+    labels: np.ndarray
+    _: dataclasses.KW_ONLY
+    batch_size: int
+    samples_per_class: int
+    seed: int
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Makes every subclass a dataclass whose own fields are keyword-only."""
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(kw_only=True, eq=False, repr=False)(cls)
+
+    def __post_init__(self) -> None:
+        """Checks the shared arguments; subclasses check their own after calling this."""
+        labels = np.asarray(self.labels)
+        batch_size, samples_per_class = self.batch_size, self.samples_per_class
         if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
             raise ValueError(
                 f"labels must be a 1-D integer array, got {labels.dtype} {labels.shape}"
@@ -56,12 +78,9 @@ class Sampler(abc.ABC):
             )
         if len(labels) < batch_size:
             raise ValueError(f"batch size {batch_size} exceeds the {len(labels)} training samples")
-        if seed < 0:
-            raise ValueError(f"seed must be non-negative, got {seed}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be non-negative, got {self.seed}")
         self.labels = labels
-        self.batch_size = batch_size
-        self.samples_per_class = samples_per_class
-        self.seed = seed
 
     @property
     def steps_per_epoch(self) -> int:

@@ -41,40 +41,24 @@ class _BatchMatchSampler(MemorySampler):
     Args:
       labels, batch_size, samples_per_class, seed, lowproj_dim: see ``MemorySampler``.
       bigbs: big batch size; ``bigbs // n`` classes of n images are drawn.
-      ncomps: candidate batches per step.
+      ncomps: candidate batches per step (10 in the reference).
 
     Raises:
       ValueError: see ``MemorySampler``; also for ``bigbs`` below n or a non-positive ``ncomps``.
     """
 
-    def __init__(
-        self,
-        labels: np.ndarray,
-        *,
-        batch_size: int,
-        samples_per_class: int,
-        seed: int,
-        bigbs: int,
-        ncomps: int,
-        lowproj_dim: int,
-    ) -> None:
-        super().__init__(
-            labels,
-            batch_size=batch_size,
-            samples_per_class=samples_per_class,
-            seed=seed,
-            bigbs=bigbs,
-            lowproj_dim=lowproj_dim,
-        )
-        if bigbs < samples_per_class:
+    ncomps: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.bigbs < self.samples_per_class:
             raise ValueError(
-                f"bigbs ({bigbs}) must hold at least one class of samples_per_class "
-                f"({samples_per_class}) images"
+                f"bigbs ({self.bigbs}) must hold at least one class of samples_per_class "
+                f"({self.samples_per_class}) images"
             )
-        if ncomps < 1:
-            raise ValueError(f"ncomps must be positive, got {ncomps}")
-        self.ncomps = ncomps
-        self.big_groups = bigbs // samples_per_class
+        if self.ncomps < 1:
+            raise ValueError(f"ncomps must be positive, got {self.ncomps}")
+        self.big_groups = self.bigbs // self.samples_per_class
 
     def big_batches(self, epoch: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Big SPC-n batches of an epoch.
@@ -182,34 +166,15 @@ class DistHistBatchMatchSampler(_BatchMatchSampler):
       Rubner et al., "The Earth Mover's Distance as a Metric for Image Retrieval", IJCV 2000.
     """
 
-    def __init__(
-        self,
-        labels: np.ndarray,
-        *,
-        batch_size: int,
-        samples_per_class: int,
-        seed: int,
-        bigbs: int = 512,
-        ncomps: int = 10,
-        hist_bins: int = 50,
-        hist_weight: float = 75.0,
-        lowproj_dim: int = -1,
-        reference_histogram_samples: bool = False,
-    ) -> None:
-        super().__init__(
-            labels,
-            batch_size=batch_size,
-            samples_per_class=samples_per_class,
-            seed=seed,
-            bigbs=bigbs,
-            ncomps=ncomps,
-            lowproj_dim=lowproj_dim,
-        )
-        if hist_bins < 1:
-            raise ValueError(f"hist_bins must be positive, got {hist_bins}")
-        self.hist_bins = hist_bins
-        self.hist_weight = float(hist_weight)
-        self.reference_histogram_samples = reference_histogram_samples
+    hist_bins: int = 50
+    hist_weight: float = 75.0
+    reference_histogram_samples: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.hist_bins < 1:
+            raise ValueError(f"hist_bins must be positive, got {self.hist_bins}")
+        self.hist_weight = float(self.hist_weight)
 
     def _costs(
         self, keys: jax.Array, memory: jax.Array, big: jax.Array, cands: np.ndarray
@@ -261,30 +226,13 @@ class FidBatchMatchSampler(_BatchMatchSampler):
       Equilibrium", NeurIPS 2017.
     """
 
-    def __init__(
-        self,
-        labels: np.ndarray,
-        *,
-        batch_size: int,
-        samples_per_class: int,
-        seed: int,
-        bigbs: int = 512,
-        ncomps: int = 10,
-        fid_eps: float = 1e-8,
-        lowproj_dim: int = -1,
-    ) -> None:
-        super().__init__(
-            labels,
-            batch_size=batch_size,
-            samples_per_class=samples_per_class,
-            seed=seed,
-            bigbs=bigbs,
-            ncomps=ncomps,
-            lowproj_dim=lowproj_dim,
-        )
-        if fid_eps < 0:
-            raise ValueError(f"fid_eps must be non-negative, got {fid_eps}")
-        self.fid_eps = float(fid_eps)
+    fid_eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fid_eps < 0:
+            raise ValueError(f"fid_eps must be non-negative, got {self.fid_eps}")
+        self.fid_eps = float(self.fid_eps)
 
     def _costs(
         self, keys: jax.Array, memory: jax.Array, big: jax.Array, cands: np.ndarray

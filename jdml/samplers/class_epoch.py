@@ -36,21 +36,17 @@ class ClassEpochSampler(Sampler):
       Combining Improvements in Metric Learning", CVPR 2022 (its code's ``UniqueClassSampler``).
     """
 
-    def __init__(
-        self, labels: np.ndarray, *, batch_size: int, samples_per_class: int, seed: int
-    ) -> None:
-        super().__init__(
-            labels, batch_size=batch_size, samples_per_class=samples_per_class, seed=seed
-        )
+    def __post_init__(self) -> None:
+        super().__post_init__()
         order = np.argsort(self.labels, kind="stable")
         _, starts = np.unique(self.labels[order], return_index=True)
         self._members = np.split(order.astype(np.int64), starts[1:])
-        self.num_groups = batch_size // samples_per_class
+        self.num_groups = self.batch_size // self.samples_per_class
         if len(self._members) < self.num_groups:
             raise ValueError(
-                f"class_epoch needs {self.num_groups} classes per batch (batch size {batch_size} "
-                f"/ samples_per_class {samples_per_class}), but the labels hold only "
-                f"{len(self._members)}; lower the batch size or raise samples_per_class"
+                f"class_epoch needs {self.num_groups} classes per batch (batch size "
+                f"{self.batch_size} / samples_per_class {self.samples_per_class}), but the labels "
+                f"hold only {len(self._members)}; lower the batch size or raise samples_per_class"
             )
 
     @property

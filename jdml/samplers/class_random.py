@@ -36,32 +36,23 @@ class ClassRandomSampler(Sampler):
       Learning", ICML 2020 (SPC-n; reference ``datasampler/class_random_sampler.py``).
     """
 
-    def __init__(
-        self,
-        labels: np.ndarray,
-        *,
-        batch_size: int,
-        samples_per_class: int,
-        seed: int,
-        unique_classes: bool = False,
-        unique_images: bool = False,
-    ) -> None:
-        super().__init__(
-            labels, batch_size=batch_size, samples_per_class=samples_per_class, seed=seed
-        )
+    unique_classes: bool = False
+    unique_images: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         order = np.argsort(self.labels, kind="stable")
         classes, starts, counts = np.unique(
             self.labels[order], return_index=True, return_counts=True
         )
-        self.num_groups = batch_size // samples_per_class
-        if unique_classes and len(classes) < self.num_groups:
+        self.num_groups = self.batch_size // self.samples_per_class
+        if self.unique_classes and len(classes) < self.num_groups:
             raise ValueError(
                 f"unique_classes needs {self.num_groups} classes per batch (batch size "
-                f"{batch_size} / samples_per_class {samples_per_class}), but the labels hold only "
-                f"{len(classes)}; lower the batch size, raise samples_per_class or allow repeats"
+                f"{self.batch_size} / samples_per_class {self.samples_per_class}), but the labels "
+                f"hold only {len(classes)}; lower the batch size, raise samples_per_class or "
+                "allow repeats"
             )
-        self.unique_classes = unique_classes
-        self.unique_images = unique_images
         self._members = np.split(order.astype(np.int64), starts[1:])
         self._counts = counts
 

@@ -48,33 +48,17 @@ class _CoresetSampler(MemorySampler):
         batch_size / n anchors to select.
     """
 
-    def __init__(
-        self,
-        labels: np.ndarray,
-        *,
-        batch_size: int,
-        samples_per_class: int,
-        seed: int,
-        bigbs: int,
-        lowproj_dim: int,
-        reference_index_bug: bool,
-    ) -> None:
-        super().__init__(
-            labels,
-            batch_size=batch_size,
-            samples_per_class=samples_per_class,
-            seed=seed,
-            bigbs=bigbs,
-            lowproj_dim=lowproj_dim,
-        )
-        self.big_size = min(bigbs, len(self.labels))
+    reference_index_bug: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.big_size = min(self.bigbs, len(self.labels))
         if self.big_size < self.num_groups:
             raise ValueError(
                 f"the big batch ({self.big_size} rows) is smaller than the {self.num_groups} "
-                f"anchors per batch (batch size {batch_size} / samples_per_class "
-                f"{samples_per_class}); raise bigbs"
+                f"anchors per batch (batch size {self.batch_size} / samples_per_class "
+                f"{self.samples_per_class}); raise bigbs"
             )
-        self.reference_index_bug = reference_index_bug
 
     def big_batches(self, epoch: int, steps: int) -> np.ndarray:
         """int64 (steps, big_size) distinct random memory rows per step of an epoch."""
@@ -129,28 +113,7 @@ class GreedyCoresetSampler(_CoresetSampler):
       Agarwal et al., "Geometric approximation via coresets", 2005.
     """
 
-    def __init__(
-        self,
-        labels: np.ndarray,
-        *,
-        batch_size: int,
-        samples_per_class: int,
-        seed: int,
-        bigbs: int = 512,
-        softened: bool = False,
-        lowproj_dim: int = -1,
-        reference_index_bug: bool = False,
-    ) -> None:
-        super().__init__(
-            labels,
-            batch_size=batch_size,
-            samples_per_class=samples_per_class,
-            seed=seed,
-            bigbs=bigbs,
-            lowproj_dim=lowproj_dim,
-            reference_index_bug=reference_index_bug,
-        )
-        self.softened = softened
+    softened: bool = False
 
     def _select_positions(self, keys: jax.Array, memory: jax.Array, big: jax.Array) -> jax.Array:
         return _greedy_positions(
@@ -190,30 +153,13 @@ class D2CoresetSampler(_CoresetSampler):
       Vassilvitskii, "k-means++: The Advantages of Careful Seeding", SODA 2007 (D2 sampling).
     """
 
-    def __init__(
-        self,
-        labels: np.ndarray,
-        *,
-        batch_size: int,
-        samples_per_class: int,
-        seed: int,
-        bigbs: int = 512,
-        d2_lambda: float = 1.0,
-        lowproj_dim: int = -1,
-        reference_index_bug: bool = False,
-    ) -> None:
-        super().__init__(
-            labels,
-            batch_size=batch_size,
-            samples_per_class=samples_per_class,
-            seed=seed,
-            bigbs=bigbs,
-            lowproj_dim=lowproj_dim,
-            reference_index_bug=reference_index_bug,
-        )
-        if d2_lambda < 0:
-            raise ValueError(f"d2_lambda must be non-negative, got {d2_lambda}")
-        self.d2_lambda = float(d2_lambda)
+    d2_lambda: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.d2_lambda < 0:
+            raise ValueError(f"d2_lambda must be non-negative, got {self.d2_lambda}")
+        self.d2_lambda = float(self.d2_lambda)
 
     def _select_positions(self, keys: jax.Array, memory: jax.Array, big: jax.Array) -> jax.Array:
         return _d2_positions(

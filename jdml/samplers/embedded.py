@@ -50,10 +50,10 @@ class MemorySampler(Sampler):
       batch_size: samples per batch, a multiple of ``samples_per_class``.
       samples_per_class: n, the group size.
       seed: non-negative base seed.
-      bigbs: size of the big batch each mini-batch is distilled from.
+      bigbs: size of the big batch each mini-batch is distilled from (512 in the reference).
       lowproj_dim: if positive, the big batch is first mapped by a fresh random linear projection
         to this many dimensions (entries uniform in +-1/sqrt(D), like a bias-free linear layer's
-        initialisation); -1 keeps the embeddings as they are.
+        initialisation); -1 (the default) keeps the embeddings as they are.
 
     Raises:
       ValueError: see ``Sampler``; also for a non-positive ``bigbs`` or a ``lowproj_dim`` of 0 or
@@ -62,26 +62,16 @@ class MemorySampler(Sampler):
 
     needs_memory: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        labels: np.ndarray,
-        *,
-        batch_size: int,
-        samples_per_class: int,
-        seed: int,
-        bigbs: int,
-        lowproj_dim: int,
-    ) -> None:
-        super().__init__(
-            labels, batch_size=batch_size, samples_per_class=samples_per_class, seed=seed
-        )
-        if bigbs < 1:
-            raise ValueError(f"bigbs must be positive, got {bigbs}")
-        if lowproj_dim == 0 or lowproj_dim < -1:
-            raise ValueError(f"lowproj_dim must be positive or -1 (off), got {lowproj_dim}")
-        self.bigbs = bigbs
-        self.lowproj_dim = lowproj_dim
-        self.num_groups = batch_size // samples_per_class
+    bigbs: int = 512
+    lowproj_dim: int = -1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.bigbs < 1:
+            raise ValueError(f"bigbs must be positive, got {self.bigbs}")
+        if self.lowproj_dim == 0 or self.lowproj_dim < -1:
+            raise ValueError(f"lowproj_dim must be positive or -1 (off), got {self.lowproj_dim}")
+        self.num_groups = self.batch_size // self.samples_per_class
         order = np.argsort(self.labels, kind="stable").astype(np.int64)
         _, starts, inverse, counts = np.unique(
             self.labels[order], return_index=True, return_inverse=True, return_counts=True

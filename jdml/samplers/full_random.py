@@ -33,14 +33,10 @@ class FullRandomSampler(Sampler):
       Learning", ICML 2020, Sec. 3.2 (SPC-R; reference ``datasampler/random_sampler.py``).
     """
 
-    def __init__(
-        self, labels: np.ndarray, *, batch_size: int, samples_per_class: int, seed: int
-    ) -> None:
-        super().__init__(
-            labels, batch_size=batch_size, samples_per_class=samples_per_class, seed=seed
-        )
-        if batch_size < 2:
-            raise ValueError(f"full_random needs a batch size of at least 2, got {batch_size}")
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch_size < 2:
+            raise ValueError(f"full_random needs a batch size of at least 2, got {self.batch_size}")
         order = np.argsort(self.labels, kind="stable").astype(np.int64)
         _, starts, inverse, counts = np.unique(
             self.labels[order], return_index=True, return_inverse=True, return_counts=True

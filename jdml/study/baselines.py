@@ -64,7 +64,7 @@ def pooled_features(config: Any, images: np.ndarray, batch: int = 256) -> np.nda
     of ``model.pretrained``, normalised as the config's runs normalise their input."""
     import jax
 
-    from jdml.methods.method import input_normalization
+    from jdml.embedder import input_normalization
     from jdml.models.embedding import build_model
     from jdml.models.pretrained.backbones import load_backbone
 

@@ -23,7 +23,7 @@ DPI = 100
 
 def is_fraction_metric(name: str) -> bool:
     """Whether a metric is a fraction in [0, 1], shown in percent: the metric registry's
-    ``percent`` flag (:func:`jdml.evaluation.embeddings.is_percent`; unknown names: yes). The
+    ``percent`` flag (:func:`jdml.evaluation.table.is_percent`; unknown names: yes). The
     spectral decay (``rho_spectrum*``) and the class distances (``dists@*``) are shown as they
     are, every other metric (recall@k, map@r, nmi, f1, ...) in percent.
 
@@ -33,7 +33,7 @@ def is_fraction_metric(name: str) -> bool:
     Returns:
       True if the metric should be multiplied by 100 for display.
     """
-    from jdml.evaluation.embeddings import is_percent  # the registry (imports JAX) on first use
+    from jdml.evaluation.table import is_percent  # the registry (imports JAX) on first use
 
     return is_percent(name)
 

@@ -23,7 +23,7 @@ from PIL import Image
 
 from jdml.config import set_keys, validate
 from jdml.data import photo_augment as pa
-from jdml.data.device_pixels import Frames, host_canvases, stored
+from jdml.data.device_pixels import Frames, host_canvases, make_views, stored
 from jdml.data.device_views import blend, hsv_tables, render, view_arrays, view_shape
 from jdml.data.pipeline import input_pipeline
 from jdml.data.resample import pillow_taps, resample_reference
@@ -222,7 +222,7 @@ def realized(run: Run, step: int) -> dict[str, np.ndarray]:
     """The batch of ``step`` as the step sees it (device views made, as in the jitted step)."""
     batch, _ = input_pipeline(run.batch_maker(), run.config.data)
     views = run.device_views
-    out = jax.jit(views.realize)(batch(step), views.resident)
+    out = jax.jit(functools.partial(make_views, views.spec))(batch(step), views.resident)
     return {k: np.asarray(v) for k, v in out.items()}
 
 
@@ -439,9 +439,9 @@ def test_device_views_on_a_mesh_train_as_on_one_device(cub, mesh):
         Run(cub_config(cub, **{"data.views": "device", "exchange.dm2.warmup_epochs": 0.0, **o}))
         for o in ({k: v for k, v in mesh.items() if k == "cohort.size"}, mesh)
     ]
-    assert runs[1].program.layout.on_mesh
-    pixels, frames = runs[1].device_views.resident["pixels"], runs[1].device_views.frames
-    devices = runs[1].program.layout.mesh.size
+    assert runs[1].program.placement.on_mesh
+    pixels, frames = runs[1].device_views.resident["pixels"], runs[1].device_views.spec.frames
+    devices = runs[1].program.placement.mesh.size
     assert frames.shards == devices and len(pixels.addressable_shards) == devices
     assert {s.data.shape[0] for s in pixels.addressable_shards} == {frames.shard_rows}
     losses = []

@@ -12,10 +12,11 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from jdml.errors import UnknownMetricError
 from jdml.evaluation import embeddings as evaluator
-from jdml.evaluation.embeddings import check_metric_names, evaluate_embeddings, format_table
+from jdml.evaluation.embeddings import check_metric_names, evaluate_embeddings
 from jdml.evaluation.kmeans import assignment, kmeans
 from jdml.evaluation.knn import blocks, host, knn, knn_blocks, largest_k, search, sortable_key, xla
 from jdml.evaluation.metrics import METRICS, Metric, Requirements, get_metric
+from jdml.evaluation.table import format_table
 
 # ---------------------------------------------------------------------------------------------
 # Brute-force references, written directly from the definitions.

@@ -19,14 +19,17 @@ from sklearn.metrics import average_precision_score
 from jdml.errors import UnknownMetricError
 from jdml.evaluation import embeddings as evaluator
 from jdml.evaluation.embeddings import (
+    EmbeddingEvaluation,
     combine_heads,
     evaluate_embeddings,
+    evaluate_embeddings_with_vectors,
     evaluate_heads,
-    format_table,
+    head_embeddings,
 )
 from jdml.evaluation.kmeans import kmeans
 from jdml.evaluation.knn import full_ranking_blocks, knn, knn_full_ranking
 from jdml.evaluation.metrics import Requirements, f1, get_metric
+from jdml.evaluation.table import format_table
 
 RETRIEVAL = ["recall@1", "recall@4", "precision@1", "r_precision", "map@r", "map@c"]
 RETRIEVAL += ["map@1000", "map@7", "map"]
@@ -168,15 +171,14 @@ def labelled() -> tuple[np.ndarray, np.ndarray]:
 def suite(request: pytest.FixtureRequest, labelled: tuple[np.ndarray, np.ndarray]) -> tuple:
     """(distance, scalar results, vector results) of every metric on ``labelled``."""
     x, labels = labelled
-    scalars, vectors = evaluate_embeddings(
+    got = evaluate_embeddings_with_vectors(
         x,
         labels,
         [*ALL, "rho_spectrum@0", "rho_spectrum_trunc@0"],
         distance=request.param,
         block_size=16,
-        return_vectors=True,
     )
-    return request.param, scalars, vectors
+    return request.param, got.metrics, got.vectors
 
 
 def evaluation_points(x: np.ndarray, distance: str) -> np.ndarray:
@@ -374,17 +376,22 @@ def test_rho_spectrum_trunc_matches_the_reference_cpu_path(
     )
 
 
-def test_vector_metrics_are_skipped_without_return_vectors(
+def test_vector_metrics_are_skipped_by_evaluate_embeddings(
     labelled: tuple[np.ndarray, np.ndarray],
 ) -> None:
+    """``evaluate_embeddings`` gives scalars only, naming the function that gives the vectors
+    too; that one gives both, and the per-query values asked for."""
     x, labels = labelled
-    with pytest.warns(UserWarning, match="return_vectors"):
+    with pytest.warns(UserWarning, match="evaluate_embeddings_with_vectors"):
         got = evaluate_embeddings(x, labels, ["rho_spectrum@0", "rho_spectrum@1"])
     assert list(got) == ["rho_spectrum@1"] and isinstance(got["rho_spectrum@1"], float)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        scalars, vectors = evaluate_embeddings(x, labels, ["recall@1"], return_vectors=True)
-    assert list(scalars) == ["recall@1"] and vectors == {}
+        full = evaluate_embeddings_with_vectors(x, labels, ["recall@1"], per_query=["recall@1"])
+    assert isinstance(full, EmbeddingEvaluation)
+    assert list(full.metrics) == ["recall@1"] and full.vectors == {}
+    assert full.per_query["recall@1"].shape == (len(x),)
+    assert full.per_query["recall@1"].mean() == pytest.approx(full.metrics["recall@1"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,6 +464,8 @@ def test_evaluate_heads_rejects_unknown_heads(
         evaluate_heads(heads, labels, ["recall@1"], combinations={"intra": {"shared": 1}})
     with pytest.raises(UnknownMetricError):
         evaluate_heads(heads, labels, ["recal@1"])
+    with pytest.raises(ValueError, match="needs heads"):  # at the call, before any row
+        head_embeddings(heads, combinations={"c": {}})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -488,7 +497,7 @@ def test_each_requirement_is_computed_once(
         return full_ranking_blocks(*args, **kwargs)
 
     monkeypatch.setattr(evaluator, "full_ranking_blocks", full)
-    scalars, _ = evaluate_embeddings(x, labels, [*ALL, "rho_spectrum@0"], return_vectors=True)
+    scalars = evaluate_embeddings_with_vectors(x, labels, [*ALL, "rho_spectrum@0"]).metrics
     assert sorted(calls) == sorted(
         ["full_ranking_blocks", "kmeans", "singular_values", "class_distances"]
     )

@@ -416,7 +416,7 @@ def test_config_kmeans_reaches_the_evaluator(
         return real_kmeans(*args, **kwargs)
 
     monkeypatch.setattr(evaluator, "kmeans", recording_kmeans)
-    scalars, _, _ = evaluate_splits(
+    scalars = evaluate_splits(
         flatten_embed,
         None,
         None,
@@ -425,7 +425,7 @@ def test_config_kmeans_reaches_the_evaluator(
         config.eval,
         head="embedding",
         seed=7,
-    )
+    ).metrics
     # The reference k-means always runs with faiss's seed 1234 (None: the mode's default).
     # No backends given: the assignment is the environment's (native=None).
     want = {"native": None, "seed": None if mode == "reference" else 7, "init": mode}

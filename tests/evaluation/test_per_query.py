@@ -8,8 +8,8 @@ import pytest
 
 from jdml.data.arrays import ImageArrays
 from jdml.evaluation import per_query as pq
-from jdml.evaluation.embeddings import evaluate_embeddings
-from jdml.evaluation.splits import evaluate_splits
+from jdml.evaluation.embeddings import evaluate_embeddings_with_vectors
+from jdml.evaluation.splits import Evaluation, evaluate_splits
 
 # Five points on a line, classes 0 0 1 1 0: the nearest other point of each (Euclidean) is
 # 1 -> 0 (hit), 0 -> 1 (hit), 2 -> 3 (hit), 3 -> 2 (hit), 4 -> 3 (miss; class 1 against 0).
@@ -19,42 +19,35 @@ HITS = np.array([1.0, 1.0, 1.0, 1.0, 0.0])
 
 
 def test_per_query_recall_at_1_is_each_querys_hit():
-    scalars, vectors = evaluate_embeddings(
-        POINTS, LABELS, ["recall@1", "map@r"], return_vectors=True, per_query=["recall@1"]
+    got = evaluate_embeddings_with_vectors(
+        POINTS, LABELS, ["recall@1", "map@r"], per_query=["recall@1"]
     )
-    np.testing.assert_array_equal(vectors["recall@1/query"], HITS)
-    assert scalars["recall@1"] == pytest.approx(HITS.mean())
-    assert "map@r/query" not in vectors
+    np.testing.assert_array_equal(got.per_query["recall@1"], HITS)
+    assert got.metrics["recall@1"] == pytest.approx(HITS.mean())
+    assert list(got.per_query) == ["recall@1"] and got.vectors == {}
 
 
 def test_per_query_against_a_gallery_is_one_value_per_query():
     gallery = np.array([[0.5], [12.0]], np.float32)
-    _, vectors = evaluate_embeddings(
+    got = evaluate_embeddings_with_vectors(
         POINTS,
         LABELS,
         ["recall@1"],
         gallery=gallery,
         gallery_labels=np.array([0, 1]),
-        return_vectors=True,
         per_query=["recall@1"],
     )
     # nearest gallery item: 0.5 (class 0) for 0, 1; 12 (class 1) for 10, 11, 13.
-    np.testing.assert_array_equal(vectors["recall@1/query"], [1, 1, 1, 1, 0])
+    np.testing.assert_array_equal(got.per_query["recall@1"], [1, 1, 1, 1, 0])
 
 
 @pytest.mark.parametrize(
-    "per_query, vectors, match",
-    [
-        (["recall@4"], True, "not among the metrics"),
-        (["nmi"], True, "has no per-query values"),
-        (["recall@1"], False, "pass return_vectors"),
-    ],
+    "per_query, match",
+    [(["recall@4"], "not among the metrics"), (["nmi"], "has no per-query values")],
 )
-def test_per_query_refuses_what_it_cannot_return(per_query, vectors, match):
+def test_per_query_refuses_what_it_cannot_return(per_query, match):
     with pytest.raises(ValueError, match=match):
-        evaluate_embeddings(
-            POINTS, LABELS, ["recall@1", "nmi"], return_vectors=vectors, per_query=per_query
-        )
+        evaluate_embeddings_with_vectors(POINTS, LABELS, ["recall@1", "nmi"], per_query=per_query)
 
 
 def test_encode_decode_round_trip_and_corrupt_text():
@@ -130,13 +123,15 @@ def test_evaluate_splits_keeps_every_head_and_combination_per_query():
     )
     metrics = {"test": ["recall@1"], "train": ["recall@1"]}
     splits = {"test": data, "train": data}
-    _, vectors, extra = evaluate_splits(
-        embed, None, None, splits, metrics, cfg, head="a", full=("test",)
-    )
+    got = evaluate_splits(embed, None, None, splits, metrics, cfg, head="a", full=("test",))
+    assert isinstance(got, Evaluation) and list(got.heads) == ["test"]
+    assert list(got.heads["test"]) == ["b", "concat:1,1"]
+    assert got.metrics["test"]["recall@1"] == pytest.approx(HITS.mean())
+    vectors = got.vectors
     classes, values = pq.unpack(pq.pack(vectors["test"], "a"))
     np.testing.assert_array_equal(classes, LABELS)
     assert set(values) == {"a", "b", "concat:1,1"}
     np.testing.assert_array_equal(values["a"]["recall@1"], HITS)
     for name in ("b", "concat:1,1"):
-        assert values[name]["recall@1"].mean() == pytest.approx(extra["test"][name]["recall@1"])
+        assert values[name]["recall@1"].mean() == pytest.approx(got.heads["test"][name]["recall@1"])
     assert pq.pack(vectors["train"], "a") == {}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import make_blobs
 
-from jdml.evaluation.embeddings import evaluate_embeddings
+from jdml.evaluation.embeddings import evaluate_embeddings, evaluate_embeddings_with_vectors
 from jdml.evaluation.kmeans import kmeans
 from jdml.evaluation.knn import knn, search
 from jdml.evaluation.metrics import singular_values
@@ -263,18 +263,14 @@ def classes() -> tuple[np.ndarray, np.ndarray]:
 def test_evaluate_embeddings_on_four_devices_equals_one_device(classes, distance, devices):
     x, labels = classes
     metrics = [*METRICS, "rho_spectrum@0"]
-    one, one_vectors = evaluate_embeddings(
-        x, labels, metrics, distance=distance, return_vectors=True
-    )
-    many, many_vectors = evaluate_embeddings(
-        x, labels, metrics, distance=distance, return_vectors=True, devices=devices
-    )
-    assert list(many) == METRICS
+    one = evaluate_embeddings_with_vectors(x, labels, metrics, distance=distance)
+    many = evaluate_embeddings_with_vectors(x, labels, metrics, distance=distance, devices=devices)
+    assert list(many.metrics) == METRICS
     for name in ("recall@1", "recall@4", "map@r", "r_precision", "nmi", "f1"):
-        assert many[name] == one[name], name
-    assert many["rho_spectrum@1"] == pytest.approx(one["rho_spectrum@1"], rel=1e-4)
+        assert many.metrics[name] == one.metrics[name], name
+    assert many.metrics["rho_spectrum@1"] == pytest.approx(one.metrics["rho_spectrum@1"], rel=1e-4)
     np.testing.assert_allclose(
-        many_vectors["rho_spectrum@0"], one_vectors["rho_spectrum@0"], rtol=1e-4
+        many.vectors["rho_spectrum@0"], one.vectors["rho_spectrum@0"], rtol=1e-4
     )
 
 
@@ -316,7 +312,7 @@ def test_a_run_evaluates_on_parallel_eval_devices(tmp_path, monkeypatch) -> None
     for devices in (1, 4):
         run = Run(tiny_config(npz, **{"parallel.eval_devices": devices}))
         splits = {name: run.splits[name] for name in ("train", "test")}
-        results[devices] = run.evaluate(run.initial_state, splits)[0]
+        results[devices] = run.evaluate(run.initial_state, splits).metrics
     assert meshes == [4, 4]  # the two splits on 4 devices, none with eval_devices=1
     assert results[4].keys() == results[1].keys()
     for split, values in results[1].items():

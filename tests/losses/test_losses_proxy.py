@@ -454,4 +454,4 @@ def test_interface_and_learning_rates(name):
     term = MetricTerm(
         head="h", weight=1.0, loss=config.loss, miner=config.miner, num_classes=NUM_CLASSES
     )
-    assert term.param_group(config.optim) == (pytest.approx(1e-5 * default), 0.0)
+    assert term.param_group().resolve(config.optim)[:2] == (pytest.approx(1e-5 * default), 0.0)

@@ -75,7 +75,7 @@ def sharded(npz):
 @pytest.mark.slow
 def test_sharded_cohort_equals_unsharded(npz, sharded):
     run4, step4, state4, history4 = sharded
-    assert run4.program.layout.mesh.devices.size == 4
+    assert run4.program.placement.mesh.devices.size == 4
     leaf = jax.tree.leaves(run4.initial_state.params)[0]
     assert len(leaf.sharding.device_set) == 4
     run1 = cohort_run(npz, **{"cohort.devices": 1, "exchange.dm2.warmup_epochs": 0.0})
@@ -100,7 +100,7 @@ def test_data_parallel_members_equal_one_device(npz):
     overrides = {"cohort.size": 2, "exchange.dm2.warmup_epochs": 0.0}
     one = Run(tiny_config(npz, **overrides, **{"cohort.devices": 1}))
     four = Run(tiny_config(npz, **overrides, **{"cohort.devices": 2, "parallel.data_devices": 2}))
-    assert dict(four.program.layout.mesh.shape) == {"member": 2, "data": 2}
+    assert dict(four.program.placement.mesh.shape) == {"member": 2, "data": 2}
     assert_trains_as_on_one_device(one, four)
 
 

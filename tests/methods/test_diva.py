@@ -66,7 +66,7 @@ def test_params_groups_and_state(run):
     heads = {k for k in params["model"] if k.startswith("head_")}
     assert heads == {f"head_{h}" for h in ("discriminative", *AUX_HEADS)}
     groups = run.method.param_groups()
-    assert groups["decorrelation"] == (1e-5, 0.0)
+    assert groups["decorrelation"].resolve(run.config.optim)[:2] == (1e-5, 0.0)
     assert groups["aux_shared"].weight_decay == 0.0
     queue = run.initial_state.method_state["selfsimilarity"]["queue"]
     assert queue.keys.shape == (2 * 16, 16) and int(queue.filled) == 0

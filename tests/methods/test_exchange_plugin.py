@@ -11,7 +11,7 @@ plain DML), and ``a_l <- m a_l + (1 - m) accuracy_l`` after each step the member
 The logits are those of the main loss (``loss=softmax``): ``z . w_c / T`` over the unit rows
 ``w_c`` of the member's class map, which the exchange reads from the member's params and so
 trains as well. This module is the exchange's file and its config at once (nothing of
-``jdml.step``, ``jdml.layout`` or ``jdml.program`` is imported; a test below checks it).
+``jdml.step``, ``jdml.cohort.layout`` or ``jdml.program`` is imported; a test below checks it).
 """
 
 from __future__ import annotations
@@ -26,8 +26,15 @@ import ml_collections
 import numpy as np
 import pytest
 
+from jdml.cohort.exchanges import (
+    EXCHANGE_STATE,
+    EXCHANGES,
+    Exchange,
+    Exchanged,
+    MemberOutputs,
+    Peers,
+)
 from jdml.config import set_keys, validate
-from jdml.exchanges import EXCHANGE_STATE, EXCHANGES, Exchange, Exchanged, MemberOutputs, Peers
 from jdml.fileio import read_jsonl
 from jdml.geometry import l2_normalize
 from jdml.registry import NON_NEGATIVE, PROBABILITY, Range
@@ -37,7 +44,7 @@ from tests.helpers import make_npz, registered, restore_latest, tiny_config
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 (fake) devices")
 
-# -- file 1: the exchange (would be jdml/exchanges/mutual_kl.py) --------------------------------
+# -- file 1: the exchange (would be jdml/cohort/exchanges/mutual_kl.py) ------------------------
 
 # In its own file the class would carry ``@EXCHANGES.register("mutual_kl", ranges=RANGES)``;
 # here a module fixture registers it for these tests only and removes it after them.
@@ -257,4 +264,4 @@ def test_the_plugin_imports_nothing_of_the_step_the_layout_or_the_program():
     imported = {
         node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
     } | {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
-    assert not imported & {"jdml.step", "jdml.layout", "jdml.program"}
+    assert not imported & {"jdml.step", "jdml.cohort.layout", "jdml.program"}

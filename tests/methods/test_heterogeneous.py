@@ -16,7 +16,7 @@ from jdml.config import set_keys
 from jdml.errors import ConfigError
 from jdml.fileio import read_jsonl
 from jdml.inference import load
-from jdml.program import build_program
+from jdml.program import method_optimizer
 from jdml.run import Run
 from jdml.step import make_train_step
 from jdml.trainer import train_and_evaluate
@@ -72,8 +72,8 @@ def test_without_mutual_term_members_are_independent_runs(npz):
     ):
         np.testing.assert_array_equal(a, b)
     for i, method in enumerate(run.program.methods):
-        alone = build_program(method.config, run.splits["train"].num_classes)
-        step = make_train_step(method, alone.optimizer(run.steps_per_epoch, run.total_steps))
+        tx = method_optimizer(method, run.steps_per_epoch, run.total_steps)
+        step = make_train_step(method, tx)
         member = jax.device_put(run.program.layout.member_state(init, i))
         for batch in batches(run):
             member, _ = step(member, batch)
@@ -123,7 +123,7 @@ def test_data_parallel_heterogeneous_cohort_equals_one_device(npz):
     overrides = {"exchange.dm2.warmup_epochs": 0.0}
     one = hetero(npz, **overrides)
     two = hetero(npz, **overrides, **{"parallel.data_devices": 2})
-    assert dict(two.program.layout.mesh.shape) == {"member": 1, "data": 2}
+    assert dict(two.program.placement.mesh.shape) == {"member": 1, "data": 2}
     assert_trains_as_on_one_device(one, two)
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from configs.sharing import get_config as sharing_config
 from jdml.config import set_keys, validate
+from jdml.optim import layer_lr_scale
 from jdml.run import Run
 from tests.helpers import TINY_OVERRIDES, make_npz, tiny_config
 from tests.methods.test_cohort import train
@@ -109,7 +110,7 @@ def test_layer_decay_gives_each_depth_its_rate(npz):
     (the same gradients) are in that ratio."""
     vit = {**VIT, "model.vit_depth": 2, "optim.name": "adamw", "optim.weight_decay": 0.0}
     decayed = Run(tiny_config(npz, **vit, **{"optim.layer_decay": 0.5}))
-    scale = decayed.program.method.layer_lr_scales()
+    scale = layer_lr_scale(decayed.config.optim, decayed.method.backbone_layers())
     expected = {"patch_embed_proj": 0.125, "cls_token": 0.125, "pos_embed": 0.125,
                 "blocks_0": 0.25, "blocks_1": 0.5, "norm": 1.0}  # fmt: skip
     assert {name: scale(("model", "backbone", name)) for name in expected} == expected
@@ -133,7 +134,8 @@ def test_timm_grouping_reaches_the_method(npz):
     block 1's group at the rate, so the stem learns at 0.25 and block 0 at 0.5."""
     vit = {**VIT, "model.vit_depth": 2, "optim.name": "adamw"}
     timm = {"optim.layer_decay": 0.5, "optim.layer_decay_grouping": "timm"}
-    scale = Run(tiny_config(npz, **vit, **timm)).program.method.layer_lr_scales()
+    run = Run(tiny_config(npz, **vit, **timm))
+    scale = layer_lr_scale(run.config.optim, run.method.backbone_layers())
     expected = {"patch_embed_proj": 0.25, "cls_token": 0.25, "pos_embed": 0.25,
                 "blocks_0": 0.5, "blocks_1": 1.0, "norm": 1.0}  # fmt: skip
     assert {name: scale(("model", "backbone", name)) for name in expected} == expected

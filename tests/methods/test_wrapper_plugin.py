@@ -1,5 +1,5 @@
 """A member-wrapping method is a plug-in of two files: its exchange (registered in
-``jdml.exchanges.EXCHANGES`` with its config section) and its config. This module is both for
+``jdml.cohort.exchanges.EXCHANGES`` with its config section) and its config. This module is both for
 a small one, plain ensembling with a consistency term, and trains it through the one loop."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import ml_collections
 import numpy as np
 import pytest
 
+from jdml.cohort.exchanges import EXCHANGES, Exchange, Exchanged, MemberOutputs, Peers
+from jdml.cohort.exchanges.base import local_members
 from jdml.config import base_config, set_keys, validate
 from jdml.errors import ConfigError
-from jdml.exchanges import EXCHANGES, Exchange, Exchanged, MemberOutputs, Peers
-from jdml.exchanges.base import local_members
 from jdml.fileio import read_jsonl
 from jdml.geometry import l2_normalize
 from jdml.registry import NON_NEGATIVE
@@ -26,7 +26,7 @@ from tests.helpers import make_npz, registered, tiny_config
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 (fake) devices")
 
 
-# -- file 1: the exchange (would be jdml/exchanges/consistency.py) ------------------------------
+# -- file 1: the exchange (would be jdml/cohort/exchanges/consistency.py) ----------------------
 
 
 # In its own file the class would carry ``@EXCHANGES.register("consistency", ranges=RANGES)``;

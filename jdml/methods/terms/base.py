@@ -115,8 +115,8 @@ class Term:
         """The term's own learnable parameters, or None for a term without a params group."""
         return None
 
-    def param_group(self, optim: ml_collections.ConfigDict) -> Group | None:
-        """Learning rate and weight decay of the term's parameters (None: it has none)."""
+    def param_group(self) -> Group | None:
+        """How the term's parameters learn (``jdml.optim.Group``; None: it has none)."""
         return None
 
     def init_state(self, model_params: Any) -> Any:

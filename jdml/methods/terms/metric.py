@@ -184,10 +184,12 @@ class MetricTerm(Term):
         metrics["loss"] = loss
         return loss, metrics
 
-    def param_group(self, optim: ml_collections.ConfigDict) -> Group:
-        """The loss parameters' learning rate (own value or multiplier) and no weight decay."""
-        lr = optim.lr
-        if self.loss_cls.param_lr is not None:
-            value = self.loss_config[self.loss_config.name][self.loss_cls.param_lr]
-            lr = value * optim.lr if self.loss_cls.param_lr_is_multiplier else value
-        return Group(lr, 0.0)
+    def param_group(self) -> Group:
+        """The loss parameters' learning rate (the loss's own value, or its multiple of
+        ``optim.lr``; without one ``optim.lr``) and no weight decay."""
+        if self.loss_cls.param_lr is None:
+            return Group(weight_decay=0.0)
+        value = float(self.loss_config[self.loss_config.name][self.loss_cls.param_lr])
+        if self.loss_cls.param_lr_is_multiplier:
+            return Group(weight_decay=0.0, lr_scale=value)
+        return Group(value, 0.0)

@@ -30,8 +30,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from jdml.errors import ConfigError
-from jdml.exchanges.base import (
+from jdml.cohort.exchanges.base import (
     EXCHANGES,
     Exchange,
     Exchanged,
@@ -39,6 +38,7 @@ from jdml.exchanges.base import (
     Peers,
     local_members,
 )
+from jdml.errors import ConfigError
 from jdml.losses.mutual import RELATIONS, mutual_losses, mutual_weight, relation_matrix
 from jdml.registry import NON_NEGATIVE, Range
 

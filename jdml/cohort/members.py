@@ -2,7 +2,7 @@
 function runs over the members stacked on a leading member axis.
 
 Every run trains ``L >= 1`` members (a plain run one, a cohort ``cohort.size``); a cohort's
-members exchange what ``cohort.exchange`` names (``jdml.exchanges``).
+members exchange what ``cohort.exchange`` names (``jdml.cohort.exchanges``).
 """
 
 from __future__ import annotations

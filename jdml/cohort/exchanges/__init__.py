@@ -10,7 +10,7 @@ registers each exchange; a new member-wrapping method is one module with
 import importlib
 import pkgutil
 
-from jdml.exchanges.base import (
+from jdml.cohort.exchanges.base import (
     EXCHANGE_STATE,
     EXCHANGES,
     Exchange,

@@ -1,14 +1,12 @@
-"""The layout of a run's members: which members there are, how their state is stored, and where
-it lives (the device mesh, its ``member`` and ``data`` axes, the placement of batches and state,
-the rows of the batch a process builds).
+"""The layout of a cohort's members: which members there are, how their state is stored, and
+where it lives (the mesh's ``member`` axis, the placement of their views and state).
 
-Every run trains ``L >= 1`` members in groups; the members of a group share one method and are
-stacked on a leading member axis. One class per storage of the state, each a :class:`Layout`:
+The members are trained in groups; the members of a group share one method and are stacked on a
+leading member axis. One class per storage of the state, each a :class:`Layout` (a
+:class:`jdml.placement.Placement` with a member axis):
 
-* :class:`OneMember`: one member, stored without a member axis (a plain run's checkpoint holds
-  the method's own parameter tree); the step sees it as one group of one;
-* :class:`Stacked`: a cohort of identical members, each field stacked on a member axis (one group
-  of L), placed on the mesh's ``member`` axis;
+* :class:`Stacked`: identical members, each field stacked on a member axis (one group of L),
+  placed on the mesh's ``member`` axis;
 * :class:`Listed`: a heterogeneous cohort (``cohort.members``), each field ``{member<l>: tree}``
   (L groups of one), replicated over the devices of the data axis.
 
@@ -17,7 +15,6 @@ stacked on a leading member axis. One class per storage of the state, each a :cl
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -27,24 +24,14 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jdml.distributed import global_array, local_rows
-from jdml.errors import ConfigError
-from jdml.members import VIEWS, member_name, stack_members
-from jdml.mesh import AXIS, DATA, mesh_shape, run_mesh
-from jdml.nn.batch_norm import BATCH_NORM_MODES
+from jdml.cohort.members import VIEWS, member_name, stack_members
+from jdml.distributed import global_array
+from jdml.mesh import AXIS, DATA, run_mesh
+from jdml.placement import Placement
 from jdml.state import TrainState
 
 MEMBER_FIELDS = ("params", "batch_stats", "opt_state", "rng", "method_state")
 Groups = tuple[Any, ...]  # one tree per group, each with a leading member axis
-
-
-def batch_norm_groups(config: ml_collections.ConfigDict) -> int:
-    """How many row blocks of a batch get their own BatchNorm statistics: the data axis's
-    devices under ``parallel.batch_norm="per_device"`` with trained BatchNorm, else 1."""
-    if config.model.frozen_bn:
-        return 1
-    devices = mesh_shape(config.cohort.size, config.cohort.devices, config.parallel.data_devices)
-    return BATCH_NORM_MODES.get(config.parallel.batch_norm)(devices[1])
 
 
 def _add_axis(tree: Any) -> Any:
@@ -55,8 +42,8 @@ def _drop_axis(tree: Any) -> Any:
     return jax.tree.map(lambda x: x[0], tree)
 
 
-class Layout:
-    """Which members a run trains, how their state is stored and where it is placed (the
+class Layout(Placement):
+    """Which members a cohort trains, how their state is stored and where it is placed (the
     storage is the subclass's; :func:`make_layout` picks it).
 
     Args:
@@ -64,7 +51,7 @@ class Layout:
       size: the number of members.
       data_devices: the devices of the mesh's data axis (``parallel.data_devices``).
       view_diversity: whether each member views the batch through its own augmentation (the
-        exchange's declaration, ``jdml.exchanges.Exchange.view_diversity``).
+        exchange's declaration, ``jdml.cohort.exchanges.Exchange.view_diversity``).
     """
 
     def __init__(
@@ -74,23 +61,16 @@ class Layout:
         data_devices: int,
         view_diversity: bool = False,
     ) -> None:
-        self.config = config
+        super().__init__(config, data_devices)
         self.size = size
         self.names = tuple(member_name(i) for i in range(size))
-        self.data_devices = data_devices
-        self.view_diversity = view_diversity and size > 1
-        self.batch_size = int(config.train.batch_size)
+        self.view_diversity = view_diversity
 
     #: Whether the step runs under ``shard_map`` over the member axis on a mesh (each device
     #: steps its block of members).
     shards_members = True
     #: The mesh axis of a view's member axis under view diversity (None: replicated).
     view_axis: str | None = AXIS
-
-    @property
-    def on_mesh(self) -> bool:
-        """Whether the run's arrays live on a mesh (else on one device)."""
-        return self.data_devices != 1
 
     @property
     def sharded(self) -> bool:
@@ -117,7 +97,7 @@ class Layout:
         raise NotImplementedError
 
     def member_state(self, state: TrainState, index: int) -> TrainState:
-        """Member ``index``'s slice of the state, as the state of a one-member program."""
+        """Member ``index``'s slice of the state, as the state of a plain run."""
         raise NotImplementedError
 
     def init_optimizer(self, tx: optax.GradientTransformation, params: list[Any]) -> Any:
@@ -133,35 +113,6 @@ class Layout:
 
     # -- devices --------------------------------------------------------------------------------
 
-    def _mesh(self) -> Mesh:
-        """The mesh of a run on one (member) device of the member axis."""
-        return run_mesh(1, 1, self.data_devices)
-
-    @functools.cached_property
-    def mesh(self) -> Mesh | None:
-        """The ``(member, data)`` mesh; None for one member on one device (built when first
-        needed: inference embeds without it).
-
-        Raises:
-          ConfigError: if the mesh does not fit the devices present, or its data axis does not
-            divide the batch.
-        """
-        if not self.on_mesh:
-            return None
-        mesh = self._mesh()
-        data = mesh.shape[DATA]
-        if self.batch_size % data:
-            raise ConfigError(
-                f"the mesh's data axis has {data} devices (parallel.data_devices="
-                f"{self.data_devices}), which do not divide train.batch_size={self.batch_size}; "
-                "set parallel.data_devices to a divisor of the batch size"
-            )
-        return mesh
-
-    @functools.cached_property
-    def replicated(self) -> NamedSharding | None:
-        return NamedSharding(self.mesh, P()) if self.on_mesh else None
-
     def members_drawn(self) -> tuple[int, ...]:
         """The members whose views this process draws: those on its devices under view
         diversity, else none (every member trains on the one batch)."""
@@ -176,38 +127,15 @@ class Layout:
             for i in range(d * block, (d + 1) * block)
         )
 
-    @functools.cached_property
-    def rows(self) -> tuple[int, int] | None:
-        """The rows of the global batch this process builds (multi-host input: those of its
-        devices on the data axis); None when it builds all of them."""
-        if not self.on_mesh or jax.process_count() == 1:
-            return None
-        start, stop = local_rows(NamedSharding(self.mesh, P(DATA)), self.batch_size)
-        return None if (start, stop) == (0, self.batch_size) else (start, stop)
-
-    def replicate(self, host: Any) -> Any:
-        """A host array as the step takes it: replicated on the mesh (unchanged without one)."""
-        if not self.on_mesh:
-            return host
-        host = np.asarray(host)
-        return global_array(host, self.replicated, host.shape)
-
-    def place_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The batch as global arrays on the mesh: views on the member axis (each process
-        supplies its own members' views) under view diversity, the batch axis on the data axis;
-        unchanged without a mesh."""
-        if not self.on_mesh:
-            return batch
-        out = {}
-        for key, value in batch.items():
-            value = np.asarray(value)
-            if key.split(":")[0] in VIEWS and self.view_diversity:  # a view or its parameters
-                spec = P(self.view_axis, DATA)
-                shape = (self.size, self.batch_size, *value.shape[2:])
-            else:
-                spec, shape = P(DATA), (self.batch_size, *value.shape[1:])
-            out[key] = global_array(value, NamedSharding(self.mesh, spec), shape)
-        return out
+    def place_entry(self, key: str, value: np.ndarray) -> jax.Array:
+        """One batch entry as a global array: a view (or its parameters) on the member axis
+        under view diversity (each process supplies its own members' views), the batch axis on
+        the data axis."""
+        if key.split(":")[0] in VIEWS and self.view_diversity:
+            spec = P(self.view_axis, DATA)
+            shape = (self.size, self.batch_size, *value.shape[2:])
+            return global_array(value, NamedSharding(self.mesh, spec), shape)
+        return super().place_entry(key, value)
 
     def state_specs(self, state: TrainState) -> TrainState:
         """PartitionSpecs of a state in the step's ``shard_map``: the member fields on the
@@ -224,31 +152,6 @@ class Layout:
             sampler_state=shared(state.sampler_state),
             method_state=member(state.method_state),
         )
-
-    def state_shardings(self, state: TrainState) -> TrainState:
-        """``NamedSharding``s placing the state on the mesh: replicated (a stacked cohort's
-        member fields on its devices of the member axis)."""
-        return jax.tree.map(lambda _: self.replicated, state)
-
-    def place_state(self, state: TrainState) -> TrainState:
-        """The state placed as the step takes it (unchanged without a mesh)."""
-        return jax.device_put(state, self.state_shardings(state)) if self.on_mesh else state
-
-
-class OneMember(Layout):
-    """One member, its fields stored as the method's own trees (no member axis)."""
-
-    def split(self, field: Any) -> Groups:
-        return (_add_axis(field),)
-
-    def join(self, groups: Groups) -> Any:
-        return _drop_axis(groups[0])
-
-    def store(self, members: list[Any]) -> Any:
-        return members[0]
-
-    def member_state(self, state: TrainState, index: int) -> TrainState:
-        return state
 
 
 class Stacked(Layout):
@@ -285,8 +188,8 @@ class Stacked(Layout):
 
 class Listed(Layout):
     """Members of their own methods (a heterogeneous cohort), each field ``{member<l>: tree}``;
-    every member on every device of the data axis, its optimiser its own
-    (``jdml.optim.per_member``)."""
+    every member on every device of the data axis (on one device without a mesh), its
+    optimiser its own (``jdml.optim.per_member``)."""
 
     shards_members = False
     view_axis = None
@@ -324,21 +227,14 @@ class Listed(Layout):
 
 
 def make_layout(
-    config: ml_collections.ConfigDict,
-    size: int | None = None,
-    listed: bool = False,
-    view_diversity: bool = False,
+    config: ml_collections.ConfigDict, listed: bool = False, view_diversity: bool = False
 ) -> Layout:
-    """The layout of a run's members.
+    """The layout of a cohort's members.
 
     Args:
-      config: the full run config.
-      size: the number of members (default ``cohort.size``); given, the layout is one member's
-        alone on one device (e.g. one member's slice of a cohort).
+      config: the full run config (``cohort.size`` members).
       listed: whether each member has its own method (a heterogeneous cohort).
       view_diversity: whether each member views the batch through its own augmentation.
     """
-    count = int(config.cohort.size if size is None else size)
-    data_devices = int(config.parallel.data_devices) if size is None else 1
-    kind = Listed if listed else (Stacked if count > 1 else OneMember)
-    return kind(config, count, data_devices, view_diversity)
+    kind = Listed if listed else Stacked
+    return kind(config, int(config.cohort.size), int(config.parallel.data_devices), view_diversity)
