@@ -43,6 +43,7 @@ import jax
 import numpy as np
 from sklearn.neighbors import NearestNeighbors
 
+from jdml.backends import resolve_backends
 from jdml.evaluation.embeddings import evaluate_embeddings
 from jdml.evaluation.kmeans import kmeans
 from jdml.evaluation.knn import knn
@@ -59,7 +60,7 @@ EVAL_METRICS = ("recall@1", "recall@2", "recall@4", "recall@8", "map@r", "map@c"
 
 def ours_knn(x: np.ndarray, k: int) -> np.ndarray:
     """(N, k) neighbour indices from the evaluator's kNN (self excluded)."""
-    _, indices = knn(x, x, k, exclude_self=True)
+    _, indices = knn(x, x, k, exclude_self=True, selection=resolve_backends().knn)
     return np.asarray(indices)
 
 
@@ -147,8 +148,10 @@ def grid_case(n: int, dim: int, k: int, mode: str, repeats: int, peak_only: bool
     gallery = None if mode == "self" else rng.standard_normal((n, dim)).astype(np.float32)
     refs = x if gallery is None else gallery
 
+    backends = resolve_backends()  # what the evaluator computes with here
+
     def ours() -> np.ndarray:
-        _, indices = knn(x, refs, k, exclude_self=gallery is None)
+        _, indices = knn(x, refs, k, exclude_self=gallery is None, selection=backends.knn)
         return np.asarray(indices)
 
     if peak_only:
@@ -346,13 +349,18 @@ def main() -> None:
 
     emb, labels = clustered_embeddings(args.n, args.dim, args.classes, seed=2)
     max_class = int(np.bincount(labels).max())
+    backends = resolve_backends()  # the kNN selection and k-means assignment of the evaluator
     parts = alternating_rounds(
         {
             "evaluate_embeddings (all metrics)": lambda: evaluate_embeddings(
                 emb, labels, EVAL_METRICS
             ),
-            f"  of which kNN, k={max_class}": lambda: knn(emb, emb, max_class, exclude_self=True),
-            f"  of which k-means, {args.classes} clusters": lambda: kmeans(emb, args.classes),
+            f"  of which kNN, k={max_class}": lambda: knn(
+                emb, emb, max_class, exclude_self=True, selection=backends.knn
+            ),
+            f"  of which k-means, {args.classes} clusters": lambda: kmeans(
+                emb, args.classes, native=backends.native_kmeans
+            ),
         },
         args.repeats,
         pause=PAUSE_S,

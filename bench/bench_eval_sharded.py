@@ -50,6 +50,7 @@ def worker(args: argparse.Namespace) -> None:
     """One device count: the compiled program's memory, one timed run, the neighbours saved."""
     import jax
 
+    from jdml.backends import resolve_backends
     from jdml.evaluation.knn import knn
     from jdml.evaluation.sharded import eval_mesh, knn_program, shard_rows
 
@@ -71,7 +72,8 @@ def worker(args: argparse.Namespace) -> None:
     one_device_s = None
     if args.one_device:
         start = time.perf_counter()
-        distances, indices = knn(x, x, args.k, exclude_self=True)
+        selection = resolve_backends().knn  # the one-device evaluator's
+        distances, indices = knn(x, x, args.k, exclude_self=True, selection=selection)
         one_device_s = time.perf_counter() - start
         np.save(os.path.join(args.out, "indices_knn.npy"), np.asarray(indices))
         np.save(os.path.join(args.out, "distances_knn.npy"), np.asarray(distances))

@@ -6,12 +6,12 @@ so that changes in machine load affect them alike:
 
 * ``eval``: the quick start's evaluation (``configs/revisiting.py``: ``eval.metrics`` on the
   glyph test split, k-means++), :func:`jdml.evaluation.embeddings.evaluate_embeddings` of the
-  untrained network's test embeddings, with ``JDML_KNN`` and ``JDML_KMEANS`` set to the mode
-  before each call (they are read per call);
+  untrained network's test embeddings, with the backends ``JDML_KNN`` and ``JDML_KMEANS`` at
+  the mode resolve to (:func:`jdml.backends.resolve_backends`);
 * ``eval 10k``: the same metrics on 10,000 x 128 clustered embeddings in 100 classes (the
   evaluator benchmark's case, ``bench/bench_eval.py``);
-* ``step``: the quick start's train step (batch 112), one step function traced with
-  ``JDML_CONV`` at each mode (it is read when a function is traced).
+* ``step``: the quick start's train step (batch 112), one method built with the convolutions
+  ``JDML_CONV`` at each mode resolves to.
 
 Runs under tcmalloc where it is installed, as ``train.py`` and ``eval.py`` do.
 
@@ -31,6 +31,8 @@ import numpy as np
 
 from configs.revisiting import get_config
 from jdml.allocator import reexec_with_tcmalloc
+from jdml.backends import Backends, resolve_backends
+from jdml.build import build_program
 from jdml.evaluation.embeddings import evaluate_embeddings
 from jdml.native import switches
 from jdml.run import Run
@@ -40,15 +42,11 @@ from jdml.throughput import alternating_rounds
 MODES = ("auto", "xla")
 
 
-def with_mode(mode: str, envs: tuple[str, ...], work: Callable[[], object]) -> Callable[[], object]:
-    """``work`` run with every switch of ``envs`` set to ``mode``."""
-
-    def run() -> object:
-        for env in envs:
-            os.environ[env] = mode
-        return work()
-
-    return run
+def mode_backends(mode: str) -> Backends:
+    """The backends of every switch at ``mode``, as ``JDML_CONV=JDML_KNN=JDML_KMEANS=<mode>``
+    resolve."""
+    envs = (switches.ENV, switches.KNN_ENV, switches.KMEANS_ENV)
+    return resolve_backends(environ={env: mode for env in envs})
 
 
 def test_embeddings(run: Run) -> tuple[np.ndarray, np.ndarray]:
@@ -81,19 +79,19 @@ def main() -> None:
     config = get_config()
     run = Run(config)
     metrics = list(config.eval.metrics)
-    evals = (switches.KNN_ENV, switches.KMEANS_ENV)
+    backends = {mode: mode_backends(mode) for mode in MODES}
     print(f"{jax.devices()[0].device_kind}, {os.cpu_count()} CPUs, metrics {', '.join(metrics)}")
     if "eval" in parts:
         x, y = test_embeddings(run)
         contenders = {
-            mode: with_mode(mode, evals, lambda: evaluate_embeddings(x, y, metrics))
+            mode: lambda b=backends[mode]: evaluate_embeddings(x, y, metrics, backends=b)
             for mode in MODES
         }
         report(f"eval: glyph test split {x.shape[0]} x {x.shape[1]}", contenders, args.repeats)
     if "eval10k" in parts:
         x, y = clustered(10_000, 128, 100)
         contenders = {
-            mode: with_mode(mode, evals, lambda: evaluate_embeddings(x, y, metrics))
+            mode: lambda b=backends[mode]: evaluate_embeddings(x, y, metrics, backends=b)
             for mode in MODES
         }
         report("eval: 10,000 x 128, 100 classes", contenders, args.repeats)
@@ -101,8 +99,9 @@ def main() -> None:
         batch = {k: jnp.asarray(v) for k, v in run.batch_maker()(0).items()}
         contenders = {}
         for mode in MODES:
-            os.environ[switches.ENV] = mode
-            step = make_train_step(run.method, run.tx)
+            classes = run.splits["train"].num_classes
+            program = build_program(config, classes, run.steps_per_epoch, backends[mode])
+            step = make_train_step(program.method, run.tx)
             state = [jax.tree.map(jnp.copy, run.initial_state)]
             state[0], out = step(state[0], batch)  # traced now, under this mode
             jax.block_until_ready(out)

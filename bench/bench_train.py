@@ -35,7 +35,6 @@ Usage: python bench/bench_train.py [--steps 20] [--repeats 3] [--layers] [--prof
 from __future__ import annotations
 
 import argparse
-import contextlib
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -45,10 +44,10 @@ import numpy as np
 import optax
 
 from configs.revisiting import get_config
+from jdml.backends import resolve_backends
 from jdml.config import apply_overrides
 from jdml.data.pipeline import train_batches
 from jdml.errors import ConfigError
-from jdml.native.switches import xla_convolutions
 from jdml.nn.conv import conv2d
 from jdml.run import Run
 from jdml.step import make_train_step
@@ -158,8 +157,9 @@ def conv_layers(config) -> list[ConvLayer]:
 
 def _jdml_conv(layer: ConvLayer, batch: int, xla: bool = False) -> Callable[[], None]:
     """Forward and backward of one convolution as the jdml model runs it (NHWC,
-    :func:`jdml.nn.conv.conv2d`: oneDNN's on CPU where it builds), jitted; ``xla``: traced with
-    XLA's convolutions instead (``JDML_CONV=xla``)."""
+    :func:`jdml.nn.conv.conv2d`: oneDNN's on CPU where it builds), jitted; ``xla``: with XLA's
+    convolutions instead (``backends.conv=xla``)."""
+    native = not xla and resolve_backends().native_conv
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((batch, layer.size, layer.size, layer.cin)), jnp.float32)
     w = jnp.asarray(
@@ -167,12 +167,11 @@ def _jdml_conv(layer: ConvLayer, batch: int, xla: bool = False) -> Callable[[], 
     )
 
     def forward_backward(x, w):
-        out, pull = jax.vjp(lambda x, w: conv2d(x, w, layer.stride), x, w)
+        out, pull = jax.vjp(lambda x, w: conv2d(x, w, layer.stride, native), x, w)
         dx, dw = pull(jnp.ones_like(out))
         return (dw, dx) if layer.input_grad else (dw,)
 
-    with xla_convolutions() if xla else contextlib.nullcontext():
-        compiled = jax.jit(forward_backward).lower(x, w).compile()
+    compiled = jax.jit(forward_backward).lower(x, w).compile()
     return lambda: jax.block_until_ready(compiled(x, w))
 
 
@@ -205,7 +204,7 @@ def layer_table(config, repeats: int, steps: int) -> None:
     print(f"\nper convolution, forward + backward at batch {batch}, median of {repeats} "
           f"rounds of {steps} calls; matmul peak here (2048^3 float32, jitted XLA): "
           f"{peak:.0f} GFLOP/s; jdml = what the step runs (oneDNN on CPU where it builds, "
-          "jdml.nn.conv), XLA = the same with JDML_CONV=xla")  # fmt: skip
+          "jdml.nn.conv), XLA = the same with backends.conv=xla")  # fmt: skip
     header = f"{'layer':<20}{'map':>6}{'cin':>5}{'cout':>5}{'k':>3}{'s':>3}{'x':>3}{'GFLOP':>8}"
     print(f"{header}{'jdml ms':>9}{'GFLOP/s':>9}{'% peak':>8}{'XLA ms':>8}{'torch ms':>10}"
           f"{'GFLOP/s':>9}")  # fmt: skip

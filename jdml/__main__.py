@@ -117,7 +117,8 @@ def _search(args: argparse.Namespace) -> None:
         args.embedding or fingerprint["embedding"],
     )
     queries = collect_images(args.queries, model, files_only=True)
-    hits = index.search(model.embed(queries.images), args.k, fingerprint=model.fingerprint)
+    embeddings = model.embed(queries.images)
+    hits = index.search(embeddings, args.k, fingerprint=model.fingerprint, backends=model.backends)
     print(hits_table(queries.names, hits, index.class_names))
     if args.json:
         from jdml.fileio import atomic_write

@@ -8,7 +8,7 @@ import functools
 
 import ml_collections
 
-from jdml.backends import Backends
+from jdml.backends import Backends, resolve_backends
 from jdml.cohort.embeddings import cohort_embeddings
 from jdml.cohort.program import build_cohort
 from jdml.embedder import Embeddings
@@ -29,11 +29,13 @@ def build_program(
 ) -> Program:
     """The program of a run config: a plain run's, or a cohort's (``cohort.size > 1``; one
     method per member of a heterogeneous cohort, ``cohort.members``), computing with
-    ``backends`` (None: the environment's, read when traced).
+    ``backends`` (None: resolved here, once, from ``config.backends`` and the environment).
 
     Raises:
       ConfigError: for a config the method or the cohort cannot run.
     """
+    if backends is None:
+        backends = resolve_backends(config.get("backends"))
     build = functools.partial(
         Method, num_classes=num_classes, bn_groups=batch_norm_groups(config), backends=backends
     )
@@ -46,7 +48,10 @@ def build_embeddings(
     config: ml_collections.ConfigDict, backends: Backends | None = None
 ) -> Embeddings:
     """A run's embeddings alone, from its config (no losses, no class counts): a plain run's
-    (``jdml.embedder.Embeddings``) or a cohort's (``jdml.cohort.embeddings``)."""
+    (``jdml.embedder.Embeddings``) or a cohort's (``jdml.cohort.embeddings``), computing with
+    ``backends`` (None: resolved here, once, as :func:`build_program` does)."""
+    if backends is None:
+        backends = resolve_backends(config.get("backends"))
     if _is_cohort(config):
         return cohort_embeddings(config, backends)
     return Embeddings(config, backends=backends)

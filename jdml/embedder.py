@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jdml.backends import Backends
+from jdml.backends import Backends, resolve_backends
 from jdml.errors import ConfigError
 from jdml.models import INPUT_NORMALIZATIONS, build_model
 
@@ -69,8 +69,8 @@ class Embedder:
 
     Args:
       config: the run config (its ``model`` and ``data`` sections).
-      backends: the convolutions the network runs (:class:`jdml.backends.Backends`); None: the
-        backbone reads ``$JDML_CONV`` when traced.
+      backends: the convolutions the network runs (:class:`jdml.backends.Backends`); None:
+        resolved here, once, from the config's ``backends`` section and the environment.
 
     Attributes:
       head: the main head (``model.head``).
@@ -81,7 +81,9 @@ class Embedder:
     def __init__(self, config: ml_collections.ConfigDict, backends: Backends | None = None):
         self.head = config.model.head
         self.heads = check_head_dims(config)
-        self.native_conv = None if backends is None else backends.native_conv
+        if backends is None:
+            backends = resolve_backends(config.get("backends"))
+        self.native_conv = backends.native_conv
         self.model = build_model(
             config.model, train=False, heads=self.heads, native_conv=self.native_conv
         )

@@ -32,7 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm import tqdm
 
-from jdml.backends import resolve_backends
+from jdml.backends import Backends, resolve_backends
 from jdml.build import build_embeddings
 from jdml.checkpoint import Checkpoints, storage_cause
 from jdml.data.arrays import ImageSet
@@ -232,7 +232,8 @@ class Model:
         config = ml_collections.ConfigDict(config.to_dict())
         config.model.pretrained = ""
         self.workdir, self.config, self.step = workdir, config, step
-        self.backends = resolve_backends()  # what it computes with, chosen once
+        # What it computes with, chosen once: the run's backends.*, else $JDML_CONV/KNN/KMEANS.
+        self.backends = resolve_backends(config.get("backends"))
         # The run's networks alone: no losses, no class counts.
         self.embeddings = build_embeddings(config, self.backends)
         self.cohort_size = int(config.cohort.size)
@@ -530,7 +531,12 @@ class Index:
         )
 
     def search(
-        self, queries: np.ndarray, k: int = 5, *, fingerprint: dict[str, Any] | None = None
+        self,
+        queries: np.ndarray,
+        k: int = 5,
+        *,
+        fingerprint: dict[str, Any] | None = None,
+        backends: Backends | None = None,
     ) -> list[list[Hit]]:
         """The k nearest items of each query embedding (exact, jitted; ties by lower index).
 
@@ -539,6 +545,8 @@ class Index:
           k: neighbours per query (at most the index size).
           fingerprint: the fingerprint of the model that embedded the queries; checked
             against the index's (pass ``model.fingerprint``).
+          backends: the kNN selection (``model.backends``); None: resolved here, once, from
+            the environment (:func:`jdml.backends.resolve_backends`).
         """
         if fingerprint is not None:
             self.check_compatible(fingerprint)
@@ -551,8 +559,14 @@ class Index:
         check_finite(self.embeddings, "embeddings of this index")
         check_finite(queries, "query embeddings")
         k = min(k, len(self))
+        selection = (resolve_backends() if backends is None else backends).knn
         distances, indices = knn(
-            queries, self.embeddings, k, exclude_self=False, distance=self.distance
+            queries,
+            self.embeddings,
+            k,
+            exclude_self=False,
+            distance=self.distance,
+            selection=selection,
         )
         distances, indices = np.asarray(distances), np.asarray(indices)
         return [

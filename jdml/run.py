@@ -68,7 +68,8 @@ class Run:
         self.augment = make_augmentation(config.data)
         self.views_place = views_place(config.data, train, default_backend())
         # One member of the method, or a DM2 cohort (cohort.size > 1) of several.
-        self.backends = resolve_backends()  # what the run computes with, chosen once
+        # What the run computes with, chosen once: backends.*, else $JDML_CONV/KNN/KMEANS.
+        self.backends = resolve_backends(config.get("backends"))
         self.program = build_program(config, train.num_classes, self.steps_per_epoch, self.backends)
         self.method = self.program.method
         self.head = self.program.head

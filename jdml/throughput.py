@@ -19,7 +19,7 @@ convolution, as JAX computes it) multiply nothing and are left out, so the gradi
 convolutions of a layer whose input size the stride divides count exactly its forward pass
 each, and a train step (forward, input and kernel gradients) about 3x the forward pass. The
 oneDNN custom calls of the CPU backend (:mod:`jdml.native`) count as the XLA operations they
-replace, so a step's count is the same with ``JDML_CONV=xla`` or without. The count is taken
+replace, so a step's count is the same with ``backends.conv=xla`` or without. The count is taken
 from the traced program, before XLA compiles it: it is the same on every backend, which XLA's
 own ``cost_analysis`` is not (on GPU it leaves out the convolutions that run as cuDNN calls).
 Loops: a ``scan`` counts its body times its length; a ``while`` loop its body once (its trip

@@ -91,13 +91,12 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(params=["xla", "host", "native"])
-def selection(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Runs a kNN test with the top-k taken by XLA and again with the host selection (the CPU
-    path for most k, see ``jdml.evaluation.knn.search.select_on_host``), whatever the k."""
-    from jdml.evaluation.knn import search
+def selection(request: pytest.FixtureRequest) -> str:
+    """Runs a kNN test with the top-k taken by XLA, again with the host selection (the CPU path
+    for most k, see ``jdml.evaluation.knn.search.select_on_host``), whatever the k, and with the
+    native kernel (CPU): the ``selection`` the test passes to the search."""
     from tests.helpers import skip_off_cpu
 
     if request.param == "native":
         skip_off_cpu("the native kNN selection")
-    monkeypatch.setattr(search, "default_selection", lambda: request.param)
     return request.param

@@ -108,6 +108,20 @@ def test_index_file_errors(tmp_path):
         Index.load(garbage)
 
 
+def test_a_loaded_model_builds_no_method_losses_or_class_counts(run_dir, monkeypatch):
+    """Inference builds the run's networks alone (``jdml.build.build_embeddings``): no
+    training ``Method``, no loss, no class count (issue 81)."""
+    from jdml.methods import method as method_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("inference built a training Method")
+
+    monkeypatch.setattr(method_module.Method, "__init__", refuse)
+    model = jdml.load(run_dir)
+    assert model.heads == ("discriminative",)
+    assert set(model._params) == {"model"}  # the network's params only, no loss params
+
+
 def test_unknown_embedding_lists_the_choices(run_dir):
     with pytest.raises(
         ConfigError, match="unknown embedding 'nope'; choose one of: discriminative"

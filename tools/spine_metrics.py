@@ -117,6 +117,10 @@ def frames_to_loss() -> list[traceback.FrameSummary]:
             start = next(i for i, f in enumerate(mine) if f.filename.endswith("train.py"))
             seen.extend(mine[start:])
 
+    # train.py as a program starts itself again under tcmalloc (jdml.allocator): in this
+    # process that would replace the caller (a test run: pytest started over from its argv).
+    allocator = os.environ.get("JDML_ALLOCATOR")
+    os.environ["JDML_ALLOCATOR"] = "system"
     sys.setprofile(profile)
     try:
         with tempfile.TemporaryDirectory() as scratch:
@@ -143,6 +147,10 @@ def frames_to_loss() -> list[traceback.FrameSummary]:
                     raise
     finally:
         sys.setprofile(None)
+        if allocator is None:
+            del os.environ["JDML_ALLOCATOR"]
+        else:
+            os.environ["JDML_ALLOCATOR"] = allocator
     return seen
 
 

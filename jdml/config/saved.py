@@ -138,6 +138,12 @@ RESUMABLE_CHANGES = (
     "parallel.data_devices",
     "parallel.eval_devices",
     "cohort.devices",
+    # Which implementation computes (jdml.backends): every one gives the same numbers up to
+    # float32 rounding, so a run resumes on another; being listed here also keeps them out of
+    # jdml.study.runner.config_digest, which existing study records were written without.
+    "backends.conv",
+    "backends.knn",
+    "backends.kmeans",
 )
 
 

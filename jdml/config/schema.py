@@ -276,6 +276,16 @@ def base_config() -> ml_collections.ConfigDict:
     # metrics as on one device (1: the default device only), with about 1/D of the memory each.
     c.parallel.eval_devices = 1
 
+    # Which implementation computes (jdml.backends, recorded in results.json): the same numbers
+    # up to float32 rounding, only the speed differs, and backends other than CPU always take
+    # XLA's ops. "auto": the variable ($JDML_CONV, $JDML_KNN, $JDML_KMEANS) where it is set,
+    # else the native kernels (jdml.native) where the library builds; a value here wins over it.
+    c.backends = ml_collections.ConfigDict()
+    c.backends.conv = "auto"  # the CPU convolutions: auto, onednn (oneDNN's) or xla (XLA's)
+    # The kNN selection: auto, native (the kernel), host (numpy) or xla (XLA's top-k).
+    c.backends.knn = "auto"
+    c.backends.kmeans = "auto"  # the k-means assignment: auto, onednn (native) or xla
+
     return c
 
 

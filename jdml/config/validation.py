@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import ml_collections
 
+from jdml.backends import check_backends
 from jdml.cohort.exchanges import EXCHANGE_STATE, EXCHANGES
 from jdml.cohort.members import MEMBER_LOOPS, member_configs
 from jdml.config.saved import flatten_config
@@ -579,6 +580,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _validate_photos(c.data)
     _validate_aux(c)
     _validate_cohort(c)
+    check_backends(c.get("backends"))  # the values; whether oneDNN builds is asked when run
     heads = {c.model.head, *(t.head for t in c.aux.values())}
     for head in c.eval.heads:
         if head not in heads:

@@ -49,13 +49,16 @@ def _flat(images: np.ndarray) -> np.ndarray:
 def neighbours(images: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Every image's ``k`` nearest other images: (RMS distances (N, k) float64, recomputed
     exactly; indices (N, k))."""
-    from jdml.evaluation.knn import knn  # here: the data modules load without jax
+    from jdml.backends import resolve_backends  # here: the data modules load without jax
+    from jdml.evaluation.knn import knn
 
     flat = _flat(images)
     k = min(k, len(flat) - 1)
     if k < 1:
         return np.zeros((len(flat), 0)), np.zeros((len(flat), 0), np.int64)
-    _, idx = knn(flat.astype(np.float32), flat.astype(np.float32), k, exclude_self=True)
+    points = flat.astype(np.float32)
+    selection = resolve_backends().knn  # the environment's (no run config here), once
+    _, idx = knn(points, points, k, exclude_self=True, selection=selection)
     idx = np.asarray(idx, np.int64)
     dist = np.empty(idx.shape)
     for s in range(0, len(flat), 64):  # float64 (64, k, D) at a time

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jdml.backends import Backends
+from jdml.backends import Backends, resolve_backends
 from jdml.errors import NonFiniteEmbeddingError
 from jdml.evaluation.kmeans import kmeans
 from jdml.evaluation.knn import DEFAULT_BLOCK_SIZE, DISTANCES, full_ranking_blocks, knn_blocks
@@ -96,7 +96,7 @@ def _retrieval_requirements(
     distance: str,
     block_size: int,
     mesh: Mesh | None = None,
-    backends: Backends | None = None,
+    backends: Backends,
 ) -> dict[str, Any]:
     """The retrieval part of the requirements, one block of queries at a time.
 
@@ -117,8 +117,7 @@ def _retrieval_requirements(
       block_size: queries per search block.
       mesh: the devices of the kNN search (:func:`jdml.evaluation.sharded.sharded_knn`), or
         None for the default device. The complete ranking runs on the default device.
-      backends: the kNN selection (None: the environment's; a sharded search selects on the
-        devices).
+      backends: the kNN selection (a sharded search selects on the devices).
 
     Returns:
       The keyword arguments ``query_values``, ``neighbour_labels`` and ``precision_sums`` of
@@ -130,7 +129,7 @@ def _retrieval_requirements(
     wanted = max((m.num_neighbours(class_sizes) for m in specs), default=0)
     num_neighbours = min(wanted, available)
     full_ranking = any(m.needs_full_ranking for m in specs)
-    selection = None if backends is None else backends.knn
+    selection = backends.knn
     if full_ranking:
         blocks = full_ranking_blocks(
             queries,
@@ -196,7 +195,7 @@ def _requirements(
     block_size: int,
     kmeans_init: str,
     mesh: Mesh | None = None,
-    backends: Backends | None = None,
+    backends: Backends,
 ) -> Requirements:
     """Computes each requirement of the metrics once.
 
@@ -216,7 +215,7 @@ def _requirements(
         :func:`jdml.evaluation.kmeans.kmeans`).
       mesh: the devices of the kNN search, the k-means and the SVD (``embeddings`` on the
         host; :mod:`jdml.evaluation.sharded`), or None for the default device.
-      backends: the kNN selection and the k-means assignment (None: the environment's).
+      backends: the kNN selection and the k-means assignment.
 
     Returns:
       The shared :class:`Requirements`.
@@ -228,12 +227,13 @@ def _requirements(
     # a mesh, each device normalises its own rows for the k-means and the SVD).
     if mesh is None:
         points = l2_normalize(embeddings) if cosine else embeddings
-        native = None if backends is None else backends.native_kmeans
-        cluster = functools.partial(kmeans, native=native)
+        cluster = functools.partial(kmeans, native=backends.native_kmeans)
         spectrum_of = singular_values
     else:
         points = None
-        cluster = functools.partial(sharded_kmeans, mesh=mesh, normalize=cosine)
+        cluster = functools.partial(
+            sharded_kmeans, mesh=mesh, normalize=cosine, native=backends.native_kmeans
+        )
         spectrum_of = functools.partial(sharded_singular_values, mesh=mesh, normalize=cosine)
     retrieval = _retrieval_requirements(
         specs,
@@ -295,7 +295,7 @@ def _gallery_requirements(
     distance: str,
     block_size: int,
     mesh: Mesh | None = None,
-    backends: Backends | None = None,
+    backends: Backends,
 ) -> Requirements:
     """The retrieval requirements of queries ranked against a separate gallery.
 
@@ -312,7 +312,7 @@ def _gallery_requirements(
       distance: "euclidean" or "cosine".
       block_size: queries per search block.
       mesh: the devices of the kNN search, or None for the default device.
-      backends: the kNN selection (None: the environment's).
+      backends: the kNN selection.
 
     Returns:
       :class:`Requirements` with ``leave_one_out=False``.
@@ -509,7 +509,8 @@ def evaluate_embeddings_with_vectors(
         under ``jax.distributed``); D for the first D.
       per_query: retrieval metrics of ``metrics`` whose per-query values are returned too.
       backends: the kNN selection and the k-means assignment (a run's
-        :class:`jdml.backends.Backends`); None: this process's environment's.
+        :class:`jdml.backends.Backends`); None: resolved here, once, from the environment
+        (:func:`jdml.backends.resolve_backends`).
 
     Returns:
       The :class:`EmbeddingEvaluation`: the scalar metrics, the vector-valued ones and the
@@ -522,6 +523,7 @@ def evaluate_embeddings_with_vectors(
     specs = resolve_metrics(metrics)
     _check_per_query(specs, per_query)
     mesh = None if devices == 1 else eval_mesh(devices)
+    backends = resolve_backends() if backends is None else backends
     on_host = mesh is not None
     embeddings, labels = _check_inputs(
         embeddings, labels, distance, 2 if gallery is None else 1, on_host
@@ -674,6 +676,7 @@ def evaluate_heads(
     """
     resolve_metrics(metrics)  # every name and combination is checked before any work
     rows = head_embeddings(embeddings, heads, combinations)
+    backends = resolve_backends() if backends is None else backends  # once for every row
     return {
         name: evaluate_embeddings(
             emb,

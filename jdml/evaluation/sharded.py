@@ -550,6 +550,7 @@ def sharded_kmeans(
     block_size: int | None = None,
     init: str = "k-means++",
     normalize: bool = False,
+    native: bool = False,
 ) -> KMeansResult:
     """:func:`jdml.evaluation.kmeans.kmeans` with the points split over the devices of ``mesh``.
 
@@ -564,6 +565,8 @@ def sharded_kmeans(
         a device).
       mesh: a 1-D mesh from :func:`eval_mesh`; None for every device.
       normalize: cluster the L2-normalised points (each device normalises its own rows).
+      native: the native assignment of the one-device reference k-means (a run's
+        :class:`jdml.backends.Backends`' ``kmeans``).
 
     Returns:
       A :class:`~jdml.evaluation.kmeans.KMeansResult` of numpy arrays on the host.
@@ -578,6 +581,7 @@ def sharded_kmeans(
             num_iters=num_iters,
             seed=REFERENCE_SEED if seed is None else seed,
             block_size=block_size,
+            native=native,
         )
         return KMeansResult(*(np.asarray(a) for a in result))
     mesh = eval_mesh() if mesh is None else mesh

@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from jdml.backends import Backends
+from jdml.backends import Backends, resolve_backends
 from jdml.data.arrays import ImageSet, QueryGallery
 from jdml.data.pipeline import eval_batches
 from jdml.evaluation import per_query as pq
@@ -122,7 +122,8 @@ def _options(
       cfg: the ``eval`` config section.
       seed: the run's seed.
       devices: ``parallel.eval_devices`` (1: the default device, 0: every device).
-      backends: the run's kNN selection and k-means assignment (None: the environment's).
+      backends: the run's kNN selection and k-means assignment (None: resolved here, once,
+        from the environment, :func:`jdml.backends.resolve_backends`).
 
     Returns:
       Keyword arguments of :func:`jdml.evaluation.embeddings.evaluate_embeddings`.
@@ -132,7 +133,7 @@ def _options(
         "seed": seed,
         "kmeans_init": cfg.kmeans,
         "devices": int(devices),
-        "backends": backends,
+        "backends": resolve_backends() if backends is None else backends,
     }
 
 
@@ -164,7 +165,8 @@ def evaluate_splits(
     (``parallel.eval_devices``): the devices of the evaluation, see
     :func:`jdml.evaluation.embeddings.evaluate_embeddings`. ``on_embeddings(split, data,
     embeddings)`` sees ``head``'s embeddings of each split in ``full`` (e.g. to draw them).
-    ``backends``: the kNN selection and the k-means assignment (the run's).
+    ``backends``: the kNN selection and the k-means assignment (the run's; None: resolved
+    once, from the environment).
 
     On the splits in ``full``, the per-query values of the metrics in ``eval.per_query`` of
     every evaluated head and combination, and the queries' classes, are among the split's

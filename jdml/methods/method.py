@@ -75,8 +75,8 @@ class Method:
       num_classes: number of training classes (sizes per-class loss parameters).
       bn_groups: row blocks of a batch normalised each with its own BatchNorm statistics (the
         devices of the data axis under per-device BatchNorm; ``jdml.placement.batch_norm_groups``).
-      backends: the convolutions the model runs (:class:`jdml.backends.Backends`); None: the
-        backbone reads ``$JDML_CONV`` when traced.
+      backends: the convolutions the model runs (:class:`jdml.backends.Backends`); None:
+        resolved once, by its :class:`jdml.embedder.Embedder`, from the config.
 
     Params tree: ``{"model", "loss" (main term), "aux_<term>" (metric terms' own loss params),
     "decorrelation" (the psi MLPs)}``, each an optimiser group with its own learning rate.

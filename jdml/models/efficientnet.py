@@ -76,7 +76,7 @@ class MBConv(nn.Module):
       depthwise_impl: the depthwise convolution's implementation (see
         :func:`jdml.nn.depthwise.depthwise_conv2d`; None: its backend-dependent default).
       native_conv: oneDNN's convolutions on CPU (a run's :class:`jdml.backends.Backends`
-        ``conv``); None: this process's ``$JDML_CONV``.
+        ``conv``); False: XLA's.
     """
 
     out_channels: int
@@ -86,7 +86,7 @@ class MBConv(nn.Module):
     train_bn: bool = False
     dtype: jnp.dtype = jnp.float32
     depthwise_impl: Impl | None = None
-    native_conv: bool | None = None
+    native_conv: bool = False
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -140,7 +140,7 @@ class EfficientNetLite0(nn.Module):
     dtype: jnp.dtype = jnp.float32
     depthwise_impl: Impl | None = None
     frozen_stages: int = NOT_FROZEN
-    native_conv: bool | None = None
+    native_conv: bool = False
 
     #: Submodule names per stage, the stem first.
     STAGE_MODULES: ClassVar[tuple[tuple[str, ...], ...]] = _stage_modules()

@@ -96,7 +96,7 @@ def build_model(
     *,
     train: bool,
     heads: Mapping[str, int] | None = None,
-    native_conv: bool | None = None,
+    native_conv: bool = False,
 ) -> EmbeddingModel:
     """Builds the embedding model described by the ``model`` config section.
 
@@ -105,11 +105,10 @@ def build_model(
       train: batch statistics in train mode (unless ``model.frozen_bn``).
       heads: head name -> dimension (default: the one head ``model.head``, ``model.embed_dim``).
       native_conv: the convolutions of a backbone with a ``native_conv`` field (oneDNN's on
-        CPU or XLA's; a run's :class:`jdml.backends.Backends` ``conv``); None: the backbone
-        reads ``$JDML_CONV`` when traced.
+        CPU or XLA's; a run's :class:`jdml.backends.Backends` ``conv``); False: XLA's.
     """
     backbone = BACKBONES.get(cfg.backbone)(cfg, train=train)
-    if native_conv is not None and "native_conv" in getattr(backbone, "__dataclass_fields__", {}):
+    if "native_conv" in getattr(backbone, "__dataclass_fields__", {}):
         backbone = backbone.clone(native_conv=native_conv)
     heads = dict(heads) if heads is not None else {cfg.head: cfg.embed_dim}
     return EmbeddingModel(

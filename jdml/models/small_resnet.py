@@ -50,14 +50,14 @@ class BasicBlock(nn.Module):
       strides: stride of the first convolution (and of the projection shortcut).
       train_bn: whether BatchNorm uses and updates batch statistics (training mode).
       dtype: computation dtype.
-      native_conv: oneDNN's convolutions on CPU (None: this process's ``$JDML_CONV``).
+      native_conv: oneDNN's convolutions on CPU (False: XLA's).
     """
 
     features: int
     strides: int = 1
     train_bn: bool = True
     dtype: jnp.dtype = jnp.float32
-    native_conv: bool | None = None
+    native_conv: bool = False
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -111,7 +111,7 @@ class SmallResNet(nn.Module):
       pooling: ``"avg"`` or ``"avg+max"`` (the sum of global average and max pooling).
       dtype: computation dtype (params stay float32).
       native_conv: oneDNN's convolutions on CPU (a run's :class:`jdml.backends.Backends`
-        ``conv``); None: this process's ``$JDML_CONV``.
+        ``conv``); False: XLA's.
 
     Returns from ``__call__``: pooled features (B, stage_features[-1]).
     """
@@ -124,7 +124,7 @@ class SmallResNet(nn.Module):
     train_bn: bool = True
     pooling: str = "avg"
     dtype: jnp.dtype = jnp.float32
-    native_conv: bool | None = None
+    native_conv: bool = False
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:

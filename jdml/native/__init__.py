@@ -12,8 +12,9 @@ The modules, and the only places in ``jdml`` that name ``jax.ffi`` or ``ctypes``
 * :mod:`jdml.native.build`: compiles the sources on first use into a cached shared library,
   loads it and registers its FFI targets;
 * :mod:`jdml.native.switches`: ``$JDML_CONV``, ``$JDML_KMEANS``, ``$JDML_KNN``
-  (``auto|xla|onednn``), whether the native kernels of a switch run, and the one warning of a
-  fallback;
+  (``auto|xla|onednn``, the defaults of a config's ``backends`` section, read once by
+  :func:`jdml.backends.resolve_backends`), whether the native kernels of a switch run, and the
+  one warning of a fallback;
 * :mod:`jdml.native.conv`: the oneDNN convolutions and matrix products (``jdml.nn``);
 * :mod:`jdml.native.knn`: the nearest-neighbour search (``jdml.evaluation.knn``);
 * :mod:`jdml.native.kmeans`: k-means' passes over the points (``jdml.evaluation.kmeans``).

@@ -6,16 +6,17 @@
 * ``xla``: always XLA's ops (the pure-XLA path, the same on every backend);
 * ``onednn``: the native kernels, and an error if the library cannot be built.
 
-Other backends than CPU always take XLA's ops.
+Other backends than CPU always take XLA's ops. The variables are the process-wide defaults of a
+config's ``backends`` section; :func:`jdml.backends.resolve_backends` alone reads them, once,
+and passes the result down (no primitive reads the environment).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import jax
 
@@ -33,6 +34,12 @@ FALLBACKS = {
     KNN_ENV: "CPU nearest-neighbour search falls back to XLA's top-k and numpy's selection",
 }
 INSTALL_HINT = "install a C++ compiler and oneDNN (Debian: apt-get install g++ libdnnl-dev)"
+# The config value that silences each switch's fallback warning.
+SILENCE = {
+    ENV: "backends.conv=xla",
+    KMEANS_ENV: "backends.kmeans=xla",
+    KNN_ENV: "backends.knn=host",
+}
 
 
 def conv_mode(env: str = ENV, environ: Mapping[str, str] | None = None) -> str:
@@ -43,22 +50,6 @@ def conv_mode(env: str = ENV, environ: Mapping[str, str] | None = None) -> str:
     if mode not in MODES:
         raise ConfigError(f"{env}={mode!r} is not one of {', '.join(MODES)}: set {env}=auto")
     return mode
-
-
-@contextlib.contextmanager
-def xla_convolutions() -> Iterator[None]:
-    """Functions traced inside use XLA's convolutions: for programs that leave this process
-    (``jax.export`` refuses custom calls, and another machine may lack the library). jit caches
-    traces per function, so trace a function created inside."""
-    before = os.environ.get(ENV)
-    os.environ[ENV] = "xla"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[ENV]
-        else:
-            os.environ[ENV] = before
 
 
 @functools.cache
@@ -77,16 +68,29 @@ def onednn_enabled(
     """Whether the native kernels of switch ``env`` run: CPU convolutions (``$JDML_CONV``, the
     default), the k-means assignment (``$JDML_KMEANS``) or the kNN selection (``$JDML_KNN``);
     the switch's mode (in ``environ``, default ``os.environ``), the backend (``platform``,
-    default ``jax.default_backend()``) and whether the library builds decide. A run asks once,
-    through :func:`jdml.backends.resolve_backends`."""
-    mode = conv_mode(env, environ)
+    default ``jax.default_backend()``) and whether the library builds decide. Only
+    :func:`jdml.backends.resolve_backends` asks, once per run."""
+    return mode_enabled(conv_mode(env, environ), env, platform)
+
+
+def mode_enabled(
+    mode: str, env: str = ENV, platform: str | None = None, setting: str | None = None
+) -> bool:
+    """Whether the native kernels of switch ``env`` run in ``mode`` (one of :data:`MODES`) on
+    ``platform`` (default ``jax.default_backend()``); ``setting``: what chose the mode, named in
+    the error (default the variable ``env``).
+
+    Raises:
+      ConfigError: ``mode`` is onednn on the CPU backend and the library cannot be built.
+    """
     if mode == "xla" or (platform or jax.default_backend()) != "cpu":
         return False
     reason = _unavailable()
     if reason is None:
         return True
     if mode == "onednn":
-        raise ConfigError(f"{env}=onednn but {reason}: {INSTALL_HINT}, or set {env}=auto")
+        where = setting or env
+        raise ConfigError(f"{where}=onednn but {reason}: {INSTALL_HINT}, or set {where}=auto")
     _warn_once(env, reason)
     return False
 
@@ -95,7 +99,8 @@ def onednn_enabled(
 def _warn_once(env: str, reason: str) -> None:
     """The fallback's warning of switch ``env``, once per process and reason."""
     warnings.warn(
-        f"{FALLBACKS[env]} ({reason}); {INSTALL_HINT}, or set {env}=xla to silence this",
+        f"{FALLBACKS[env]} ({reason}); {INSTALL_HINT}, or set --config.{SILENCE[env]} (or "
+        f"{env}=xla) to silence this",
         RuntimeWarning,
         stacklevel=3,
     )

@@ -3,7 +3,8 @@ batch pieces on CPU).
 
 On the CPU backend, float32 convolutions with a kernel larger than 1x1 and at least
 ``ONEDNN_MIN_CHANNELS`` input channels run oneDNN's forward, input-gradient and kernel-gradient
-primitives as XLA FFI custom calls (``jdml.native``; ``$JDML_CONV=xla`` turns this off). On
+primitives as XLA FFI custom calls (``jdml.native``) when asked (``native``, a run's
+:class:`jdml.backends.Backends` ``conv``; XLA's convolution when not). On
 the glyph network's layers, forward and backward, they are 1.2-1.8x faster than XLA's
 convolutions, and equal to them up to float32 summation order. Under a mesh that splits the
 batch over several CPU devices, XLA gathers a custom call's inputs and runs it on the whole
@@ -40,7 +41,6 @@ import jax
 import jax.numpy as jnp
 
 from jdml.native import conv as native_conv
-from jdml.native.switches import onednn_enabled
 from jdml.nn.padding import same_padding
 from jdml.nn.pointwise import pointwise_conv
 
@@ -146,9 +146,7 @@ def _onednn_bwd(
 onednn_conv.defvjp(_onednn_fwd, _onednn_bwd)
 
 
-def conv2d(
-    x: jax.Array, kernel: jax.Array, stride: int = 1, native: bool | None = None
-) -> jax.Array:
+def conv2d(x: jax.Array, kernel: jax.Array, stride: int = 1, native: bool = False) -> jax.Array:
     """SAME, bias-free 2-D convolution of NHWC ``x`` with an HWIO ``kernel``.
 
     The values are XLA's convolution's; see the module docstring for how the gradients are
@@ -158,19 +156,15 @@ def conv2d(
       x: (B, H, W, C_in) input.
       kernel: (k, k, C_in, C_out) kernel.
       stride: stride in both directions.
-      native: oneDNN's kernels where they apply (a run's :class:`jdml.backends.Backends`
-        ``conv``); None: this process's ``$JDML_CONV`` on the CPU backend.
+      native: oneDNN's kernels where they apply, on the CPU backend only (a run's
+        :class:`jdml.backends.Backends` ``conv``); False: XLA's convolution.
 
     Returns:
       (B, ceil(H / stride), ceil(W / stride), C_out) output.
     """
     if kernel.shape[0] == kernel.shape[1] == 1:
         return pointwise_conv(x, kernel, stride, native)
-    if (
-        x.shape[-1] >= ONEDNN_MIN_CHANNELS
-        and x.dtype == kernel.dtype == jnp.float32
-        and (onednn_enabled() if native is None else native)
-    ):
+    if x.shape[-1] >= ONEDNN_MIN_CHANNELS and x.dtype == kernel.dtype == jnp.float32 and native:
         return onednn_conv(x, kernel, stride)
     out_positions = -(-x.shape[1] // stride) * -(-x.shape[2] // stride)
     pieces = kernel_grad_pieces(x.shape[0], out_positions)
@@ -196,7 +190,7 @@ class Conv(nn.Module):
     strides: int = 1
     dtype: jnp.dtype = jnp.float32
     kernel_init: Callable = nn.linear.default_kernel_init
-    native: bool | None = None
+    native: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:

@@ -35,7 +35,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jdml.native.switches import onednn_enabled
 from jdml.nn.conv import onednn_conv
 from jdml.nn.padding import same_padding
 
@@ -129,13 +128,12 @@ def _shifted_bwd(stride, residuals, g):
 _shifted.defvjp(_shifted_fwd, _shifted_bwd)
 
 
-def _auto(x: jnp.ndarray, kernel: jnp.ndarray, native: bool | None = None) -> str:
+def _auto(x: jnp.ndarray, kernel: jnp.ndarray, native: bool = False) -> str:
     """The implementation ``"auto"`` stands for (decided when a function is traced): XLA's off
-    the CPU backend; on it oneDNN's for float32 with ``native`` (None: where ``$JDML_CONV``
-    allows it and the native library builds), else the shifted sum."""
+    the CPU backend; on it oneDNN's for float32 with ``native``, else the shifted sum."""
     if jax.default_backend() != "cpu":
         return "xla"
-    if x.dtype == kernel.dtype == jnp.float32 and (onednn_enabled() if native is None else native):
+    if x.dtype == kernel.dtype == jnp.float32 and native:
         return "onednn"
     return "shifted"
 
@@ -145,7 +143,7 @@ def depthwise_conv2d(
     kernel: jnp.ndarray,
     stride: int = 1,
     impl: Impl | None = None,
-    native: bool | None = None,
+    native: bool = False,
 ) -> jnp.ndarray:
     """Depthwise convolution with TensorFlow "SAME" padding.
 
@@ -162,7 +160,7 @@ def depthwise_conv2d(
         hand-written shifted-sum backward), ``"shifted_autodiff"`` (the shifted sum,
         differentiated by JAX) or ``"auto"`` (None: "auto").
       native: for "auto", oneDNN's on CPU (a run's :class:`jdml.backends.Backends` ``conv``);
-        None: this process's ``$JDML_CONV``.
+        False: the shifted sum there.
 
     Returns:
       (B, ceil(H / stride), ceil(W / stride), C).
@@ -210,7 +208,7 @@ class DepthwiseConv(nn.Module):
     stride: int = 1
     dtype: jnp.dtype = jnp.float32
     impl: Impl | None = None
-    native: bool | None = None
+    native: bool = False
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:

@@ -16,11 +16,12 @@ subdim_size_accumulator == dim_size (64 vs. 16)``): it fused the strided slice o
 tiling analysis could not follow the stride. The convolution form is what XLA compiles for
 every ResNet-50 layer without trouble.
 
-On the CPU backend, where the native library builds (``jdml.native``; ``$JDML_CONV=xla``
-turns it off), float32 products run oneDNN's sgemm instead of XLA's dot, as the custom call
-``jdml_dnnl_matmul`` (forward pass and both gradients), the same values up to float32
-summation order: on Lite0's 32 1x1 layers at 64 px, batch 112, forward + backward took 158 ms
-against 170 for XLA's dot, and the whole train step gained 4-5% images/s.
+On the CPU backend, when asked (``native``: a run's :class:`jdml.backends.Backends` ``conv``,
+where the native library builds, see ``jdml.native``), float32 products run oneDNN's sgemm
+instead of XLA's dot, as the custom call ``jdml_dnnl_matmul`` (forward pass and both
+gradients), the same values up to float32 summation order: on Lite0's 32 1x1 layers at 64 px,
+batch 112, forward + backward took 158 ms against 170 for XLA's dot, and the whole train step
+gained 4-5% images/s.
 
 ``PointwiseConv`` has ``nn.Conv``'s parameter (``kernel`` of shape (1, 1, C_in, C_out), the same
 initialiser), so weights converted for ``nn.Conv`` load unchanged and a random init is the same.
@@ -36,7 +37,6 @@ import jax
 import jax.numpy as jnp
 
 from jdml.native import conv as native_conv
-from jdml.native.switches import onednn_enabled
 
 Form = Literal["auto", "matmul", "conv"]
 FORMS: tuple[Form, ...] = ("auto", "matmul", "conv")
@@ -82,14 +82,14 @@ def pointwise_conv(
     x: jax.Array,
     kernel: jax.Array,
     stride: int = 1,
-    native: bool | None = None,
+    native: bool = False,
     form: Form = "auto",
 ) -> jax.Array:
     """The SAME 1x1 convolution of NHWC ``x`` with ``kernel`` (1, 1, C_in, C_out) and ``stride``:
     ``x[:, ::stride, ::stride] @ kernel`` over the channel axis (see the module docstring for
     the form it takes on each backend: ``form``, "auto" resolved by :func:`pointwise_form`).
     ``native``: oneDNN's matrix product for float32 on CPU (a run's
-    :class:`jdml.backends.Backends` ``conv``); None: this process's ``$JDML_CONV``.
+    :class:`jdml.backends.Backends` ``conv``); False: XLA's dot.
 
     Returns:
       (B, ceil(H / stride), ceil(W / stride), C_out).
@@ -102,10 +102,8 @@ def pointwise_conv(
         x = x[:, ::stride, ::stride, :]
     k = kernel.reshape(kernel.shape[-2], kernel.shape[-1])
     rows = x.reshape(-1, x.shape[-1])
-    if rows.dtype == k.dtype == jnp.float32 and (onednn_enabled() if native is None else native):
-        y = onednn_matmul(rows, k)
-    else:
-        y = rows @ k
+    native = native and rows.dtype == k.dtype == jnp.float32
+    y = onednn_matmul(rows, k) if native else rows @ k
     return y.reshape(*x.shape[:-1], k.shape[-1])
 
 
@@ -122,7 +120,7 @@ class PointwiseConv(nn.Module):
     features: int
     dtype: jnp.dtype = jnp.float32
     kernel_init: Callable = nn.linear.default_kernel_init
-    native: bool | None = None
+    native: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:

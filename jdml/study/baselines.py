@@ -64,11 +64,13 @@ def pooled_features(config: Any, images: np.ndarray, batch: int = 256) -> np.nda
     of ``model.pretrained``, normalised as the config's runs normalise their input."""
     import jax
 
+    from jdml.backends import resolve_backends
     from jdml.embedder import input_normalization
     from jdml.models.embedding import build_model
     from jdml.models.pretrained.backbones import load_backbone
 
-    model = build_model(config.model, train=False)
+    native_conv = resolve_backends(config.get("backends")).native_conv
+    model = build_model(config.model, train=False, native_conv=native_conv)
     mean, std = input_normalization(config)
     variables = model.init(jax.random.PRNGKey(0), (images[:1] - mean) / std)
     variables = load_backbone(config.model.backbone, config.model.pretrained)(variables)

@@ -14,7 +14,7 @@ from jdml.errors import UnknownMetricError
 from jdml.evaluation import embeddings as evaluator
 from jdml.evaluation.embeddings import check_metric_names, evaluate_embeddings
 from jdml.evaluation.kmeans import assignment, kmeans
-from jdml.evaluation.knn import blocks, host, knn, knn_blocks, largest_k, search, sortable_key, xla
+from jdml.evaluation.knn import blocks, host, knn, knn_blocks, largest_k, sortable_key, xla
 from jdml.evaluation.metrics import METRICS, Metric, Requirements, get_metric
 from jdml.evaluation.table import format_table
 
@@ -133,14 +133,16 @@ def test_knn_matches_brute_force_exclude_self(
 
 def test_knn_separate_queries(selection: str, points: np.ndarray) -> None:
     queries, references = points[:19], points[19:]
-    dist, idx = knn(queries, references, 7, exclude_self=False, block_size=8, chunk_size=16)
+    options = {"block_size": 8, "chunk_size": 16, "selection": selection}
+    dist, idx = knn(queries, references, 7, exclude_self=False, **options)
     ref_dist, ref_idx = brute_force_knn(queries, references, 7, False, "euclidean")
     np.testing.assert_array_equal(np.asarray(idx), ref_idx)
     np.testing.assert_allclose(np.asarray(dist), ref_dist, atol=1e-5)
 
 
 def test_knn_cosine(selection: str, points: np.ndarray) -> None:
-    dist, idx = knn(points, points, 6, exclude_self=True, distance="cosine", block_size=16)
+    options = {"distance": "cosine", "block_size": 16, "selection": selection}
+    dist, idx = knn(points, points, 6, exclude_self=True, **options)
     ref_dist, ref_idx = brute_force_knn(points, points, 6, True, "cosine")
     np.testing.assert_array_equal(np.asarray(idx), ref_idx)
     np.testing.assert_allclose(np.asarray(dist), ref_dist, atol=1e-5)
@@ -150,7 +152,7 @@ def test_knn_excludes_self_by_index_with_duplicates(selection: str, points: np.n
     x = points[:20].copy()
     x[7] = x[3]
     x[12] = x[3]  # 3, 7, 12 coincide: for query 12, naive order puts 3 (not 12) first
-    dist, idx = knn(x, x, 4, exclude_self=True, block_size=8, chunk_size=16)
+    dist, idx = knn(x, x, 4, exclude_self=True, block_size=8, chunk_size=16, selection=selection)
     dist, idx = np.asarray(dist), np.asarray(idx)
     assert not np.any(idx == np.arange(20)[:, None])
     np.testing.assert_array_equal(idx[3, :2], [7, 12])
@@ -174,7 +176,7 @@ def test_knn_ties_lower_index_first(selection: str, chunk_size: int, grid: int) 
     distance 1 behind a few exact duplicates.
     """
     x = np.random.default_rng(2).integers(0, grid, (1000, 2)).astype(np.float32)
-    dist, idx = knn(x, x, 3, exclude_self=True, chunk_size=chunk_size)
+    dist, idx = knn(x, x, 3, exclude_self=True, chunk_size=chunk_size, selection=selection)
     ref_dist, ref_idx = brute_force_knn(x, x, 3, True, "euclidean")
     np.testing.assert_array_equal(np.asarray(idx), ref_idx)
     np.testing.assert_allclose(np.asarray(dist), ref_dist, atol=1e-6)
@@ -186,10 +188,9 @@ def test_host_selection_over_memory_capped_blocks_and_row_pieces(
 ) -> None:
     """Blocks capped by HOST_BLOCK_BYTES (5 queries, the last one padded) and rows split into
     pieces of 2 over the threads give the brute-force neighbours."""
-    monkeypatch.setattr(search, "default_selection", lambda: "host")
     monkeypatch.setattr(host, "HOST_BLOCK_BYTES", 4 * len(points) * 5)
     monkeypatch.setattr(host, "HOST_PIECE_ELEMENTS", 2 * len(points))
-    dist, idx = knn(points, points, 9, exclude_self=exclude_self)
+    dist, idx = knn(points, points, 9, exclude_self=exclude_self, selection="host")
     ref_dist, ref_idx = brute_force_knn(points, points, 9, exclude_self, "euclidean")
     np.testing.assert_array_equal(np.asarray(idx), ref_idx)
     # Without exclusion each query finds itself at 0, which the Gram expansion gives only to
@@ -206,7 +207,7 @@ def test_query_blocks_grow_while_they_hold_few_scores(
     assert blocks.query_block(50_000, 20_000, 512) == 512
     assert blocks.query_block(50_000, 2_000, 512) == 2**22 // 2_000
     monkeypatch.setattr(blocks, "BLOCK_SCORES", 6 * len(points))  # 6 queries per block
-    dist, idx = knn(points, points, 4, exclude_self=True, block_size=2)
+    dist, idx = knn(points, points, 4, exclude_self=True, block_size=2, selection=selection)
     ref_dist, ref_idx = brute_force_knn(points, points, 4, True, "euclidean")
     np.testing.assert_array_equal(np.asarray(idx), ref_idx)
     np.testing.assert_allclose(np.asarray(dist), ref_dist, atol=1e-5)

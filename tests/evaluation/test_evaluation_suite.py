@@ -10,12 +10,14 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+import jax
 import numpy as np
 import pytest
 from scipy.spatial.distance import cdist
 from sklearn.decomposition import TruncatedSVD
 from sklearn.metrics import average_precision_score
 
+from jdml.backends import Backends
 from jdml.errors import UnknownMetricError
 from jdml.evaluation import embeddings as evaluator
 from jdml.evaluation.embeddings import (
@@ -267,11 +269,12 @@ def test_ties_follow_distance_then_index(selection: str, block_size: int) -> Non
     rng = np.random.default_rng(3)
     x = rng.integers(0, 4, (60, 2)).astype(np.float32)
     labels = rng.integers(0, 6, 60)
-    got = evaluate_embeddings(x, labels, RETRIEVAL, block_size=block_size)
+    backends = Backends(jax.default_backend(), "xla", selection, "xla")
+    got = evaluate_embeddings(x, labels, RETRIEVAL, block_size=block_size, backends=backends)
     assert got == pytest.approx(brute_force_retrieval(x, labels, "euclidean"), abs=1e-12)
-    ranking = knn_full_ranking(x, labels, 10, block_size=block_size)
+    ranking = knn_full_ranking(x, labels, 10, block_size=block_size, selection=selection)
     np.testing.assert_array_equal(ranking.indices, rankings(x, "euclidean")[:, :10])
-    _, plain = knn(x, x, 10, exclude_self=True)
+    _, plain = knn(x, x, 10, exclude_self=True, selection=selection)
     np.testing.assert_array_equal(ranking.indices, np.asarray(plain))
 
 
@@ -296,9 +299,9 @@ def test_full_ranking_blocks_and_classes_larger_than_blocks(selection: str) -> N
     rng = np.random.default_rng(4)
     x = rng.standard_normal((90, 5)).astype(np.float32)
     labels = np.where(np.arange(90) < 50, 0, rng.integers(1, 9, 90))
-    reference = knn_full_ranking(x, labels, 3, block_size=1000)
+    reference = knn_full_ranking(x, labels, 3, block_size=1000, selection=selection)
     for block_size in (1, 13, 32):
-        other = knn_full_ranking(x, labels, 3, block_size=block_size)
+        other = knn_full_ranking(x, labels, 3, block_size=block_size, selection=selection)
         np.testing.assert_allclose(other.precision_sums, reference.precision_sums, rtol=1e-12)
         np.testing.assert_array_equal(other.indices, reference.indices)
     rel = relevance(x, labels, "euclidean")

@@ -1,7 +1,8 @@
 """The native k-means assignment (jdml/native/kmeans.cc) equals XLA's: the same nearest
 centroids (ties to the lower index, across vector lanes and centroid tiles), the same distances
 up to the rounding of the dot products, NaN rows as XLA treats them, and every k-means mode
-gives the same result with either ($JDML_KMEANS=onednn against =xla)."""
+gives the same result with either (``native=True``, a run's ``backends.kmeans=onednn``, against
+``native=False``)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jdml.backends import resolve_backends
 from jdml.errors import ConfigError
 from jdml.evaluation import kmeans as km
 from jdml.evaluation.kmeans import assignment, lloyd, reference
-from jdml.native import build, switches
+from jdml.native import build
 from jdml.native import kmeans as native_kmeans
 from tests.helpers import sgemm_tiles_round_alike
 
@@ -157,26 +159,25 @@ def test_a_nan_point_is_assigned_out_of_range_as_in_xla() -> None:
 
 @pytest.mark.smoke
 @pytest.mark.parametrize("init", km.KMEANS_MODES)
-def test_every_mode_is_the_same_with_the_native_assignment(
-    monkeypatch: pytest.MonkeyPatch, init: str
-) -> None:
+def test_every_mode_is_the_same_with_the_native_assignment(init: str) -> None:
     rng = np.random.default_rng(3)
     centres = rng.normal(size=(8, 16)) * 3
     x = (centres[np.arange(600) % 8] + rng.normal(size=(600, 16))).astype(np.float32)
     results = {}
     for mode in ("xla", "onednn"):
-        monkeypatch.setenv(switches.KMEANS_ENV, mode)
-        assert assignment.native_enabled() == (mode == "onednn")
-        results[mode] = km.kmeans(x, 8, seed=None if init == "reference" else 0, init=init)
+        seed = None if init == "reference" else 0
+        results[mode] = km.kmeans(x, 8, seed=seed, init=init, native=mode == "onednn")
     np.testing.assert_array_equal(results["onednn"].assignments, results["xla"].assignments)
     np.testing.assert_allclose(results["onednn"].centroids, results["xla"].centroids, atol=1e-6)
     np.testing.assert_allclose(results["onednn"].inertia, results["xla"].inertia, rtol=1e-5)
 
 
 def test_an_unknown_switch_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(switches.KMEANS_ENV, "fast")
+    """The variable is read where the backends are resolved (once per run), not by k-means."""
+    monkeypatch.setenv("JDML_KMEANS", "fast")
     with pytest.raises(ConfigError, match=r"JDML_KMEANS='fast' is not one of .*JDML_KMEANS=auto"):
-        km.kmeans(np.zeros((4, 2), np.float32), 2)
+        resolve_backends()
+    km.kmeans(np.zeros((4, 2), np.float32), 2)  # not asked: XLA's, the variable unread
 
 
 def numpy_lloyd(x: np.ndarray, centroids: np.ndarray, iters: int) -> np.ndarray:
@@ -417,7 +418,8 @@ def test_kmeans_above_64_clusters_is_the_same_without_bounds(
     rng = np.random.default_rng(11)
     centres = rng.normal(size=(100, 12)) * 3
     x = (centres[np.arange(2000) % 100] + rng.normal(size=(2000, 12))).astype(np.float32)
-    bounded = km.kmeans(x, 100, seed=None if init == "reference" else 0, init=init)
+    seed = None if init == "reference" else 0
+    bounded = km.kmeans(x, 100, seed=seed, init=init, native=True)
 
     def full(points, norms, centroids, bounds):
         nearest, _ = native_kmeans.assign(points, norms, centroids)
@@ -427,7 +429,7 @@ def test_kmeans_above_64_clusters_is_the_same_without_bounds(
     lloyd.jitted_kmeans.clear_cache()
     reference._reference_updates.clear_cache()
     try:
-        plain = km.kmeans(x, 100, seed=None if init == "reference" else 0, init=init)
+        plain = km.kmeans(x, 100, seed=seed, init=init, native=True)
     finally:
         monkeypatch.undo()
         lloyd.jitted_kmeans.clear_cache()
@@ -502,18 +504,18 @@ def test_host_arrays_take_the_direct_call_with_the_jitted_result(
     monkeypatch.setattr(
         native_kmeans, "call_host", lambda name, *a: called.append(name) or call_host(name, *a)
     )
-    want = km.kmeans(jnp.asarray(x), k, seed=seed, init=init)
+    want = km.kmeans(jnp.asarray(x), k, seed=seed, init=init, native=True)
     assert isinstance(want.assignments, jax.Array) and not called
     for points in (x, unaligned(x), x.astype(np.float64), np.repeat(x, 2, axis=1)[:, ::2]):
         called.clear()
-        got = km.kmeans(points, k, seed=seed, init=init)
+        got = km.kmeans(points, k, seed=seed, init=init, native=True)
         assert called and all(name.startswith("jdml_kmeans_") for name in called)
         assert all(isinstance(v, np.ndarray | np.generic) for v in got), type(got.assignments)
         np.testing.assert_array_equal(got.assignments, np.asarray(want.assignments))
         np.testing.assert_array_equal(got.centroids, np.asarray(want.centroids))
         assert np.float32(got.inertia) == np.float32(want.inertia)
     if n == k:
-        assert not np.shares_memory(km.kmeans(x, k, init=init).centroids, x)
+        assert not np.shares_memory(km.kmeans(x, k, init=init, native=True).centroids, x)
 
 
 @pytest.mark.parametrize("init", ["random", "reference"])
@@ -525,8 +527,9 @@ def test_direct_call_leaves_nan_points_out_as_the_jitted_call(init: str) -> None
     rng = np.random.default_rng(8)
     x = (rng.normal(size=(4, 6))[np.arange(900) % 4] + rng.normal(size=(900, 6))).astype(np.float32)
     x[-1, 2] = np.nan  # not among the initial centroids of either mode
-    got = km.kmeans(x, 4, seed=None if init == "reference" else 0, init=init)
-    want = km.kmeans(jnp.asarray(x), 4, seed=None if init == "reference" else 0, init=init)
+    seed = None if init == "reference" else 0
+    got = km.kmeans(x, 4, seed=seed, init=init, native=True)
+    want = km.kmeans(jnp.asarray(x), 4, seed=seed, init=init, native=True)
     np.testing.assert_array_equal(got.assignments, np.asarray(want.assignments))
     np.testing.assert_array_equal(got.centroids, np.asarray(want.centroids))
     assert got.assignments[-1] == 4 and np.isnan(got.inertia) and np.isnan(want.inertia)
@@ -550,9 +553,9 @@ def test_direct_reference_splits_empty_clusters_as_the_jitted_call(
     monkeypatch.setattr(
         native_kmeans, "reference_lloyd_host", lambda *a: called.append(a[2]) or direct(*a)
     )
-    got = km.kmeans(x, 12, init="reference")
+    got = km.kmeans(x, 12, init="reference", native=True)
     assert len(called) >= 2 and called[0] == km.DEFAULT_NUM_ITERS  # a split came between
-    want = km.kmeans(jnp.asarray(x), 12, init="reference")
+    want = km.kmeans(jnp.asarray(x), 12, init="reference", native=True)
     np.testing.assert_array_equal(got.assignments, np.asarray(want.assignments))
     np.testing.assert_array_equal(got.centroids, np.asarray(want.centroids))
     assert len(np.unique(got.assignments)) == 12

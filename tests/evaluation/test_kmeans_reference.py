@@ -17,6 +17,7 @@ import pytest
 from sklearn.metrics import normalized_mutual_info_score
 from sklearn.metrics.cluster import pair_confusion_matrix
 
+from jdml.backends import resolve_backends
 from jdml.config import validate
 from jdml.data.arrays import ImageArrays
 from jdml.errors import ConfigError
@@ -427,8 +428,9 @@ def test_config_kmeans_reaches_the_evaluator(
         seed=7,
     ).metrics
     # The reference k-means always runs with faiss's seed 1234 (None: the mode's default).
-    # No backends given: the assignment is the environment's (native=None).
-    want = {"native": None, "seed": None if mode == "reference" else 7, "init": mode}
+    # No backends given: resolved once, at the entry, from the environment.
+    native = resolve_backends().native_kmeans
+    want = {"native": native, "seed": None if mode == "reference" else 7, "init": mode}
     assert calls == [want]
     direct = evaluate_embeddings(x, data.labels, config.eval.metrics, seed=7, kmeans_init=mode)
     assert scalars["test"] == pytest.approx(direct, abs=1e-12)

@@ -1,9 +1,10 @@
 """The native kNN kernels (jdml/native/knn.cc): ``jdml_knn_top`` selects what an explicit
 sort of every score selects, ties to the lower index (within a vector of compares, across
 reference tiles, across buffer cuts and across threads), and ``jdml_order_rows`` orders rows as
-a lexicographic sort does; ``$JDML_KNN`` chooses the selection; NumPy arrays searched directly
-(``jdml_knn_search_host``) give the jitted search's results: bit for bit where oneDNN's sgemm
-rounds a product alike in every tile shape (AVX-512), up to float32 rounding elsewhere."""
+a lexicographic sort does; ``selection="native"`` (a run's ``backends.knn``) chooses the
+kernel; NumPy arrays searched directly (``jdml_knn_search_host``) give the jitted search's
+results: bit for bit where oneDNN's sgemm rounds a product alike in every tile shape (AVX-512),
+up to float32 rounding elsewhere."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jdml.backends import resolve_backends
 from jdml.errors import ConfigError
 from jdml.evaluation.knn import blocks, knn, search
 from jdml.native import build, switches
@@ -208,9 +210,7 @@ def assert_same_search(
 
 
 @pytest.mark.parametrize("exclude_self", [True, False])
-def test_knn_with_the_native_selection_equals_the_others(
-    monkeypatch: pytest.MonkeyPatch, exclude_self: bool
-) -> None:
+def test_knn_with_the_native_selection_equals_the_others(exclude_self: bool) -> None:
     """The three selections give the same neighbours at k = 300 of 2,000, where rounding maps
     many different scores to one distance and the rows need ordering (host and XLA: exactly
     the same; native: up to swaps of references at the same distance up to rounding)."""
@@ -218,13 +218,11 @@ def test_knn_with_the_native_selection_equals_the_others(
     on_device = jnp.asarray(x)  # NumPy arrays would take the direct search (compared below)
     results = {}
     for selection in ("native", "host", "xla"):
-        monkeypatch.setattr(search, "default_selection", lambda s=selection: s)
-        found = knn(on_device, on_device, 300, exclude_self=exclude_self)
+        found = knn(on_device, on_device, 300, exclude_self=exclude_self, selection=selection)
         results[selection] = [np.asarray(a) for a in found]
     np.testing.assert_array_equal(results["host"][1], results["xla"][1])
     assert_equal_up_to_rounding_ties(x, x, results["native"], results["xla"])
-    monkeypatch.setattr(search, "default_selection", lambda: "native")
-    direct = knn(x, x, 300, exclude_self=exclude_self)
+    direct = knn(x, x, 300, exclude_self=exclude_self, selection="native")
     assert_same_search(x, x, direct, results["native"])
 
 
@@ -236,17 +234,17 @@ def test_the_native_search_is_the_same_in_one_block_or_several(
     """Blocks of 64 queries (the biases from ``jdml_knn_bias``, the query offsets for the own
     index) give the neighbours and distances of one block (the biases computed inside
     ``jdml_knn_search``), bit for bit where sgemm rounds alike in every tile."""
-    monkeypatch.setattr(search, "default_selection", lambda: "native")
+    native_knn = functools.partial(knn, selection="native")
     rng = np.random.default_rng(7)
     x = rng.standard_normal((700, 24)).astype(np.float32)
     x[5] = x[600]  # an exact duplicate: kept as a neighbour at distance 0, ranked by index
     on_device = jnp.asarray(x)  # NumPy arrays would take the direct search, in one call
     options = {"exclude_self": exclude_self, "distance": distance}
-    one = [np.asarray(a) for a in knn(on_device, on_device, 9, **options)]
+    one = [np.asarray(a) for a in native_knn(on_device, on_device, 9, **options)]
     monkeypatch.setattr(blocks, "BLOCK_SCORES", 1)  # blocks of block_size queries
-    several = [np.asarray(a) for a in knn(on_device, on_device, 9, block_size=64, **options)]
+    several = [np.asarray(a) for a in native_knn(on_device, on_device, 9, block_size=64, **options)]
     assert_same_search(x, x, several, one, distance)
-    direct = knn(x, x, 9, block_size=64, **options)  # the direct search for the Euclidean one
+    direct = native_knn(x, x, 9, block_size=64, **options)  # direct for the Euclidean one
     assert_same_search(x, x, direct, one, distance)
     if exclude_self:
         assert not np.any(one[1] == np.arange(len(x))[:, None])
@@ -291,7 +289,7 @@ def test_the_direct_search_of_numpy_arrays_is_the_jitted_search(
     oneDNN's sgemm sums the dot products in blocks that depend on the tile's shape, so routes
     that cut the queries differently agree up to float32 rounding, as they do at every width on
     CPUs whose sgemm rounds differently per tile shape (``sgemm_tiles_round_alike``)."""
-    monkeypatch.setattr(search, "default_selection", lambda: "native")
+    native_knn = functools.partial(knn, selection="native")
     rng = np.random.default_rng(queries + references + k)
     r = rng.standard_normal((references, dim)).astype(np.float32)
     if references > 3:
@@ -306,23 +304,25 @@ def test_the_direct_search_of_numpy_arrays_is_the_jitted_search(
         else:
             assert_equal_up_to_rounding_ties(q, r, found, reference)
 
-    got = knn(qs, refs, k, exclude_self=exclude_self)
+    got = native_knn(qs, refs, k, exclude_self=exclude_self)
     assert all(isinstance(a, np.ndarray) for a in got)
-    want = knn(jnp.asarray(q), jnp.asarray(r), k, exclude_self=exclude_self)
+    want = native_knn(jnp.asarray(q), jnp.asarray(r), k, exclude_self=exclude_self)
     assert all(isinstance(a, jax.Array) for a in want)
     assert_same(got, want)
     monkeypatch.setattr(blocks, "BLOCK_SCORES", 1)  # several jitted blocks
-    several = knn(jnp.asarray(q), jnp.asarray(r), k, exclude_self=exclude_self, block_size=64)
+    several = native_knn(
+        jnp.asarray(q), jnp.asarray(r), k, exclude_self=exclude_self, block_size=64
+    )
     assert_same(got, several)
     if not exclude_self:  # float64 and a strided view: converted, then searched directly
         wide = np.zeros((queries, 2 * dim))
         wide[:, ::2] = q
-        again = knn(wide[:, ::2], r.astype(np.float64), k, exclude_self=False)
+        again = native_knn(wide[:, ::2], r.astype(np.float64), k, exclude_self=False)
         np.testing.assert_array_equal(again[1], got[1])
         np.testing.assert_array_equal(again[0], got[0])
 
 
-def test_numpy_arrays_give_numpy_results_on_every_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_numpy_arrays_give_numpy_results_on_every_path() -> None:
     """NumPy in, NumPy out: the direct search, the cosine distance (jitted) and the other
     selections; a device array among the inputs gives device arrays."""
     x = np.random.default_rng(9).standard_normal((50, 8)).astype(np.float32)
@@ -331,30 +331,33 @@ def test_numpy_arrays_give_numpy_results_on_every_path(monkeypatch: pytest.Monke
         ("native", "cosine"),
         ("xla", "euclidean"),
     ]:
-        monkeypatch.setattr(search, "default_selection", lambda s=selection: s)
-        found = knn(x, x, 3, exclude_self=True, distance=distance)
+        options = {"exclude_self": True, "distance": distance, "selection": selection}
+        found = knn(x, x, 3, **options)
         assert all(isinstance(a, np.ndarray) for a in found), (selection, distance)
-        mixed = knn(jnp.asarray(x), x, 3, exclude_self=True, distance=distance)
+        mixed = knn(jnp.asarray(x), x, 3, **options)
         assert all(isinstance(a, jax.Array) for a in mixed), (selection, distance)
         np.testing.assert_array_equal(np.asarray(mixed[1]), found[1])
 
 
-def test_the_direct_search_checks_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(search, "default_selection", lambda: "native")
+def test_the_direct_search_checks_its_arguments() -> None:
+    native_knn = functools.partial(knn, selection="native")
     x = np.zeros((4, 2), np.float32)
     with pytest.raises(ValueError, match="k"):
-        knn(x, x, 4, exclude_self=True)  # only 3 other points
+        native_knn(x, x, 4, exclude_self=True)  # only 3 other points
     with pytest.raises(ValueError):
-        knn(x, np.zeros((4, 3), np.float32), 1, exclude_self=False)  # dimensions differ
+        native_knn(x, np.zeros((4, 3), np.float32), 1, exclude_self=False)  # dimensions differ
 
 
 @pytest.mark.parametrize("mode", ["xla", "onednn"])
 def test_the_switch_chooses_the_selection(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     monkeypatch.setenv(switches.KNN_ENV, mode)
-    assert (search._selection(5, 100, search.default_selection()) == "native") == (mode == "onednn")
+    selection = resolve_backends().knn  # where the variable is read: once per run
+    assert (search._selection(5, 100, selection) == "native") == (mode == "onednn")
 
 
 def test_an_unknown_switch_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(switches.KNN_ENV, "fast")
     with pytest.raises(ConfigError, match=r"JDML_KNN='fast' is not one of .*JDML_KNN=auto"):
-        knn(np.zeros((4, 2), np.float32), np.zeros((4, 2), np.float32), 1, exclude_self=False)
+        resolve_backends()
+    x = np.zeros((4, 2), np.float32)
+    knn(x, x, 1, exclude_self=False)  # the search does not read the variable

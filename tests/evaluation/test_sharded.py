@@ -11,7 +11,7 @@ from sklearn.datasets import make_blobs
 
 from jdml.evaluation.embeddings import evaluate_embeddings, evaluate_embeddings_with_vectors
 from jdml.evaluation.kmeans import kmeans
-from jdml.evaluation.knn import knn, search
+from jdml.evaluation.knn import knn
 from jdml.evaluation.metrics import singular_values
 from jdml.evaluation.sharded import (
     eval_mesh,
@@ -149,10 +149,9 @@ def test_shards_of_whole_chunks_give_bit_identical_neighbours(
     """With at least one one-device chunk per device (chunks of 64: 5 chunks, 2 per device) the
     products have the one-device shapes: the distances of the chunked one-device search are
     reproduced bit for bit, on random points too."""
-    monkeypatch.setattr(search, "default_selection", lambda: "xla")
     x = _random(np.random.default_rng(5))
     options = {"exclude_self": exclude_self, "distance": distance, "chunk_size": 64}
-    d1, i1 = knn(x, x, 7, block_size=32, **options)
+    d1, i1 = knn(x, x, 7, block_size=32, selection="xla", **options)
     dk, ik = sharded_knn(x, x, 7, mesh=mesh, **options)
     np.testing.assert_array_equal(ik, np.asarray(i1))
     np.testing.assert_array_equal(dk, np.asarray(d1))

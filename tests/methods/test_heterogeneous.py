@@ -145,7 +145,7 @@ def test_heterogeneous_cohort_trains_evaluates_restores_and_loads(npz, tmp_path)
     assert int(state.step) == run.total_steps
     images = np.random.default_rng(0).random((3, 16, 16, 1)).astype(np.float32)
     got = load(workdir, checkpoint="latest", embedding="ensemble").embed(images)
-    want = run.program.embed(state.params, state.batch_stats, images)
+    want = run.program.embeddings.embed(state.params, state.batch_stats, images)
     assert got.shape == (3, 16 + 8)
     unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
     members = np.concatenate(

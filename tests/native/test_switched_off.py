@@ -1,5 +1,6 @@
-"""With the native kernels switched off (``JDML_CONV=JDML_KNN=JDML_KMEANS=xla``) nothing crosses
-the native boundary (``jdml.native``): the evaluation and the convolutions of the models run on
+"""With the native kernels switched off (``JDML_CONV=JDML_KNN=JDML_KMEANS=xla``, which an entry
+given no backends resolves once, or not asked for: the primitives' default) nothing crosses the
+native boundary (``jdml.native``): the evaluation and the convolutions of the models run on
 XLA's ops alone, on host and device arrays, and give the native path's results (up to float32
 rounding)."""
 
@@ -81,8 +82,8 @@ def test_knn_and_kmeans_never_call_the_native_boundary(boundary_closed: list[str
 
 
 def test_convolutions_never_call_the_native_boundary(boundary_closed: list[str]) -> None:
-    """A dense, a 1x1 and a depthwise convolution, forward and both gradients, with
-    ``JDML_CONV=xla``: XLA's ops only (a new function, traced under the switch)."""
+    """A dense, a 1x1 and a depthwise convolution, forward and both gradients, not asked for
+    oneDNN's (``native=False``, the default): XLA's ops only."""
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(2, 8, 8, 8)), jnp.float32)
     dense = jnp.asarray(rng.normal(size=(3, 3, 8, 4)), jnp.float32)

@@ -4,6 +4,8 @@ nn.Conv's parameters and init."""
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+from jdml.backends import resolve_backends
 from jdml.nn import conv as conv_module
 from jdml.nn.conv import Conv, conv2d, kernel_grad_pieces
 from tests.helpers import matmul_tolerance, skip_off_cpu
@@ -45,7 +48,6 @@ def conv_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     the CPU backend only)."""
     if request.param == "onednn":
         skip_off_cpu("oneDNN's convolution")
-    monkeypatch.setenv("JDML_CONV", request.param)
     monkeypatch.setattr(conv_module, "ONEDNN_MIN_CHANNELS", 1)
     return request.param
 
@@ -78,13 +80,14 @@ def test_values_and_gradients(
     xj, kj = jnp.asarray(x, jnp.float32), jnp.asarray(kernel, jnp.float32)
     expected = explicit_conv(x, kernel, stride)
     tol = matmul_tolerance(1e-4)  # float32 on CPU; TF32 on a GPU, one bf16 pass on a TPU
-    np.testing.assert_allclose(conv2d(xj, kj, stride), expected, rtol=tol, atol=tol)
+    conv = functools.partial(conv2d, native=conv_impl == "onednn")
+    np.testing.assert_allclose(conv(xj, kj, stride), expected, rtol=tol, atol=tol)
     weights = jnp.asarray(rng.normal(size=expected.shape), jnp.float32)
 
     def loss(fn):
         return lambda x, k: jnp.sum(weights * fn(x, k, stride))
 
-    ours = jax.jit(jax.grad(loss(conv2d), argnums=(0, 1)))(xj, kj)
+    ours = jax.jit(jax.grad(loss(conv), argnums=(0, 1)))(xj, kj)
     ref = jax.grad(loss(xla_conv), argnums=(0, 1))(xj, kj)
     for got, want in zip(ours, ref, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
@@ -115,35 +118,39 @@ def test_conv_has_nn_conv_parameters_and_init() -> None:
 
 
 def lowered_targets(fn, *args) -> str:
-    """The program of ``fn``, traced afresh (jit caches traces per function, and
-    ``$JDML_CONV`` is read when tracing: set it before a process traces its functions)."""
+    """The program of ``fn``, traced afresh (jit caches traces per function)."""
     return jax.jit(lambda *a: fn(*a)).lower(*args).as_text()
 
 
 @pytest.mark.smoke
 @pytest.mark.cpu
-def test_the_implementation_follows_jdml_conv(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_implementation_follows_the_native_argument() -> None:
     x = jnp.ones((2, 8, 8, 16), jnp.float32)
     kernel = jnp.ones((3, 3, 16, 4), jnp.float32)
-    grad = jax.value_and_grad(lambda x, k: jnp.sum(conv2d(x, k, 1)), argnums=(0, 1))
-    monkeypatch.setenv("JDML_CONV", "onednn")
-    text = lowered_targets(grad, x, kernel)
+
+    def grad(native: bool):
+        return jax.value_and_grad(lambda x, k: jnp.sum(conv2d(x, k, 1, native)), argnums=(0, 1))
+
+    text = lowered_targets(grad(True), x, kernel)
     for target in ("fwd", "bwd_data", "bwd_weights"):
         assert f"jdml_dnnl_conv_{target}" in text
-    monkeypatch.setenv("JDML_CONV", "xla")
-    assert "jdml_dnnl_conv" not in lowered_targets(grad, x, kernel)
-    monkeypatch.setenv("JDML_CONV", "auto")
-    assert "jdml_dnnl_conv_fwd" in lowered_targets(grad, x, kernel)  # oneDNN builds here
+    assert "jdml_dnnl_conv" not in lowered_targets(grad(False), x, kernel)
+    native = resolve_backends({"conv": "auto"}, environ={}).native_conv  # oneDNN builds here
+    assert "jdml_dnnl_conv_fwd" in lowered_targets(grad(native), x, kernel)
+    # Not asked: XLA's convolution, whatever the environment says.
+    assert "jdml_dnnl_conv" not in lowered_targets(
+        jax.value_and_grad(lambda x, k: jnp.sum(conv2d(x, k, 1)), argnums=(0, 1)), x, kernel
+    )
     # Few input channels (the glyph stem) and bfloat16 stay on XLA's convolution.
-    assert "jdml_dnnl_conv" not in lowered_targets(grad, x[..., :1], kernel[:, :, :1])
-    bf16 = lambda x, k: conv2d(x.astype(jnp.bfloat16), k.astype(jnp.bfloat16), 1)  # noqa: E731
+    assert "jdml_dnnl_conv" not in lowered_targets(grad(True), x[..., :1], kernel[:, :, :1])
+    bf16 = lambda x, k: conv2d(x.astype(jnp.bfloat16), k.astype(jnp.bfloat16), 1, True)  # noqa: E731
     assert "jdml_dnnl_conv" not in lowered_targets(bf16, x, kernel)
 
 
 @pytest.mark.smoke
-def test_onednn_under_vmap_and_jit_equals_xla(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_onednn_under_vmap_and_jit_equals_xla() -> None:
     """A cohort maps its members' networks with vmap: the custom calls run member by member."""
-    monkeypatch.setenv("JDML_CONV", "onednn")
+    native = jax.default_backend() == "cpu"  # oneDNN's kernels are the CPU backend's
     rng = np.random.default_rng(3)
     x = jnp.asarray(rng.normal(size=(3, 4, 8, 8, 8)), jnp.float32)
     kernel = jnp.asarray(rng.normal(size=(3, 3, 3, 8, 6)), jnp.float32)
@@ -151,7 +158,8 @@ def test_onednn_under_vmap_and_jit_equals_xla(monkeypatch: pytest.MonkeyPatch) -
     def loss(fn):
         return lambda x, k: jnp.sum(jnp.sin(jax.vmap(lambda a, b: fn(a, b, 2))(x, k)))
 
-    ours = jax.jit(jax.value_and_grad(loss(conv2d), argnums=(0, 1)))(x, kernel)
+    conv = functools.partial(conv2d, native=native)
+    ours = jax.jit(jax.value_and_grad(loss(conv), argnums=(0, 1)))(x, kernel)
     ref = jax.value_and_grad(loss(xla_conv), argnums=(0, 1))(x, kernel)
     for got, want in zip(jax.tree.leaves(ours), jax.tree.leaves(ref), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

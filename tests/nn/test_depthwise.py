@@ -84,19 +84,18 @@ def _targets(fn, *args) -> set[str]:
 
 
 def test_auto_picks_onednn_on_cpu_the_shifted_sum_without_it_and_xla_elsewhere(monkeypatch):
-    monkeypatch.setenv("JDML_CONV", "auto")  # whatever the run's switch: this test sets it
     x, kernel = _inputs((1, 4, 4, 2), 3)
 
-    def step(x, kernel):
-        return jax.grad(lambda k: jnp.sum(depthwise_conv2d(x, k, 1, "auto")))(kernel)
+    def step(x, kernel, native=True):
+        return jax.grad(lambda k: jnp.sum(depthwise_conv2d(x, k, 1, "auto", native)))(kernel)
 
     def forward(x, kernel):
-        return depthwise_conv2d(x, kernel, 1, "auto")
+        return depthwise_conv2d(x, kernel, 1, "auto", native=True)
 
     assert _targets(forward, x, kernel) == {"jdml_dnnl_conv_fwd"}
     assert _targets(step, x, kernel) == {"jdml_depthwise_bwd_weights"}
-    monkeypatch.setenv("JDML_CONV", "xla")  # no native kernels: the shifted sum
-    assert _targets(step, x, kernel) == set()
+    # No native kernels (native=False, the default): the shifted sum.
+    assert _targets(lambda x, k: step(x, k, native=False), x, kernel) == set()
     calls = []
     real = lax.conv_general_dilated
     monkeypatch.setattr(

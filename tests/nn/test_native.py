@@ -1,7 +1,7 @@
 """jdml.native: the oneDNN library is compiled once per machine and safely by concurrent
 processes, a failed build falls back to XLA with one warning (or is an error with
-JDML_CONV=onednn), a wrong JDML_CONV is a ConfigError, and the model-FLOP count of the custom
-calls is that of the XLA convolutions they replace."""
+JDML_CONV=onednn or backends.conv=onednn), a wrong JDML_CONV is a ConfigError, and the
+model-FLOP count of the custom calls is that of the XLA convolutions they replace."""
 
 from __future__ import annotations
 
@@ -25,24 +25,26 @@ pytestmark = pytest.mark.cpu  # the CPU backend's native kernels
 
 # A fresh process: convolves, prints which convolution the program used and the library path.
 PROBE = """
-import warnings, jax, jax.numpy as jnp
+import sys, warnings, jax, jax.numpy as jnp
 warnings.simplefilter("always")
-from jdml.native import build, switches
+from jdml.backends import resolve_backends
+from jdml.native import build
 from jdml.nn.conv import conv2d
-from jdml.nn.depthwise import depthwise_conv2d
-from jdml.nn.padding import same_padding
 x, k = jnp.ones((2, 8, 8, 16)), jnp.ones((3, 3, 16, 4))
-f = jax.jit(jax.value_and_grad(lambda x, k: jnp.sum(conv2d(x, k)), argnums=(0, 1)))
+section = {"knn": "host", "kmeans": "xla", "conv": (sys.argv[1:] or ["auto"])[0]}
+native = resolve_backends(section).native_conv  # only the convolutions' switch may warn
+f = jax.jit(jax.value_and_grad(lambda x, k: jnp.sum(conv2d(x, k, 1, native)), argnums=(0, 1)))
 uses = "jdml_dnnl_conv_fwd" in f.lower(x, k).as_text()
 value = float(f(x, k)[0])
 print("onednn" if uses else "xla", value, build.library_path())
 """
 
 
-def probe(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+def probe(tmp_path: Path, *conv: str, **env: str) -> subprocess.CompletedProcess:
+    """:data:`PROBE` in a fresh process with ``env``, given ``backends.conv`` (if ``conv``)."""
     full = {**os.environ, "JDML_CACHE": str(tmp_path), **env}
     return subprocess.run(
-        [sys.executable, "-c", PROBE], env=full, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", PROBE, *conv], env=full, capture_output=True, text=True, timeout=300
     )
 
 
@@ -93,6 +95,16 @@ def test_a_failed_build_is_an_error_when_onednn_is_required(tmp_path: Path) -> N
     assert "apt-get install g++ libdnnl-dev" in line and "or set JDML_CONV=auto" in line
 
 
+def test_a_failed_build_is_an_error_naming_the_config_key_that_required_onednn(
+    tmp_path: Path,
+) -> None:
+    out = probe(tmp_path, "onednn", CXX="/nonexistent/c++", JDML_CONV="xla")  # the key wins
+    assert out.returncode != 0
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("jdml.errors.ConfigError")]
+    assert "backends.conv=onednn but no C++ compiler" in line
+    assert "or set backends.conv=auto" in line
+
+
 def test_a_compile_error_names_the_first_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -106,7 +118,7 @@ def test_a_compile_error_names_the_first_error(
 
 @pytest.mark.parametrize(("size", "cin", "stride"), [(8, 16, 1), (9, 8, 2), (7, 12, 3)])
 def test_flops_are_counted_as_the_xla_convolutions_they_replace(
-    monkeypatch: pytest.MonkeyPatch, size: int, cin: int, stride: int
+    size: int, cin: int, stride: int
 ) -> None:
     """Forward pass, input and kernel gradients: the same count with oneDNN's custom calls and
     with XLA's convolutions, also where the stride does not divide the input size."""
@@ -114,10 +126,10 @@ def test_flops_are_counted_as_the_xla_convolutions_they_replace(
     kernel = jnp.ones((3, 3, cin, 5), jnp.float32)
     counts = {}
     for mode in ("xla", "onednn"):
-        monkeypatch.setenv("JDML_CONV", mode)
+        native = mode == "onednn" and jax.default_backend() == "cpu"
 
-        def loss(x, k):  # a new function for each mode: traces are cached per function
-            return jnp.sum(conv2d(x, k, stride) ** 2)
+        def loss(x, k, native=native):  # a new function for each mode
+            return jnp.sum(conv2d(x, k, stride, native) ** 2)
 
         counts[mode] = model_flops(jax.value_and_grad(loss, argnums=(0, 1)), x, kernel).flops
         uses_onednn = "jdml_dnnl_conv_fwd" in str(jax.make_jaxpr(loss)(x, kernel))

@@ -1,7 +1,10 @@
 """jdml.nn.pointwise: the 1x1 convolution as a matmul equals XLA's convolution and nn.Conv, with
-XLA's dot and with oneDNN's sgemm (``JDML_CONV=onednn``, the CPU default where it builds)."""
+XLA's dot and with oneDNN's sgemm (``native=True``, a run's ``backends.conv=onednn``, the CPU
+default where it builds)."""
 
 from __future__ import annotations
+
+import functools
 
 import flax.linen as nn
 import jax
@@ -23,10 +26,10 @@ MODES = ("xla", "onednn")
 @pytest.mark.parametrize(
     ("shape", "out"), [((3, 5, 4, 6), 7), ((2, 1, 1, 9), 2), ((1, 3, 3, 1), 4)]
 )
-def test_values_and_gradients_equal_the_convolution(monkeypatch, mode, shape, out):
+def test_values_and_gradients_equal_the_convolution(mode, shape, out):
     if mode == "onednn":
         skip_off_cpu("oneDNN's sgemm")
-    monkeypatch.setenv("JDML_CONV", mode)
+    ours = functools.partial(pointwise_conv, native=mode == "onednn")
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=shape), jnp.float32)
     kernel = jnp.asarray(rng.normal(size=(1, 1, shape[-1], out)), jnp.float32)
@@ -35,16 +38,16 @@ def test_values_and_gradients_equal_the_convolution(monkeypatch, mode, shape, ou
     def conv(x, k):
         return lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=NHWC)
 
-    for fn in (conv, pointwise_conv):
+    for fn in (conv, ours):
         assert fn(x, kernel).shape == (*shape[:-1], out)
     tol = matmul_tolerance()
-    np.testing.assert_allclose(pointwise_conv(x, kernel), conv(x, kernel), rtol=tol, atol=tol)
+    np.testing.assert_allclose(ours(x, kernel), conv(x, kernel), rtol=tol, atol=tol)
     # An explicit sum over input channels, pixel by pixel.
     explicit = np.einsum("bhwc,co->bhwo", np.asarray(x, np.float64), np.asarray(kernel[0, 0]))
-    np.testing.assert_allclose(pointwise_conv(x, kernel), explicit, rtol=tol, atol=tol)
+    np.testing.assert_allclose(ours(x, kernel), explicit, rtol=tol, atol=tol)
     grads = [
         jax.grad(lambda x, k, fn=fn: jnp.sum(weights * fn(x, k)), argnums=(0, 1))(x, kernel)
-        for fn in (conv, pointwise_conv)
+        for fn in (conv, ours)
     ]
     for ref, ours in zip(*grads, strict=True):
         np.testing.assert_allclose(ours, ref, rtol=tol, atol=tol)
@@ -61,16 +64,18 @@ def test_module_has_the_parameter_and_init_of_a_bias_free_conv():
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_the_mode_chooses_the_product(monkeypatch, mode):
-    """``onednn`` lowers the product and both gradients to the native call; ``xla`` and
-    non-float32 inputs keep XLA's dot."""
+def test_the_mode_chooses_the_product(mode):
+    """``onednn`` (``native=True``) lowers the product and both gradients to the native call;
+    ``xla`` and non-float32 inputs keep XLA's dot."""
     skip_off_cpu("the matrix form")
-    monkeypatch.setenv("JDML_CONV", mode)
+    native = mode == "onednn"
     x = jnp.ones((2, 3, 3, 4), jnp.float32)
     kernel = jnp.ones((1, 1, 4, 5), jnp.float32)
 
     def grads(x, k):
-        return jax.grad(lambda x, k: jnp.sum(pointwise_conv(x, k) ** 2), argnums=(0, 1))(x, k)
+        return jax.grad(
+            lambda x, k: jnp.sum(pointwise_conv(x, k, native=native) ** 2), argnums=(0, 1)
+        )(x, k)
 
     text = jax.jit(grads).lower(x, kernel).compile().as_text()
     assert text.count('custom_call_target="jdml_dnnl_matmul"') == (3 if mode == "onednn" else 0)
@@ -95,17 +100,17 @@ def test_onednn_matmul_against_float64(rows, inner, cols):
 
 
 @pytest.mark.parametrize("stride", [1, 2])
-def test_flops_are_the_same_in_every_form(monkeypatch, stride):
+def test_flops_are_the_same_in_every_form(stride):
     """Forward pass and both gradients: 3 products of the kept pixels' (B*H'*W', C_in) matrix
     with the (C_in, C_out) kernel, whether oneDNN's sgemm, XLA's dot or XLA's convolution."""
     x = jnp.ones((3, 4, 5, 6), jnp.float32)
     kernel = jnp.ones((1, 1, 6, 7), jnp.float32)
     counts = {}
     for form, mode in (("matmul", "xla"), ("matmul", "onednn"), ("conv", "xla")):
-        monkeypatch.setenv("JDML_CONV", mode)
+        native = mode == "onednn" and jax.default_backend() == "cpu"
 
-        def loss(x, k, form=form):  # a new function for each form: traces are cached per function
-            return jnp.sum(pointwise_conv(x, k, stride, form=form) ** 2)
+        def loss(x, k, form=form, native=native):
+            return jnp.sum(pointwise_conv(x, k, stride, native, form) ** 2)
 
         counts[form, mode] = model_flops(jax.grad(loss, argnums=(0, 1)), x, kernel).flops
     rows = 3 * -(-4 // stride) * -(-5 // stride)
@@ -116,10 +121,9 @@ def test_flops_are_the_same_in_every_form(monkeypatch, stride):
 @pytest.mark.parametrize(
     ("shape", "stride"), [((3, 8, 8, 4), 2), ((2, 7, 5, 3), 3), ((2, 4, 4, 2), 1)]
 )
-def test_both_forms_equal_the_strided_convolution(monkeypatch, form, shape, stride):
+def test_both_forms_equal_the_strided_convolution(form, shape, stride):
     """Either form, strided or not, is the SAME 1x1 convolution: an explicit float64 sum over the
     input channels of every ``stride``-th pixel, and XLA's convolution's gradients."""
-    monkeypatch.setenv("JDML_CONV", "xla")
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.normal(size=shape), jnp.float32)
     kernel = jnp.asarray(rng.normal(size=(1, 1, shape[-1], 5)), jnp.float32)
@@ -154,10 +158,9 @@ def test_auto_form_is_the_matmul_on_cpu_only(monkeypatch, backend, form):
 
 
 @pytest.mark.parametrize("form", ["matmul", "conv"])
-def test_the_compiled_step_holds_the_chosen_form(monkeypatch, form):
+def test_the_compiled_step_holds_the_chosen_form(form):
     """The strided 1x1 layer compiles to a dot on the pixels kept ("matmul") or to XLA's
     convolution ("conv")."""
-    monkeypatch.setenv("JDML_CONV", "xla")
     x = jnp.ones((2, 8, 8, 4), jnp.float32)
     kernel = jnp.ones((1, 1, 4, 6), jnp.float32)
     hlo = jax.jit(lambda x, k: pointwise_conv(x, k, 2, form=form)).lower(x, kernel).as_text()

@@ -10,7 +10,7 @@
   empty-cluster split on the host (:mod:`~jdml.evaluation.kmeans.draws`);
 * :mod:`~jdml.evaluation.kmeans.assignment`: the assignment pass and the cluster sums that all
   modes share, by XLA's ops (the pure-XLA path, on every backend) or, on CPU, by the native
-  kernels of :mod:`jdml.native.kmeans` (``$JDML_KMEANS``);
+  kernels of :mod:`jdml.native.kmeans` (``native``: a run's ``backends.kmeans``);
 * :mod:`~jdml.evaluation.kmeans.result`: the modes, the result and the check of the points.
 """
 

@@ -4,8 +4,8 @@ Assignments are computed block by block over the points, so memory is O(block_si
 num_clusters) rather than O(N * num_clusters); :func:`assign` takes the XLA path (the pure-XLA
 one, on every backend) unless told to make one native call over every point.
 
-On CPU the assignment runs as a native kernel (:mod:`jdml.native.kmeans`;
-``$JDML_KMEANS=auto|xla|onednn`` as ``$JDML_CONV`` for the convolutions): the same formula and
+On CPU the assignment runs as a native kernel (:mod:`jdml.native.kmeans`) when asked (``native``:
+a run's :class:`jdml.backends.Backends` ``kmeans``, ``backends.kmeans``): the same formula and
 tie rule as the XLA ops, with the dot products from oneDNN's sgemm, or, up to 16 centroids on a
 CPU with AVX-512, from a register tile of two points against up to 8 centroids (sgemm calls
 only a few centroids wide cost more than their arithmetic); so an assignment can differ from
@@ -27,7 +27,6 @@ import jax.numpy as jnp
 
 from jdml.geometry import squared_distances
 from jdml.native import kmeans as native_kmeans
-from jdml.native.switches import KMEANS_ENV, onednn_enabled
 
 # Point-centroid distances per assignment block when ``block_size`` is not given
 # (``assign_scores``; None: the backend's value below). On CPU 2^21 (8 MB): the block stays in
@@ -50,19 +49,11 @@ MIN_BLOCK_ROWS = 64
 NATIVE_LLOYD_MAX_CLUSTERS = 64
 
 
-def native_enabled(native: bool | None = None) -> bool:
-    """Whether the k-means runs the native assignment: ``native`` as a caller passes it (a run:
-    its :class:`jdml.backends.Backends`' ``kmeans``), else this process's ``$JDML_KMEANS`` on
-    the CPU backend."""
-    return onednn_enabled(KMEANS_ENV) if native is None else native
-
-
-def direct_enabled(x: Any, native: bool | None = None) -> bool:
+def direct_enabled(x: Any, native: bool) -> bool:
     """Whether :func:`~jdml.evaluation.kmeans.kmeans` calls the native functions directly on
-    ``x``: a host array, on the CPU backend, with the native k-means enabled."""
-    return (
-        not isinstance(x, jax.Array) and jax.default_backend() == "cpu" and native_enabled(native)
-    )
+    ``x``: a host array, on the CPU backend, with the native k-means asked for (``native``, a
+    run's :class:`jdml.backends.Backends`' ``kmeans``)."""
+    return not isinstance(x, jax.Array) and jax.default_backend() == "cpu" and native
 
 
 class Bounds(NamedTuple):

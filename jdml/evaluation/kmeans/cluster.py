@@ -12,7 +12,6 @@ from jdml.evaluation.kmeans.assignment import (
     NATIVE_LLOYD_MAX_CLUSTERS,
     block_rows,
     direct_enabled,
-    native_enabled,
 )
 from jdml.evaluation.kmeans.draws import REFERENCE_SEED
 from jdml.evaluation.kmeans.lloyd import jitted_kmeans, random_indices, seed_key
@@ -30,7 +29,7 @@ def kmeans(
     seed: int | None = None,
     block_size: int | None = None,
     init: str = "k-means++",
-    native: bool | None = None,
+    native: bool = False,
 ) -> KMeansResult:
     """k-means clustering: an initialisation, then ``num_iters`` Lloyd iterations.
 
@@ -51,7 +50,7 @@ def kmeans(
         or "reference" (faiss's k-means as the Revisiting-DML evaluation runs it, see
         :func:`reference_kmeans`).
       native: the native assignment on CPU (a run's :class:`jdml.backends.Backends`'
-        ``kmeans``); None: this process's ``$JDML_KMEANS``.
+        ``kmeans``); False: XLA's ops.
 
     Returns:
       A :class:`KMeansResult` with (K, D) centroids, (N,) assignments and the inertia.
@@ -85,7 +84,7 @@ def kmeans(
         num_iters=num_iters,
         block_size=block_rows(x.shape[0], num_clusters, block_size),
         init=init,
-        use_native=native_enabled(native),
+        use_native=native,
     )
     if from_host:  # NumPy in, NumPy out (and x may share the caller's memory: done with it)
         result = KMeansResult(*(np.asarray(v) for v in result))

@@ -45,7 +45,6 @@ from jdml.evaluation.kmeans.assignment import (
     block_rows,
     cluster_sums,
     direct_enabled,
-    native_enabled,
     point_blocks,
 )
 from jdml.evaluation.kmeans.draws import (
@@ -171,7 +170,7 @@ def reference_kmeans(
     num_iters: int = DEFAULT_NUM_ITERS,
     seed: int = REFERENCE_SEED,
     block_size: int | None = None,
-    native: bool | None = None,
+    native: bool = False,
 ) -> KMeansResult:
     """k-means as faiss's ``Clustering`` computes it, then each point's nearest centroid.
 
@@ -200,13 +199,13 @@ def reference_kmeans(
       seed: faiss's clustering seed (its default 1234); the split always uses 1234, as faiss.
       block_size: points per block when computing assignments; None for blocks of about
         :func:`~jdml.evaluation.kmeans.assignment.assign_scores` distances.
-      native: the native assignment on CPU; None: this process's ``$JDML_KMEANS``.
+      native: the native assignment on CPU (a run's :class:`jdml.backends.Backends`'
+        ``kmeans``); False: XLA's ops.
 
     Returns:
       A :class:`KMeansResult` with (K, D) centroids, (N,) assignments and the inertia.
     """
     from_host = not isinstance(x, jax.Array)
-    native = native_enabled(native)
     direct = direct_enabled(x, native) and num_clusters <= NATIVE_LLOYD_MAX_CLUSTERS
     # not through the host: a copy each way took 1-2 ms at 20,000 x 128
     points = np.ascontiguousarray(x, np.float32) if direct else float32_on_device(x)

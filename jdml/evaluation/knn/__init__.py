@@ -9,7 +9,7 @@ per module:
 * :mod:`~jdml.evaluation.knn.blocks`: how queries and references are cut into blocks and
   chunks (the sizes tests and benchmarks tune), and the checks of a search's arguments;
 * :mod:`~jdml.evaluation.knn.xla`: the scores and XLA's exact top-k, the pure-XLA path that
-  every backend can run (``$JDML_KNN=xla`` on CPU);
+  every backend can run (``selection="xla"``);
 * :mod:`~jdml.evaluation.knn.host`: numpy's selection of XLA's scores on the host (CPU);
 * :mod:`~jdml.evaluation.knn.onednn`: the native kernel of :mod:`jdml.native.knn` (CPU);
 * :mod:`~jdml.evaluation.knn.ranking`: :func:`knn_full_ranking`, the k nearest plus the exact

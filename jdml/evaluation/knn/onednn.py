@@ -1,4 +1,4 @@
-"""The k nearest selected by the native kernel (CPU backend, ``$JDML_KNN``): each block of
+"""The k nearest selected by the native kernel (CPU backend, ``selection="native"``): each block of
 queries is one call of :func:`jdml.native.knn.search` from a jitted function, and host (NumPy)
 arrays with the Euclidean distance are searched directly on their memory
 (:func:`jdml.native.knn.search_host`), as faiss is called. The neighbours are the XLA path's up

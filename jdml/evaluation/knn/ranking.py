@@ -196,7 +196,7 @@ def full_ranking_blocks(
     reference_ids: np.ndarray | None = None,
     distance: str = "euclidean",
     block_size: int = DEFAULT_BLOCK_SIZE,
-    selection: str | None = None,
+    selection: str = "auto",
 ) -> Iterator[RankedBlock]:
     """kNN plus the average-precision sums over the complete ranking of the references.
 
@@ -227,8 +227,7 @@ def full_ranking_blocks(
       distance: "euclidean" or "cosine".
       block_size: queries per block.
       selection: the kNN selection (:func:`jdml.evaluation.knn.search.select_on_host` decides
-        whether the k nearest come from the host's copy of the distances); None: the
-        environment's.
+        whether the k nearest come from the host's copy of the distances).
 
     Returns:
       An iterator of :class:`RankedBlock`, covering the queries in order (the arguments are
@@ -307,7 +306,7 @@ def knn_full_ranking(
     reference_ids: np.ndarray | None = None,
     distance: str = "euclidean",
     block_size: int = DEFAULT_BLOCK_SIZE,
-    selection: str | None = None,
+    selection: str = "auto",
 ) -> FullRanking:
     """:func:`full_ranking_blocks` for all queries at once.
 

@@ -9,13 +9,14 @@ neighbours up to the rounding of the scores:
   references, the pure-XLA path, on every backend;
 * ``"host"`` (:mod:`jdml.evaluation.knn.host`): XLA scores a block, numpy selects (CPU, large k
   or few references);
-* ``"native"`` (:mod:`jdml.evaluation.knn.onednn`): the native kernel (CPU, where
-  ``$JDML_KNN`` allows it and the library builds); :func:`knn` of NumPy arrays with the
-  Euclidean distance calls it directly on their memory, without JAX, as faiss is called.
+* ``"native"`` (:mod:`jdml.evaluation.knn.onednn`): the native kernel (CPU, where the library
+  builds); :func:`knn` of NumPy arrays with the Euclidean distance calls it directly on their
+  memory, without JAX, as faiss is called.
 
 The caller passes the selection (a run: its :class:`jdml.backends.Backends`' ``knn``, from
-``$JDML_KNN``); ``$JDML_KNN=xla`` turns the native kernel off: then the host selection takes the
-blocks where it is faster than XLA's top-k (:func:`select_on_host`), XLA the others.
+``backends.knn`` or ``$JDML_KNN``, resolved once); the default, ``"auto"``, leaves the native
+kernel off: the host selection takes the blocks where it is faster than XLA's top-k
+(:func:`select_on_host`), XLA the others.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdml.backends import KNN_SELECTIONS, knn_selection
+from jdml.backends import KNN_SELECTIONS
 from jdml.evaluation.knn import blocks
 from jdml.evaluation.knn.blocks import (
     DEFAULT_BLOCK_SIZE,
@@ -44,12 +45,6 @@ from jdml.geometry import l2_normalize
 HOST_SELECTION_MIN_K = 64
 
 
-def default_selection() -> str:
-    """The selection of this process's environment and backend (``$JDML_KNN``), for calls that
-    pass none; a run passes its :class:`jdml.backends.Backends`' ``knn``."""
-    return knn_selection()
-
-
 def _selection(k: int, width: int, selection: str) -> str:
     """How :func:`knn` selects ``k`` of ``width`` references per query: "native", "host" or
     "xla". ``selection`` "auto" is the host or XLA as :func:`select_on_host` says; any other
@@ -61,15 +56,14 @@ def _selection(k: int, width: int, selection: str) -> str:
     return "host" if select_on_host(k, width, selection) else "xla"
 
 
-def select_on_host(k: int, width: int, selection: str | None = None) -> bool:
+def select_on_host(k: int, width: int, selection: str = "auto") -> bool:
     """Whether :func:`knn` selects ``k`` of ``width`` references per query on the host.
 
     ``selection`` "auto" (or "native", whose kernel has its own path where it applies): on the
     CPU backend only, from ``HOST_SELECTION_MIN_K`` on, and from k = 2 on wherever the two-stage
     ``top_k`` does not apply (rows narrower than ``k * GROUP_SIZE * 8``). "host" and "xla" force
-    one or the other; None: :func:`default_selection`.
+    one or the other.
     """
-    selection = default_selection() if selection is None else selection
     if selection in ("host", "xla"):
         return selection == "host"
     if jax.default_backend() != "cpu":
@@ -86,7 +80,7 @@ def knn_blocks(
     distance: str = "euclidean",
     block_size: int = DEFAULT_BLOCK_SIZE,
     chunk_size: int | None = None,
-    selection: str | None = None,
+    selection: str = "auto",
 ) -> Iterator[NeighbourBlock]:
     """:func:`knn`, one block of queries at a time, in query order.
 
@@ -104,7 +98,6 @@ def knn_blocks(
     chunk_size = resolve_chunk_size(chunk_size)
     # copies: the caller may change its arrays while it holds the iterator
     queries, references = _placed(queries, references, _device_copy)
-    selection = default_selection() if selection is None else selection
     return _search_blocks(
         queries, references, k, exclude_self, distance, block_size, chunk_size, selection
     )
@@ -167,7 +160,7 @@ def knn(
     distance: str = "euclidean",
     block_size: int = DEFAULT_BLOCK_SIZE,
     chunk_size: int | None = None,
-    selection: str | None = None,
+    selection: str = "auto",
 ) -> tuple[jax.Array, jax.Array] | tuple[np.ndarray, np.ndarray]:
     """Exact k nearest references of every query, blocked so no Q x N matrix is materialised.
 
@@ -189,7 +182,7 @@ def knn(
       chunk_size: largest number of references scored at once within a block (None: the
         backend's, see ``resolve_chunk_size``).
       selection: what selects the k nearest (:data:`jdml.backends.KNN_SELECTIONS`; a run's
-        :class:`jdml.backends.Backends` ``knn``); None: :func:`default_selection`.
+        :class:`jdml.backends.Backends` ``knn``); "auto": the host or XLA's top-k by k.
 
     Returns:
       distances (Q, k) float32, ascending per row, and indices (Q, k) int32 into ``references``;
@@ -201,7 +194,6 @@ def knn(
     # Host arrays may be shared rather than copied (see ``_search_blocks``), so the search is
     # waited for before returning.
     chunk_size = resolve_chunk_size(chunk_size)
-    selection = default_selection() if selection is None else selection
     host = [not isinstance(a, jax.Array) for a in (queries, references)]
     if all(host) and distance == "euclidean":
         check_search(
