@@ -114,7 +114,7 @@ def net_config(net: str, dtype: str, batch: int, scratch: Path, vit_attention: s
         f"train.batch_size={batch}",
     ]
     if net in VITS:
-        overrides += [f"model.backbone={net}", f"model.vit_attention={vit_attention}"]
+        overrides += [f"model.backbone={net}", f"model.vit.attention={vit_attention}"]
     return apply_overrides(get_config("data=cub200"), overrides)
 
 
@@ -195,7 +195,7 @@ def torch_steps(config, images: np.ndarray, labels: np.ndarray) -> dict[str, Cal
     elif m.backbone in VITS:  # the class token into a 128-d linear head, as jdml's
         net = timm.create_model(VITS[m.backbone], pretrained=False, num_classes=128)
     else:
-        net = _torch_small_resnet(m, images.shape[-1])
+        net = _torch_small_resnet(m.small_resnet, images.shape[-1])
     net = net.cuda().to(memory_format=torch.channels_last)
     if m.frozen_bn:  # BatchNorm on running statistics, affine parameters trained
         for module in net.modules():

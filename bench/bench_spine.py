@@ -7,9 +7,12 @@ worker process of its own that keeps its compiled step. The rounds then alternat
 round every worker times ``--steps`` steps (each waited for), the two trees' workers one after
 the other, in an order that flips every round. It prints each run's median step time per tree
 over the rounds, their ratio (this tree / the earlier one), and the interval of the paired
-per-round differences.
+per-round differences. With ``--processes P`` it does all that P times, each time in fresh
+workers, and the interval is over the P pairs' mean differences: one compiled program in one
+process can be a little faster or slower than the next (the stacked cohort's sign changed between
+invocations), which rounds within one process cannot see.
 
-    python bench/bench_spine.py [--before c4f61e9] [--rounds 7] [--steps 30]
+    python bench/bench_spine.py [--before c4f61e9] [--rounds 7] [--steps 30] [--processes 5]
 
 The earlier tree is extracted with ``git archive`` into a temporary folder; both import from
 their own tree, with this checkout's virtual environment.
@@ -91,6 +94,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="fresh worker pairs, one after the other; with 3 or more the interval is over them",
+    )
+    parser.add_argument(
         "--runs",
         default=",".join(RUNS),
         help="comma-separated (the cohorts need 2 devices: on one GPU, --runs plain)",
@@ -117,6 +126,38 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"error: unknown run(s) {unknown}; choose from {', '.join(RUNS)}")
     print(f"before: {args.before}; after: {commit} (this tree, with its uncommitted changes)")
+    medians: dict[tuple[str, str], list[list[float]]] = {
+        (name, label): [] for name in runs for label in trees
+    }
+    for p in range(args.processes):
+        for key, values in time_in_fresh_workers(trees, runs, args, p).items():
+            medians[key].append(values)
+    print(
+        f"\n{args.processes} process pair(s) x {args.rounds} rounds of {args.steps} steps; median "
+        "ms per step over all rounds; the interval is over the rounds' paired differences, and "
+        "with several process pairs over the pairs' mean differences (a compiled program's "
+        "own luck, layout and thread placement, varies between processes)"
+    )
+    print("run      before   after   after/before   after-before (95% t interval, ms)")
+    for name in runs:
+        before, after = medians[name, "before"], medians[name, "after"]
+        if args.processes > 1:
+            diff = paired([statistics.mean(a) for a in after], [statistics.mean(b) for b in before])
+        else:
+            diff = paired(after[0], before[0])
+        b = statistics.median([x for xs in before for x in xs])
+        a = statistics.median([x for xs in after for x in xs])
+        print(
+            f"{name:8s} {b:7.2f} {a:7.2f}   {a / b:10.3f}     "
+            f"{diff.mean:+.2f} [{diff.low:+.2f}, {diff.high:+.2f}]"
+        )
+
+
+def time_in_fresh_workers(
+    trees: dict[str, str], runs: list[str], args: argparse.Namespace, pair: int
+) -> dict[tuple[str, str], list[float]]:
+    """Starts one worker per run and tree, then times ``args.rounds`` alternating rounds:
+    (run, tree) -> the median ms per step of each round. The workers exit at the end."""
     workers = {}
     for name in runs:
         for label, tree in trees.items():
@@ -126,10 +167,10 @@ def main() -> None:
             )
             json.loads(proc.stdout.readline())  # compiled
             workers[name, label] = proc
-            print(f"  {name} {label}: compiled", flush=True)
+            print(f"  pair {pair + 1}: {name} {label}: compiled", flush=True)
     medians: dict[tuple[str, str], list[float]] = {key: [] for key in workers}
     for r in range(args.rounds):
-        order = ("before", "after") if r % 2 == 0 else ("after", "before")
+        order = ("before", "after") if (r + pair) % 2 == 0 else ("after", "before")
         for name in runs:
             for label in order:
                 proc = workers[name, label]
@@ -137,21 +178,12 @@ def main() -> None:
                 proc.stdin.flush()
                 times = json.loads(proc.stdout.readline())["ms"]
                 medians[name, label].append(statistics.median(times))
-        print(f"  round {r + 1}/{args.rounds} done", flush=True)
+        print(f"  pair {pair + 1}: round {r + 1}/{args.rounds} done", flush=True)
     for proc in workers.values():
         proc.stdin.write("quit\n")
         proc.stdin.close()
         proc.wait()
-    print(f"\n{args.rounds} rounds of {args.steps} steps; median ms per step over the rounds")
-    print("run      before   after   after/before   after-before (95% t interval, ms)")
-    for name in runs:
-        before, after = medians[name, "before"], medians[name, "after"]
-        diff = paired(after, before)
-        b, a = statistics.median(before), statistics.median(after)
-        print(
-            f"{name:8s} {b:7.2f} {a:7.2f}   {a / b:10.3f}     "
-            f"{diff.mean:+.2f} [{diff.low:+.2f}, {diff.high:+.2f}]"
-        )
+    return medians
 
 
 if __name__ == "__main__":

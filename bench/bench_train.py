@@ -23,8 +23,8 @@ the step runs it (oneDNN on CPU where it builds), with XLA's convolution and in 
 prints its GFLOP/s and the fraction of the matmul peak measured here.
 
 ``--set KEY=VALUE`` (repeatable) changes the config first, to time another network on both
-sides, e.g. ``--set "model.stage_strides=(2, 2, 1)"`` or ``--set model.dtype=bfloat16`` (the
-PyTorch network follows the model keys; it stays float32).
+sides, e.g. ``--set "model.small_resnet.stage_strides=(2, 2, 1)"`` or ``--set
+model.dtype=bfloat16`` (the PyTorch network follows the model keys; it stays float32).
 
 ``--profile`` prints the jdml step's time per kind of XLA op (a ``jax.profiler`` trace).
 
@@ -67,7 +67,7 @@ def _torch_step(config, batch_np: np.ndarray) -> Callable[[], None] | None:
     except ImportError:
         return None
     torch.manual_seed(0)
-    m = config.model
+    m = config.model.small_resnet
 
     class Block(nn.Module):
         def __init__(self, cin: int, cout: int, stride: int) -> None:
@@ -133,7 +133,7 @@ class ConvLayer(NamedTuple):
 
 def conv_layers(config) -> list[ConvLayer]:
     """The distinct convolutions of the small ResNet of ``config.model`` (with repeats)."""
-    m = config.model
+    m = config.model.small_resnet
     size = config.data.image_size
     layers = [ConvLayer("stem", size, 1, m.stem_features, 3, m.stem_strides, 1, False)]
     size //= m.stem_strides

@@ -20,7 +20,7 @@
 #            against timm's in PyTorch eager and torch.compile, with MFU (bench/bench_gpu.py
 #            --nets vit_s16,vit_b16, batch $VIT_BATCH, default 64; needs timm's wheel), and
 #            ViT-B/16 at batch 180 in bfloat16 alone: its compiled memory and that it trains
-#            (bench/bench_vit.py --jdml-only); each with model.vit_attention=cudnn in bfloat16
+#            (bench/bench_vit.py --jdml-only); each with model.vit.attention=cudnn in bfloat16
 #            as well (cuDNN's fused attention, never run yet)
 #   views    device views: their pixels against Pillow's (bench/view_fidelity.py), both view
 #            paths with every augmentation and the device's work per batch, and train.py end to

@@ -91,7 +91,7 @@ RECIPES: dict[str, Recipe] = {
             "data.normalization": "backbone",
             "data.val_fraction": 0.0,
             "model.backbone": "vit_s16",
-            "model.vit_pooling": "token",
+            "model.vit.pooling": "token",
             "model.pretrained": "required",
             "model.frozen_stages": 0,
             "model.embed_dim": 384,

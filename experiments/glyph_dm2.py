@@ -42,8 +42,8 @@ TABLE1 = {
     "MD+TD+VD (DM2)": "md+td+vd",
 }
 SMALL_MEMBER = {
-    "model.stem_features": 16,
-    "model.stage_features": (16, 32, 64),
+    "model.small_resnet.stem_features": 16,
+    "model.small_resnet.stage_features": (16, 32, 64),
     "model.embed_dim": 64,
 }
 

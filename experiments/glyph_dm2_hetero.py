@@ -36,9 +36,10 @@ from jdml.trainer import atomic_write, train_and_evaluate
 
 MEMBERS = {
     "small (half width, 64-d)": "",
-    "full width, 128-d": "model.stem_features=32;model.stage_features=(32,64,128);"
-    "model.embed_dim=128",
-    "deeper (2 blocks per stage, 32-d)": "model.stage_blocks=(2,2,2);model.embed_dim=32",
+    "full width, 128-d": "model.small_resnet.stem_features=32;"
+    "model.small_resnet.stage_features=(32,64,128);model.embed_dim=128",
+    "deeper (2 blocks per stage, 32-d)": "model.small_resnet.stage_blocks=(2,2,2);"
+    "model.embed_dim=32",
 }
 ROWS = {"Independent": "independent", "MD+VD": "md+vd", "MD+TD+VD (DM2)": "md+td+vd"}
 

@@ -109,6 +109,16 @@ def component_section(registry: NamedComponents) -> ml_collections.ConfigDict:
     return section
 
 
+#: The backbones' own keys, once flat in ``model`` (``model.vit_pooling``), now in a section
+#: per backbone family (``model.vit.pooling``) as every other component's are.
+_VIT_KEYS = ("pooling", "attention", "patch", "dim", "depth", "heads", "layer_scale", "registers")
+_SMALL_RESNET_KEYS = ("stem_features", "stem_strides", "stage_features", "stage_blocks",
+                      "stage_strides")  # fmt: skip
+_BACKBONE_SECTIONS = {
+    **{f"model.vit_{key}": f"model.vit.{key}" for key in _VIT_KEYS},
+    **{f"model.{key}": f"model.small_resnet.{key}" for key in _SMALL_RESNET_KEYS},
+}
+
 #: Keys an earlier version had under another name: old dotted key -> new dotted key (saved
 #: configs are read with the new names; a command line or script that sets an old one is told).
 RENAMED_KEYS = {
@@ -126,7 +136,13 @@ RENAMED_KEYS = {
             "view_diversity",
         )
     },
+    **_BACKBONE_SECTIONS,
 }
+
+#: Renames made after studies began keeping config digests (``jdml.study.runner.
+#: config_digest``): new dotted key -> the name the digests hash it under, so that a study's
+#: records stay its own across the rename.
+DIGEST_NAMES = {new: old for old, new in _BACKBONE_SECTIONS.items()}
 
 
 def renamed(key: str) -> str:
@@ -193,13 +209,15 @@ def parse_assignments(items: Iterable[str]) -> dict[str, Any]:
 def declared_keys(registry: NamedComponents, section: str) -> dict[str, Any]:
     """The keys of ``section`` that the components of ``registry`` declare with their
     registration (their ``keys`` fact: key -> default), e.g. a backbone's own ``model.*`` keys.
+    A dotted key (``vit.pooling``) is a key of a sub-section (``model.vit``) that the components
+    of one family share.
 
     Args:
       registry: the components.
       section: the config section the keys belong to (for the message).
 
     Returns:
-      key -> default, in the order of the components' names.
+      key -> default (a sub-section: a nested dict), in the order of the components' names.
 
     Raises:
       ValueError: if two components declare one key with different defaults.
@@ -208,11 +226,22 @@ def declared_keys(registry: NamedComponents, section: str) -> dict[str, Any]:
     owner: dict[str, str] = {}
     for name in registry.names():
         for key, default in registry.meta(name).get("keys", {}).items():
-            if key in out and out[key] != default:
+            *path, leaf = key.split(".")
+            target = out
+            for part in path:
+                target = target.setdefault(part, {})
+            if key in owner and target[leaf] != to_config_value(default):
                 raise ValueError(
                     f"{owner[key]!r} and {name!r} declare {section}.{key} with different "
-                    f"defaults ({out[key]!r} and {default!r}); give them one default"
+                    f"defaults ({target[leaf]!r} and {default!r}); give them one default"
                 )
-            out.setdefault(key, to_config_value(default))
+            target.setdefault(leaf, to_config_value(default))
             owner.setdefault(key, name)
     return out
+
+
+def get_dotted(c: Mapping[str, Any], dotted: str) -> Any:
+    """The value of the dotted key ``dotted`` (``vit.pooling``) of ``c``."""
+    for part in dotted.split("."):
+        c = c[part]
+    return c

@@ -118,11 +118,11 @@ TINY_OVERRIDES = {
     # hold-out (data.val_fraction=0.15) is run by test_trainer's
     # test_the_default_selects_the_checkpoint_on_validation.
     "data.val_fraction": 0.0,
-    "model.stem_features": 8,
-    "model.stem_strides": 1,
-    "model.stage_features": (16,),
-    "model.stage_blocks": (1,),
-    "model.stage_strides": (2,),
+    "model.small_resnet.stem_features": 8,
+    "model.small_resnet.stem_strides": 1,
+    "model.small_resnet.stage_features": (16,),
+    "model.small_resnet.stage_blocks": (1,),
+    "model.small_resnet.stage_strides": (2,),
     "model.embed_dim": 16,
     "train.batch_size": 16,
     "train.epochs": 2,

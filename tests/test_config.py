@@ -267,7 +267,7 @@ def test_declared_ranges_name_real_hyperparameters_and_accept_the_defaults():
             r"sampler\.greedy_coreset\.bigbs=0 must be at least 1",
         ),
         ({"train.batch_size": 1}, r"train\.batch_size=1 must be at least 2"),
-        ({"model.stage_features": (8, 0)}, r"each entry must be at least 1"),
+        ({"model.small_resnet.stage_features": (8, 0)}, r"each entry must be at least 1"),
         ({"data.std": 0.0}, r"data\.std=0\.0 must be above 0"),
         ({"exchange.dm2.temporal_rate": 0.0}, r"dm2\.temporal_rate=0\.0 must be above 0"),
         ({"exchange.dm2.temporal_rate": 1.5}, r"dm2\.temporal_rate=1\.5 must be at most 1"),
@@ -292,9 +292,14 @@ def test_apply_overrides_sets_literals_and_names_bad_items() -> None:
 
     c = apply_overrides(
         get_config(),
-        ["model.stage_strides=(2, 2, 1)", "model.dtype=bfloat16", "optim.lr=0.5", "seed=3"],
+        [
+            "model.small_resnet.stage_strides=(2, 2, 1)",
+            "model.dtype=bfloat16",
+            "optim.lr=0.5",
+            "seed=3",
+        ],
     )
-    assert c.model.stage_strides == (2, 2, 1) and c.model.dtype == "bfloat16"
+    assert c.model.small_resnet.stage_strides == (2, 2, 1) and c.model.dtype == "bfloat16"
     assert c.optim.lr == 0.5 and c.seed == 3
     for bad in ["model.nope=1", "model.dtype", "nosection.key=1", "optim.lr=abc", "seed.x=1"]:
         with pytest.raises(ConfigError, match="cannot set"):

@@ -136,8 +136,8 @@ def test_a_misspelt_cls_token_is_named_on_a_vit(npz: str) -> None:
     from jdml.run import Run
     from tests.helpers import tiny_config
 
-    vit = {"model.backbone": "vit", "model.vit_patch": 8, "model.vit_dim": 24}
-    c = tiny_config(npz, **vit, **{"model.vit_depth": 1, "model.vit_heads": 2})
+    vit = {"model.backbone": "vit", "model.vit.patch": 8, "model.vit.dim": 24}
+    c = tiny_config(npz, **vit, **{"model.vit.depth": 1, "model.vit.heads": 2})
     set_keys(c, {"optim.no_decay": ("1d", "cls_tokn"), "model.frozen_stages": 0})
     with pytest.raises(ConfigError, match=r"nearest parameter names: cls_token\. Use e\.g\. "):
         Run(c).check_parameter_names()
@@ -152,8 +152,8 @@ def test_a_misspelt_cls_token_is_named_on_a_vit(npz: str) -> None:
     ("flag", "fragments"),
     [
         (
-            "--config.model.vit_attention=cudnn",
-            ["model.vit_attention='cudnn' is set, but this run does not use it", "'small_resnet'"],
+            "--config.model.vit.attention=cudnn",
+            ["model.vit.attention='cudnn' is set, but this run does not use it", "'small_resnet'"],
         ),
         (
             "--config.exchange.dm2.mutual_weight=5",
@@ -169,7 +169,7 @@ def test_a_misspelt_cls_token_is_named_on_a_vit(npz: str) -> None:
 def test_a_key_the_run_does_not_use_is_refused(
     npz: str, tmp_path: Path, flag: str, fragments: list[str]
 ) -> None:
-    """A backbone's key on another backbone (``model.vit_attention=cudnn`` on the CNN), an
+    """A backbone's key on another backbone (``model.vit.attention=cudnn`` on the CNN), an
     exchange's on a single model, a dataset loader's on another dataset: each used to train
     without a word; refused before the workdir exists (the rule of ``jdml.config.usage``)."""
     workdir = tmp_path / "w"

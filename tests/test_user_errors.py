@@ -490,9 +490,9 @@ def test_method_configs_with_bad_keys(
         ("sampler.samples_per_class=0", "sampler.samples_per_class=0 must be at least 1"),
         ("model.embed_dim=0", "model.embed_dim=0 must be at least 1"),
         ("data.image_size=7", "data.image_size=7 must be at least 8"),
-        # (model.stem_strides, not a tuple key of the tiny flags: a tuple flag given twice
-        # accumulates its values)
-        ("model.stem_strides=4", "--config.data.image_size=24 or more"),
+        # (model.small_resnet.stem_strides, not a tuple key of the tiny flags: a tuple flag
+        # given twice accumulates its values)
+        ("model.small_resnet.stem_strides=4", "--config.data.image_size=24 or more"),
         ("optim.lr=nan", "optim.lr=nan must be finite"),
         ("optim.lr=-0.1", "optim.lr=-0.1 must be above 0"),
         ("loss.margin.beta=inf", "loss.margin.beta=inf must be finite"),
@@ -912,10 +912,10 @@ def test_grayscale_data_with_rgb_pretrained_backbone(npz: str, tmp_path: Path) -
 VIT_WEIGHTS = Path(REPO, "tests", "golden", "backbones", "vit")
 TINY_VIT = [
     "--config.model.backbone=vit",
-    "--config.model.vit_patch=8",
-    "--config.model.vit_dim=24",
-    "--config.model.vit_depth=2",
-    "--config.model.vit_heads=2",
+    "--config.model.vit.patch=8",
+    "--config.model.vit.dim=24",
+    "--config.model.vit.depth=2",
+    "--config.model.vit.heads=2",
     "--config.data.channels=3",
     "--config.data.image_size=32",
 ]  # the shape of the golden ViT files (tools/make_vit_golden.py)

@@ -41,11 +41,11 @@ def model_config(timm_kwargs: dict) -> ml_collections.ConfigDict:
 
     model = get_config().model
     model.backbone = "vit"
-    model.vit_patch = timm_kwargs["patch_size"]
-    model.vit_dim = timm_kwargs["embed_dim"]
-    model.vit_depth = timm_kwargs["depth"]
-    model.vit_heads = timm_kwargs["num_heads"]
-    model.vit_registers = timm_kwargs.get("reg_tokens", 0)
+    model.vit.patch = timm_kwargs["patch_size"]
+    model.vit.dim = timm_kwargs["embed_dim"]
+    model.vit.depth = timm_kwargs["depth"]
+    model.vit.heads = timm_kwargs["num_heads"]
+    model.vit.registers = timm_kwargs.get("reg_tokens", 0)
     return model
 
 

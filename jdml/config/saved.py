@@ -59,7 +59,20 @@ def upgrade(saved: dict[str, Any]) -> dict[str, Any]:
         for part in new_path:
             target = target.setdefault(part, {})
         target.setdefault(new_key, value)
+    cohort = out.get("cohort")
+    if isinstance(cohort, dict) and isinstance(cohort.get("members"), list):
+        cohort["members"] = [_renamed_member(m) if isinstance(m, str) else m
+                             for m in cohort["members"]]  # fmt: skip
     return out
+
+
+def _renamed_member(spec: str) -> str:
+    """A ``cohort.members`` entry (``"model.key=value;..."``) with its renamed keys' new names."""
+    items = []
+    for item in spec.split(";"):
+        key, sep, value = item.strip().partition("=")
+        items.append(f"{RENAMED_KEYS.get(key, key)}{sep}{value}" if sep else item.strip())
+    return ";".join(i for i in items if i)
 
 
 def saved_config(text: str, *, keep_unknown: bool = False) -> ml_collections.ConfigDict:

@@ -1,7 +1,7 @@
 """Keys a new run does not use: one rule for every key that only one part of jdml reads.
 
 Some keys are read by one part of jdml only: a backbone's own ``model.*`` keys
-(``model.vit_attention``: the ViTs'), a dataset loader's own ``data.*`` keys (``data.tfds_name``:
+(``model.vit.attention``: the ViTs'), a dataset loader's own ``data.*`` keys (``data.tfds_name``:
 ``data.name=tfds``'s), and an exchange's ``exchange.<name>.*`` keys (read by a cohort,
 ``cohort.size`` > 1, that exchanges with it: ``cohort.exchange``).
 

@@ -29,7 +29,7 @@ from jdml.errors import ConfigError
 from jdml.evaluation.embeddings import check_metric_names, resolve_metrics
 from jdml.evaluation.kmeans import KMEANS_MODES
 from jdml.evaluation.knn import DISTANCES
-from jdml.keys import RENAMED_KEYS
+from jdml.keys import RENAMED_KEYS, get_dotted
 from jdml.losses import LOSSES
 from jdml.mesh import mesh_shape
 from jdml.methods.checks import check_phases, check_stateless_members
@@ -194,12 +194,11 @@ def _check_values(
     """The ranges (``ranges``) and the allowed names (the ``choices`` fact: key -> names) of
     the keys the component ``name`` of ``registry`` declared in ``section``."""
     for key, allowed in registry.ranges(name).items():
-        _check_number(f"{section}.{key}", c[section][key], allowed)
+        _check_number(f"{section}.{key}", get_dotted(c[section], key), allowed)
     for key, names in registry.meta(name).get("choices", {}).items():
-        if c[section][key] not in names:
-            raise ConfigError(
-                f"{section}.{key}={c[section][key]!r}; choose one of: {', '.join(names)}"
-            )
+        value = get_dotted(c[section], key)
+        if value not in names:
+            raise ConfigError(f"{section}.{key}={value!r}; choose one of: {', '.join(names)}")
 
 
 def _validate_per_query(c: ml_collections.ConfigDict) -> None:

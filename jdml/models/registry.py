@@ -4,8 +4,9 @@ A factory takes the ``model`` config section and ``train`` (batch statistics in 
 returns a Flax module mapping images (B, H, W, C) to pooled features (B, F). A backbone declares
 everything about itself as facts of its registration, so adding one touches its own module only:
 
-* ``keys``: its own ``model.*`` keys with their defaults (``model.stem_features=32``, ...), added
-  to the base config; ``ranges``: the values each of them accepts;
+* ``keys``: its own keys with their defaults, in a section of ``model`` for its family
+  (``"small_resnet.stem_features": 32`` is ``model.small_resnet.stem_features``), added to the
+  base config; ``ranges``: the values each of them accepts;
 * ``check``: ``check(config)`` on the full config, raising ``ConfigError`` for a combination of
   its keys (and the data's) that cannot run; ``jdml.config.validate`` applies the ranges and the
   check of the selected backbone;

@@ -32,13 +32,14 @@ from jdml.registry import COUNT
 
 _MIN_CONV_MAP = 3
 
-#: The backbone's own ``model.*`` keys and their defaults (``--config.model.stem_features=16``).
+#: The backbone's own keys, in its section ``model.small_resnet``, and their defaults
+#: (``--config.model.small_resnet.stem_features=16``).
 KEYS = {
-    "stem_features": 32,
-    "stem_strides": 2,
-    "stage_features": (32, 64, 128),
-    "stage_blocks": (1, 1, 1),
-    "stage_strides": (1, 2, 2),
+    "small_resnet.stem_features": 32,
+    "small_resnet.stem_strides": 2,
+    "small_resnet.stage_features": (32, 64, 128),
+    "small_resnet.stage_blocks": (1, 1, 1),
+    "small_resnet.stage_strides": (1, 2, 2),
 }
 
 
@@ -90,11 +91,12 @@ def check_map_sizes(image_size: int, stem_strides: int, stage_strides: Sequence[
     least = _MIN_CONV_MAP * stem_strides * math.prod(stage_strides)
     if side < _MIN_CONV_MAP:
         raise ValueError(
-            f"with data.image_size={image_size}, model.stem_strides={stem_strides} and "
-            f"model.stage_strides={tuple(stage_strides)} the last stage would run 3x3 "
-            f"convolutions on a {side}x{side} map (very slow on XLA CPU and wasteful elsewhere): "
-            f"set --config.data.image_size={least} or more, a smaller --config.model.stem_strides "
-            "or fewer/smaller --config.model.stage_strides"
+            f"with data.image_size={image_size}, model.small_resnet.stem_strides={stem_strides} "
+            f"and model.small_resnet.stage_strides={tuple(stage_strides)} the last stage would "
+            f"run 3x3 convolutions on a {side}x{side} map (very slow on XLA CPU and wasteful "
+            f"elsewhere): set --config.data.image_size={least} or more, a smaller "
+            "--config.model.small_resnet.stem_strides or fewer/smaller "
+            "--config.model.small_resnet.stage_strides"
         )
 
 
@@ -155,7 +157,7 @@ class SmallResNet(nn.Module):
                     raise ValueError(
                         f"stage {i} would run 3x3 convolutions on a {out_hw}x{out_hw} map, which "
                         "is very slow on XLA CPU and wasteful elsewhere: use larger images or "
-                        "fewer/smaller stage strides (model.stage_strides)"
+                        "fewer/smaller stage strides (model.small_resnet.stage_strides)"
                     )
                 x = BasicBlock(
                     feat, s, self.train_bn, self.dtype, self.native_conv, name=f"stage{i}_block{j}"
@@ -170,15 +172,15 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     Raises:
       ConfigError: naming the keys to change.
     """
-    model = config.model
-    if not len(model.stage_features) == len(model.stage_blocks) == len(model.stage_strides):
+    m = config.model.small_resnet
+    if not len(m.stage_features) == len(m.stage_blocks) == len(m.stage_strides):
         raise ConfigError(
-            "model.stage_features, model.stage_blocks and model.stage_strides need one entry per "
-            f"stage; got {len(model.stage_features)}, {len(model.stage_blocks)} and "
-            f"{len(model.stage_strides)}"
+            "model.small_resnet.stage_features, .stage_blocks and .stage_strides need one entry "
+            f"per stage; got {len(m.stage_features)}, {len(m.stage_blocks)} and "
+            f"{len(m.stage_strides)}"
         )
     try:
-        check_map_sizes(config.data.image_size, model.stem_strides, model.stage_strides)
+        check_map_sizes(config.data.image_size, m.stem_strides, m.stage_strides)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -188,12 +190,13 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 )
 def small_resnet(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
     """The compact CPU-friendly ResNet (see ``jdml.models.small_resnet``)."""
+    m = cfg.small_resnet
     return SmallResNet(
-        stage_features=tuple(cfg.stage_features),
-        stage_blocks=tuple(cfg.stage_blocks),
-        stage_strides=tuple(cfg.stage_strides),
-        stem_features=cfg.stem_features,
-        stem_strides=cfg.stem_strides,
+        stage_features=tuple(m.stage_features),
+        stage_blocks=tuple(m.stage_blocks),
+        stage_strides=tuple(m.stage_strides),
+        stem_features=m.stem_features,
+        stem_strides=m.stem_strides,
         train_bn=train and not cfg.frozen_bn,
         pooling=cfg.pooling,
         dtype=jnp.dtype(cfg.dtype),

@@ -6,7 +6,7 @@ Need Registers", ICLR 2024).
 A patch embedding (a strided convolution), a class token, optional register tokens, learned
 position embeddings, then pre-norm blocks: ``x + attn(norm1(x))`` and ``x + mlp(norm2(x))``,
 each branch scaled per channel by a layer scale in DINOv2, and a final LayerNorm over all
-tokens. The features are the class token or the mean of the patch tokens (``model.vit_pooling``),
+tokens. The features are the class token or the mean of the patch tokens (``model.vit.pooling``),
 after the final norm, as ``timm``'s ``forward_features`` gives them.
 
 Module and parameter names follow timm's state dict (``blocks_3`` holds ``blocks.3.*``,
@@ -17,12 +17,12 @@ is built for; weights made at another size are resampled to it when they are rea
 
 Attention (:func:`attention`) is XLA's arithmetic on every backend by default; ``jax.nn.
 dot_product_attention`` without an implementation computes the same (it picks no fused kernel by
-itself), so ``model.vit_attention=cudnn`` asks it for cuDNN's fused kernel on NVIDIA GPUs in
+itself), so ``model.vit.attention=cudnn`` asks it for cuDNN's fused kernel on NVIDIA GPUs in
 bfloat16.
 
 The backbones: ``vit_s16`` and ``vit_b16`` (timm's ``vit_{small,base}_patch16_224`` and DINO's
 ViT-S/16 and ViT-B/16), ``vit_s14_dinov2`` and ``vit_b14_dinov2`` (patch 14, layer scale), their
-``_reg4`` variants with 4 register tokens, and ``vit``, whose shape the ``model.vit_*`` keys set
+``_reg4`` variants with 4 register tokens, and ``vit``, whose shape the ``model.vit.*`` keys set
 (a small one for tests and experiments).
 """
 
@@ -89,16 +89,16 @@ ARCHITECTURES = {
 
 #: The ``model.*`` keys of the ViT family: the pooling for every variant, the shape for ``vit``.
 KEYS = {
-    "vit_pooling": "token",
+    "vit.pooling": "token",
     # Attention: "xla" (every backend) or "cudnn" (cuDNN's fused kernel: NVIDIA GPUs, with
     # model.dtype=bfloat16).
-    "vit_attention": "xla",
-    "vit_patch": 16,
-    "vit_dim": 384,
-    "vit_depth": 12,
-    "vit_heads": 6,
-    "vit_layer_scale": 0.0,
-    "vit_registers": 0,
+    "vit.attention": "xla",
+    "vit.patch": 16,
+    "vit.dim": 384,
+    "vit.depth": 12,
+    "vit.heads": 6,
+    "vit.layer_scale": 0.0,
+    "vit.registers": 0,
 }
 
 
@@ -106,13 +106,14 @@ def architecture(cfg: ml_collections.ConfigDict) -> Architecture:
     """The architecture of ``model.backbone``: a named variant's, or ``vit``'s from its keys."""
     if cfg.backbone in ARCHITECTURES:
         return ARCHITECTURES[cfg.backbone]
+    v = cfg.vit
     return Architecture(
-        patch=int(cfg.vit_patch),
-        dim=int(cfg.vit_dim),
-        depth=int(cfg.vit_depth),
-        heads=int(cfg.vit_heads),
-        layer_scale=float(cfg.vit_layer_scale),
-        registers=int(cfg.vit_registers),
+        patch=int(v.patch),
+        dim=int(v.dim),
+        depth=int(v.depth),
+        heads=int(v.heads),
+        layer_scale=float(v.layer_scale),
+        registers=int(v.registers),
     )
 
 
@@ -268,19 +269,19 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     a = architecture(model)
     if a.dim % a.heads:
         raise ConfigError(
-            f"model.vit_dim={a.dim} does not split over model.vit_heads={a.heads}; choose a "
+            f"model.vit.dim={a.dim} does not split over model.vit.heads={a.heads}; choose a "
             "width that is a multiple of the heads"
         )
-    if model.get("vit_attention", "xla") == "cudnn":
+    if model.vit.attention == "cudnn":
         if model.dtype not in ("bfloat16", "float16"):
             raise ConfigError(
-                f"model.vit_attention=cudnn runs in half precision, but model.dtype="
-                f"{model.dtype}; set --config.model.dtype=bfloat16 or model.vit_attention=xla"
+                f"model.vit.attention=cudnn runs in half precision, but model.dtype="
+                f"{model.dtype}; set --config.model.dtype=bfloat16 or model.vit.attention=xla"
             )
         if jax.default_backend() != "gpu":
             raise ConfigError(
-                f"model.vit_attention=cudnn needs an NVIDIA GPU, and this process runs on "
-                f"{jax.default_backend()}; use model.vit_attention=xla"
+                f"model.vit.attention=cudnn needs an NVIDIA GPU, and this process runs on "
+                f"{jax.default_backend()}; use model.vit.attention=xla"
             )
     size = config.data.image_size
     if size % a.patch:
@@ -295,10 +296,10 @@ def _factory(name: str):
     def build(cfg: ml_collections.ConfigDict, *, train: bool) -> nn.Module:
         return VisionTransformer(
             arch=architecture(cfg),
-            pooling=cfg.vit_pooling,
+            pooling=cfg.vit.pooling,
             dtype=jnp.dtype(cfg.dtype),
             frozen_stages=cfg.get("frozen_stages", NOT_FROZEN),
-            attention=cfg.get("vit_attention", "xla"),
+            attention=cfg.vit.attention,
         )
 
     build.__name__ = name
@@ -307,12 +308,12 @@ def _factory(name: str):
 
 
 _RANGES = {
-    "vit_patch": COUNT,
-    "vit_dim": COUNT,
-    "vit_depth": COUNT,
-    "vit_heads": COUNT,
-    "vit_layer_scale": NON_NEGATIVE,
-    "vit_registers": Range(0, integer=True),
+    "vit.patch": COUNT,
+    "vit.dim": COUNT,
+    "vit.depth": COUNT,
+    "vit.heads": COUNT,
+    "vit.layer_scale": NON_NEGATIVE,
+    "vit.registers": Range(0, integer=True),
 }
 
 for _name in ("vit", *ARCHITECTURES):
@@ -320,7 +321,7 @@ for _name in ("vit", *ARCHITECTURES):
         _name,
         keys=KEYS,
         ranges=_RANGES,
-        choices={"vit_pooling": POOLINGS, "vit_attention": ATTENTIONS},
+        choices={"vit.pooling": POOLINGS, "vit.attention": ATTENTIONS},
         check=check_config,
         input_normalization=(MEAN, STD),
     )(_factory(_name))

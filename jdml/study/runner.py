@@ -70,12 +70,14 @@ class _Context:
 def config_digest(config: Any) -> str:
     """The digest of a run's config up to its seed, where its data are kept (the records hold
     the data's checksum) and what does not change results: the records of one row at
-    different seeds share it."""
+    different seeds share it. A key renamed since studies kept digests is hashed under its old
+    name (``jdml.keys.DIGEST_NAMES``), so the rename leaves every record its study's."""
     from jdml.config import RESUMABLE_CHANGES, flatten_config
+    from jdml.keys import DIGEST_NAMES
 
     flat = flatten_config(config.to_dict())
     skip = {"seed", "data.path", "data.cache_dir", *RESUMABLE_CHANGES}
-    return digest({k: v for k, v in flat.items() if k not in skip})
+    return digest({DIGEST_NAMES.get(k, k): v for k, v in flat.items() if k not in skip})
 
 
 def tune_config(study: Study, row: Row, values: dict[str, Any], fold: int | None):

@@ -154,9 +154,9 @@ def test_trains_and_evaluates_on_a_tfds_dataset(digits_tfds, tmp_path) -> None:
     config = digits_config(
         digits_tfds,
         **{
-            "model.stage_features": (8,),
-            "model.stage_blocks": (1,),
-            "model.stage_strides": (2,),
+            "model.small_resnet.stage_features": (8,),
+            "model.small_resnet.stage_blocks": (1,),
+            "model.small_resnet.stage_strides": (2,),
             "train.batch_size": 8,
             "train.epochs": 1,
             "train.tensorboard": False,

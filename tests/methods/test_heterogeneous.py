@@ -24,7 +24,10 @@ from tests.helpers import TINY_OVERRIDES, make_npz, restore_latest, tiny_config
 from tests.methods.test_cohort import assert_trains_as_on_one_device, batches, host, train
 
 # The tiny model, and a member twice as wide with half its embedding size.
-MEMBERS = ("", "model.stem_features=16;model.stage_features=(32,);model.embed_dim=8")
+MEMBERS = (
+    "",
+    "model.small_resnet.stem_features=16;model.small_resnet.stage_features=(32,);model.embed_dim=8",
+)
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 (fake) devices")
 
 

@@ -13,7 +13,11 @@ from jdml.methods import method as method_module
 from jdml.methods.method import Method
 from tests.helpers import TINY_OVERRIDES, make_npz
 
-SMALL = {"model.stage_features": (8,), "model.stage_blocks": (1,), "model.stage_strides": (2,)}
+SMALL = {
+    "model.small_resnet.stage_features": (8,),
+    "model.small_resnet.stage_blocks": (1,),
+    "model.small_resnet.stage_strides": (2,),
+}
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,10 @@ from tests.methods.test_diva import tiny_diva
 # A one-block ViT on the tiny 16 px images: 2 x 2 patches of 8 pixels, 16-d tokens.
 VIT = {
     "model.backbone": "vit",
-    "model.vit_patch": 8,
-    "model.vit_dim": 16,
-    "model.vit_depth": 1,
-    "model.vit_heads": 2,
+    "model.vit.patch": 8,
+    "model.vit.dim": 16,
+    "model.vit.depth": 1,
+    "model.vit.heads": 2,
 }
 
 
@@ -83,7 +83,7 @@ def test_frozen_stages_keep_the_patch_embedding_and_first_blocks(npz):
     """``model.frozen_stages=1`` on a two-block ViT: the patch embedding and block 0 keep their
     weights; the class token, the positions, block 1 and the final norm train (Hyp-ViT's
     ``freeze``)."""
-    run = Run(tiny_config(npz, **{**VIT, "model.vit_depth": 2, "model.frozen_stages": 1}))
+    run = Run(tiny_config(npz, **{**VIT, "model.vit.depth": 2, "model.frozen_stages": 1}))
     _, state, history = train(run, steps=2)
     before = history[0][0].params["model"]["backbone"]
     after = state.params["model"]["backbone"]
@@ -108,7 +108,7 @@ def test_layer_decay_gives_each_depth_its_rate(npz):
     positions) at 0.125 of the rate, block 0 at 0.25, block 1 at 0.5, the final norm and the
     head at 1; the first step's changes of a layer against the same step without the decay
     (the same gradients) are in that ratio."""
-    vit = {**VIT, "model.vit_depth": 2, "optim.name": "adamw", "optim.weight_decay": 0.0}
+    vit = {**VIT, "model.vit.depth": 2, "optim.name": "adamw", "optim.weight_decay": 0.0}
     decayed = Run(tiny_config(npz, **vit, **{"optim.layer_decay": 0.5}))
     scale = layer_lr_scale(decayed.config.optim, decayed.method.backbone_layers())
     expected = {"patch_embed_proj": 0.125, "cls_token": 0.125, "pos_embed": 0.125,
@@ -132,7 +132,7 @@ def test_layer_decay_gives_each_depth_its_rate(npz):
 def test_timm_grouping_reaches_the_method(npz):
     """``optim.layer_decay_grouping=timm`` on the two-block ViT at 0.5: the final norm joins
     block 1's group at the rate, so the stem learns at 0.25 and block 0 at 0.5."""
-    vit = {**VIT, "model.vit_depth": 2, "optim.name": "adamw"}
+    vit = {**VIT, "model.vit.depth": 2, "optim.name": "adamw"}
     timm = {"optim.layer_decay": 0.5, "optim.layer_decay_grouping": "timm"}
     run = Run(tiny_config(npz, **vit, **timm))
     scale = layer_lr_scale(run.config.optim, run.method.backbone_layers())

@@ -15,11 +15,13 @@ from jdml.models.small_resnet import SmallResNet
 def _cfg(**kw):
     base = dict(
         backbone="small_resnet",
-        stem_features=4,
-        stem_strides=1,
-        stage_features=(4, 8),
-        stage_blocks=(1, 1),
-        stage_strides=(1, 2),
+        small_resnet=dict(
+            stem_features=4,
+            stem_strides=1,
+            stage_features=(4, 8),
+            stage_blocks=(1, 1),
+            stage_strides=(1, 2),
+        ),
         frozen_bn=False,
         embed_dim=6,
         head="discriminative",
