@@ -151,6 +151,12 @@ def main() -> None:
             f"{name:8s} {b:7.2f} {a:7.2f}   {a / b:10.3f}     "
             f"{diff.mean:+.2f} [{diff.low:+.2f}, {diff.high:+.2f}]"
         )
+    if args.processes > 1:
+        print("each pair's mean after-before (ms):")
+        for name in runs:
+            pairs = zip(medians[name, "after"], medians[name, "before"], strict=True)
+            means = [statistics.mean(a) - statistics.mean(b) for a, b in pairs]
+            print(f"{name:8s} " + " ".join(f"{m:+.2f}" for m in means))
 
 
 def time_in_fresh_workers(

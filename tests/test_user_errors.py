@@ -1188,7 +1188,7 @@ VIT = [*TINY_VIT, f"--config.model.pretrained={VIT_WEIGHTS / 'plain.safetensors'
 
 def vit_args(npz: str, workdir: Path) -> list[str]:
     """``train.py`` on the tiny npz with the tiny pretrained ViT (the small ResNet's keys out)."""
-    small_resnet = ("--config.model.stem_", "--config.model.stage_")
+    small_resnet = "--config.model.small_resnet."
     return [a for a in train_args(npz, workdir, *VIT) if not a.startswith(small_resnet)]
 
 
