@@ -27,6 +27,7 @@ def _jdml(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.smoke
+@pytest.mark.slow  # a training process (the quick part keeps test_trainer.py::test_eval_cli)
 def test_jdml_train_then_eval_from_any_folder(tmp_path: Path) -> None:
     npz = make_npz(str(tmp_path / "tiny.npz"))
     elsewhere = tmp_path / "elsewhere"

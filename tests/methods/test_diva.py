@@ -4,6 +4,7 @@ checkpoint round trip and exact resumption, multi-head evaluation records."""
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -103,10 +104,10 @@ def test_step_updates_ema_and_queue_after_the_optimiser(run):
         strict=True,
     ):
         np.testing.assert_allclose(got, mu * old + (1 - mu) * np.asarray(online), rtol=1e-6)
-    out, _ = run.method.train_model.apply(
+    key_network = jax.jit(partial(run.method.train_model.apply, mutable=["batch_stats"]))
+    out, _ = key_network(
         {"params": ema0, "batch_stats": batch_stats0},
         run.method.preprocess(jnp.asarray(batch["images_b"])),
-        mutable=["batch_stats"],
     )
     queue = new.method_state["selfsimilarity"]["queue"]
     np.testing.assert_allclose(ordered(queue)[-16:], out["selfsimilarity"], atol=1e-5)
@@ -203,10 +204,15 @@ def test_sharing_matters_alternating_updates_each_group_in_its_phase(npz):
     # The main loss's betas end where phase 0's update alone puts them (phase 1 keeps them).
     key = jax.random.fold_in(state0.rng, state0.step)
     grad_fn = jax.value_and_grad(run.method.loss_fn, has_aux=True)
-    args = (state0.params, state0.batch_stats, batch, key, {}, run.method.phases[0])
-    _, grads = grad_fn(*args)
-    updates, _ = run.tx.update(grads, state0.opt_state, state0.params)
-    expected = optax.apply_updates(state0.params, updates)["loss"]
+    phase0 = run.method.phases[0]
+
+    @jax.jit  # one program, as the step's (op by op it takes seconds)
+    def phase0_update(params, batch_stats, opt_state, batch, key):
+        _, grads = grad_fn(params, batch_stats, batch, key, {}, phase0)
+        updates, _ = run.tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates)["loss"]
+
+    expected = phase0_update(state0.params, state0.batch_stats, state0.opt_state, batch, key)
     for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(new.params["loss"]), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
 
