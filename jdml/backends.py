@@ -26,10 +26,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import jax
-
 from jdml.errors import ConfigError
 from jdml.native.switches import ENV, KMEANS_ENV, KNN_ENV, MODES, mode_enabled, onednn_enabled
+from jdml.platform import platform as current_platform
 
 KNN_SELECTIONS = ("auto", "native", "host", "xla")
 #: The values each key of a config's ``backends`` section takes.
@@ -83,9 +82,9 @@ class Backends:
 
 def knn_selection(environ: Mapping[str, str] | None = None, platform: str | None = None) -> str:
     """The kNN selection of ``$JDML_KNN`` (in ``environ``, default ``os.environ``) on ``platform``
-    (default ``jax.default_backend()``): "native" where the kernel runs, else "auto" on CPU and
+    (default :func:`jdml.platform.platform`): "native" where the kernel runs, else "auto" on CPU and
     "xla" elsewhere (the value is checked on every platform)."""
-    platform = jax.default_backend() if platform is None else platform
+    platform = current_platform() if platform is None else platform
     if onednn_enabled(KNN_ENV, environ=environ, platform=platform):  # checks the value
         return "native"
     return "auto" if platform == "cpu" else "xla"
@@ -118,7 +117,7 @@ def resolve_backends(
 ) -> Backends:
     """The backends of a config's ``backends`` section (None: every key ``"auto"``), with
     ``$JDML_CONV``, ``$JDML_KNN`` and ``$JDML_KMEANS`` (in ``environ``, default ``os.environ``)
-    for its ``"auto"`` keys, on ``platform`` (default ``jax.default_backend()``): a config
+    for its ``"auto"`` keys, on ``platform`` (default :func:`jdml.platform.platform`): a config
     value other than ``"auto"`` wins over the variable.
 
     Raises:
@@ -127,7 +126,7 @@ def resolve_backends(
     """
     check_backends(section)
     environ = os.environ if environ is None else environ
-    platform = jax.default_backend() if platform is None else platform
+    platform = current_platform() if platform is None else platform
 
     def native(key: str) -> bool:  # False off the CPU; the values are checked everywhere
         value = _setting(section, key)

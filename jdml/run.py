@@ -8,10 +8,10 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from jax import default_backend
 
 from jdml.backends import resolve_backends
 from jdml.build import build_program
@@ -28,6 +28,7 @@ from jdml.errors import ConfigError
 from jdml.evaluation.splits import Evaluation, embed_split, evaluate_splits, split_metrics
 from jdml.models.embedding import frozen_backbone_modules
 from jdml.optim import check_no_decay, param_names
+from jdml.platform import platform
 from jdml.program import StepFn
 from jdml.samplers import SAMPLERS
 from jdml.samplers.memory import empty_sampler_state
@@ -42,9 +43,13 @@ class Run:
     Shared by training and by checkpoint evaluation (which needs the same state structure).
     """
 
-    def __init__(self, config: ml_collections.ConfigDict, *, validated: bool = False) -> None:
+    def __init__(
+        self, config: ml_collections.ConfigDict, *, validated: bool = False, abstract: bool = False
+    ) -> None:
         """Builds the run of ``config``; ``validated``: the caller has just validated it (the
-        trainer does, before it touches the workdir), so it is not checked twice."""
+        trainer does, before it touches the workdir), so it is not checked twice; ``abstract``:
+        the initial state's shapes only (``jax.ShapeDtypeStruct``s: nothing is computed, as
+        when the step is lowered for another platform, :mod:`jdml.lowering`)."""
         if not validated:
             validate(config)
         self.config = config
@@ -66,7 +71,7 @@ class Run:
         self.steps_per_epoch = config.train.steps_per_epoch or self.sampler.steps_per_epoch
         self.total_steps = config.train.epochs * self.steps_per_epoch
         self.augment = make_augmentation(config.data)
-        self.views_place = views_place(config.data, train, default_backend())
+        self.views_place = views_place(config.data, train, platform())
         # One member of the method, or a DM2 cohort (cohort.size > 1) of several.
         # What the run computes with, chosen once: backends.*, else $JDML_CONV/KNN/KMEANS.
         self.backends = resolve_backends(config.get("backends"))
@@ -85,7 +90,11 @@ class Run:
             dim=self.method.heads[self.method.head],
             steps_per_epoch=self.steps_per_epoch,
         )
-        self.initial_state = self.program.init_state(self.tx, config.seed, sample, placeholders)
+        init = functools.partial(self.program.init_state, self.tx, config.seed)
+        if abstract:
+            self.initial_state = jax.eval_shape(init, sample, placeholders)
+        else:
+            self.initial_state = init(sample, placeholders)
         self.embed_fn = self.program.make_embed_fn()
         self.eval_config = self.program.embeddings.eval_config
 

@@ -180,6 +180,13 @@ def jit_step(
     return PlacedStep(jitted, place, shardings, extra)
 
 
+def _placed(leaf: Any, sharding: Any) -> Any:
+    """``leaf`` placed by ``sharding``; a shape (``jax.ShapeDtypeStruct``) given it."""
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+    return jax.device_put(leaf, sharding)
+
+
 class PlacedStep:
     """A jitted step taking host batches: places them on the mesh (``place``; None: as they
     are), adds the ``extra`` entries already on the devices, then calls the step.
@@ -204,6 +211,14 @@ class PlacedStep:
             state, self.placed = jax.device_put(state, self.shardings), True
         placed = batch if self.place is None else self.place(batch)
         return self.jitted(state, {**placed, **self.extra})
+
+    def arguments(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+        """What :attr:`jitted` takes for ``state`` (arrays, or their shapes) and the host
+        ``batch``, placed (for ``jax.export``, :mod:`jdml.lowering`)."""
+        placed = batch if self.place is None else self.place(batch)
+        if self.shardings is not None:
+            state = jax.tree.map(_placed, state, self.shardings)
+        return state, {**placed, **self.extra}
 
     def _cache_size(self) -> int:
         return self.jitted._cache_size()

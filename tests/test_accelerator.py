@@ -133,3 +133,24 @@ def test_the_device_kmeans_converges_like_a_float64_lloyd():
     assert np.mean(np.asarray(result.assignments) == d.argmin(1)) > 0.999
     inertia = d.min(1).sum()
     np.testing.assert_allclose(float(result.inertia), inertia, rtol=matmul_tolerance(1e-4))
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN's attention needs a GPU")
+@pytest.mark.parametrize("tokens", [16, 17, 197])
+def test_cudnn_attention_equals_xla_attention_values_and_gradients(tokens):
+    """``model.vit.attention=cudnn`` (an odd sequence padded with one masked token, as cuDNN's
+    training kernel asks) computes XLA's attention, forward and backward, to bfloat16 rounding."""
+    from jdml.models.vit import attention
+
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 3, tokens, 64)), jnp.bfloat16) for _ in range(3))
+
+    def loss(impl, q, k, v):
+        return jnp.sum(attention(q, k, v, impl).astype(jnp.float32) ** 2)
+
+    got = jax.value_and_grad(loss, argnums=(1, 2, 3))("cudnn", q, k, v)
+    want = jax.value_and_grad(loss, argnums=(1, 2, 3))("xla", q, k, v)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(
+            np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=3e-2, atol=3e-2
+        )

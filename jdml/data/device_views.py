@@ -42,6 +42,7 @@ from PIL import Image
 
 from jdml.data.photo_augment import ViewParams
 from jdml.data.resample import PRECISION_BITS, max_taps, pillow_taps, vertical_first
+from jdml.platform import platform
 
 #: The arrays of one view batch (:func:`view_arrays`), each with a leading batch axis.
 FIELDS = ("ystart", "ycoef", "xstart", "xcoef", "vfirst", "gray", "ops", "factors")
@@ -174,7 +175,7 @@ def _round8(sums: jax.Array) -> jax.Array:
 def _matmul_dtype() -> tuple[jnp.dtype, jax.lax.Precision]:
     """bfloat16 operands on accelerators (their matrix units; exact here), float32 at full
     precision on the CPU (which has no fast bfloat16 products)."""
-    if jax.default_backend() == "cpu":
+    if platform() == "cpu":
         return jnp.float32, jax.lax.Precision.HIGHEST
     return jnp.bfloat16, jax.lax.Precision.DEFAULT
 

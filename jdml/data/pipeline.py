@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import grain
-import jax
 import numpy as np
 from absl import flags
 
@@ -26,6 +25,7 @@ from jdml.data.augment import PER_ROW_DRAWS, Augmentation
 from jdml.data.benchmarks import FileList
 from jdml.data.benchmarks.decode_cache import open_cache
 from jdml.data.device_pixels import HostViews
+from jdml.platform import platform
 
 
 def row_rng(seed: int, step: int, view: int, member: int, row: int) -> np.random.Generator:
@@ -369,7 +369,7 @@ def resolve_pipeline_sizes(
     Args:
       num_threads: ``data.num_threads`` (-1 or at least 1).
       num_workers: ``data.num_workers`` (-1 or at least 0).
-      backend: ``jax.default_backend()`` ("cpu", "gpu", "tpu", ...).
+      backend: :func:`jdml.platform.platform` ("cpu", "gpu", "tpu", ...).
       cores: the host cores this process may use (:func:`host_cores`).
       decodes: whether the training split decodes an encoded image per photo drawn.
 
@@ -415,7 +415,7 @@ def input_pipeline(
     sizes = resolve_pipeline_sizes(
         data_cfg.num_threads,
         data_cfg.num_workers,
-        backend=backend or jax.default_backend(),
+        backend=backend or platform(),
         cores=host_cores(),
         decodes=getattr(data, "decodes", False),
     )
@@ -471,7 +471,7 @@ def train_batches(
         sizes = resolve_pipeline_sizes(
             num_threads,
             num_workers,
-            backend=jax.default_backend(),
+            backend=platform(),
             cores=host_cores(),
             decodes=getattr(make_batch.data, "decodes", False),
         )

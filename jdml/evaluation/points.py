@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdml.platform import platform
+
 # Host arrays of at most this many bytes are staged in a buffer that is kept for the next call
 # (see ``staged``); larger ones are copied into memory of their own. A thread keeps at most one
 # buffer of this size per slot (two slots are used: queries and references), 16 MB in all.
@@ -71,7 +73,7 @@ def as_float32(x: jax.Array | np.ndarray, slot: int) -> jax.Array | np.ndarray:
     if isinstance(x, jax.Array):
         return x if x.dtype == jnp.float32 else x.astype(jnp.float32)
     x = np.ascontiguousarray(x, np.float32)
-    return staged(x, slot) if jax.default_backend() == "cpu" else x
+    return staged(x, slot) if platform() == "cpu" else x
 
 
 def float32_on_device(x: jax.Array | np.ndarray, slot: int = 0) -> jax.Array:

@@ -32,6 +32,7 @@ from jdml.models import build_model
 from jdml.models.embedding import backbone_layers, frozen_backbone_modules
 from jdml.models.pretrained.backbones import load_backbone
 from jdml.optim import Group
+from jdml.platform import platform
 
 
 def run_once(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -40,7 +41,7 @@ def run_once(fn: Callable[..., Any]) -> Callable[..., Any]:
     initialiser took 8 s at level 2 against 2 s, for bitwise the same params (tests/methods/
     test_init.py); accelerators, and a caller's own jit around it, compile as they always do."""
     plain = jax.jit(fn)
-    if jax.default_backend() != "cpu":
+    if platform() != "cpu":
         return plain
     cheap = jax.jit(fn, compiler_options={"xla_backend_optimization_level": 1})
 

@@ -39,6 +39,7 @@ import ml_collections
 from jdml.errors import ConfigError
 from jdml.models.freeze import NOT_FROZEN, cut_after
 from jdml.models.registry import BACKBONES
+from jdml.platform import platform
 from jdml.registry import COUNT, NON_NEGATIVE, Range
 
 # ImageNet statistics in RGB order on [0, 1] pixels: DINO's and DINOv2's. timm's supervised
@@ -139,8 +140,7 @@ def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, implementation: st
     ``jax.nn.dot_product_attention`` (NVIDIA GPUs, bfloat16 or float16).
     """
     if implementation == "cudnn":
-        swap = lambda a: jnp.swapaxes(a, 1, 2)  # noqa: E731
-        return jax.nn.dot_product_attention(swap(q), swap(k), swap(v), implementation="cudnn")
+        return _cudnn_attention(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1])
     # bfloat16 operands with float32 products, as jax.nn.dot_product_attention asks for them.
     precision = jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if q.dtype == jnp.bfloat16 else None
@@ -149,6 +149,28 @@ def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, implementation: st
     )
     probs = jax.nn.softmax(logits * scale, axis=-1).astype(v.dtype)
     return jnp.swapaxes(jnp.einsum("bhts,bhsd->bhtd", probs, v), 1, 2)
+
+
+def _cudnn_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray) -> jnp.ndarray:
+    """:func:`attention` by cuDNN's fused kernel. Its training form takes an even number of
+    tokens only (JAX 0.10-0.12 refuse an odd one when they trace the gradient: ViT-S/16 at 224 px
+    has 197), so an odd sequence gets one zero token, which the padding mask hides from every
+    query, and the padded query's row is dropped: the same attention."""
+    tokens = q.shape[2]
+    lengths = None
+    if tokens % 2:
+        q, k, v = (jnp.pad(a, ((0, 0), (0, 0), (0, 1), (0, 0))) for a in (q, k, v))
+        lengths = jnp.full((q.shape[0],), tokens, jnp.int32)
+    swap = lambda a: jnp.swapaxes(a, 1, 2)  # noqa: E731
+    out = jax.nn.dot_product_attention(
+        swap(q),
+        swap(k),
+        swap(v),
+        query_seq_lengths=lengths,
+        key_value_seq_lengths=lengths,
+        implementation="cudnn",
+    )
+    return out[:, :tokens]
 
 
 class Block(nn.Module):
@@ -278,10 +300,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                 f"model.vit.attention=cudnn runs in half precision, but model.dtype="
                 f"{model.dtype}; set --config.model.dtype=bfloat16 or model.vit.attention=xla"
             )
-        if jax.default_backend() != "gpu":
+        if platform() != "gpu":
             raise ConfigError(
                 f"model.vit.attention=cudnn needs an NVIDIA GPU, and this process runs on "
-                f"{jax.default_backend()}; use model.vit.attention=xla"
+                f"{platform()}; use model.vit.attention=xla"
             )
     size = config.data.image_size
     if size % a.patch:

@@ -18,10 +18,9 @@ import os
 import warnings
 from collections.abc import Mapping
 
-import jax
-
 from jdml.errors import ConfigError
 from jdml.native import build
+from jdml.platform import platform as current_platform
 
 ENV = "JDML_CONV"
 KMEANS_ENV = "JDML_KMEANS"
@@ -68,7 +67,7 @@ def onednn_enabled(
     """Whether the native kernels of switch ``env`` run: CPU convolutions (``$JDML_CONV``, the
     default), the k-means assignment (``$JDML_KMEANS``) or the kNN selection (``$JDML_KNN``);
     the switch's mode (in ``environ``, default ``os.environ``), the backend (``platform``,
-    default ``jax.default_backend()``) and whether the library builds decide. Only
+    default :func:`jdml.platform.platform`) and whether the library builds decide. Only
     :func:`jdml.backends.resolve_backends` asks, once per run."""
     return mode_enabled(conv_mode(env, environ), env, platform)
 
@@ -77,13 +76,13 @@ def mode_enabled(
     mode: str, env: str = ENV, platform: str | None = None, setting: str | None = None
 ) -> bool:
     """Whether the native kernels of switch ``env`` run in ``mode`` (one of :data:`MODES`) on
-    ``platform`` (default ``jax.default_backend()``); ``setting``: what chose the mode, named in
-    the error (default the variable ``env``).
+    ``platform`` (default :func:`jdml.platform.platform`); ``setting``: what chose the mode,
+    named in the error (default the variable ``env``).
 
     Raises:
       ConfigError: ``mode`` is onednn on the CPU backend and the library cannot be built.
     """
-    if mode == "xla" or (platform or jax.default_backend()) != "cpu":
+    if mode == "xla" or (platform or current_platform()) != "cpu":
         return False
     reason = _unavailable()
     if reason is None:

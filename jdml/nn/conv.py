@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from jdml.native import conv as native_conv
 from jdml.nn.padding import same_padding
 from jdml.nn.pointwise import pointwise_conv
+from jdml.platform import platform
 
 # Fewest input channels for which oneDNN's convolution is used. On EfficientNet-Lite0's RGB stem
 # (3x3, stride 2, 32 channels, 64 px, batch 112) oneDNN's forward pass and kernel gradient took
@@ -67,7 +68,7 @@ def kernel_grad_pieces(batch: int, out_positions: int) -> int:
     """Batch pieces of the kernel gradient: the largest divisor of ``batch`` up to
     ``KERNEL_GRAD_PIECES`` on the CPU backend for output maps of at least
     ``PIECES_MIN_POSITIONS`` positions, else 1."""
-    if jax.default_backend() != "cpu" or out_positions < PIECES_MIN_POSITIONS:
+    if platform() != "cpu" or out_positions < PIECES_MIN_POSITIONS:
         return 1
     return max(p for p in range(1, KERNEL_GRAD_PIECES + 1) if batch % p == 0)
 

@@ -37,6 +37,7 @@ from jax import lax
 
 from jdml.nn.conv import onednn_conv
 from jdml.nn.padding import same_padding
+from jdml.platform import platform
 
 Impl = Literal["auto", "xla", "onednn", "shifted", "shifted_autodiff"]
 
@@ -131,7 +132,7 @@ _shifted.defvjp(_shifted_fwd, _shifted_bwd)
 def _auto(x: jnp.ndarray, kernel: jnp.ndarray, native: bool = False) -> str:
     """The implementation ``"auto"`` stands for (decided when a function is traced): XLA's off
     the CPU backend; on it oneDNN's for float32 with ``native``, else the shifted sum."""
-    if jax.default_backend() != "cpu":
+    if platform() != "cpu":
         return "xla"
     if x.dtype == kernel.dtype == jnp.float32 and native:
         return "onednn"

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from jdml.native import conv as native_conv
+from jdml.platform import platform
 
 Form = Literal["auto", "matmul", "conv"]
 FORMS: tuple[Form, ...] = ("auto", "matmul", "conv")
@@ -75,7 +76,7 @@ def pointwise_form(form: Form = "auto") -> Form:
         raise ValueError(f"unknown pointwise form {form!r}; expected one of {FORMS}")
     if form != "auto":
         return form
-    return "matmul" if jax.default_backend() == "cpu" else "conv"
+    return "matmul" if platform() == "cpu" else "conv"
 
 
 def pointwise_conv(

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from jdml.geometry import squared_distances
 from jdml.native import kmeans as native_kmeans
+from jdml.platform import platform
 
 # Point-centroid distances per assignment block when ``block_size`` is not given
 # (``assign_scores``; None: the backend's value below). On CPU 2^21 (8 MB): the block stays in
@@ -53,7 +54,7 @@ def direct_enabled(x: Any, native: bool) -> bool:
     """Whether :func:`~jdml.evaluation.kmeans.kmeans` calls the native functions directly on
     ``x``: a host array, on the CPU backend, with the native k-means asked for (``native``, a
     run's :class:`jdml.backends.Backends`' ``kmeans``)."""
-    return not isinstance(x, jax.Array) and jax.default_backend() == "cpu" and native
+    return not isinstance(x, jax.Array) and platform() == "cpu" and native
 
 
 class Bounds(NamedTuple):
@@ -165,7 +166,7 @@ def assign_scores() -> int:
     the default backend's (``CPU_ASSIGN_SCORES`` or ``ACCELERATOR_ASSIGN_SCORES``)."""
     if ASSIGN_SCORES is not None:
         return ASSIGN_SCORES
-    return CPU_ASSIGN_SCORES if jax.default_backend() == "cpu" else ACCELERATOR_ASSIGN_SCORES
+    return CPU_ASSIGN_SCORES if platform() == "cpu" else ACCELERATOR_ASSIGN_SCORES
 
 
 def block_rows(num_points: int, num_clusters: int, block_size: int | None) -> int:

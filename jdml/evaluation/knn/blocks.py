@@ -22,6 +22,8 @@ from typing import NamedTuple, TypeVar
 import jax
 import numpy as np
 
+from jdml.platform import platform
+
 DISTANCES = ("euclidean", "cosine")
 DEFAULT_BLOCK_SIZE = 512
 # References scored at once within a query block (``chunk_size=None``: the backend's value). On
@@ -71,7 +73,7 @@ def resolve_chunk_size(chunk_size: int | None) -> int:
     ``ACCELERATOR_CHUNK_SIZE`` elsewhere)."""
     if chunk_size is not None:
         return chunk_size
-    return DEFAULT_CHUNK_SIZE if jax.default_backend() == "cpu" else ACCELERATOR_CHUNK_SIZE
+    return DEFAULT_CHUNK_SIZE if platform() == "cpu" else ACCELERATOR_CHUNK_SIZE
 
 
 def block_scores() -> int:
@@ -79,7 +81,7 @@ def block_scores() -> int:
     default backend's (``CPU_BLOCK_SCORES`` or ``ACCELERATOR_BLOCK_SCORES``)."""
     if BLOCK_SCORES is not None:
         return BLOCK_SCORES
-    return CPU_BLOCK_SCORES if jax.default_backend() == "cpu" else ACCELERATOR_BLOCK_SCORES
+    return CPU_BLOCK_SCORES if platform() == "cpu" else ACCELERATOR_BLOCK_SCORES
 
 
 def query_block(num_queries: int, width: int, block_size: int) -> int:

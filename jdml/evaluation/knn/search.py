@@ -40,6 +40,7 @@ from jdml.evaluation.knn.onednn import direct_search, native_blocks
 from jdml.evaluation.knn.xla import xla_blocks
 from jdml.evaluation.points import as_float32
 from jdml.geometry import l2_normalize
+from jdml.platform import platform
 
 # Smallest k (self included) always selected on the host on the CPU backend.
 HOST_SELECTION_MIN_K = 64
@@ -66,7 +67,7 @@ def select_on_host(k: int, width: int, selection: str = "auto") -> bool:
     """
     if selection in ("host", "xla"):
         return selection == "host"
-    if jax.default_backend() != "cpu":
+    if platform() != "cpu":
         return False
     return k >= HOST_SELECTION_MIN_K or (k >= 2 and k * blocks.GROUP_SIZE * 8 > width)
 
