@@ -20,9 +20,13 @@ at batch 180 in bfloat16, whose compile fits a CPU although its step would take 
 ``--jdml-only`` times jdml's step alone (on a GPU: that it trains at that batch, its time and
 MFU; ``bench/bench_gpu.py --nets vit_s16,vit_b16`` compares it with PyTorch there).
 
+``--conv xla,onednn`` times the step with XLA's products and with oneDNN's (``jdml.nn.matmul``,
+a run's ``backends.conv``) in the same rounds; ``--forward`` times the forward pass alone
+against timm's model under ``torch.inference_mode``.
+
 Usage: python bench/bench_vit.py [--model vit_s16] [--batch 16] [--size 224] [--steps 2]
            [--repeats 3] [--dtype float32|bfloat16] [--memory-only] [--jdml-only]
-           [--attention xla|cudnn]
+           [--attention xla|cudnn] [--conv auto|xla|onednn[,...]] [--forward]
 """
 
 from __future__ import annotations
@@ -49,13 +53,24 @@ TIMM_NAMES = {
 NO_DECAY = ("1d", "cls_token", "pos_embed", "reg_token")
 
 
-def jdml_step(args: argparse.Namespace, classes: int):
+def backbone_of(args: argparse.Namespace, conv: str) -> VisionTransformer:
+    """The ViT of ``--model``, its products oneDNN's where ``conv`` (a ``backends.conv`` mode)
+    enables them on this backend."""
+    from jdml.native.switches import mode_enabled
+
+    return VisionTransformer(
+        ARCHITECTURES[args.model],
+        dtype=jnp.dtype(args.dtype),
+        attention=args.attention,
+        native_conv=mode_enabled(conv, setting="--conv"),
+    )
+
+
+def jdml_step(args: argparse.Namespace, classes: int, conv: str = "auto"):
     """The jitted step, its initial state and a batch."""
     from jdml.optim import decay_mask
 
-    backbone = VisionTransformer(
-        ARCHITECTURES[args.model], dtype=jnp.dtype(args.dtype), attention=args.attention
-    )
+    backbone = backbone_of(args, conv)
     loss = LOSSES.get("proxyanchor")(num_classes=classes)
     rng = np.random.default_rng(0)
     images = jnp.asarray(rng.standard_normal((args.batch, args.size, args.size, 3)), jnp.float32)
@@ -140,6 +155,40 @@ class _TorchProxyAnchor:
         return pos.sum() / own.any(0).sum() + neg.mean()
 
 
+def forward_contenders(args: argparse.Namespace, convs: list[str]) -> dict:
+    """The forward pass alone (what ``jdml embed`` runs): jdml's jitted backbone per ``conv``
+    mode, and timm's model under ``torch.inference_mode`` when torch imports."""
+    rng = np.random.default_rng(0)
+    images = jnp.asarray(rng.standard_normal((args.batch, args.size, args.size, 3)), jnp.float32)
+    contenders = {}
+    for conv in convs:
+        backbone = backbone_of(args, conv)
+        params = backbone.init(jax.random.key(0), images[:1])
+        forward = jax.jit(backbone.apply).lower(params, images).compile()
+        name = f"jdml forward ({conv})"
+        contenders[name] = lambda f=forward, p=params: [
+            f(p, images).block_until_ready() for _ in range(args.steps)
+        ][-1]
+    if args.jdml_only:
+        return contenders
+    try:
+        import timm
+        import torch
+    except ImportError as e:
+        print(f"(no torch comparison: {e})")
+        return contenders
+    model = timm.create_model(TIMM_NAMES[args.model], pretrained=False, num_classes=0,
+                              img_size=args.size).eval()  # fmt: skip
+    x = torch.tensor(np.asarray(images)).permute(0, 3, 1, 2).contiguous()
+
+    def torch_forward():
+        with torch.inference_mode():
+            return [model(x) for _ in range(args.steps)][-1]
+
+    contenders["torch inference_mode"] = torch_forward
+    return contenders
+
+
 def memory_line(compiled, batch: int) -> str:
     """The compiled step's memory: arguments, outputs, temporaries, and their sum per image."""
     m = compiled.memory_analysis()
@@ -167,37 +216,61 @@ def main() -> None:
     parser.add_argument("--memory-only", action="store_true")
     parser.add_argument("--jdml-only", action="store_true", help="no PyTorch contender")
     parser.add_argument("--attention", default="xla", choices=("xla", "cudnn"))
+    parser.add_argument(
+        "--conv",
+        default="auto",
+        help="the products: a backends.conv mode (auto, xla, onednn) or several, comma-separated "
+        "(e.g. xla,onednn: both in the same alternating rounds)",
+    )
+    parser.add_argument(
+        "--forward", action="store_true", help="the forward pass alone, against inference_mode"
+    )
     args = parser.parse_args()
-    step, state, images, labels = jdml_step(args, args.classes)
-    compiled = step.lower(state, images, labels).compile()
+    convs = args.conv.split(",")
     print(f"{args.model} at {args.size} px, batch {args.batch}, {args.dtype}, {jax.devices()[0]}")
-    print(memory_line(compiled, args.batch))
+    if args.forward:
+        report(args, alternating_rounds(forward_contenders(args, convs), args.repeats), "pass")
+        return
+    contenders, flops = {}, {}
+    for conv in convs:
+        step, state, images, labels = jdml_step(args, args.classes, conv)
+        compiled = step.lower(state, images, labels).compile()
+        print(f"conv={conv}: {memory_line(compiled, args.batch)}")
+        holder = {"state": state}
+
+        def ours(compiled=compiled, holder=holder, images=images, labels=labels):
+            out = None
+            for _ in range(args.steps):
+                holder["state"], out = compiled(holder["state"], images, labels)
+            return out
+
+        contenders[f"jdml step ({conv})"] = ours
+        shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
+        flops[f"jdml step ({conv})"] = model_flops(step, shapes, images, labels)
     if args.memory_only:
         return
-    holder = {"state": state}
-
-    def ours():
-        out = None
-        for _ in range(args.steps):
-            holder["state"], out = compiled(holder["state"], images, labels)
-        return out
-
-    contenders = {"jdml step": ours}
     try:
         if not args.jdml_only:
             torch_run = torch_step(args, args.classes, images, labels)
             contenders["torch eager"] = lambda: [torch_run() for _ in range(args.steps)][-1]
     except ImportError as e:
         print(f"(no torch comparison: {e})")
-    timings = alternating_rounds(contenders, args.repeats)
+    seconds = report(args, alternating_rounds(contenders, args.repeats), "step")
+    for name, value in flops.items():
+        print(throughput_line(name, value, seconds[name], args.dtype))
+
+
+def report(args: argparse.Namespace, timings: dict, unit: str) -> dict[str, float]:
+    """Prints the median seconds per ``unit`` of each contender and each jdml one's time as a
+    multiple of PyTorch's; returns the medians."""
     seconds = {n: statistics.median(t.rounds) / args.steps for n, t in timings.items()}
     for name, value in seconds.items():
-        print(f"{name}: {1e3 * value:.0f} ms per step (median of {args.repeats} rounds)")
-    if "torch eager" in seconds:
-        print(f"torch eager / jdml step: {seconds['torch eager'] / seconds['jdml step']:.2f}x")
-    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), holder["state"])
-    flops = model_flops(step, shapes, images, labels)
-    print(throughput_line("jdml step", flops, seconds["jdml step"], args.dtype))
+        print(f"{name}: {1e3 * value:.0f} ms per {unit} (median of {args.repeats} rounds)")
+    torch_name = next((n for n in seconds if n.startswith("torch")), None)
+    for name in seconds:
+        if torch_name and name.startswith("jdml"):
+            print(f"{name} / {torch_name}: {seconds[name] / seconds[torch_name]:.2f}x its time")
+    return seconds
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ Parts, at batch 16 and 224 px (197 tokens of width 384, 6 heads):
 * ``one batched product``: the scores Q K^T of every head (96 products of 197 x 64 x 197);
 * ``LayerNorm``, ``GELU`` (erf) and ``softmax`` on their tensors.
 
-Each row is the sum of squares' gradient (forward and backward). The ratio is XLA's time over
+The rows marked "oneDNN's" take the products of ``jdml.nn.matmul`` (a run's
+``backends.conv=onednn`` on CPU). Each row is the sum of squares' gradient (forward and
+backward). The ratio is XLA's time over
 PyTorch's; run it with ``XLA_FLAGS`` set to compare XLA's CPU libraries.
 
 Usage: python bench/vit_parts.py [--repeats 5]   (needs torch and timm)
@@ -21,6 +23,7 @@ Usage: python bench/vit_parts.py [--repeats 5]   (needs torch and timm)
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -33,19 +36,25 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jdml.models.vit import LN_EPS, Block, attention
+from jdml.nn.matmul import native_dot_general, product
 from jdml.throughput import alternating_rounds
 
 B, T, D, H = 16, 197, 384, 6
 
 
 class DenseLayers(nn.Module):
-    """The block's four dense layers without the rest."""
+    """The block's four dense layers without the rest (``native``: oneDNN's products)."""
+
+    native: bool = False
 
     @nn.compact
     def __call__(self, x):
-        y = nn.Dense(3 * D)(x)[..., :D]
-        x = x + nn.Dense(D)(y)
-        return x + nn.Dense(D)(nn.Dense(4 * D)(x))
+        dense = functools.partial(
+            nn.Dense, **({"dot_general": native_dot_general} if self.native else {})
+        )
+        y = dense(3 * D)(x)[..., :D]
+        x = x + dense(D)(y)
+        return x + dense(D)(dense(4 * D)(x))
 
 
 def jax_grad(fn, *arrays):
@@ -119,9 +128,21 @@ def parts() -> dict[str, tuple]:
             jax_module(Block(H, 0.0, jnp.float32), x),
             torch_module(TimmBlock(D, H, qkv_bias=True), x),
         ),
+        "block, oneDNN's products": (
+            jax_module(Block(H, 0.0, jnp.float32, native_conv=True), x),
+            torch_module(TimmBlock(D, H, qkv_bias=True), x),
+        ),
         "the four dense layers": (jax_module(DenseLayers(), x), torch_module(TorchDense(), x)),
+        "the four dense layers, oneDNN's": (
+            jax_module(DenseLayers(native=True), x),
+            torch_module(TorchDense(), x),
+        ),
         "attention (jdml's, heads ahead of tokens)": (
             jax_grad(lambda q, k, v: attention(q, k, v, "xla"), heads, heads, heads),
+            torch_grad(torch.nn.functional.scaled_dot_product_attention, heads, heads, heads),
+        ),
+        "attention (jdml's), oneDNN's products": (
+            jax_grad(lambda q, k, v: attention(q, k, v, "xla", True), heads, heads, heads),
             torch_grad(torch.nn.functional.scaled_dot_product_attention, heads, heads, heads),
         ),
         "attention (jax.nn.dot_product_attention)": (
@@ -130,6 +151,16 @@ def parts() -> dict[str, tuple]:
         ),
         "one batched product (Q K^T)": (
             jax_grad(lambda q, k: jnp.einsum("bhtd,bhsd->bhts", q, k), heads, heads),
+            torch_grad(lambda q, k: q @ k.transpose(-1, -2), heads, heads),
+        ),
+        "one batched product (Q K^T), oneDNN's": (
+            jax_grad(
+                lambda q, k: product(
+                    q.reshape(-1, T, D // H), k.reshape(-1, T, D // H), False, True
+                ),
+                heads,
+                heads,
+            ),
             torch_grad(lambda q, k: q @ k.transpose(-1, -2), heads, heads),
         ),
         "LayerNorm": (

@@ -401,11 +401,13 @@ def _conv_macs(eqn: core.JaxprEqn) -> int:
     return out[out_spec[0]] * out[out_spec[1]] * taps * rhs[rhs_spec[1]]
 
 
-# The native custom calls counted, their operands: matmul (a, b) -> op(a) @ op(b); convolution
+# The native custom calls counted, their operands: matmul (a, b) -> op(a) @ op(b), batched over a
+# leading axis or not; convolution
 # forward (x, kernel) -> y, input gradient (dy, kernel) -> dx, kernel gradients (x, dy) -> dk;
 # NHWC maps, HWIO kernels.
 _NATIVE_TARGETS = (
     "jdml_dnnl_matmul",
+    "jdml_dnnl_batched_matmul",
     "jdml_dnnl_conv_fwd",
     "jdml_dnnl_conv_bwd_data",
     "jdml_dnnl_conv_bwd_weights",
@@ -424,8 +426,8 @@ def _ffi_macs(eqn: core.JaxprEqn, tally: _Tally) -> int:
     attrs = dict(eqn.params.get("attributes") or ())
     a, b = (_shape(v) for v in eqn.invars[:2])
     result = _shape(eqn.outvars[0])
-    if target == "jdml_dnnl_matmul":
-        summed = a[0] if attrs["trans_a"] else a[1]
+    if target in ("jdml_dnnl_matmul", "jdml_dnnl_batched_matmul"):
+        summed = a[-2] if attrs["trans_a"] else a[-1]
         return math.prod(result) * summed
     if target == "jdml_dnnl_conv_fwd":
         stride, top, left = (int(attrs[k]) for k in ("stride", "pad_top", "pad_left"))

@@ -140,7 +140,7 @@ def test_lowering_for_names_the_accelerators_backend_and_refuses_unknown_names()
 def test_a_cpu_only_custom_call_fails_the_lowering() -> None:
     """The check can fail: oneDNN's matrix product (a CPU custom call) does not lower for a GPU
     or a TPU, while XLA's product does."""
-    from jdml.nn.pointwise import onednn_matmul
+    from jdml.nn.matmul import onednn_matmul
 
     a = jnp.ones((4, 3), jnp.float32)
     for target in ACCELERATORS:
@@ -149,6 +149,7 @@ def test_a_cpu_only_custom_call_fails_the_lowering() -> None:
         assert export_for(target, jax.jit(jnp.matmul), a, a.T).platforms == (target,)
 
 
+@pytest.mark.slow  # 35 s of CPU in all: CI's second part (docs/development.md)
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_the_train_step_lowers_for_the_accelerators(
     name: str, data: Data, monkeypatch: pytest.MonkeyPatch
@@ -191,6 +192,7 @@ class Recorder:
         return call
 
 
+@pytest.mark.slow
 def test_the_evaluators_knn_and_kmeans_lower_for_the_accelerators(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -39,6 +39,7 @@ import ml_collections
 from jdml.errors import ConfigError
 from jdml.models.freeze import NOT_FROZEN, cut_after
 from jdml.models.registry import BACKBONES
+from jdml.nn.matmul import float32_product, native_dot_general
 from jdml.platform import platform
 from jdml.registry import COUNT, NON_NEGATIVE, Range
 
@@ -129,7 +130,9 @@ class LayerScale(nn.Module):
         return x * gamma.astype(x.dtype)
 
 
-def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, implementation: str) -> jnp.ndarray:
+def attention(
+    q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, implementation: str, native: bool = False
+) -> jnp.ndarray:
     """Scaled dot-product attention of (B, heads, T, D) queries, keys and values: (B, T, heads,
     D).
 
@@ -137,13 +140,21 @@ def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, implementation: st
     float32 (``jax.nn.dot_product_attention``'s XLA arithmetic, with the heads kept ahead of the
     tokens: one transpose in and one out instead of one per product; forward and backward 1.34x
     faster on a 2-core CPU, ``bench/vit_parts.py``). ``"cudnn"``: the cuDNN fused kernel of
-    ``jax.nn.dot_product_attention`` (NVIDIA GPUs, bfloat16 or float16).
+    ``jax.nn.dot_product_attention`` (NVIDIA GPUs, bfloat16 or float16). ``native``: the two
+    products of ``"xla"`` by oneDNN on CPU (:mod:`jdml.nn.matmul`, a run's ``backends.conv``),
+    batched over (B, heads), the same arithmetic up to float32 summation order.
     """
     if implementation == "cudnn":
         return _cudnn_attention(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1])
     # bfloat16 operands with float32 products, as jax.nn.dot_product_attention asks for them.
     precision = jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if q.dtype == jnp.bfloat16 else None
+    if native:
+        stack = lambda a: a.reshape(-1, *a.shape[2:])  # noqa: E731  (B * heads, T, D)
+        logits = float32_product(stack(q), stack(k), trans_b=True, dtype=jnp.float32)
+        probs = jax.nn.softmax(logits * scale, axis=-1).astype(v.dtype)
+        out = float32_product(probs, stack(v)).reshape(q.shape)
+        return jnp.swapaxes(out, 1, 2)
     logits = jnp.einsum(
         "bhtd,bhsd->bhts", q, k, precision=precision, preferred_element_type=jnp.float32
     )
@@ -180,16 +191,18 @@ class Block(nn.Module):
     layer_scale: float
     dtype: jnp.dtype
     attention: str = "xla"
+    native_conv: bool = False
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         batch, tokens, dim = x.shape
         norm = lambda name: nn.LayerNorm(LN_EPS, dtype=self.dtype, name=name)  # noqa: E731
-        dense = lambda n, name: nn.Dense(n, dtype=self.dtype, name=name)  # noqa: E731
+        products = {"dot_general": native_dot_general} if self.native_conv else {}
+        dense = lambda n, name: nn.Dense(n, dtype=self.dtype, name=name, **products)  # noqa: E731
         y = norm("norm1")(x)
         qkv = dense(3 * dim, "attn_qkv")(y).reshape(batch, tokens, 3, self.heads, -1)
         q, k, v = qkv.transpose(2, 0, 3, 1, 4)  # each (B, heads, T, D)
-        y = attention(q, k, v, self.attention)
+        y = attention(q, k, v, self.attention, self.native_conv)
         y = dense(dim, "attn_proj")(y.reshape(batch, tokens, dim))
         if self.layer_scale:
             y = LayerScale(self.layer_scale, name="ls1")(y)
@@ -213,6 +226,9 @@ class VisionTransformer(nn.Module):
         first blocks keep their weights, the class and register tokens and the position
         embeddings train (as Hyp-ViT's ``freeze``); -1 freezes nothing.
       attention: ``"xla"`` or ``"cudnn"`` (:func:`attention`).
+      native_conv: the blocks' dense layers and attention products by oneDNN on CPU
+        (:mod:`jdml.nn.matmul`; a run's :class:`jdml.backends.Backends` ``conv``, the choice of
+        the convolutional backbones' kernels); False: XLA's dots.
 
     Input: normalised images (B, H, W, 3) whose sides are multiples of the patch; the position
     embeddings are made for the grid of the input the module is initialised with.
@@ -223,6 +239,7 @@ class VisionTransformer(nn.Module):
     dtype: jnp.dtype = jnp.float32
     frozen_stages: int = NOT_FROZEN
     attention: str = "xla"
+    native_conv: bool = False
 
     @property
     def STAGE_MODULES(self) -> tuple[tuple[str, ...], ...]:  # the freeze protocol's name
@@ -273,7 +290,14 @@ class VisionTransformer(nn.Module):
         else:  # registers: only the patches have positions
             x = jnp.concatenate([*prefix, x + pos_embed], axis=1)
         for i in range(a.depth):
-            x = Block(a.heads, a.layer_scale, self.dtype, self.attention, name=f"blocks_{i}")(x)
+            x = Block(
+                a.heads,
+                a.layer_scale,
+                self.dtype,
+                self.attention,
+                self.native_conv,
+                name=f"blocks_{i}",
+            )(x)
         x = nn.LayerNorm(LN_EPS, dtype=self.dtype, name="norm")(x).astype(jnp.float32)
         if self.pooling == "token":
             return x[:, 0]

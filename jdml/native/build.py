@@ -53,6 +53,7 @@ TARGETS = (
     "jdml_dnnl_conv_bwd_data",
     "jdml_dnnl_conv_bwd_weights",
     "jdml_depthwise_bwd_weights",
+    "jdml_dnnl_batched_matmul",
     "jdml_dnnl_matmul",
     "jdml_kmeans_assign",
     "jdml_kmeans_assign_bounded",

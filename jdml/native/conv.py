@@ -2,7 +2,7 @@
 (``dnnl_conv.cc``, ``depthwise.cc``, ``matmul.cc``).
 
 Plain functions of float32 JAX arrays, traceable inside ``jit``; their derivatives are defined
-by their callers (``jdml.nn.conv.onednn_conv``, ``jdml.nn.pointwise.onednn_matmul``), which
+by their callers (``jdml.nn.conv.onednn_conv``, ``jdml.nn.matmul.product``), which
 also decide with :func:`jdml.native.switches.onednn_enabled` whether to call them. Every call
 maps over a ``vmap`` axis one element at a time.
 """
@@ -27,6 +27,19 @@ def matmul(a: jax.Array, b: jax.Array, *, trans_a: bool, trans_b: bool) -> jax.A
     call = ffi_call(
         "jdml_dnnl_matmul",
         jax.ShapeDtypeStruct((m, n), jnp.float32),
+        vmap_method="sequential",
+    )
+    return call(a, b, trans_a=trans_a, trans_b=trans_b)
+
+
+def batched_matmul(a: jax.Array, b: jax.Array, *, trans_a: bool, trans_b: bool) -> jax.Array:
+    """``op(a[g]) @ op(b[g])`` for every ``g`` of float32 ``(G, ., .)`` stacks by oneDNN's sgemm
+    (``jdml_dnnl_batched_matmul``), with ``op`` as in :func:`matmul`."""
+    m = a.shape[2] if trans_a else a.shape[1]
+    n = b.shape[1] if trans_b else b.shape[2]
+    call = ffi_call(
+        "jdml_dnnl_batched_matmul",
+        jax.ShapeDtypeStruct((a.shape[0], m, n), jnp.float32),
         vmap_method="sequential",
     )
     return call(a, b, trans_a=trans_a, trans_b=trans_b)

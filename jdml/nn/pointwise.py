@@ -19,9 +19,9 @@ every ResNet-50 layer without trouble.
 On the CPU backend, when asked (``native``: a run's :class:`jdml.backends.Backends` ``conv``,
 where the native library builds, see ``jdml.native``), float32 products run oneDNN's sgemm
 instead of XLA's dot, as the custom call ``jdml_dnnl_matmul`` (forward pass and both
-gradients), the same values up to float32 summation order: on Lite0's 32 1x1 layers at 64 px,
-batch 112, forward + backward took 158 ms against 170 for XLA's dot, and the whole train step
-gained 4-5% images/s.
+gradients, :mod:`jdml.nn.matmul`), the same values up to float32 summation order: on Lite0's
+32 1x1 layers at 64 px, batch 112, forward + backward took 158 ms against 170 for XLA's dot,
+and the whole train step gained 4-5% images/s.
 
 ``PointwiseConv`` has ``nn.Conv``'s parameter (``kernel`` of shape (1, 1, C_in, C_out), the same
 initialiser), so weights converted for ``nn.Conv`` load unchanged and a random init is the same.
@@ -36,37 +36,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jdml.native import conv as native_conv
+from jdml.nn.matmul import onednn_matmul
 from jdml.platform import platform
 
 Form = Literal["auto", "matmul", "conv"]
 FORMS: tuple[Form, ...] = ("auto", "matmul", "conv")
-
-
-def _matmul_call(a: jax.Array, b: jax.Array, trans_a: bool, trans_b: bool) -> jax.Array:
-    """``op(a) @ op(b)`` of float32 matrices by the native ``jdml_dnnl_matmul``."""
-    return native_conv.matmul(a, b, trans_a=trans_a, trans_b=trans_b)
-
-
-@jax.custom_vjp
-def onednn_matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-    """``a @ b`` of float32 matrices through oneDNN's sgemm on the CPU backend, forward pass and
-    both gradients (``a``'s: ``g @ b.T``; ``b``'s: ``a.T @ g``)."""
-    return _matmul_call(a, b, False, False)
-
-
-def _matmul_fwd(a: jax.Array, b: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _matmul_call(a, b, False, False), (a, b)
-
-
-def _matmul_bwd(
-    residuals: tuple[jax.Array, jax.Array], g: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    a, b = residuals
-    return _matmul_call(g, b, False, True), _matmul_call(a, g, True, False)
-
-
-onednn_matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
 def pointwise_form(form: Form = "auto") -> Form:
