@@ -754,6 +754,7 @@ def test_a_damaged_checkpoint_is_one_line(npz: str, finished: Path, tmp_path: Pa
     assert "failed:" in (copy / "train.log").read_text()  # the whole cause, in the log
 
 
+@pytest.mark.slow  # reads a trained run (a training process)
 @pytest.mark.parametrize("k", ["0", "-3"])
 def test_search_needs_a_positive_k(finished: Path, npz: str, tmp_path: Path, k: str) -> None:
     index = tmp_path / "index.npz"
@@ -1259,6 +1260,7 @@ def test_a_stop_during_device_view_training_resumes_to_the_uninterrupted_run(
 # ------------------------------------------------------------------ sizes that do not fit memory
 
 
+@pytest.mark.slow  # reads a trained run (a training process)
 def test_sizes_that_do_not_fit_the_memory_are_one_line(npz: str, finished: Path) -> None:
     """An embedding of 10^10 dimensions (640 GB of weights) fails to allocate: one line naming
     the keys that set the sizes, no traceback (JAX's exit hooks do not repeat it), no workdir,
@@ -1515,6 +1517,7 @@ def test_a_stop_a_finaliser_drops_still_stops(tmp_path: Path, capsys, raised, na
     raise_if_stopped()  # the command's end forgot the stop
 
 
+@pytest.mark.slow  # reads a trained run (a training process)
 def test_latest_is_looked_up_when_read(finished: Path, tmp_path: Path) -> None:
     """A checkpoint reader made before a training process removed its newest step (it keeps
     only the newest two) reads the newest complete step, not the removed one."""

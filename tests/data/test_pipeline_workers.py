@@ -203,7 +203,7 @@ def test_train_batches_sizes_itself_for_auto_values(make_batch, monkeypatch) -> 
         return seen["sizes"]
 
     monkeypatch.setattr(pipeline, "resolve_pipeline_sizes", spy)
-    monkeypatch.setattr(pipeline.jax, "default_backend", lambda: "cpu")
+    monkeypatch.setattr(pipeline, "platform", lambda: "cpu")
     batches = list(
         train_batches(
             make_batch, start_step=0, total_steps=2, num_threads=-1, prefetch=2, num_workers=-1

@@ -94,7 +94,7 @@ def test_attention_with_native_products_equals_xlas(dtype):
     _assert_close(got, want, tol, tol)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [jnp.float32, pytest.param(jnp.bfloat16, marks=pytest.mark.slow)])
 def test_a_vit_with_native_products_equals_the_xla_one(dtype):
     """A two-block ViT (class token, layer scale): features and every parameter's gradient."""
     skip_off_cpu("oneDNN's sgemm")
