@@ -102,7 +102,9 @@ def stopped_as_error(workdir: str) -> Iterator[None]:
         unraisable(event)
 
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, stop) if main else None
+    # Both signals recorded as they arrive: Python's own Ctrl-C (a KeyboardInterrupt alone) was
+    # lost when code running at that moment swallowed it (seen while a weight file was read).
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
     sys.unraisablehook = dropped
     clear_stop()
     try:
@@ -126,8 +128,8 @@ def stopped_as_error(workdir: str) -> Iterator[None]:
     finally:
         clear_stop()
         sys.unraisablehook = unraisable
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def run(argv: list[str] | None = None) -> None:
