@@ -60,6 +60,7 @@ def test_a_folder_as_a_search_query_is_named(finished: Path, npz: str, tmp_path:
     assert_refused(proc, f"query {queries} is a folder, not an image file", f"{queries}/*.jpg")
 
 
+@pytest.mark.slow  # reads a trained run (a training process)
 def test_report_out_on_a_file_is_named(finished: Path, tmp_path: Path) -> None:
     """``jdml report RUN --out <existing file>`` (was "File exists"): named as ``jdml look``
     names it; the file is kept."""
