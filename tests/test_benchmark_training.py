@@ -19,7 +19,7 @@ from jdml.look import LookOptions, look
 from jdml.trainer import train_and_evaluate
 from jdml.visualize import retrieval_grid_size
 from tests import benchmark_trees as trees
-from tests.helpers import tiny_config
+from tests.helpers import photo_config
 
 # Class ids 97-100 are CUB training classes, 101-104 test classes.
 CLASS_IDS = (97, 98, 99, 100, 101, 102, 103, 104)
@@ -30,22 +30,7 @@ def cub(tmp_path_factory):
     return trees.write_cub(tmp_path_factory.mktemp("cub"), class_ids=CLASS_IDS, per_class=4)
 
 
-def cub_config(root, **overrides):
-    return tiny_config(
-        "unused.npz",
-        **{
-            "data.name": "cub200",
-            "data.path": str(root),
-            "data.verify_counts": False,
-            "data.channels": 3,
-            "data.image_size": 16,
-            "data.resize": 20,
-            "data.augment": "base",
-            "train.batch_size": 8,
-            "train.epochs": 1,
-            **overrides,
-        },
-    )
+cub_config = photo_config
 
 
 def test_splits_are_file_lists_with_the_evaluation_view(cub):

@@ -21,7 +21,7 @@ from jdml.config import set_keys
 from jdml.lowering import export_for, export_train_step
 from jdml.platform import lowering_for, platform
 from tests import benchmark_trees as trees
-from tests.helpers import TINY_OVERRIDES, make_npz, tiny_config
+from tests.helpers import TINY_OVERRIDES, make_npz, photo_config, tiny_config
 
 ACCELERATORS = ("cuda", "tpu")
 # A two-block ViT small enough to build in a second (vit's own shape keys).
@@ -56,24 +56,10 @@ def _sharing(npz: str, **overrides: object):
     return c
 
 
-def _photos(root: Path, cache: Path, **overrides: object):
+def _photos(root: Path, cache: Path):
     """A run on CUB-format photo files whose views are made on the device."""
-    return tiny_config(
-        "unused.npz",
-        **{
-            "data.name": "cub200",
-            "data.path": str(root),
-            "data.verify_counts": False,
-            "data.channels": 3,
-            "data.resize": 20,
-            "data.image_size": 16,
-            "data.decode_cache": True,
-            "data.cache_dir": str(cache),
-            "data.views": "device",
-            "data.augment": "base",
-            "train.batch_size": 8,
-            **overrides,
-        },
+    return photo_config(
+        root, **{"data.decode_cache": True, "data.cache_dir": str(cache), "data.views": "device"}
     )
 
 
