@@ -650,3 +650,33 @@ def test_a_row_never_searched_is_searched_and_its_older_seeds_train_again(tmp_pa
     assert looks[-2]["look"] == 1 and "rule" not in looks[-2]  # decided again, by Holm's rule
     assert looks[-2]["go_on"] == ["method beats base"]  # close now: seeds 3-5 for both rows
     assert sorted(rec.seed_records(d)["method"]) == list(range(6))
+
+
+def test_seeds_trained_under_old_key_names_or_unknown_values_train_again():
+    """The seeds a selection supersedes, over explicit records: settings recorded under a key's
+    old name (DM2's ``cohort.*`` before ``exchange.dm2.*``, as the converted emoji records
+    have them) are read under the new one, so a changed selection retrains them; a record that
+    does not name every searched key trains again; a record with the selection's values, or
+    with values no selection ever had (a hand-set run the row's digest check guards), stays."""
+    from jdml.study.runner import _trained_values, stale_seeds
+
+    space = {"exchange.dm2.mutual_weight": Choice((5.0, 20.0)),
+             "exchange.dm2.temporal_rate": Choice((0.5, 0.8))}  # fmt: skip
+    row = Row("dm2-3-md", "dm2", space=space)
+    old = {"exchange.dm2.mutual_weight": 5.0, "exchange.dm2.temporal_rate": 0.8}
+    records = {
+        0: {
+            "settings": {"optim.lr": 2e-4, "cohort.mutual_weight": 5.0, "cohort.temporal_rate": 0.8}
+        },
+        1: {"settings": {"exchange.dm2.mutual_weight": 5.0, "exchange.dm2.temporal_rate": 0.8}},
+        2: {"settings": {"cohort.mutual_weight": 5.0}},  # the rate not recorded
+        3: {"settings": {"exchange.dm2.mutual_weight": 5.0, "exchange.dm2.temporal_rate": 0.5}},
+        4: {"settings": {"exchange.dm2.mutual_weight": 9.0, "exchange.dm2.temporal_rate": 0.8}},
+    }
+    trained = {s: _trained_values(r, row) for s, r in records.items()}
+    assert trained[0] == old and trained[1] == old
+    assert trained[2] == {"exchange.dm2.mutual_weight": 5.0}
+    now = {"exchange.dm2.mutual_weight": 5.0, "exchange.dm2.temporal_rate": 0.5}
+    assert stale_seeds(trained, row, now, [old]) == [0, 1, 2]
+    assert stale_seeds(trained, row, old, []) == [2]  # the selection kept: only the unknown
+    assert stale_seeds(trained, row, now, []) == [2]  # no earlier selection to have trained
