@@ -513,8 +513,10 @@ def parser() -> argparse.ArgumentParser:
         metavar="PART",
         help="print one part of the page to stdout and write nothing: claims (the table, with "
         "what Holm's correction changes and the claims smaller than their paper's effect), "
-        "readings (one paragraph per paper), seeds-needed, design, classes (the class "
-        "bootstrap), budget:N (whether the last N epochs still add on validation), or "
+        "claims-before (the table as it read before seeds were trained again or a look decided "
+        "again), readings (one paragraph per paper), seeds-needed, design, classes (the class "
+        "bootstrap), tune (every candidate), selection (each row's tuning and its runs), "
+        "budget:N (whether the last N epochs still add on validation), or "
         "table:ROW,ROW,... (the rows side by side, each against the first)",
     )
     rp.add_argument(

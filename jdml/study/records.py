@@ -32,6 +32,7 @@ from jdml.fileio import temporary_name
 RECORDS = "records"
 RUNS = "runs"
 TUNE = "tune"
+SUPERSEDED = "superseded"
 
 
 def tune_name(trial: int, fold: int | None) -> str:
@@ -97,6 +98,16 @@ def write_once(path: str, record: dict[str, Any]) -> bool:
 
 def seed_records(directory: str) -> dict[str, dict[int, dict[str, Any]]]:
     """Every seed record of ``directory``: row -> seed -> record."""
+    return _seed_records_under(directory)
+
+
+def superseded_records(directory: str) -> dict[str, dict[int, dict[str, Any]]]:
+    """The seed records a later selection superseded (kept in ``DIR/superseded/``, as the
+    runner's ``_supersede`` moved them): row -> seed -> record."""
+    return _seed_records_under(os.path.join(directory, SUPERSEDED))
+
+
+def _seed_records_under(directory: str) -> dict[str, dict[int, dict[str, Any]]]:
     out: dict[str, dict[int, dict[str, Any]]] = {}
     for path in sorted(glob.glob(os.path.join(directory, RECORDS, "*", "seed*.json"))):
         row = os.path.basename(os.path.dirname(path))

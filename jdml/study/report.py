@@ -140,14 +140,20 @@ def _compared(
 
 
 def claim_entries(
-    study: dict, by_row: dict, directory: str, fixed: Mapping[str, Mapping[str, Any]]
+    study: dict,
+    by_row: dict,
+    directory: str,
+    fixed: Mapping[str, Mapping[str, Any]],
+    stopped: Mapping[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Every registered claim with its reading (``mean``, ``low``, ``high``, ``seeds``, the
     per-seed ``differences`` in points, verdicts, the class ``bootstrap``), in the
-    registration's order; a claim without a reading yet has only its declaration."""
+    registration's order; a claim without a reading yet has only its declaration. ``stopped``
+    (claim text -> look) replaces the ledger's decisions (:func:`first_reading`'s)."""
     reg = study["registration"]
     configs = {r["name"]: r["config"] for r in study["rows"]}
-    readings = cl.claim_readings(reg, configs, by_row, stop_looks(directory), fixed=fixed)
+    stopped = stop_looks(directory) if stopped is None else stopped
+    readings = cl.claim_readings(reg, configs, by_row, stopped, fixed=fixed)
     family = {c["text"] for c in reg["claims"] if c["family"]}
     level = cl.look_level(reg["looks"], reg["alpha"])
     record = reg.get("family_by", "table")
@@ -194,6 +200,44 @@ def claim_entries(
         out.append(entry)
     against_papers_holm(out, level)
     return out
+
+
+def first_reading(
+    directory: str, looks: list[int]
+) -> tuple[dict[str, dict[int, dict]], dict[str, int]] | None:
+    """The seed records and the looks' decisions as they stood just before the study first
+    trained seeds again (a ``superseded`` event) or decided a look again (a ``look`` event for a
+    look already decided, as a change of stopping rule asks): every superseded record back in
+    its place, only the seeds of the looks decided then. None: neither happened, or no look
+    had been decided before (the readings now are the first).
+
+    Args:
+      directory: the study folder.
+      looks: the registration's seeds per look.
+    """
+    events = ledger.events(directory)
+    decided: dict[int, dict[str, Any]] = {}
+    for e in events:
+        kind = e.get("event")
+        if kind == "superseded" or (kind == "look" and decided and e["look"] <= max(decided)):
+            break
+        if kind == "look":
+            decided[int(e["look"])] = e
+    else:
+        return None
+    if not decided:
+        return None
+    by_row = rec.seed_records(directory)
+    for row, records in rec.superseded_records(directory).items():
+        by_row.setdefault(row, {}).update(records)
+    kept = looks[max(decided) - 1]
+    by_row = {row: {s: r for s, r in records.items() if s < kept} for row, records in
+              by_row.items()}  # fmt: skip
+    stopped: dict[str, int] = {}
+    for look, event in sorted(decided.items()):
+        for text in event.get("stop", []):
+            stopped.setdefault(text, look)
+    return by_row, stopped
 
 
 def _smallest(claim: Mapping[str, Any]) -> dict[str, Any]:
@@ -394,8 +438,8 @@ def _fixed(directory: str) -> dict[str, dict[str, Any]]:
 
 #: What ``jdml study report DIR --print PART`` prints (``budget:N``: a window of N epochs;
 #: ``table:ROW,...``: those rows side by side, the first the others are compared with).
-PARTS = ("claims", "readings", "seeds-needed", "design", "classes", "tune", "budget:N",
-         "table:ROW,...")  # fmt: skip
+PARTS = ("claims", "claims-before", "readings", "seeds-needed", "design", "classes", "tune",
+         "selection", "budget:N", "table:ROW,...")  # fmt: skip
 
 
 def part(directory: str, name: str, seeds: int | None = None, title: str | None = None) -> str:
@@ -419,6 +463,17 @@ def part(directory: str, name: str, seeds: int | None = None, title: str | None 
         if any(c.get("look") for c in claims):  # interim readings decide nothing
             text += "\n" + tables.holm_sentence(claims) + "\n" + tables.paper_sentence(claims)
         return text
+    if name == "claims-before":
+        first = first_reading(directory, reg["looks"])
+        if first is None:
+            return ("No seed was trained again and no look decided again: the claims table is "
+                    "the first reading.\n")  # fmt: skip
+        before = claim_entries(study, first[0], directory, _fixed(directory), stopped=first[1])
+        title = f"{dataset} test, {epochs} epochs, before"
+        return (tables.claims_table(before, title, reg["metric"]) + "\n"
+                + tables.holm_sentence(before) + "\n" + tables.paper_sentence(before))  # fmt: skip
+    if name == "selection":
+        return selection_table(directory, study)
     if name == "readings":
         return tables.readings(claims)
     if name == "seeds-needed":
@@ -480,6 +535,58 @@ def tune_table(directory: str, study: dict) -> str:
             said = f"{100 * score:.2f}" if math.isfinite(score) else "diverged"
             lines.append(f"| {row['label']} | {mark}{trial}{mark} | {values or '-'} | {said} "
                          f"| {epoch} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _values_text(values: Mapping[str, Any] | None) -> str:
+    if values is None:
+        return "-"
+    return ", ".join(f"{k}={_value(v)}" for k, v in values.items()) or "(none)"
+
+
+def selection_table(directory: str, study: dict) -> str:
+    """Each row's tuning and what it cost: the candidates its search tried (or whose values it
+    took), its selection with the validation score, the values its seeds were first trained
+    with where a later selection superseded them, the seeds trained again, and its runs
+    (tuning runs, seed records now, superseded records kept); then the totals."""
+    chosen = selections(directory)
+    events = ledger.events(directory)
+    old = rec.superseded_records(directory)
+    now = rec.seed_records(directory)
+    folds = study["selection"]["folds"]
+    lines = [
+        "| row | candidates | selection (val score) | first trained with | seeds trained again "
+        "| tuning runs | seed runs now | runs in all |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    totals = [0, 0, 0]
+    for row in study["rows"]:
+        name = row["name"]
+        picked = chosen.get(name, {})
+        tunes = len(glob.glob(os.path.join(directory, rec.RECORDS, rec.TUNE, name, "trial*.json")))
+        if picked.get("trial") is not None:
+            tried = f"{picked.get('tried')} searched ({picked.get('failed', 0)} diverged)"
+        elif tunes or not picked:  # a search under way: its values until it ends
+            tried = f"search under way ({tunes // max(folds, 1)} of {study['budget']} recorded)"
+        else:
+            tried = _untuned(picked)
+        score = picked.get("score")
+        selection = _values_text(picked.get("values")) + (
+            f" ({100 * score:.2f})" if score is not None else "")  # fmt: skip
+        moved = [e for e in events if e.get("event") == "superseded" and e["row"] == name]
+        first = "; ".join(_values_text(e["values"]) for e in moved) or "the selection"
+        again = sorted(s for e in moved for s in e["seeds"])
+        seeds, kept = len(now.get(name, {})), len(old.get(name, {}))
+        totals = [totals[0] + tunes, totals[1] + seeds, totals[2] + kept]
+        lines.append(
+            f"| {row['label']} | {tried} | {selection} | {first} | "
+            f"{', '.join(map(str, again)) or '-'} | {tunes} | {seeds} | {tunes + seeds + kept} |"
+        )
+    lines.append(
+        f"\nIn all {sum(totals)} runs: {totals[0]} tuning runs (validation only), {totals[1]} "
+        f"seed runs recorded now, and {totals[2]} superseded seed runs kept in "
+        f"{rec.SUPERSEDED}/ (trained with an earlier selection, then trained again).\n"
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -461,7 +461,7 @@ def _supersede(ctx: _Context, selected: dict[str, dict[str, Any]]) -> None:
             for path in (rec.seed_record_path(ctx.directory, row_name, seed),
                          rec.seed_run_dir(ctx.directory, row_name, seed)):  # fmt: skip
                 if os.path.exists(path):
-                    target = os.path.join(ctx.directory, "superseded",
+                    target = os.path.join(ctx.directory, rec.SUPERSEDED,
                                           os.path.relpath(path, ctx.directory))  # fmt: skip
                     if os.path.exists(target):
                         raise StudyError(

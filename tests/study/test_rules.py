@@ -651,6 +651,30 @@ def test_a_row_never_searched_is_searched_and_its_older_seeds_train_again(tmp_pa
     assert looks[-2]["go_on"] == ["method beats base"]  # close now: seeds 3-5 for both rows
     assert sorted(rec.seed_records(d)["method"]) == list(range(6))
 
+    # The report: the claim before (the first records at the first rule's look) and after,
+    # and what each row's tuning cost.
+    from jdml.study.report import first_reading, part
+
+    by_row, stopped = first_reading(d, [3, 6])
+    assert stopped == {"method beats base": 1} and sorted(by_row["base"]) == [0, 1, 2]
+    assert all(r["settings"] == old for r in by_row["base"].values())  # the superseded ones
+    before = part(d, "claims-before")
+    after = part(d, "claims")
+    line = next(x for x in before.splitlines() if "| method beats base |" in x)
+    cells = [c.strip() for c in line.split("|")]
+    assert cells[4] == "3" and cells[5].startswith("+12.00 [+12.00, +12.00]")  # 0.62 - 0.50
+    assert "look 1 of 2" in cells[6]
+    line = next(x for x in after.splitlines() if "| method beats base |" in x)
+    assert [c.strip() for c in line.split("|")][4] == "6"  # decided again, at look 2
+    rows = {x.split("|")[1].strip(): [c.strip() for c in x.split("|")[2:-1]]
+            for x in part(d, "selection").splitlines() if x.startswith("| m") or
+            x.startswith("| b")}  # fmt: skip
+    assert rows["base"] == ["2 searched (0 diverged)", "optim.lr=0.001 (60.00)",
+                            "optim.lr=0.002", "0, 1, 2", "2", "6", "11"]  # fmt: skip
+    assert rows["method"][1:] == ["optim.lr=0.002 (90.00)", "the selection", "-", "0", "6", "6"]
+    assert "In all 17 runs: 2 tuning runs (validation only), 12 seed runs recorded now, and 3 " \
+        "superseded" in part(d, "selection")  # fmt: skip
+
 
 def test_seeds_trained_under_old_key_names_or_unknown_values_train_again():
     """The seeds a selection supersedes, over explicit records: settings recorded under a key's
