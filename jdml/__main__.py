@@ -292,7 +292,7 @@ def _study_report(args: argparse.Namespace) -> None:
     if args.print:
         print(part(args.dir, args.print, args.seeds, args.title), end="")
         if args.plot and plot_claims(args.dir, args.plot):
-            print(f"wrote {args.plot}")
+            print(f"wrote {args.plot}", file=sys.stderr)  # stdout: the part alone
         return
     out = report(args.dir, args.out)
     print(out["markdown"])

@@ -96,8 +96,8 @@ def computed_rows(headers: list[list[str]]) -> list[tuple[list[str], list[str]]]
 def _agrees(doc_header, cells, header, computed) -> bool:
     """Whether a documentation row is a computed row: every column the two headers share by
     name (the best epochs and the three metrics at least) holds the same text."""
-    if computed[1] == "0":  # a row without records
-        return False
+    if computed[1] == "0":  # a row without records (its seeds train again): dashes alone
+        return cells[1] == "0" and set(cells[2:]) == {"-"}
     names = {name: i for i, name in enumerate(header) if i > 0}
     shared = [(j, names[name]) for j, name in enumerate(doc_header) if j > 0 and name in names]
     return len(shared) >= 4 and all(cells[j] == computed[i] for j, i in shared if j < len(cells))
@@ -147,13 +147,14 @@ def test_the_claim_tables_are_computed_from_the_records(folder, least, page):
         "reproduces",
         "does not reproduce",
         "not resolved",
+        "-",  # a claim whose seeds train (again): no reading yet
     }
     looks = folder == "emoji-v2-45"  # format 1's claims are interim: no sentence under them
     assert any(line.startswith("Holm's correction") for line in expected) == looks
 
 
 @pytest.mark.parametrize(
-    "what, least, page", [("budget:5", 18, "results.md"), ("tune", 20, "tuning.md")]
+    "what, least, page", [("budget:5", 10, "results.md"), ("tune", 20, "tuning.md")]
 )
 def test_the_budget_and_tuning_tables_are_computed_from_the_records(what, least, page):
     """The format-2 results' budget table and tuning table (its own page) are what their

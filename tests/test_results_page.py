@@ -128,7 +128,10 @@ def test_a_hand_typed_number_fails_and_a_generated_one_passes():
     assert text != tool.generated_text(tool.run_command(cmd))
 
 
-@pytest.mark.parametrize("page, least", [("results.md", 3), ("glyph_results.md", 1)])
+@pytest.mark.parametrize(
+    "page, least",
+    [("results.md", 3), ("glyph_results.md", 1), ("tuning.md", 1), ("history.md", 1)],
+)
 def test_generated_blocks_are_what_their_commands_print(page, least):
     tool = _tool()
     blocks = tool.generated_blocks(_page(page))
@@ -167,3 +170,31 @@ def test_glyph_prose_quotes_only_its_tables():
     assert not missing, "decimals in the glyph prose that no table of their section holds:\n" + (
         "\n".join(missing)
     )
+
+
+def test_row_tables_take_the_printed_cells_under_the_page_labels():
+    """A rows-side-by-side table named in the prose gets its command's cells now (the folder
+    from the fenced study command before it), under the page's own title and row labels, with
+    the page's emphasis kept where a cell is unchanged; a table whose rows are not the
+    command's is refused."""
+    tool = _tool()
+    folder = "experiments/results/emoji-wider-45"
+    page = (
+        f"```bash\njdml study report {folder} --print tune\n```\n\n"
+        "The same command with `--print\ntable:margin,R-margin --seeds 1`:\n\n"
+        "| my title | seeds |\n|---|---|\n| the baseline | 7 |\n| rho | 7 |\n"
+    )
+    [(_, command)] = tool.row_table_commands(page)
+    assert command == f"jdml study report {folder} --print table:margin,R-margin --seeds 1"
+    printed = tool.table_lines(tool.run_command(command))
+    text, changed = tool.update_row_tables(page)
+    rows = tool.table_lines(text[text.index("| my title") :])
+    assert changed == 1 and rows[1] == printed[1]
+    assert [tool._cells(r)[0] for r in rows] == ["my title", "---", "the baseline", "rho"]
+    assert [tool._cells(r)[1:] for r in rows[2:]] == [tool._cells(r)[1:] for r in printed[2:]]
+    assert tool.update_row_tables(text) == (text, 0)
+    assert tool._merged_row("| mine | **1.00** | 2 |", "| theirs | 1.00 | 3 |") == (
+        "| mine | **1.00** | 3 |"
+    )
+    with pytest.raises(RuntimeError, match="has 5 lines where it prints 4"):
+        tool.update_row_tables(page.replace("| rho | 7 |\n", "| rho | 7 |\n| more | 7 |\n"))

@@ -38,7 +38,7 @@ from jdml.statistics import Paired, mean_std, two_way_bootstrap
 from jdml.study import baselines, ledger, tables
 from jdml.study import claims as cl
 from jdml.study import records as rec
-from jdml.study.runner import candidate_score, selections, stop_looks
+from jdml.study.runner import candidate_score, current_decision, selections
 
 VERDICT_COLOURS = {
     "reproduces": "#1a9641",
@@ -152,20 +152,26 @@ def claim_entries(
     (claim text -> look) replaces the ledger's decisions (:func:`first_reading`'s)."""
     reg = study["registration"]
     configs = {r["name"]: r["config"] for r in study["rows"]}
-    stopped = stop_looks(directory) if stopped is None else stopped
+    stopped = current_stop_looks(directory) if stopped is None else stopped
     readings = cl.claim_readings(reg, configs, by_row, stopped, fixed=fixed)
     family = {c["text"] for c in reg["claims"] if c["family"]}
     level = cl.look_level(reg["looks"], reg["alpha"])
     record = reg.get("family_by", "table")
     other = "paper" if record == "table" else "table"
-    corrected = cl.holm_verdicts(readings, family, level, cl.family_groups(reg))
-    beside = cl.holm_verdicts(readings, family, level, cl.family_groups(reg, other))
+    # Holm's correction over part of the family would be looser than over all of it: it waits
+    # until every claim of the family is read at a look.
+    waiting = sum(1 for t in family if t not in readings or readings[t].interim)
+    corrected = {} if waiting else cl.holm_verdicts(readings, family, level, cl.family_groups(reg))
+    beside = (
+        {} if waiting else cl.holm_verdicts(readings, family, level, cl.family_groups(reg, other))
+    )
     labels = {r["name"]: r["label"] for r in study["rows"]}
     out = []
     for claim in reg["claims"]:
         claim = {"fixed": "", **claim, **_smallest(claim)}
         reading = readings.get(claim["text"])
         entry: dict[str, Any] = {**claim, "compared": _compared(claim, labels, configs, fixed)}
+        entry["holm_waiting"] = waiting if claim["family"] else 0
         if reading is None:
             out.append(entry)
             continue
@@ -199,6 +205,20 @@ def claim_entries(
         )
         out.append(entry)
     against_papers_holm(out, level)
+    return out
+
+
+def current_stop_looks(directory: str) -> dict[str, int]:
+    """claim text -> the look it stopped at, from the ledger's decisions that still hold
+    (:func:`jdml.study.runner.current_decision`: not one a later retraining or a change of
+    stopping rule reopened, which the study decides again)."""
+    out: dict[str, int] = {}
+    for look in sorted(ledger.look_decisions(directory)):
+        event = current_decision(directory, look)
+        if event is None:
+            break  # this look and the later ones are decided again
+        for text in event.get("stop", []):
+            out.setdefault(text, look)
     return out
 
 
@@ -263,9 +283,12 @@ def against_papers_holm(entries: list[dict[str, Any]], level: float) -> None:
 
     tested = [e for e in entries if "mean" in e and e["look"] and e["effect"] is not None
               and e["seeds"] >= 2]  # fmt: skip
+    # As Holm's verdicts: over every claim with an effect, or (some not read yet) none.
+    waiting = sum(1 for e in entries if e["effect"] is not None) - len(tested)
     for e in entries:
-        e["against_papers"] = len(tested)
-    if not tested:
+        e["against_papers"] = 0 if waiting else len(tested)
+        e["against_papers_waiting"] = waiting
+    if not tested or waiting:
         return
     p_values = [tables.difference(e).p_below(e["effect"] / 100) for e in tested]
     for e, flag in zip(tested, holm(p_values, (1 - level) / 2), strict=True):

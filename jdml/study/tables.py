@@ -71,6 +71,8 @@ def _holm_cell(c: Entry) -> str:
         return f"**{c['holm']}**"
     if c["look"] == 0:
         return "- (interim)"
+    if c.get("holm_waiting"):
+        return f"- (waiting for {c['holm_waiting']} claim(s))"
     return "- (fixed baseline)" if c.get("fixed") else "- (not in the family)"
 
 
@@ -121,6 +123,12 @@ def _named(c: Entry) -> str:
 def holm_sentence(claims: Sequence[Entry]) -> str:
     """Which verdicts Holm's correction across the family of record changes (and, where the
     claims come from several papers, which the other family would)."""
+    waiting = max((c.get("holm_waiting", 0) for c in claims), default=0)
+    if waiting:
+        return (
+            f"Holm's correction waits until every claim of the family is read at a look "
+            f"({waiting} not yet); the verdicts above are each claim's own.\n"
+        )
     family = [c for c in read(claims) if c.get("holm")]
     record = next((c["family_by"] for c in family), "table")
     how = {"table": f"across the {len(family)} claims",
@@ -141,6 +149,13 @@ def holm_sentence(claims: Sequence[Entry]) -> str:
 def paper_sentence(claims: Sequence[Entry]) -> str:
     """How many claims with a paper effect are smaller than reported under Holm's correction
     across those readings, which, and what the correction changes."""
+    waiting = max((c.get("against_papers_waiting", 0) for c in claims), default=0)
+    if waiting:
+        return (
+            f"The readings against the papers' effects wait for Holm's correction until every "
+            f"claim with an effect is read at a look ({waiting} not yet); the table shows each "
+            "claim's own reading.\n"
+        )
     tested = [c for c in read(claims) if c.get("against_paper_holm")]
     smaller = [_named(c) for c in tested if c["against_paper_holm"] == "smaller than reported"]
     changed = [f"{_named(c)} ({c['against_paper']} -> {c['against_paper_holm']})"
@@ -188,6 +203,14 @@ def readings(claims: Sequence[Entry]) -> str:
         head = f"**{paper}** ({len(lines)} claims: {said}"
         head += f"; {smaller} smaller than reported)" if smaller else ")"
         parts.append(head + "\n\n" + "\n".join(lines))
+    unread = len(claims) - len(read(claims))
+    waiting = max((c.get("holm_waiting", 0) for c in claims), default=0)
+    if waiting:  # the verdicts of record are not known yet
+        parts.insert(0, (
+            f"Interim: {unread} claim(s) have no seeds yet and Holm's correction waits for "
+            f"{waiting} claim(s) of the family, so each line gives the claim's own verdict and "
+            "its own reading against the paper's effects."
+        ))  # fmt: skip
     return "\n\n".join(parts) + "\n"
 
 

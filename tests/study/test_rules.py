@@ -589,13 +589,11 @@ def selections_of(directory: str) -> dict:
     return selections(directory)
 
 
-def test_a_row_never_searched_is_searched_and_its_older_seeds_train_again(tmp_path):
-    """Records made before the study design (a baseline trained at values selected for
-    another row, the looks decided by each claim's own interval): the next run searches that
-    row with the budget; where its selection differs from what its records were trained with,
-    they move to ``superseded/`` (kept, not replaced) and its seeds train again; the looks are
-    decided again under Holm's rule. The searched row is neither searched nor trained again."""
-    from jdml.study.runner import run, selections
+def _converted_history(tmp_path, third: bool = False):
+    """A folder as records made before the study design leave it: both rows trained at the
+    method's values (the baseline's shared, never searched), seeds 0-2, look 1 decided by each
+    claim's own verdict. Returns the study, the folder, those values and the runs' scores.
+    ``third``: a third row like the baseline, with a claim of its own."""
     from tests.helpers import make_npz
 
     npz = make_npz(str(tmp_path / "d.npz"))
@@ -605,27 +603,33 @@ def test_a_row_never_searched_is_searched_and_its_older_seeds_train_again(tmp_pa
         rows=(
             Row("method", "revisiting", space={"optim.lr": lr}),
             Row("base", "revisiting", space={"optim.lr": lr}),
+            *([Row("third", "revisiting", space={"optim.lr": lr})] if third else []),
         ),
         data={"data.name": "npz", "data.path": npz},
         budget=2,
         sampler="grid",
         looks=(3, 6),
-        claims=(Claim("method beats base", "method", "base"),),
+        claims=(
+            Claim("method beats base", "method", "base"),
+            *([Claim("method beats third", "method", "third")] if third else []),
+        ),
     )
     d = str(tmp_path / "s")
     old = {"optim.lr": 2e-3}
     ledger.append(d, {"event": "selected", "row": "method", "trial": 0, "values": old,
                       "score": 0.9, "tried": 2, "failed": 0})  # fmt: skip
     shared = {"score": None, "tried": 0, "failed": 0, "shared_from": ["method"]}
-    ledger.append(d, {"event": "selected", "row": "base", "trial": None, "values": old, **shared})
-    for row, value in (("method", 0.62), ("base", 0.50)):
+    for row in ("base", "third")[: 1 + third]:
+        ledger.append(d, {"event": "selected", "row": row, "trial": None, "values": old, **shared})
+    for row, value in (("method", 0.62), ("base", 0.50), ("third", 0.55))[: 2 + third]:
         for s in range(3):
             rec.write_once(rec.seed_record_path(d, row, s), {
                 "row": row, "seed": s, "settings": old, "meta": {"epoch": 1},
                 "results": {"test": {"recall@1": value + 0.01 * (s == 1)}},
                 "val_curve": [{"epoch": 1, "recall@1": 0.5}]})  # fmt: skip
     ledger.freeze(d, spec.registration(study), tests_seen=6)
-    ledger.append(d, {"event": "look", "look": 1, "stop": ["method beats base"], "go_on": [],
+    stop = ["method beats base", "method beats third"][: 1 + third]
+    ledger.append(d, {"event": "look", "look": 1, "stop": stop, "go_on": [],
                       "rule": "own verdict"})  # fmt: skip
     noise = [0.002, -0.003, 0.004, 0.0, -0.001, 0.003]
 
@@ -634,6 +638,18 @@ def test_a_row_never_searched_is_searched_and_its_older_seeds_train_again(tmp_pa
             return 0.5 + (0.1 if settings["optim.lr"] == 1e-3 else 0.0)
         return {"method": 0.62, "base": 0.61}[row] + noise[seed] * (row == "base")
 
+    return study, d, old, score
+
+
+def test_a_row_never_searched_is_searched_and_its_older_seeds_train_again(tmp_path):
+    """Records made before the study design (a baseline trained at values selected for
+    another row, the looks decided by each claim's own interval): the next run searches that
+    row with the budget; where its selection differs from what its records were trained with,
+    they move to ``superseded/`` (kept, not replaced) and its seeds train again; the looks are
+    decided again under Holm's rule. The searched row is neither searched nor trained again."""
+    from jdml.study.runner import run, selections
+
+    study, d, old, score = _converted_history(tmp_path)
     executor = _Instant(score)
     run(study, d, executor, echo=lambda _: None)
     tunes = [n for n in executor.started if n.startswith("tune")]
@@ -704,3 +720,39 @@ def test_seeds_trained_under_old_key_names_or_unknown_values_train_again():
     assert stale_seeds(trained, row, now, [old]) == [0, 1, 2]
     assert stale_seeds(trained, row, old, []) == [2]  # the selection kept: only the unknown
     assert stale_seeds(trained, row, now, []) == [2]  # no earlier selection to have trained
+
+
+def test_holm_waits_for_every_claim_of_the_family(tmp_path):
+    """While a row's seeds train again, its claims have no reading: the claims table gives no
+    Holm verdict (over part of the family it would be looser) and says what it waits for."""
+    from jdml.study.executor import Done
+    from jdml.study.report import part
+    from jdml.study.runner import StudyError, run
+
+    study, d, _, score = _converted_history(tmp_path, third=True)
+
+    def tuned(row, seed, settings):  # the third row keeps its values; the baseline's change
+        if seed is None and row == "third":
+            return 0.5 + (0.1 if settings["optim.lr"] == 2e-3 else 0.0)
+        return score(row, seed, settings) if row != "third" else 0.55
+
+    class BaseCrashes(_Instant):
+        def submit(self, task):
+            if task.name.startswith("base seed"):
+                self.done.append(Done(task, 1, "error: killed", 0.0))
+                return
+            super().submit(task)
+
+    with pytest.raises(StudyError, match="look 1 is incomplete"):
+        run(study, d, BaseCrashes(tuned), echo=lambda _: None)
+    assert sorted(rec.superseded_records(d)) == ["base"] and "base" not in rec.seed_records(d)
+    text = part(d, "claims")
+    line = next(x for x in text.splitlines() if "| method beats third |" in x)
+    assert "- (waiting for 1 claim(s))" in line and "**reproduces**" in line
+    assert "Holm's correction waits until every claim of the family is read at a look (1 not " \
+        "yet)" in text  # fmt: skip
+    line = next(x for x in text.splitlines() if "| method beats base |" in x)
+    assert "no seeds yet" in line
+    assert part(d, "readings").startswith(
+        "Interim: 1 claim(s) have no seeds yet and Holm's correction waits for 1 claim(s)"
+    )
