@@ -516,6 +516,8 @@ def parser() -> argparse.ArgumentParser:
         "claims-before (the table as it read before seeds were trained again or a look decided "
         "again), readings (one paragraph per paper), seeds-needed, design, classes (the class "
         "bootstrap), tune (every candidate), selection (each row's tuning and its runs), "
+        "registration (when the claims, family and effects were frozen and amended, and the "
+        "test results after), "
         "budget:N (whether the last N epochs still add on validation), or "
         "table:ROW,ROW,... (the rows side by side, each against the first)",
     )

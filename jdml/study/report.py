@@ -462,7 +462,7 @@ def _fixed(directory: str) -> dict[str, dict[str, Any]]:
 #: What ``jdml study report DIR --print PART`` prints (``budget:N``: a window of N epochs;
 #: ``table:ROW,...``: those rows side by side, the first the others are compared with).
 PARTS = ("claims", "claims-before", "readings", "seeds-needed", "design", "classes", "tune",
-         "selection", "budget:N", "table:ROW,...")  # fmt: skip
+         "selection", "registration", "budget:N", "table:ROW,...")  # fmt: skip
 
 
 def part(directory: str, name: str, seeds: int | None = None, title: str | None = None) -> str:
@@ -497,6 +497,8 @@ def part(directory: str, name: str, seeds: int | None = None, title: str | None 
                 + tables.holm_sentence(before) + "\n" + tables.paper_sentence(before))  # fmt: skip
     if name == "selection":
         return selection_table(directory, study)
+    if name == "registration":
+        return registration_text(directory, study)
     if name == "readings":
         return tables.readings(claims)
     if name == "seeds-needed":
@@ -610,6 +612,36 @@ def selection_table(directory: str, study: dict) -> str:
         f"seed runs recorded now, and {totals[2]} superseded seed runs kept in "
         f"{rec.SUPERSEDED}/ (trained with an earlier selection, then trained again).\n"
     )
+    return "\n".join(lines) + "\n"
+
+
+def registration_text(directory: str, study: dict) -> str:
+    """When the pre-registration (claims, family, the papers' effects, looks, alpha) was frozen
+    and each time it was amended, with its sha256 and how many test results existed then;
+    what is in force; and how many test results were recorded after the last change, so that
+    a reader sees which results the declarations came before."""
+    events = ledger.events(directory)
+    frozen = next((e for e in events if e.get("event") == "registered"), None)
+    if frozen is None:
+        return "Not frozen yet: no test result has been recorded.\n"
+    changes = ledger.amendments(directory)
+    lines = [f"The pre-registration was {_registered_text(frozen)}."]
+    if changes:
+        lines += ["", "Amended:", "", _amendments_text(changes).rstrip("\n")]
+    reg = study["registration"]
+    family = [c for c in reg["claims"] if c["family"]]
+    effects = [c for c in reg["claims"] if c.get("effects") or c.get("effect") is not None]
+    last = (changes or [frozen])[-1]
+    read_as = "per paper" if reg.get("family_by") == "paper" else "as one table"
+    at = max(i for i, e in enumerate(events) if e.get("event") in ("registered", "amendment"))
+    after = [e for e in events[at + 1 :] if e.get("event") == "tested"]
+    lines += [
+        "",
+        f"In force: sha256 {last['sha256'][:12]} ({last['time']}): {len(reg['claims'])} claims, "
+        f"a family of {len(family)} read {read_as}, {len(effects)} with the papers' effects "
+        f"declared. Test results the ledger records after it: {len(after)}"
+        + (f", the first at {after[0]['time']}." if after else "."),
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -371,6 +372,20 @@ def stop_looks(directory: str) -> dict[str, int]:
     return out
 
 
+def _log_test(directory: str, done: Done) -> None:
+    """A ``tested`` event in the ledger for a seed run that recorded its test result: its row,
+    seed and the record's sha256, so that the ledger orders every test result against the
+    registration's changes."""
+    with open(done.task.task_file) as f:
+        task = json.load(f)
+    if done.code or not os.path.exists(task["record"]):
+        return
+    with open(task["record"], "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    ledger.append(directory, {"event": "tested", "row": task["row"], "seed": task["seed"],
+                              "record_sha256": digest})  # fmt: skip
+
+
 def _look(ctx: _Context, look: int, rows: list[Row], selected: dict) -> list[str]:
     """Trains look ``look``'s seeds of ``rows``; returns the claims that go on (the ledger's
     decision, made now if this look has none yet)."""
@@ -382,7 +397,7 @@ def _look(ctx: _Context, look: int, rows: list[Row], selected: dict) -> list[str
         ledger.freeze(ctx.directory, registration(study))
     pending = iter([first] if first else [])
     chained = (t for part in (pending, tasks) for t in part)
-    _drive(ctx, lambda: next(chained, None), lambda done: None)
+    _drive(ctx, lambda: next(chained, None), lambda done: _log_test(ctx.directory, done))
     decided = current_decision(ctx.directory, look)
     if decided is not None:
         return list(decided.get("go_on", []))

@@ -5,6 +5,7 @@ hand-made records against a computation written out here."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -690,6 +691,16 @@ def test_a_row_never_searched_is_searched_and_its_older_seeds_train_again(tmp_pa
     assert rows["method"][1:] == ["optim.lr=0.002 (90.00)", "the selection", "-", "0", "6", "6"]
     assert "In all 17 runs: 2 tuning runs (validation only), 12 seed runs recorded now, and 3 " \
         "superseded" in part(d, "selection")  # fmt: skip
+    # Every test result the run recorded has its event after the registration, with the hash.
+    tested = [e for e in ledger.events(d) if e["event"] == "tested"]
+    assert sorted((e["row"], e["seed"]) for e in tested) == sorted(
+        [("base", s) for s in range(6)] + [("method", s) for s in range(3, 6)])  # fmt: skip
+    for e in tested:
+        with open(rec.seed_record_path(d, e["row"], e["seed"]), "rb") as f:
+            assert e["record_sha256"] == hashlib.sha256(f.read()).hexdigest()
+    said = part(d, "registration")
+    assert "after 6 test result(s) had been recorded" in said
+    assert f"Test results the ledger records after it: 9, the first at {tested[0]['time']}." in said
 
 
 def test_seeds_trained_under_old_key_names_or_unknown_values_train_again():
