@@ -635,12 +635,14 @@ def registration_text(directory: str, study: dict) -> str:
     read_as = "per paper" if reg.get("family_by") == "paper" else "as one table"
     at = max(i for i, e in enumerate(events) if e.get("event") in ("registered", "amendment"))
     after = [e for e in events[at + 1 :] if e.get("event") == "tested"]
+    late = sum(1 for e in after if e.get("logged_late"))
     lines += [
         "",
         f"In force: sha256 {last['sha256'][:12]} ({last['time']}): {len(reg['claims'])} claims, "
         f"a family of {len(family)} read {read_as}, {len(effects)} with the papers' effects "
         f"declared. Test results the ledger records after it: {len(after)}"
-        + (f", the first at {after[0]['time']}." if after else "."),
+        + (f", the first at {after[0]['time']}" if after else "")
+        + (f" ({late} logged when the study was next started)." if late else "."),
     ]
     return "\n".join(lines) + "\n"
 
