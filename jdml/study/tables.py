@@ -85,7 +85,7 @@ def _bootstrap_cell(c: Entry) -> str:
 
 def claims_table(claims: Sequence[Entry], title: str, metric: str) -> str:
     """The claims table (claims without a reading yet have a row of dashes)."""
-    family = sum(1 for c in claims if c.get("holm"))
+    family = sum(1 for c in claims if c.get("holm") or c.get("holm_waiting"))
     boot = any(c.get("bootstrap") for c in claims)
     tested = max((c.get("against_papers", 0) for c in claims), default=0)
     corrected = f" (Holm across {tested})" if tested else ""
