@@ -25,6 +25,7 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jdml.fileio import temporary_name
@@ -134,3 +135,35 @@ def commit() -> str:
     except OSError:
         return "unknown"
     return (head or "unknown") + ("+dirty" if dirty else "")
+
+
+def trained_values(record: Mapping[str, Any], space: Iterable[str]) -> dict[str, Any]:
+    """The values of a row's searched keys (``space``) that a seed record was trained with
+    (JSON: lists); a setting recorded under a key's old name (``jdml.keys.RENAMED_KEYS``, e.g.
+    ``cohort.mutual_weight`` before DM2's settings moved to ``exchange.dm2``) is read under its
+    new one."""
+    from jdml.keys import RENAMED_KEYS
+
+    settings = {RENAMED_KEYS.get(k, k): v for k, v in (record.get("settings") or {}).items()}
+    return json.loads(json.dumps({k: settings[k] for k in space if k in settings}))
+
+
+def stale_seeds(
+    trained: Mapping[int, dict[str, Any]],
+    space: Iterable[str],
+    now: dict[str, Any],
+    earlier: list[dict],
+) -> list[int]:
+    """The seeds of a row (its searched keys: ``space``) to train again with its selection
+    ``now``: those trained with the values of an earlier selection (``earlier``), and those
+    whose record does not name every searched key (values unknown, so not known to be the
+    selection's).
+
+    Args:
+      trained: seed -> the values its record was trained with (:func:`trained_values`).
+      space: the row's searched keys.
+      now: its selected values (JSON form).
+      earlier: the values of its earlier selections, oldest first.
+    """
+    keys = set(space)
+    return sorted(s for s, v in trained.items() if v != now and (v in earlier or set(v) != keys))

@@ -21,11 +21,8 @@ page. Nothing in ``DIR`` is executed: ``study.json`` describes the study as data
 
 from __future__ import annotations
 
-import glob
 import json
-import math
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,7 +35,18 @@ from jdml.statistics import Paired, mean_std, two_way_bootstrap
 from jdml.study import baselines, ledger, tables
 from jdml.study import claims as cl
 from jdml.study import records as rec
-from jdml.study.runner import candidate_score, current_decision, selections
+from jdml.study.provenance import (
+    amendments_text,
+    current_stop_looks,
+    first_reading,
+    registered_text,
+    registration_text,
+    selection_table,
+    tune_table,
+    untuned_text,
+    value_text,
+)
+from jdml.study.runner import selections
 
 VERDICT_COLOURS = {
     "reproduces": "#1a9641",
@@ -208,58 +216,6 @@ def claim_entries(
     return out
 
 
-def current_stop_looks(directory: str) -> dict[str, int]:
-    """claim text -> the look it stopped at, from the ledger's decisions that still hold
-    (:func:`jdml.study.runner.current_decision`: not one a later retraining or a change of
-    stopping rule reopened, which the study decides again)."""
-    out: dict[str, int] = {}
-    for look in sorted(ledger.look_decisions(directory)):
-        event = current_decision(directory, look)
-        if event is None:
-            break  # this look and the later ones are decided again
-        for text in event.get("stop", []):
-            out.setdefault(text, look)
-    return out
-
-
-def first_reading(
-    directory: str, looks: list[int]
-) -> tuple[dict[str, dict[int, dict]], dict[str, int]] | None:
-    """The seed records and the looks' decisions as they stood just before the study first
-    trained seeds again (a ``superseded`` event) or decided a look again (a ``look`` event for a
-    look already decided, as a change of stopping rule asks): every superseded record back in
-    its place, only the seeds of the looks decided then. None: neither happened, or no look
-    had been decided before (the readings now are the first).
-
-    Args:
-      directory: the study folder.
-      looks: the registration's seeds per look.
-    """
-    events = ledger.events(directory)
-    decided: dict[int, dict[str, Any]] = {}
-    for e in events:
-        kind = e.get("event")
-        if kind == "superseded" or (kind == "look" and decided and e["look"] <= max(decided)):
-            break
-        if kind == "look":
-            decided[int(e["look"])] = e
-    else:
-        return None
-    if not decided:
-        return None
-    by_row = rec.seed_records(directory)
-    for row, records in rec.superseded_records(directory).items():
-        by_row.setdefault(row, {}).update(records)
-    kept = looks[max(decided) - 1]
-    by_row = {row: {s: r for s, r in records.items() if s < kept} for row, records in
-              by_row.items()}  # fmt: skip
-    stopped: dict[str, int] = {}
-    for look, event in sorted(decided.items()):
-        for text in event.get("stop", []):
-            stopped.setdefault(text, look)
-    return by_row, stopped
-
-
 def _smallest(claim: Mapping[str, Any]) -> dict[str, Any]:
     """A registered claim's effects (``effects``, or its one ``effect``), and the smallest as
     its ``effect`` and ``source``: the one the claim is read against."""
@@ -326,16 +282,6 @@ def _rows(study: dict, by_row: dict, directory: str) -> list[dict[str, Any]]:
     return out
 
 
-def _value(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def _untuned(row: Mapping[str, Any]) -> str:
-    if row.get("shared_from"):
-        return f"0 (the values selected for {', '.join(row['shared_from'])})"
-    return "0 (budget 1: its own values)"
-
-
 def budget_sentence(rows: list[dict[str, Any]], study: dict, selection: str) -> str:
     """The tuning budget, and whether every row spent it (a comparison at equal tuning)."""
     budget = study["budget"]
@@ -361,11 +307,11 @@ def _rows_table(rows: list[dict[str, Any]], study: dict) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         values = "-" if r["selected"] is None else (", ".join(
-            f"{k}={_value(v)}" for k, v in r["selected"].items()) or "(none)")  # fmt: skip
+            f"{k}={value_text(v)}" for k, v in r["selected"].items()) or "(none)")  # fmt: skip
         tried = (
             "-"
             if r["selected"] is None
-            else (_untuned(r) if not r["tried"] else f"{r['tried']} ({r['failed']})")
+            else (untuned_text(r) if not r["tried"] else f"{r['tried']} ({r['failed']})")
         )
         score = "-" if r["score"] is None else f"{100 * r['score']:.2f}"
         cells = [r["label"], str(len(r["seeds"])), values, tried, score]
@@ -378,20 +324,6 @@ def _rows_table(rows: list[dict[str, Any]], study: dict) -> str:
             else:
                 cells.append(f"{100 * found['mean']:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _amendments_text(events: list[dict[str, Any]]) -> str:
-    if not events:
-        return (
-            "None: the pre-registration in force is the one frozen at the first test evaluation.\n"
-        )
-    lines = []
-    for i, e in enumerate(events, 1):
-        lines.append(
-            f"{i}. {e['time']}: {', '.join(e['changed'])} changed after {e['tests_seen']} test "
-            f"result(s) had been recorded (registration sha256 {e['sha256'][:12]})."
-        )
     return "\n".join(lines) + "\n"
 
 
@@ -533,137 +465,11 @@ def part(directory: str, name: str, seeds: int | None = None, title: str | None 
     raise ReportError(f"--print {name!r}: choose one of {', '.join(PARTS)}")
 
 
-def tune_table(directory: str, study: dict) -> str:
-    """Every candidate each row's search tried: its values, its validation score (the best
-    epoch's metric, the mean over the folds) and that epoch; the selected one in bold."""
-    metric = study["registration"]["metric"]
-    folds = study["selection"]["folds"]
-    chosen = selections(directory)
-    lines = [
-        f"| row | candidate | values | best val {metric} | at epoch |",
-        "|---|---|---|---|---|",
-    ]
-    for row in study["rows"]:
-        trials = sorted({int(m.group(1)) for p in glob.glob(os.path.join(
-            directory, rec.RECORDS, rec.TUNE, row["name"], "trial*.json"))
-            if (m := re.match(r"trial(\d+)", os.path.basename(p)))})  # fmt: skip
-        for trial in trials:
-            first_fold = None if folds == 1 else 0
-            record = rec.read(rec.tune_record_path(directory, row["name"], trial, first_fold))
-            score = candidate_score(directory, row["name"], trial, folds)
-            if record is None or score is None:
-                continue  # a candidate still running
-            values = ", ".join(f"{k}={_value(v)}" for k, v in record.get("settings", {}).items()
-                               if k in row["space"])  # fmt: skip
-            mark = "**" if chosen.get(row["name"], {}).get("trial") == trial else ""
-            epoch = str(record["best"]["epoch"]) if folds == 1 else "-"
-            said = f"{100 * score:.2f}" if math.isfinite(score) else "diverged"
-            lines.append(f"| {row['label']} | {mark}{trial}{mark} | {values or '-'} | {said} "
-                         f"| {epoch} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
-
-
-def _values_text(values: Mapping[str, Any] | None) -> str:
-    if values is None:
-        return "-"
-    return ", ".join(f"{k}={_value(v)}" for k, v in values.items()) or "(none)"
-
-
-def selection_table(directory: str, study: dict) -> str:
-    """Each row's tuning and what it cost: the candidates its search tried (or whose values it
-    took), its selection with the validation score, the values its seeds were first trained
-    with where a later selection superseded them, the seeds trained again, and its runs
-    (tuning runs, seed records now, superseded records kept); then the totals."""
-    chosen = selections(directory)
-    events = ledger.events(directory)
-    old = rec.superseded_records(directory)
-    now = rec.seed_records(directory)
-    folds = study["selection"]["folds"]
-    lines = [
-        "| row | candidates | selection (val score) | first trained with | seeds trained again "
-        "| tuning runs | seed runs now | runs in all |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    totals = [0, 0, 0]
-    for row in study["rows"]:
-        name = row["name"]
-        picked = chosen.get(name, {})
-        tunes = len(glob.glob(os.path.join(directory, rec.RECORDS, rec.TUNE, name, "trial*.json")))
-        if picked.get("trial") is not None:
-            tried = f"{picked.get('tried')} searched ({picked.get('failed', 0)} diverged)"
-        elif tunes or not picked:  # a search under way: its values until it ends
-            tried = f"search under way ({tunes // max(folds, 1)} of {study['budget']} recorded)"
-        else:
-            tried = _untuned(picked)
-        score = picked.get("score")
-        selection = _values_text(picked.get("values")) + (
-            f" ({100 * score:.2f})" if score is not None else "")  # fmt: skip
-        moved = [e for e in events if e.get("event") == "superseded" and e["row"] == name]
-        first = "; ".join(_values_text(e["values"]) for e in moved) or "the selection"
-        again = sorted(s for e in moved for s in e["seeds"])
-        seeds, kept = len(now.get(name, {})), len(old.get(name, {}))
-        totals = [totals[0] + tunes, totals[1] + seeds, totals[2] + kept]
-        lines.append(
-            f"| {row['label']} | {tried} | {selection} | {first} | "
-            f"{', '.join(map(str, again)) or '-'} | {tunes} | {seeds} | {tunes + seeds + kept} |"
-        )
-    lines.append(
-        f"\nIn all {sum(totals)} runs: {totals[0]} tuning runs (validation only), {totals[1]} "
-        f"seed runs recorded now, and {totals[2]} superseded seed runs kept in "
-        f"{rec.SUPERSEDED}/ (trained with an earlier selection, then trained again).\n"
-    )
-    return "\n".join(lines) + "\n"
-
-
-def registration_text(directory: str, study: dict) -> str:
-    """When the pre-registration (claims, family, the papers' effects, looks, alpha) was frozen
-    and each time it was amended, with its sha256 and how many test results existed then;
-    what is in force; and how many test results were recorded after the last change, so that
-    a reader sees which results the declarations came before."""
-    events = ledger.events(directory)
-    frozen = next((e for e in events if e.get("event") == "registered"), None)
-    if frozen is None:
-        return "Not frozen yet: no test result has been recorded.\n"
-    changes = ledger.amendments(directory)
-    lines = [f"The pre-registration was {_registered_text(frozen)}."]
-    if changes:
-        lines += ["", "Amended:", "", _amendments_text(changes).rstrip("\n")]
-    reg = study["registration"]
-    family = [c for c in reg["claims"] if c["family"]]
-    effects = [c for c in reg["claims"] if c.get("effects") or c.get("effect") is not None]
-    last = (changes or [frozen])[-1]
-    read_as = "per paper" if reg.get("family_by") == "paper" else "as one table"
-    at = max(i for i, e in enumerate(events) if e.get("event") in ("registered", "amendment"))
-    after = [e for e in events[at + 1 :] if e.get("event") == "tested"]
-    late = sum(1 for e in after if e.get("logged_late"))
-    lines += [
-        "",
-        f"In force: sha256 {last['sha256'][:12]} ({last['time']}): {len(reg['claims'])} claims, "
-        f"a family of {len(family)} read {read_as}, {len(effects)} with the papers' effects "
-        f"declared. Test results the ledger records after it: {len(after)}"
-        + (f", the first at {after[0]['time']}" if after else "")
-        + (f" ({late} logged when the study was next started)." if late else "."),
-    ]
-    return "\n".join(lines) + "\n"
-
-
 def plot_claims(directory: str, path: str) -> bool:
     """The forest plot of the study's claims (:func:`forest_plot`) written to ``path``."""
     study = load(directory)
     claims = claim_entries(study, rec.seed_records(directory), directory, _fixed(directory))
     return forest_plot(claims, study["registration"]["metric"], path)
-
-
-def _registered_text(frozen: Mapping[str, Any] | None) -> str:
-    if frozen is None:
-        return "not frozen yet (no test evaluation)"
-    text = f"frozen at {frozen['time']} (sha256 {frozen['sha256'][:12]})"
-    if frozen.get("tests_seen"):
-        text += (
-            f", after {frozen['tests_seen']} test result(s) had been recorded: registered "
-            "after the results, not before them"
-        )
-    return text
 
 
 def report(directory: str, out: str | None = None) -> dict[str, Any]:
@@ -721,7 +527,7 @@ def report(directory: str, out: str | None = None) -> dict[str, Any]:
         f"\nTest classes (unseen), points; Δ: the per-seed paired difference, mean and Student-t "
         f"interval at the looks' level {100 * level:.2f} % (Pocock, {len(reg['looks'])} look(s) "
         f"of {', '.join(map(str, reg['looks']))} seeds, alpha {reg['alpha']:g}); Holm: across "
-        f"the family at the same error. Pre-registration {_registered_text(frozen)}. "
+        f"the family at the same error. Pre-registration {registered_text(frozen)}. "
         f"{commands}\n\n",
         sentences,
         "![the claims' paired differences and intervals](claims.png)\n\n" if plot in files else "",
@@ -736,7 +542,7 @@ def report(directory: str, out: str | None = None) -> dict[str, Any]:
         "![validation curves](validation_curves.png)\n\n" if curves in files else "",
         classes,
         "## Amendments\n\n",
-        _amendments_text(amendments),
+        amendments_text(amendments),
     ]
     page = "".join(parts)
     data = {

@@ -427,33 +427,6 @@ def _look(ctx: _Context, look: int, rows: list[Row], selected: dict) -> list[str
 # -- the whole run -------------------------------------------------------------------------------
 
 
-def _trained_values(record: dict[str, Any], row: Row) -> dict[str, Any]:
-    """The values of ``row``'s space a seed record was trained with (JSON: lists); a setting
-    recorded under a key's old name (``jdml.keys.RENAMED_KEYS``, e.g. ``cohort.mutual_weight``
-    before DM2's settings moved to ``exchange.dm2``) is read under its new one."""
-    from jdml.keys import RENAMED_KEYS
-
-    settings = {RENAMED_KEYS.get(k, k): v for k, v in (record.get("settings") or {}).items()}
-    return json.loads(json.dumps({k: settings[k] for k in row.space if k in settings}))
-
-
-def stale_seeds(
-    trained: dict[int, dict[str, Any]], row: Row, now: dict[str, Any], earlier: list[dict]
-) -> list[int]:
-    """The seeds of ``row`` to train again with its selection ``now``: those trained with the
-    values of an earlier selection (``earlier``), and those whose record does not name every
-    key of the row's space (values unknown, so not known to be the selection's).
-
-    Args:
-      trained: seed -> the values its record was trained with (:func:`_trained_values`).
-      row: the row.
-      now: its selected values (JSON form).
-      earlier: the values of its earlier selections, oldest first.
-    """
-    return sorted(s for s, v in trained.items()
-                  if v != now and (v in earlier or set(v) != set(row.space)))  # fmt: skip
-
-
 def _supersede(ctx: _Context, selected: dict[str, dict[str, Any]]) -> None:
     """Moves aside the seed records (and run folders) a row trained with values of an earlier
     selection that a later one replaced (a search after values shared from another row), to
@@ -468,8 +441,8 @@ def _supersede(ctx: _Context, selected: dict[str, dict[str, Any]]) -> None:
         row = rows[row_name]
         now = json.loads(json.dumps(selected[row_name]))
         earlier = [e["values"] for e in events if e["row"] == row_name][:-1]
-        trained = {s: _trained_values(r, row) for s, r in by_seed.items()}
-        stale = stale_seeds(trained, row, now, earlier)
+        trained = {s: rec.trained_values(r, row.space) for s, r in by_seed.items()}
+        stale = rec.stale_seeds(trained, row.space, now, earlier)
         if not stale:
             continue
         for seed in stale:

@@ -670,7 +670,8 @@ def test_a_row_never_searched_is_searched_and_its_older_seeds_train_again(tmp_pa
 
     # The report: the claim before (the first records at the first rule's look) and after,
     # and what each row's tuning cost.
-    from jdml.study.report import first_reading, part
+    from jdml.study.provenance import first_reading
+    from jdml.study.report import part
 
     by_row, stopped = first_reading(d, [3, 6])
     assert stopped == {"method beats base": 1} and sorted(by_row["base"]) == [0, 1, 2]
@@ -709,7 +710,7 @@ def test_seeds_trained_under_old_key_names_or_unknown_values_train_again():
     have them) are read under the new one, so a changed selection retrains them; a record that
     does not name every searched key trains again; a record with the selection's values, or
     with values no selection ever had (a hand-set run the row's digest check guards), stays."""
-    from jdml.study.runner import _trained_values, stale_seeds
+    from jdml.study.records import stale_seeds, trained_values
 
     space = {"exchange.dm2.mutual_weight": Choice((5.0, 20.0)),
              "exchange.dm2.temporal_rate": Choice((0.5, 0.8))}  # fmt: skip
@@ -724,13 +725,13 @@ def test_seeds_trained_under_old_key_names_or_unknown_values_train_again():
         3: {"settings": {"exchange.dm2.mutual_weight": 5.0, "exchange.dm2.temporal_rate": 0.5}},
         4: {"settings": {"exchange.dm2.mutual_weight": 9.0, "exchange.dm2.temporal_rate": 0.8}},
     }
-    trained = {s: _trained_values(r, row) for s, r in records.items()}
+    trained = {s: trained_values(r, row.space) for s, r in records.items()}
     assert trained[0] == old and trained[1] == old
     assert trained[2] == {"exchange.dm2.mutual_weight": 5.0}
     now = {"exchange.dm2.mutual_weight": 5.0, "exchange.dm2.temporal_rate": 0.5}
-    assert stale_seeds(trained, row, now, [old]) == [0, 1, 2]
-    assert stale_seeds(trained, row, old, []) == [2]  # the selection kept: only the unknown
-    assert stale_seeds(trained, row, now, []) == [2]  # no earlier selection to have trained
+    assert stale_seeds(trained, row.space, now, [old]) == [0, 1, 2]
+    assert stale_seeds(trained, row.space, old, []) == [2]  # the selection kept: only the unknown
+    assert stale_seeds(trained, row.space, now, []) == [2]  # no earlier selection to have trained
 
 
 def test_holm_waits_for_every_claim_of_the_family(tmp_path):
