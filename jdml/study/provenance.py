@@ -145,16 +145,16 @@ def tune_table(directory: str, study: dict) -> str:
 def selection_table(directory: str, study: dict) -> str:
     """Each row's tuning and what it cost: the candidates its search tried (or whose values it
     took), its selection with the validation score, the values its seeds were first trained
-    with where a later selection superseded them, the seeds trained again, and its runs
-    (tuning runs, seed records now, superseded records kept); then the totals."""
+    with where a later selection superseded them, the seeds superseded (they train again), and
+    its runs (tuning runs, seed records now, superseded records kept); then the totals."""
     chosen = selections(directory)
     events = ledger.events(directory)
     old = rec.superseded_records(directory)
     now = rec.seed_records(directory)
     folds = study["selection"]["folds"]
     lines = [
-        "| row | candidates | selection (val score) | first trained with | seeds trained again "
-        "| tuning runs | seed runs now | runs in all |",
+        "| row | candidates | selection (val score) | first trained with "
+        "| seeds superseded (train again) | tuning runs | seed runs now | runs in all |",
         "|---|---|---|---|---|---|---|---|",
     ]
     totals = [0, 0, 0]
@@ -183,7 +183,8 @@ def selection_table(directory: str, study: dict) -> str:
     lines.append(
         f"\nIn all {sum(totals)} runs: {totals[0]} tuning runs (validation only), {totals[1]} "
         f"seed runs recorded now, and {totals[2]} superseded seed runs kept in "
-        f"{rec.SUPERSEDED}/ (trained with an earlier selection, then trained again).\n"
+        f"{rec.SUPERSEDED}/ (trained with an earlier selection; those seeds train again with "
+        "the selection).\n"
     )
     return "\n".join(lines) + "\n"
 
