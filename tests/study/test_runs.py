@@ -125,7 +125,7 @@ def test_the_study_and_its_report_equal_a_computation_by_hand(undisturbed):
     assert fixed["compared"].endswith("- raw pixels")
     with open(os.path.join(undisturbed, "ledger.jsonl")) as f:
         events = [json.loads(line)["event"] for line in f]
-    assert events == ["selected", "selected", "registered", "look"]
+    assert events == ["selected", "selected", "registered", *["tested"] * 4, "look"]
 
 
 def _alive(directory: str) -> list[int]:
@@ -170,8 +170,11 @@ def test_a_driver_killed_and_run_again_trains_no_run_twice(digits, undisturbed, 
     assert not any(s.startswith("tune ") for s in started)
     assert _records(directory) == _records(undisturbed)  # as if nothing had happened
     with open(os.path.join(directory, "ledger.jsonl")) as f:
-        events = [json.loads(line)["event"] for line in f]
-    assert events == ["selected", "selected", "registered", "look"]  # each decision once
+        events = [json.loads(line) for line in f]
+    decisions = [e["event"] for e in events if e["event"] != "tested"]
+    assert decisions == ["selected", "selected", "registered", "look"]  # each decision once
+    tested = [(e["row"], e["seed"]) for e in events if e["event"] == "tested"]
+    assert len(set(tested)) == len(tested) <= 4  # a result the killed driver saw, logged once
     import optuna
 
     from jdml.study import search
