@@ -378,12 +378,27 @@ def _log_test(directory: str, done: Done) -> None:
     registration's changes."""
     with open(done.task.task_file) as f:
         task = json.load(f)
-    if done.code or not os.path.exists(task["record"]):
-        return
-    with open(task["record"], "rb") as f:
+    if not done.code and os.path.exists(task["record"]):
+        _append_tested(directory, task["row"], task["seed"], task["record"])
+
+
+def _append_tested(directory: str, row: str, seed: int, path: str, **extra: str) -> None:
+    with open(path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    ledger.append(directory, {"event": "tested", "row": task["row"], "seed": task["seed"],
-                              "record_sha256": digest})  # fmt: skip
+    ledger.append(directory, {"event": "tested", "row": row, "seed": seed,
+                              "record_sha256": digest, **extra})  # fmt: skip
+
+
+def _log_untold_tests(directory: str) -> None:
+    """``tested`` events for the seed records this tool made (they carry a config digest) that
+    the ledger does not name: a driver killed between a run's end and its event leaves one.
+    Their time is when they are found, after the record was made (``logged_late``)."""
+    told = {(e["row"], e["seed"]) for e in ledger.events(directory) if e.get("event") == "tested"}
+    for row, by_seed in rec.seed_records(directory).items():
+        for seed, record in sorted(by_seed.items()):
+            if "config_sha256" in record and (row, seed) not in told:
+                _append_tested(directory, row, seed, rec.seed_record_path(directory, row, seed),
+                               logged_late="found when the study was next run")  # fmt: skip
 
 
 def _look(ctx: _Context, look: int, rows: list[Row], selected: dict) -> list[str]:
@@ -391,6 +406,7 @@ def _look(ctx: _Context, look: int, rows: list[Row], selected: dict) -> list[str
     decision, made now if this look has none yet)."""
     study = ctx.study
     seeds = range(study.looks[look - 1])
+    _log_untold_tests(ctx.directory)
     tasks = _seed_tasks(ctx, rows, seeds, selected)
     first = next(tasks, None)
     if first is not None or rec.seed_records(ctx.directory):

@@ -768,3 +768,20 @@ def test_holm_waits_for_every_claim_of_the_family(tmp_path):
     assert part(d, "readings").startswith(
         "Interim: 1 claim(s) have no seeds yet and Holm's correction waits for 1 claim(s)"
     )
+
+
+def test_a_test_result_the_ledger_missed_is_logged_once_when_found(tmp_path):
+    """A seed record this tool made (it has a config digest) whose ``tested`` event a killed
+    driver never wrote gets one, flagged late, when the study runs again, and only once; a
+    record made before the tool (no digest) gets none."""
+    from jdml.study.runner import _log_untold_tests
+
+    d = str(tmp_path / "s")
+    rec.write_once(rec.seed_record_path(d, "a", 0), {"row": "a", "seed": 0, "config_sha256": "x"})
+    rec.write_once(rec.seed_record_path(d, "a", 1), {"row": "a", "seed": 1})
+    _log_untold_tests(d)
+    _log_untold_tests(d)
+    [event] = [e for e in ledger.events(d) if e["event"] == "tested"]
+    assert (event["row"], event["seed"]) == ("a", 0) and event["logged_late"]
+    with open(rec.seed_record_path(d, "a", 0), "rb") as f:
+        assert event["record_sha256"] == hashlib.sha256(f.read()).hexdigest()
