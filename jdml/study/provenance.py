@@ -19,22 +19,26 @@ from jdml.study.runner import candidate_score, current_decision, selections
 
 
 def value_text(v: Any) -> str:
+    """A setting's value as the tables print it (a float to 4 significant digits)."""
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def values_text(values: Mapping[str, Any] | None) -> str:
+    """A row's values as ``key=value, ...`` ("-": none selected yet)."""
     if values is None:
         return "-"
     return ", ".join(f"{k}={value_text(v)}" for k, v in values.items()) or "(none)"
 
 
 def untuned_text(row: Mapping[str, Any]) -> str:
+    """Where a row's values came from when it was not searched."""
     if row.get("shared_from"):
         return f"0 (the values selected for {', '.join(row['shared_from'])})"
     return "0 (budget 1: its own values)"
 
 
 def registered_text(frozen: Mapping[str, Any] | None) -> str:
+    """When the registration was frozen, its hash, and whether test results preceded it."""
     if frozen is None:
         return "not frozen yet (no test evaluation)"
     text = f"frozen at {frozen['time']} (sha256 {frozen['sha256'][:12]})"
@@ -47,6 +51,7 @@ def registered_text(frozen: Mapping[str, Any] | None) -> str:
 
 
 def amendments_text(events: list[dict[str, Any]]) -> str:
+    """One numbered line per amendment: when, what changed, the test results seen, the hash."""
     if not events:
         return (
             "None: the pre-registration in force is the one frozen at the first test evaluation.\n"
