@@ -154,25 +154,27 @@ def tiny_config(npz_path: str, **overrides):
     return c
 
 
+def photo_overrides(root, **overrides) -> dict:
+    """The settings of a tiny run on a benchmark's photo files at ``root``
+    (``tests.benchmark_trees``; CUB's layout unless ``data.name`` says otherwise): 3 channels,
+    resized to 20, 16 px crops, batch 8, one epoch; then ``overrides``."""
+    return {
+        "data.name": "cub200",
+        "data.path": str(root),
+        "data.verify_counts": False,
+        "data.channels": 3,
+        "data.image_size": 16,
+        "data.resize": 20,
+        "data.augment": "base",
+        "train.batch_size": 8,
+        "train.epochs": 1,
+        **overrides,
+    }
+
+
 def photo_config(root, **overrides):
-    """``tiny_config`` on a benchmark's photo files at ``root`` (``tests.benchmark_trees``; CUB's
-    layout unless ``data.name`` says otherwise): 3 channels, resized to 20, 16 px crops, batch 8,
-    one epoch."""
-    return tiny_config(
-        "unused.npz",
-        **{
-            "data.name": "cub200",
-            "data.path": str(root),
-            "data.verify_counts": False,
-            "data.channels": 3,
-            "data.image_size": 16,
-            "data.resize": 20,
-            "data.augment": "base",
-            "train.batch_size": 8,
-            "train.epochs": 1,
-            **overrides,
-        },
-    )
+    """``tiny_config`` with :func:`photo_overrides`."""
+    return tiny_config("unused.npz", **photo_overrides(root, **overrides))
 
 
 def write_tiny_config_file(directory: str, npz_path: str, **overrides) -> str:

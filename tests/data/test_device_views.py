@@ -40,6 +40,7 @@ from tests.helpers import (
     tiny_config,
     write_tiny_config_file,
 )
+from tests.helpers import photo_overrides as helper_photo_overrides
 
 CLASS_IDS = (97, 98, 99, 100, 101, 102, 103, 104)
 
@@ -197,21 +198,11 @@ def cub(tmp_path_factory):
 
 
 def photo_overrides(cub, **overrides):
+    """The shared photo settings (:func:`tests.helpers.photo_overrides`) with the decode cache."""
     root, cache = cub
-    return {
-        "data.name": "cub200",
-        "data.path": str(root),
-        "data.verify_counts": False,
-        "data.channels": 3,
-        "data.image_size": 16,
-        "data.resize": 20,
-        "data.augment": "base",
-        "data.decode_cache": True,
-        "data.cache_dir": str(cache),
-        "train.batch_size": 8,
-        "train.epochs": 1,
-        **overrides,
-    }
+    return helper_photo_overrides(
+        root, **{"data.decode_cache": True, "data.cache_dir": str(cache), **overrides}
+    )
 
 
 def cub_config(cub, **overrides):
