@@ -15,7 +15,7 @@ from typing import Any
 
 from jdml.study import ledger
 from jdml.study import records as rec
-from jdml.study.runner import candidate_score, current_decision, selections
+from jdml.study.runner import candidate_score, current_decision, selections, stops_of
 
 
 def value_text(v: Any) -> str:
@@ -69,14 +69,13 @@ def current_stop_looks(directory: str) -> dict[str, int]:
     """claim text -> the look it stopped at, from the ledger's decisions that still hold
     (:func:`jdml.study.runner.current_decision`: not one a later retraining or a change of
     stopping rule reopened, which the study decides again)."""
-    out: dict[str, int] = {}
+    holding: dict[int, dict[str, Any]] = {}
     for look in sorted(ledger.look_decisions(directory)):
         event = current_decision(directory, look)
         if event is None:
             break  # this look and the later ones are decided again
-        for text in event.get("stop", []):
-            out.setdefault(text, look)
-    return out
+        holding[look] = event
+    return stops_of(holding)
 
 
 def first_reading(
@@ -110,11 +109,7 @@ def first_reading(
     kept = looks[max(decided) - 1]
     by_row = {row: {s: r for s, r in records.items() if s < kept} for row, records in
               by_row.items()}  # fmt: skip
-    stopped: dict[str, int] = {}
-    for look, event in sorted(decided.items()):
-        for text in event.get("stop", []):
-            stopped.setdefault(text, look)
-    return by_row, stopped
+    return by_row, stops_of(decided)
 
 
 def tune_table(directory: str, study: dict) -> str:

@@ -363,13 +363,18 @@ def current_decision(directory: str, look: int) -> dict[str, Any] | None:
     return event
 
 
-def stop_looks(directory: str) -> dict[str, int]:
-    """claim text -> the look it stopped at, from the ledger."""
-    out = {}
-    for look, event in sorted(ledger.look_decisions(directory).items()):
+def stops_of(decisions: dict[int, dict[str, Any]]) -> dict[str, int]:
+    """claim text -> the first look whose decision (look -> its ``look`` event) stopped it."""
+    out: dict[str, int] = {}
+    for look, event in sorted(decisions.items()):
         for text in event.get("stop", []):
             out.setdefault(text, look)
     return out
+
+
+def stop_looks(directory: str) -> dict[str, int]:
+    """claim text -> the look it stopped at, from the ledger."""
+    return stops_of(ledger.look_decisions(directory))
 
 
 def _log_test(directory: str, done: Done) -> None:
